@@ -1,0 +1,200 @@
+"""Models. Input shape and class count come from the dataset.
+
+Each model's top-level children are its functional blocks (stem, stages, head), with
+normalisation layers inside the block of the layer they follow: the optimizer's
+parameter groups (and GEAR-SAM's blocks) are read off this structure.
+"""
+from __future__ import annotations
+
+import difflib
+
+import torch
+from torch import nn
+
+from .errors import UserError, require
+
+ARCHS = ("mlp", "cnn1d", "cnn", "resnet18", "resnet34", "wrn28_10", "wrn16_8", "vgg16_bn", "vgg19_bn",
+         "vit_tiny", "timm")
+
+
+class MLP(nn.Module):
+    def __init__(self, in_features, num_classes, hidden=(256, 256)):
+        super().__init__()
+        dims = [in_features, *hidden]
+        self.flatten = nn.Flatten()
+        self.hidden = nn.Sequential(*[nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(dims, dims[1:])])
+        self.head = nn.Linear(dims[-1], num_classes)
+
+    def forward(self, x):
+        return self.head(self.hidden(self.flatten(x)))
+
+
+def _conv_bn(dim, cin, cout, k=3, stride=1):
+    conv, bn = (nn.Conv1d, nn.BatchNorm1d) if dim == 1 else (nn.Conv2d, nn.BatchNorm2d)
+    return nn.Sequential(conv(cin, cout, k, stride, k // 2, bias=False), bn(cout), nn.ReLU(inplace=True))
+
+
+class SmallCNN(nn.Module):
+    """Three conv-BN-ReLU stages (the last two downsampling), global average pool, linear head."""
+
+    def __init__(self, dim, in_channels, num_classes, channels=32):
+        super().__init__()
+        c = channels
+        self.stem = _conv_bn(dim, in_channels, c, k=5 if dim == 1 else 3)
+        self.stage1 = _conv_bn(dim, c, 2 * c, stride=2)
+        self.stage2 = _conv_bn(dim, 2 * c, 4 * c, stride=2)
+        pool = nn.AdaptiveAvgPool1d(1) if dim == 1 else nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Sequential(pool, nn.Flatten(), nn.Linear(4 * c, num_classes))
+
+    def forward(self, x):
+        return self.head(self.stage2(self.stage1(self.stem(x))))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """CIFAR-style ResNet (He et al. 2016): 3x3 stem, no max-pool, four stages."""
+
+    def __init__(self, depths, in_channels, num_classes):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        stages, cin = [], 64
+        for i, (n, cout) in enumerate(zip(depths, (64, 128, 256, 512))):
+            blocks = []
+            for j in range(n):
+                blocks.append(BasicBlock(cin, cout, 2 if (j == 0 and i > 0) else 1))
+                cin = cout
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))
+
+    def forward(self, x):
+        return self.head(self.layer4(self.layer3(self.layer2(self.layer1(self.stem(x))))))
+
+
+class WideBlock(nn.Module):
+    """Pre-activation wide block (BN-ReLU-conv twice), dropout between the convs."""
+
+    def __init__(self, cin, cout, stride, dropout):
+        super().__init__()
+        self.bn1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn2, self.conv2 = nn.BatchNorm2d(cout), nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.shortcut = None if (stride == 1 and cin == cout) else nn.Conv2d(cin, cout, 1, stride, bias=False)
+
+    def forward(self, x):
+        o = torch.relu(self.bn1(x))
+        skip = x if self.shortcut is None else self.shortcut(o)
+        o = self.conv1(o)
+        o = self.conv2(self.dropout(torch.relu(self.bn2(o))))
+        return o + skip
+
+
+class WideResNet(nn.Module):
+    """WRN-depth-width (Zagoruyko & Komodakis 2016) for 32x32 inputs."""
+
+    def __init__(self, depth, width, in_channels, num_classes, dropout=0.0):
+        super().__init__()
+        require((depth - 4) % 6 == 0, f"WideResNet depth must be 6n+4, got {depth}")
+        n, widths = (depth - 4) // 6, (16 * width, 32 * width, 64 * width)
+        self.stem = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
+        cin, stages = 16, []
+        for i, cout in enumerate(widths):
+            stages.append(nn.Sequential(*[WideBlock(cin if j == 0 else cout, cout, (1 if i == 0 else 2) if j == 0 else 1,
+                                                    dropout) for j in range(n)]))
+            cin = cout
+        self.layer1, self.layer2, self.layer3 = stages
+        self.head = nn.Sequential(nn.BatchNorm2d(cin), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(cin, num_classes))
+
+    def forward(self, x):
+        return self.head(self.layer3(self.layer2(self.layer1(self.stem(x)))))
+
+
+VGG_CFG = {
+    "vgg16_bn": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
+    "vgg19_bn": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+                 512, 512, 512, 512, "M"],
+}
+
+
+class VGG(nn.Module):
+    """CIFAR-style VGG with BatchNorm: one block per pooling stage, one linear head."""
+
+    def __init__(self, arch, in_channels, num_classes, spatial):
+        super().__init__()
+        stages, layers, cin, size = [], [], in_channels, spatial
+        for v in VGG_CFG[arch]:
+            if v == "M":
+                if size >= 2:  # small inputs (digits' 8x8) skip pools that would empty the map
+                    layers.append(nn.MaxPool2d(2))
+                    size //= 2
+                stages.append(nn.Sequential(*layers))
+                layers = []
+            else:
+                layers += [nn.Conv2d(cin, v, 3, padding=1, bias=False), nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
+                cin = v
+        self.features = nn.Sequential(*stages)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def _timm_model(name, pretrained, in_channels, num_classes, **kw):
+    import timm
+    if name in (None, "???") or not timm.is_model(name):
+        close = difflib.get_close_matches(str(name), timm.list_models(), n=5, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
+        raise UserError(f"model.name={name!r} is not a timm model{hint}")
+    try:
+        return timm.create_model(name, pretrained=bool(pretrained), num_classes=num_classes, in_chans=in_channels, **kw)
+    except Exception as e:
+        raise UserError(f"model=timm model.name={name}: could not be built ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def build_model(cfg, input_shape: tuple, num_classes: int) -> nn.Module:
+    arch = cfg.arch
+    require(arch in ARCHS, f"model={arch!r} is unknown; choose one of {', '.join(ARCHS)}")
+    channels = input_shape[0]
+    if arch == "mlp":
+        n = 1
+        for d in input_shape:
+            n *= d
+        return MLP(n, num_classes, tuple(cfg.get("hidden", (256, 256))))
+    if arch == "cnn1d":
+        require(len(input_shape) == 2, f"model=cnn1d needs 1-D inputs (channels, length), got shape {input_shape}")
+        return SmallCNN(1, channels, num_classes, int(cfg.get("channels", 32)))
+    require(len(input_shape) == 3, f"model={arch} needs images (channels, height, width), got shape "
+                                   f"{input_shape}; use model=mlp or model=cnn1d for 1-D data")
+    if arch == "cnn":
+        return SmallCNN(2, channels, num_classes, int(cfg.get("channels", 32)))
+    if arch in ("resnet18", "resnet34"):
+        return ResNet((2, 2, 2, 2) if arch == "resnet18" else (3, 4, 6, 3), channels, num_classes)
+    if arch in ("wrn28_10", "wrn16_8"):
+        depth, width = (28, 10) if arch == "wrn28_10" else (16, 8)
+        return WideResNet(depth, width, channels, num_classes, float(cfg.get("dropout", 0.0)))
+    if arch in VGG_CFG:
+        return VGG(arch, channels, num_classes, input_shape[1])
+    if arch == "vit_tiny":
+        from timm.models.vision_transformer import VisionTransformer
+        patch = int(cfg.get("patch_size", 4))
+        require(input_shape[1] % patch == 0, f"model.patch_size={patch} must divide the image size {input_shape[1]}")
+        return VisionTransformer(img_size=input_shape[1], patch_size=patch, in_chans=channels,
+                                 num_classes=num_classes, embed_dim=192, depth=12, num_heads=3)
+    return _timm_model(cfg.get("name"), cfg.get("pretrained", False), channels, num_classes)

@@ -1,0 +1,9 @@
+"""No perturbation: one pass and the base optimizer's step (the baseline of every study)."""
+from .engine import SharpnessAware
+
+
+class Base(SharpnessAware):
+    passes = 1
+
+    def log_values(self):
+        return {}

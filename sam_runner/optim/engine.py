@@ -1,0 +1,257 @@
+"""The shared two-pass engine every SAM variant is built on.
+
+A variant only says how it perturbs (``compute_perturbation``); the engine does
+the rest: closures, the first and second pass, BatchNorm statistics, the fp16
+gradient scaler, gradient clipping, DDP synchronisation, the ρ schedule,
+``interval`` and the base optimizer's step. Arithmetic runs on whole parameter
+lists (``torch._foreach_*``) with persistent buffers and no host syncs.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable
+
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+RHO_SCHEDULES = ("constant", "lr", "cosine")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+class SharpnessAware(torch.optim.Optimizer):
+    """Base class of every variant: ``Variant(params, base_optimizer, rho=..., **base_kwargs)``.
+
+    ``step(closure)`` calls ``closure()`` once per pass. The closure zeroes the
+    gradients, computes the loss, calls backward and returns the loss (the
+    ``torch.optim.LBFGS`` convention). After ``step`` the parameters hold the
+    updated values. ``pass_index`` tells a closure which pass it is running
+    (0 = at θ) and ``pass_syncs`` whether DDP should all-reduce its gradients.
+
+    Call ``bind(model=..., grad_scaler=..., clip_grad_norm=...)`` to let the
+    engine keep BatchNorm running statistics to the first pass, drive DDP's
+    gradient synchronisation and handle fp16 scaling.
+    """
+
+    passes = 2  # forward-backward passes on a perturbing step
+    variant_options: dict = {}  # the variant's own keywords and defaults
+
+    def __init__(self, params, base_optimizer, rho: float = 0.05, rho_schedule: str = "constant",
+                 interval: int = 1, sync_perturbation: bool = False,
+                 perturb_with_weight_decay: bool = False, total_steps: int | None = None,
+                 model: torch.nn.Module | None = None, **kwargs):
+        own = {k: kwargs.pop(k, v) for k, v in self.variant_options.items()}
+        _check(isinstance(base_optimizer, type) and issubclass(base_optimizer, torch.optim.Optimizer),
+               f"base_optimizer must be an optimizer class such as torch.optim.SGD, got {base_optimizer!r}")
+        _check(rho is not None and float(rho) >= 0 and math.isfinite(float(rho)),
+               f"rho must be a finite number >= 0, got {rho}")
+        _check(rho_schedule in RHO_SCHEDULES, f"rho_schedule must be one of {RHO_SCHEDULES}, got {rho_schedule!r}")
+        _check(int(interval) >= 1, f"interval must be an integer >= 1, got {interval}")
+        _check(rho_schedule != "cosine" or (total_steps or 0) > 0,
+               "rho_schedule='cosine' needs total_steps > 0")
+        super().__init__(params, dict(rho=float(rho)))
+        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
+        self.param_groups = self.base_optimizer.param_groups  # one set of groups, shared with the base
+        self.defaults.update(self.base_optimizer.defaults)
+        self.rho = float(rho)
+        self.rho_schedule = rho_schedule
+        self.interval = int(interval)
+        self.sync_perturbation = bool(sync_perturbation)
+        self.perturb_with_weight_decay = bool(perturb_with_weight_decay)
+        self.total_steps = total_steps
+        self.options = own
+        for k, v in own.items():
+            setattr(self, k, v)
+        self.lr0 = self.param_groups[0]["lr"]
+        self.step_count = 0
+        self.pass_index = 0
+        self.pass_syncs = True
+        self.last_perturbed = False
+        self.model: torch.nn.Module | None = None
+        self.grad_scaler = None
+        self.clip_grad_norm: float | None = None
+        self._bn: list[_BatchNorm] = []
+        self._cache: dict = {}
+        if model is not None:
+            self.bind(model=model)
+
+    # ------------------------------------------------------------------ wiring
+    def bind(self, model=None, grad_scaler=None, clip_grad_norm=None):
+        """Attach the model (BatchNorm, DDP), a ``torch.amp.GradScaler`` and a clipping norm."""
+        if model is not None:
+            self.model = model
+            self._bn = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+        if grad_scaler is not None and grad_scaler.is_enabled():
+            self.grad_scaler = grad_scaler
+        self.clip_grad_norm = clip_grad_norm
+        return self
+
+    def _lists(self):
+        """Flat lists of the parameters with gradients, plus per-group slices (cached)."""
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        key = tuple(id(p) for p in params)
+        if self._cache.get("key") != key:
+            slices, start = [], 0
+            for g in self.param_groups:
+                n = sum(p.grad is not None for p in g["params"])
+                slices.append((start, start + n))
+                start += n
+            self._cache = dict(key=key, params=params, slices=slices,
+                               theta=[torch.empty_like(p) for p in params],
+                               eps=[torch.zeros_like(p) for p in params])
+        c = self._cache
+        return c["params"], [p.grad for p in c["params"]], c["slices"]
+
+    # ------------------------------------------------------------------ ρ
+    @property
+    def current_rho(self) -> float:
+        """ρ at the current step under ``rho_schedule`` (a Python float: no host sync)."""
+        if self.rho_schedule == "lr":
+            return self.rho * self.param_groups[0]["lr"] / self.lr0 if self.lr0 else self.rho
+        if self.rho_schedule == "cosine":
+            t = min(self.step_count / self.total_steps, 1.0)
+            return self.rho * 0.5 * (1 + math.cos(math.pi * t))
+        return self.rho
+
+    # ------------------------------------------------------------------ passes
+    @contextlib.contextmanager
+    def _frozen_bn(self):
+        """Later passes normalise with batch statistics but leave running statistics alone."""
+        tracked = [m for m in self._bn if m.track_running_stats]
+        for m in tracked:
+            m.track_running_stats = False
+        try:
+            yield
+        finally:
+            for m in tracked:
+                m.track_running_stats = True
+
+    def run_pass(self, closure: Callable, index: int, sync: bool = True):
+        """One forward-backward. Unsynchronised passes run forward and backward under no_sync."""
+        self.pass_index, self.pass_syncs = index, sync
+        no_sync = getattr(self.model, "no_sync", None)
+        ctx = no_sync() if (not sync and no_sync is not None) else contextlib.nullcontext()
+        frozen = self._frozen_bn() if index > 0 else contextlib.nullcontext()
+        with ctx, frozen, torch.enable_grad():
+            return closure()
+
+    def _unscale(self, grads):
+        """Undo fp16 loss scaling in place; accumulates inf/NaN into the step's found_inf."""
+        if self.grad_scaler is None or not grads:
+            return
+        scale = self.grad_scaler._scale
+        if self._found_inf is None:
+            self._found_inf = torch.zeros(1, device=scale.device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf,
+                                                         scale.double().reciprocal().float())
+
+    def perturbation_grads(self, params, grads):
+        """The gradient ε is built from: g, plus weight decay when asked for."""
+        if not self.perturb_with_weight_decay:
+            return grads
+        out = list(grads)
+        for (a, b), g in zip(self._lists()[2], self.param_groups):
+            if g.get("weight_decay", 0):
+                out[a:b] = torch._foreach_add(grads[a:b], params[a:b], alpha=g["weight_decay"])
+        return out
+
+    # ------------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure: Callable | None = None):
+        if closure is None:
+            raise ValueError(f"{type(self).__name__}.step needs a closure that recomputes the loss "
+                             "(zero grads, forward, backward, return loss)")
+        self._found_inf = None
+        self.step_count += 1
+        perturb = self.passes > 1 and (self.step_count - 1) % self.interval == 0
+        self.last_perturbed = perturb
+        if perturb:
+            loss = self.sharpness_step(closure)
+        else:
+            loss = self.run_pass(closure, 0, sync=True)
+            params, grads, _ = self._lists()
+            self._unscale(grads)
+        self._finish()
+        return loss
+
+    def sharpness_step(self, closure):
+        """First pass at θ, perturb to θ+ε, second pass, restore θ (the descent gradient stays)."""
+        loss = self.run_pass(closure, 0, sync=self.sync_perturbation)
+        params, grads, _ = self._lists()
+        self._unscale(grads)
+        c = self._cache
+        self.compute_perturbation(params, self.perturbation_grads(params, grads), c["eps"])
+        torch._foreach_copy_(c["theta"], params)
+        torch._foreach_add_(params, c["eps"])
+        perturbed_loss = self.run_pass(closure, 1, sync=True)
+        torch._foreach_copy_(params, c["theta"])
+        self._unscale(self._lists()[1])
+        self.after_second_pass(loss, perturbed_loss)
+        return loss
+
+    def _finish(self):
+        """Clip, then the base step (skipped when fp16 scaling found inf/NaN)."""
+        if self.clip_grad_norm:
+            params, grads, _ = self._lists()
+            torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm, foreach=True)
+        if self.grad_scaler is None:
+            self.base_step()
+            return
+        found = self._found_inf if self._found_inf is not None else torch.zeros(1, device=self.grad_scaler._scale.device)
+        if not found.item():  # the one host sync, fp16 only (GradScaler.step does the same)
+            self.base_step()
+        # hand the inf/NaN finding to the scaler so that scaler.update() adjusts the scale
+        from torch.amp.grad_scaler import OptState
+        state = self.grad_scaler._per_optimizer_states[id(self)]
+        state["found_inf_per_device"] = {found.device: found}
+        state["stage"] = OptState.STEPPED
+
+    def base_step(self):
+        self.base_optimizer.step()
+
+    # ------------------------------------------------------------------ variant hooks
+    def compute_perturbation(self, params, grads, eps) -> None:
+        """Write ε into the persistent buffers ``eps`` (one per parameter with a gradient)."""
+        raise NotImplementedError
+
+    def reduce_loss(self, per_sample_loss, logits, targets):
+        """The loss a pass backpropagates, from per-sample losses (CSAM reweights the descent pass)."""
+        return per_sample_loss.mean()
+
+    def after_second_pass(self, loss, perturbed_loss) -> None:
+        """Called with L(θ) and L(θ+ε) after the second pass (for adaptive-ρ variants)."""
+
+    def global_norm(self, tensors):
+        """One L2 norm over a whole list of tensors, kept on the device."""
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+
+    # ------------------------------------------------------------------ state
+    def variant_state(self) -> dict:
+        """The variant's own scalars and tensors beyond per-parameter state (override and extend)."""
+        return {"step_count": self.step_count}
+
+    def load_variant_state(self, state: dict) -> None:
+        self.step_count = int(state["step_count"])
+
+    def log_values(self) -> dict:
+        """Scalars for metrics.jsonl (ρ and anything adaptive)."""
+        return {"rho": self.current_rho}
+
+    def state_dict(self):
+        sd = super().state_dict()
+        sd["base"] = self.base_optimizer.state_dict()
+        sd["variant"] = self.variant_state()
+        return sd
+
+    def load_state_dict(self, state_dict):
+        sd = dict(state_dict)
+        base, variant = sd.pop("base"), sd.pop("variant")
+        super().load_state_dict(sd)
+        self.base_optimizer.load_state_dict(base)
+        self.param_groups = self.base_optimizer.param_groups
+        self.load_variant_state(variant)
+        self._cache = {}
