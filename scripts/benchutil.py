@@ -1,0 +1,36 @@
+"""Shared timing helpers for the bench sections."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def median_time(fn, repeats: int = 5, warmup: int = 1, inner: int = 1) -> float:
+    """Median wall seconds of ``fn()`` (called ``inner`` times per sample) over ``repeats`` samples."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples)
+
+
+def interleaved_ratio(fn_a, fn_b, repeats: int = 5, warmup: int = 1, inner: int = 1) -> float:
+    """Median over repeats of time(a)/time(b), a and b measured alternately (side by side)."""
+    ratios = []
+    for _ in range(warmup):
+        fn_a(), fn_b()
+    for _ in range(repeats):
+        ta = median_time(fn_a, 1, 0, inner)
+        tb = median_time(fn_b, 1, 0, inner)
+        ratios.append(ta / tb)
+    return statistics.median(ratios)
