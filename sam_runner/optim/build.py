@@ -3,8 +3,9 @@
 The runner builds one parameter group per (functional block, kind): the block is the
 model's top-level child that owns the parameter (normalisation layers sit in their
 layer's block), the kind is ``weight`` (conv, linear and normalisation weights) or
-``bias``. Groups carry ``block``, ``kind`` and ``use_muon`` keys that variants and the
-Muon base optimizer read; weight decay applies to every group, as in the SAM paper.
+``bias``. Groups carry ``block``, ``kind``, ``hidden`` (not the first block nor the head) and
+``use_muon`` (2-D hidden matrices) keys that variants and the Muon base optimizer read;
+weight decay applies to every group, as in the SAM paper.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def parameter_groups(model: nn.Module) -> list[dict]:
         rest = [p for p in weights if not (p.ndim == 2 and hidden)]
         for kind, params, muon in (("weight", matrices, True), ("weight", rest, False), ("bias", biases, False)):
             if params:
-                groups.append(dict(params=params, block=block, kind=kind, use_muon=muon))
+                groups.append(dict(params=params, block=block, kind=kind, use_muon=muon, hidden=hidden))
     return groups
 
 
