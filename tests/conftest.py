@@ -1,0 +1,52 @@
+"""Shared test helpers: real Hydra composition of the project's config tree, tiny budgets."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# one data cache for the whole session (MNIST-1D is generated, not downloaded)
+_DATA = Path(os.environ.setdefault("SAM_RUNNER_DATA", str(Path.home() / ".cache" / "sam-runner-tests")))
+
+# small, fast settings shared by the tests that train
+TINY = ["trainer.epochs=2", "dataset.num_samples=1000", "metrics.hessian.num_samples=256",
+        "metrics.hessian.max_iter=20", "trainer.progress=none"]
+
+
+def compose(*overrides: str):
+    """The composed config, exactly as `sam-run` would build it (real Hydra)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from sam_runner.cli import register_resolvers
+    from sam_runner.paths import config_dir
+    register_resolvers()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def run_cli(argv: list[str], capsys=None) -> tuple[int, str, str]:
+    """Run `sam-run` in this process (real Hydra app); returns (exit code, stdout, stderr)."""
+    from sam_runner import cli
+    old = sys.argv
+    sys.argv = ["sam-run", *argv]
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = old
+    out, err = ("", "")
+    if capsys is not None:
+        captured = capsys.readouterr()
+        out, err = captured.out, captured.err
+    return code, out, err
+
+
+@pytest.fixture
+def tiny():
+    return list(TINY)

@@ -1,0 +1,67 @@
+"""Models: shapes from the dataset, functional blocks as top-level children, clear errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from sam_runner.errors import UserError
+from sam_runner.models import build_model
+from sam_runner.optim.build import parameter_groups
+
+CASES = [
+    ("mlp", (1, 40)), ("cnn1d", (1, 40)), ("cnn", (3, 32, 32)), ("resnet18", (3, 32, 32)),
+    ("resnet34", (3, 32, 32)), ("wrn16_8", (3, 32, 32)), ("vgg16_bn", (3, 32, 32)), ("vgg19_bn", (1, 8, 8)),
+    ("vit_tiny", (3, 32, 32)), ("resnet18", (1, 8, 8)),
+]
+
+
+@pytest.mark.parametrize("arch,shape", CASES, ids=[f"{a}-{'x'.join(map(str, s))}" for a, s in CASES])
+def test_forward_shape(arch, shape):
+    model = build_model(OmegaConf.create({"arch": arch}), shape, 7)
+    out = model(torch.randn(2, *shape))
+    assert out.shape == (2, 7)
+
+
+def test_wrn28_10_size():
+    model = build_model(OmegaConf.create({"arch": "wrn28_10"}), (3, 32, 32), 100)
+    n = sum(p.numel() for p in model.parameters())
+    assert 36.4e6 < n < 36.6e6  # the published WRN-28-10 has 36.5M parameters
+
+
+def test_resnet18_cifar_stem_has_no_maxpool():
+    model = build_model(OmegaConf.create({"arch": "resnet18"}), (3, 32, 32), 10)
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in model.modules())
+    assert model.stem[0].kernel_size == (3, 3) and model.stem[0].stride == (1, 1)
+    assert 11.1e6 < sum(p.numel() for p in model.parameters()) < 11.3e6
+
+
+def test_timm_by_name():
+    model = build_model(OmegaConf.create({"arch": "timm", "name": "resnet10t", "pretrained": False}), (3, 32, 32), 5)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+
+
+def test_unknown_timm_name_suggests_close_matches():
+    with pytest.raises(UserError, match=r"model.name='convnext_atoo'.*convnext_atto"):
+        build_model(OmegaConf.create({"arch": "timm", "name": "convnext_atoo"}), (3, 32, 32), 5)
+
+
+def test_image_model_on_1d_data_is_one_line():
+    with pytest.raises(UserError, match="model=resnet18 needs images"):
+        build_model(OmegaConf.create({"arch": "resnet18"}), (1, 40), 10)
+
+
+def test_groups_are_blocks_with_norm_weights_in_their_layer():
+    model = build_model(OmegaConf.create({"arch": "resnet18"}), (3, 32, 32), 10)
+    groups = parameter_groups(model)
+    blocks = [g["block"] for g in groups]
+    assert blocks[0] == "stem" and blocks[-1] == "head"
+    assert {"layer1", "layer2", "layer3", "layer4"} <= set(blocks)
+    stem_bn = model.stem[1]
+    stem_weights = [p for g in groups if g["block"] == "stem" and g["kind"] == "weight" for p in g["params"]]
+    assert any(p is stem_bn.weight for p in stem_weights), "BN weight is a weight of its layer's block"
+    stem_biases = [p for g in groups if g["block"] == "stem" and g["kind"] == "bias" for p in g["params"]]
+    assert any(p is stem_bn.bias for p in stem_biases)
+    every = [p for g in groups for p in g["params"]]
+    assert len(every) == len(list(model.parameters())) == len({id(p) for p in every})
+    assert not any(g["hidden"] for g in groups if g["block"] in ("stem", "head"))

@@ -1,0 +1,171 @@
+"""train(cfg): the run folder's files, determinism, exact resume, failure and divergence."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY, compose, run_cli
+from sam_runner.errors import UserError
+from sam_runner.train import train
+
+VOLATILE = {"time_s", "hessian_time_s"}
+
+
+def rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def stable(rs):
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rs]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    summary = train(compose(*TINY), run_dir, ["x=1"])
+    return run_dir, summary
+
+
+def test_run_leaves_the_contract_files(finished):
+    run_dir, summary = finished
+    lines = rows(run_dir)
+    assert [r["epoch"] for r in lines] == [1, 2]
+    for key in ("epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "test_ece", "test_nll",
+                "lr", "rho", "time_s"):
+        assert key in lines[-1], key
+    assert "lambda_max" in lines[-1] and lines[-1]["lambda_max"] > 0
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    assert on_disk["status"] == "completed" and on_disk["overrides"] == ["x=1"]
+    for key in ("test_acc", "test_ece", "test_nll", "lambda_max", "epochs", "train_time_s"):
+        assert on_disk[key] is not None, key
+    assert 0 <= on_disk["test_acc"] <= 1 and on_disk["test_acc"] == lines[-1]["test_acc"]
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert state["epoch"] == 2 and state["step"] == lines[-1]["step"]
+    assert not list((run_dir / "checkpoints").glob(".*tmp*")), "temporary files left behind"
+
+
+def test_same_seed_same_metrics(finished, tmp_path):
+    run_dir, _ = finished
+    train(compose(*TINY), tmp_path, [])
+    assert stable(rows(tmp_path)) == stable(rows(run_dir))
+
+
+def test_other_seed_other_metrics(finished, tmp_path):
+    run_dir, _ = finished
+    train(compose(*TINY, "seed=1"), tmp_path, [])
+    assert stable(rows(tmp_path)) != stable(rows(run_dir))
+
+
+def test_completed_run_is_not_retrained(finished, capsys):
+    run_dir, summary = finished
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    before = (ckpt.stat().st_mtime_ns, (run_dir / "metrics.jsonl").read_text())
+    again = train(compose(*TINY), run_dir, ["x=1"])
+    assert again == json.loads(json.dumps(summary))
+    assert (ckpt.stat().st_mtime_ns, (run_dir / "metrics.jsonl").read_text()) == before
+    assert "already completed" in capsys.readouterr().out
+
+
+RESUME = ["trainer.epochs=6", "dataset.num_samples=5000", "metrics.hessian.num_samples=256",
+          "metrics.hessian.every_n_epochs=2", "metrics.hessian.max_iter=20", "trainer.progress=lines"]
+
+
+def test_sigkill_then_restart_ends_exactly_like_an_uninterrupted_run(tmp_path):
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    cmd = [sys.executable, "-m", "sam_runner.cli", *RESUME, f"hydra.run.dir={killed}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        m = killed / "metrics.jsonl"
+        if m.exists() and len(m.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    done_epochs = len(rows(killed))
+    assert 2 <= done_epochs < 6
+    resumed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    train(compose(*RESUME), whole, [])
+    got, want = rows(killed), rows(whole)
+    assert [r["epoch"] for r in got] == [1, 2, 3, 4, 5, 6]  # no epoch lost, none repeated
+    assert stable(got) == stable(want)
+    s_killed, s_whole = (json.loads((d / "summary.json").read_text()) for d in (killed, whole))
+    assert s_killed["test_acc"] == s_whole["test_acc"] and s_killed["lambda_max"] == s_whole["lambda_max"]
+
+
+def _fresh_copy(src, dst):
+    import shutil
+    shutil.copytree(src, dst)
+    (dst / "summary.json").unlink()
+    return dst
+
+
+def test_truncated_checkpoint_is_an_error_naming_the_file(finished, tmp_path):
+    run_dir = _fresh_copy(finished[0], tmp_path / "run")
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match=str(ckpt)):
+        train(compose(*TINY), run_dir, [])
+    assert ckpt.read_bytes() == data[: len(data) // 2], "the bad checkpoint must not be overwritten"
+
+
+def test_checkpoint_of_another_model_is_an_error(finished, tmp_path):
+    run_dir = _fresh_copy(finished[0], tmp_path / "run")
+    with pytest.raises(UserError, match="belongs to a different run"):
+        train(compose(*TINY, "model=mlp"), run_dir, [])
+
+
+def test_divergence_is_a_result_not_a_crash(tmp_path, capsys):
+    code, out, _ = run_cli([*TINY, "base_optimizer.lr=1e20", "optimizer=base", f"hydra.run.dir={tmp_path}"], capsys)
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    assert "non-finite" in summary["error"] and "step" in summary["error"]
+    assert "diverged" in out
+
+
+def test_accumulation_matches_one_big_batch(tmp_path):
+    """BN-free model: 4 micro-batches of 32 give the run of one batch of 128."""
+    common = [*TINY, "model=mlp", "metrics.hessian.enabled=false", "trainer.epochs=1"]
+    one = train(compose(*common), tmp_path / "one", [])
+    four = train(compose(*common, "trainer.accumulate=4"), tmp_path / "four", [])
+    a, b = rows(tmp_path / "one")[-1], rows(tmp_path / "four")[-1]
+    assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    assert one["test_acc"] == pytest.approx(four["test_acc"], abs=2e-3)
+    assert one["test_nll"] == pytest.approx(four["test_nll"], rel=1e-3)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_runs(precision, tmp_path):
+    summary = train(compose(*TINY, f"trainer.precision={precision}", "metrics.hessian.enabled=false"), tmp_path, [])
+    assert summary["status"] == "completed" and summary["test_acc"] > 0.2
+
+
+def test_label_noise_and_gradient_clip_run(tmp_path):
+    summary = train(compose(*TINY, "dataset.label_noise=0.4", "trainer.gradient_clip=1.0",
+                            "metrics.hessian.enabled=false"), tmp_path, [])
+    assert summary["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_default_run_reaches_half_accuracy(tmp_path):
+    """`sam-run` with no overrides: the embedded default reaches >= 50% test accuracy."""
+    p = subprocess.run([sys.executable, "-m", "sam_runner.cli", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["test_acc"] >= 0.5 and summary["lambda_max"] > 0
+    assert "test_acc=" in p.stdout and "lambda_max=" in p.stdout
