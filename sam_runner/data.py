@@ -83,11 +83,11 @@ class TensorLoader:
         else:
             order = torch.arange(n)
         order = order.to(self.y.device)
-        per_rank = self.batch_size // self.world
         for i in range(len(self)):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]
             if self.world > 1:
-                idx = idx[self.rank * per_rank:(self.rank + 1) * per_rank]
+                # strided: equal shares of a full batch, and a short last batch (test set) loses nothing
+                idx = idx[self.rank::self.world]
             x = self.x[idx]
             if self.transform is not None:
                 x = self.transform(x, g)
@@ -228,11 +228,11 @@ def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
         x, y, xt, yt, c, stats = _digits(cfg)
     else:
         x, y, xt, yt, c, stats = _cifar(cfg, "cifar100" if name == "cifar100_lt" else name)
-        if name == "cifar100_lt":
-            ratio = float(cfg.get("imbalance_ratio", 100))
-            require(ratio >= 1, f"dataset.imbalance_ratio={ratio} must be >= 1")
-            keep = long_tail_indices(y, c, ratio)
-            x, y = x[keep], y[keep]
+    ratio = cfg.get("imbalance_ratio", 100 if name == "cifar100_lt" else None)
+    if ratio is not None:  # long-tailed training set (any in-memory dataset); the test set stays whole
+        require(float(ratio) >= 1, f"dataset.imbalance_ratio={ratio} must be >= 1")
+        keep = long_tail_indices(y, c, float(ratio))
+        x, y = x[keep], y[keep]
     y = apply_label_noise(y, c, float(cfg.get("label_noise", 0.0)), seed)
     n = len(y)
     require(cfg.batch_size <= n, f"dataset.batch_size={cfg.batch_size} is larger than the training set "
@@ -248,7 +248,7 @@ def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
         train_tf = test_tf = None
     train = TensorLoader(x, y, cfg.batch_size, shuffle=True, seed=seed, drop_last=True, transform=train_tf,
                          rank=rank, world=world)
-    test = TensorLoader(xt, yt, max(cfg.batch_size, 512), shuffle=False, transform=test_tf)
+    test = TensorLoader(xt, yt, max(cfg.batch_size, 512), shuffle=False, transform=test_tf, rank=rank, world=world)
     counts = torch.bincount(y, minlength=c).tolist()
     return Data(train, test, c, tuple(x.shape[1:]), n, train_tensors=(x, y), class_counts=counts, prepare=test_tf)
 
@@ -270,8 +270,12 @@ class _Indexed(torch.utils.data.Dataset):
 class _FolderLoader:
     def __init__(self, ds, batch_size, shuffle, seed, workers, drop_last, rank=0, world=1):
         self.ds, self.shuffle, self.seed, self.epoch = ds, shuffle, seed, 0
-        self.sampler = (torch.utils.data.DistributedSampler(ds, world, rank, shuffle=shuffle, seed=seed,
-                                                            drop_last=drop_last) if world > 1 else None)
+        self.sampler = None
+        if world > 1 and drop_last:
+            self.sampler = torch.utils.data.DistributedSampler(ds, world, rank, shuffle=shuffle, seed=seed,
+                                                               drop_last=drop_last)
+        elif world > 1:  # evaluation: every example exactly once over the processes (no padding)
+            self.sampler = list(range(rank, len(ds), world))
         self.kw = dict(batch_size=batch_size // world, num_workers=workers, drop_last=drop_last,
                        persistent_workers=workers > 0, pin_memory=torch.cuda.is_available())
         self.loader = None
@@ -279,7 +283,7 @@ class _FolderLoader:
 
     def set_epoch(self, epoch):
         self.epoch = epoch
-        if self.sampler is not None:
+        if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
     def _make(self):
@@ -318,6 +322,6 @@ def _image_folder(cfg, seed, rank, world):
                                      f"({n} images); use at most {n}")
     workers = int(cfg.get("num_workers", 4))
     tl = _FolderLoader(_Indexed(train), cfg.batch_size, True, seed, workers, True, rank, world)
-    vl = _FolderLoader(_Indexed(test), cfg.batch_size, False, seed, workers, False)
+    vl = _FolderLoader(_Indexed(test), cfg.batch_size, False, seed, workers, False, rank, world)
     counts = torch.bincount(targets, minlength=c).tolist()
     return Data(tl, vl, c, (3, size, size), n, class_counts=counts)

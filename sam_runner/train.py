@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,14 +67,16 @@ def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> 
         print_final(done, run_dir, already=True)
         return done
     dist = distributed.current()
+    opened = []  # the run's logger, so that a failure still finishes its W&B run
     try:
-        return _train(cfg, run_dir, list(overrides), dist)
+        return _train(cfg, run_dir, list(overrides), dist, opened)
     except BaseException as e:
         if dist.is_main and not isinstance(e, KeyboardInterrupt):
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             if not isinstance(e, UserError):
                 msg = f"{type(e).__name__}: {msg}"
             _write_summary(run_dir, {"status": "failed", "error": msg, "overrides": list(overrides)})
+        _close_loggers(opened, e)
         raise
 
 
@@ -84,7 +87,25 @@ def _write_summary(run_dir: Path, summary: dict) -> None:
         pass  # an unwritable run folder is reported by the error that got us here
 
 
-def _train(cfg, run_dir: Path, overrides: list[str], dist) -> dict:
+def _close_loggers(loggers, error: BaseException) -> None:
+    status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+    for logger in loggers:
+        try:
+            logger.summary({"status": status, "error": f"{type(error).__name__}: {error}".splitlines()[0]})
+            logger.finish(status)
+        except Exception as e:  # the run's own error is the one to report
+            print(f"sam-run: warning: logger not finished ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def _write_plots(run_dir: Path) -> None:
+    try:
+        from .plots import write_run_plots
+        write_run_plots(run_dir)
+    except Exception as e:  # plots are a view of the run's files: never fail a finished run over them
+        print(f"sam-run: warning: run plots not written ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def _train(cfg, run_dir: Path, overrides: list[str], dist, opened: list) -> dict:
     t = cfg.trainer
     validate(cfg)
     device = dist.device or resolve_device(t.device)
@@ -135,11 +156,13 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist) -> dict:
     if dist.is_main:
         log.truncate_after(step)  # lines past the checkpoint are redone, never repeated
     logger = build_logger(cfg.logger, run_dir, cfg, run_id) if dist.is_main else build_logger({"name": "none"}, run_dir, cfg)
+    opened.append(logger)
     progress = Progress(t.get("progress", "auto"), epochs, steps_per_epoch, enabled=dist.is_main)
     if state is not None and dist.is_main:
         print(f"resuming {run_dir} from epoch {epoch} (step {step})", file=sys.stderr)
 
     start = time.perf_counter() - elapsed
+    reliability = None
     last, status, error = {}, "completed", None
     while epoch < epochs:
         epoch += 1
@@ -183,15 +206,18 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist) -> dict:
             bar.update(loss_sum, correct, seen)
             extra = tracker.on_step(epoch, step, net)
             if extra:
+                train_time -= extra.get("hessian_time_s", 0.0)  # measuring is not training
                 extra.update(epoch=epoch, step=step, time_s=time.perf_counter() - start)
                 if dist.is_main:
                     log.append(extra)
                     logger.log(extra)
-            if step % 50 == 0 and int(first_bad) >= 0:
+            if step % 50 == 0 and int(dist.max(first_bad)) >= 0:  # all ranks stop together
                 break
         bar.close()
         train_time += time.perf_counter() - epoch_start
-        train_loss, train_acc = dist.mean(loss_sum) / seen, dist.mean(correct) / seen
+        seen *= dist.world  # every process saw an equal share of each global batch
+        train_loss, train_acc = dist.sum(loss_sum) / seen, dist.sum(correct) / seen
+        first_bad = dist.max(first_bad)
         if int(first_bad) >= 0 or not math.isfinite(float(train_loss)):
             status = "diverged"
             error = f"loss became non-finite at epoch {epoch}, step {int(first_bad) if int(first_bad) >= 0 else step}"
@@ -201,7 +227,9 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist) -> dict:
         if not final and epoch % max(1, int(t.get("eval_every_n_epochs", 1))) != 0:
             continue
         row = {"epoch": epoch, "step": step, "train_loss": float(train_loss), "train_acc": float(train_acc)}
-        row.update(evaluate(net, data.test, criterion, autocast, dist, cfg.metrics))
+        evaluation = evaluate(net, data.test, criterion, autocast, dist, cfg.metrics)
+        reliability = evaluation.pop("reliability", None)  # diagram bins go to summary.json only
+        row.update(evaluation)
         row["lr"] = optimizer.param_groups[0]["lr"]
         row.update(optimizer.log_values())
         row.update(sampler.log_values())
@@ -224,11 +252,14 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist) -> dict:
                "test_nll": last.get("test_nll"), "lambda_max": last.get("lambda_max"),
                "epochs": epoch, "step": step, "train_time_s": train_time, "overrides": overrides}
     summary.update(tracker.summary_extras())
+    if reliability is not None:
+        summary["reliability"] = reliability
     summary.update({k: v for k, v in last.items() if k.startswith("test_") and k not in summary})
     if error:
         summary["error"] = error
     if dist.is_main:
         write_json(run_dir / "summary.json", summary)
+        _write_plots(run_dir)
         logger.summary(summary)
         logger.finish(status)
         print_final(summary, run_dir)
@@ -243,7 +274,7 @@ def _autocast(device, precision):
 
 
 def _writable(path: Path) -> bool:
-    probe = path / ".write_probe"
+    probe = path / f".write_probe{os.getpid()}"  # per process: data-parallel ranks probe the same folder
     try:
         probe.write_text("")
         probe.unlink()

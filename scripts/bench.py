@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-SECTIONS = ["core", "optim", "metrics", "scale"]
+SECTIONS = ["core", "optim", "metrics", "scale", "results"]
 
 
 def main(argv=None):

@@ -7,6 +7,7 @@ run), ``log(row)`` per metrics line, ``summary(dict)`` once at the end, ``finish
 from __future__ import annotations
 
 from ..errors import require
+from . import wandb as _wandb  # imports W&B itself only when logger=wandb is built
 
 
 class NullLogger:
@@ -28,7 +29,7 @@ def _null(cfg, run_dir, full_cfg, run_id):
     return NullLogger()
 
 
-LOGGERS = {"none": _null}
+LOGGERS = {"none": _null, "wandb": _wandb.build}
 
 
 def build_logger(cfg, run_dir, full_cfg, run_id=None):

@@ -1,35 +1,103 @@
-"""Calibration metrics on ``[N, C]`` probabilities and ``[N]`` integer labels."""
+"""Calibration metrics on ``[N, C]`` probabilities and ``[N]`` integer labels.
+
+Top-label confidence c_i = max_k p_ik, prediction argmax, a_i = 1 if right.
+
+- ``expected_calibration_error``: Σ_b (n_b/N) |acc_b − conf_b| over equal-width bins. The
+  binning is torchmetrics' (``MulticlassCalibrationError(norm="l1")``) so the two agree
+  exactly: bin b holds confidences in [b/n, (b+1)/n) (``bucketize(right=True) - 1``), so a
+  confidence exactly on an inner edge opens the upper bin, and a confidence of exactly
+  1.0 gets a bin of its own (torchmetrics allocates n+1 slots; we keep that).
+- ``adaptive_calibration_error``: the same sum over equal-mass bins (sorted confidences
+  cut into n nearly equal chunks; Nguyen & O'Connor 2015, Nixon et al. 2019).
+- ``maximum_calibration_error``: max over non-empty equal-width bins of |acc_b − conf_b|.
+- ``brier_score``: mean over samples of Σ_k (p_ik − 1[k = y_i])² (the multi-class form,
+  range [0, 2]).
+- ``reliability_bins``: per-bin mean confidence, accuracy and count for a reliability
+  diagram (the 1.0 slot folded into the last bin so there are exactly n bins).
+
+Everything is computed in float32 from the gathered whole-test-set tensors.
+"""
 from __future__ import annotations
 
 import torch
 
+from ..errors import require
 
-def _bin_stats(probs: torch.Tensor, labels: torch.Tensor, n_bins: int):
-    """Per-bin (count, mean confidence, accuracy) over equal-width top-label confidence bins.
 
-    Bins are (k/n, (k+1)/n], as torchmetrics' bucketize(right=True) - 1 assigns them:
-    a confidence exactly on an edge falls in the lower bin.
-    """
-    conf, pred = probs.float().max(dim=1)
-    correct = (pred == labels).float()
-    edges = torch.linspace(0, 1, n_bins + 1, device=probs.device)
-    idx = (torch.bucketize(conf, edges, right=True) - 1).clamp(0, n_bins - 1)
-    # torchmetrics computes bucketize on the lower-inclusive grid; reproduce its assignment exactly
-    count = torch.zeros(n_bins, device=probs.device).scatter_add_(0, idx, torch.ones_like(conf))
-    conf_sum = torch.zeros(n_bins, device=probs.device).scatter_add_(0, idx, conf)
-    acc_sum = torch.zeros(n_bins, device=probs.device).scatter_add_(0, idx, correct)
-    return count, conf_sum, acc_sum
+def _top_label(probs: torch.Tensor, labels: torch.Tensor):
+    require(probs.dim() == 2 and labels.dim() == 1 and len(probs) == len(labels),
+            f"calibration needs probs [N, C] and labels [N], got {tuple(probs.shape)} and {tuple(labels.shape)}")
+    conf, pred = probs.max(dim=1)
+    return conf.float(), pred.eq(labels).float()
+
+
+def _check_bins(n_bins) -> int:
+    require(isinstance(n_bins, int) and n_bins >= 1, f"n_bins={n_bins!r} must be an integer >= 1")
+    return n_bins
+
+
+def _equal_width_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int):
+    """(count, confidence sum, correct sum) over n_bins + 1 slots, binned as torchmetrics does."""
+    edges = torch.linspace(0, 1, n_bins + 1, dtype=conf.dtype, device=conf.device)
+    idx = torch.bucketize(conf, edges, right=True) - 1
+    zeros = lambda: torch.zeros(n_bins + 1, dtype=conf.dtype, device=conf.device)
+    return (zeros().scatter_add_(0, idx, torch.ones_like(conf)), zeros().scatter_add_(0, idx, conf),
+            zeros().scatter_add_(0, idx, correct))
 
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
-    """Top-label ECE with ``n_bins`` equal-width bins, L1: Σ_b (n_b/N) |acc_b − conf_b|."""
-    count, conf_sum, acc_sum = _bin_stats(probs, labels, n_bins)
+    """Top-label L1 ECE with ``n_bins`` equal-width bins (equal to torchmetrics')."""
+    conf, correct = _top_label(probs, labels)
+    count, conf_sum, acc_sum = _equal_width_sums(conf, correct, _check_bins(n_bins))
     return float((conf_sum - acc_sum).abs().sum() / count.sum().clamp_min(1))
 
 
+def maximum_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
+    conf, correct = _top_label(probs, labels)
+    count, conf_sum, acc_sum = _equal_width_sums(conf, correct, _check_bins(n_bins))
+    gap = (conf_sum - acc_sum).abs() / count.clamp_min(1)
+    return float(gap.max())  # empty bins have gap 0
+
+
+def adaptive_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
+    """L1 ECE over equal-mass bins: sorted confidences cut into ``n_bins`` near-equal chunks."""
+    conf, correct = _top_label(probs, labels)
+    n = len(conf)
+    if n == 0:
+        return 0.0
+    order = conf.argsort()
+    # bin id of the i-th smallest confidence: floor(i * n_bins / n), so sizes differ by at most 1
+    bin_id = torch.arange(n, device=conf.device) * _check_bins(n_bins) // n
+    diff = torch.zeros(n_bins, dtype=conf.dtype, device=conf.device)
+    diff.scatter_add_(0, bin_id, conf[order] - correct[order])
+    return float(diff.abs().sum() / n)
+
+
+def brier_score(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    p = probs.float()
+    onehot = torch.nn.functional.one_hot(labels, p.shape[1]).to(p.dtype)
+    return float((p - onehot).pow(2).sum(dim=1).mean())
+
+
 def reliability_bins(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> dict:
-    """Per-bin confidence, accuracy and count (for reliability diagrams)."""
-    count, conf_sum, acc_sum = _bin_stats(probs, labels, n_bins)
+    """Per-bin mean confidence, accuracy and count (equal-width; empty bins report 0)."""
+    conf, correct = _top_label(probs, labels)
+    count, conf_sum, acc_sum = _equal_width_sums(conf, correct, _check_bins(n_bins))
+    fold = lambda t: torch.cat([t[:n_bins - 1], t[n_bins - 1:].sum(0, keepdim=True)])
+    count, conf_sum, acc_sum = fold(count), fold(conf_sum), fold(acc_sum)
     nz = count.clamp_min(1)
-    return {"confidence": (conf_sum / nz).tolist(), "accuracy": (acc_sum / nz).tolist(),
-            "count": count.long().tolist()}
+    return {"edges": torch.linspace(0, 1, n_bins + 1).tolist(), "confidence": (conf_sum / nz).tolist(),
+            "accuracy": (acc_sum / nz).tolist(), "count": count.long().tolist()}
+
+
+def calibration_report(logits: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> dict:
+    """Every calibration number from logits, keyed as the metrics rows name them."""
+    logits = logits.float()
+    probs = logits.softmax(dim=1)
+    return {
+        "ece": expected_calibration_error(probs, labels, n_bins),
+        "ece_adaptive": adaptive_calibration_error(probs, labels, n_bins),
+        "mce": maximum_calibration_error(probs, labels, n_bins),
+        "brier": brier_score(probs, labels),
+        "nll": float(torch.nn.functional.cross_entropy(logits, labels)),
+    }

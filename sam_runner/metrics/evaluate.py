@@ -1,14 +1,20 @@
-"""Test-set evaluation: loss, accuracy, NLL and calibration over the whole test set."""
+"""Test-set evaluation: loss, accuracy, NLL and calibration over the whole test set.
+
+Under data parallelism each process evaluates its shard; the logits and labels are
+gathered first (``dist.gather``), so every number, ECE included, is over the whole test
+set and never a mean of per-process values.
+"""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .calibration import expected_calibration_error
+from .calibration import calibration_report, reliability_bins
 
 
 @torch.no_grad()
 def evaluate(model, loader, criterion, autocast, dist, metrics_cfg) -> dict:
+    """The test_* keys of a metrics row, plus ``reliability`` (diagram bins, for summary.json
+    only: the caller pops it out of the row)."""
     was_training = model.training
     model.eval()
     logits, labels = [], []
@@ -18,11 +24,9 @@ def evaluate(model, loader, criterion, autocast, dist, metrics_cfg) -> dict:
         labels.append(y)
     model.train(was_training)
     logits, labels = dist.gather(torch.cat(logits)), dist.gather(torch.cat(labels))
-    probs = logits.softmax(dim=1)
     n_bins = int(metrics_cfg.get("ece_bins", 15))
-    return {
-        "test_loss": float(criterion(logits, labels).mean()),
-        "test_acc": float((logits.argmax(1) == labels).float().mean()),
-        "test_ece": expected_calibration_error(probs, labels, n_bins),
-        "test_nll": float(F.cross_entropy(logits, labels)),
-    }
+    row = {"test_loss": float(criterion(logits, labels).mean()),
+           "test_acc": float((logits.argmax(1) == labels).float().mean())}
+    row.update({f"test_{k}": v for k, v in calibration_report(logits, labels, n_bins).items()})
+    row["reliability"] = reliability_bins(logits.softmax(dim=1), labels, n_bins)
+    return row

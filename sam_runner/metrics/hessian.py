@@ -1,86 +1,386 @@
-"""Top Hessian eigenvalues by Lanczos on Hessian-vector products."""
+"""Exact top Hessian eigenvalues (Lanczos), Hutchinson trace and spectral density.
+
+The Hessian is that of the mean loss over all samples in ``batches`` (each batch's mean
+loss weighted by its share of the samples), at the current parameters and in the
+model's current train/eval mode. In train mode BatchNorm uses batch statistics but its
+running statistics are left untouched (they are not part of the loss).
+
+Hessian-vector products (``HessianOperator``), two methods:
+- ``double_backward``: g = ∂L/∂θ with ``create_graph``, then Hv = ∂(g·v)/∂θ. When the
+  graphs of all batches fit in ``graph_cache_mb`` (measured on the first batch from the
+  tensors autograd saves), they are built once and reused by every HVP, so an HVP is
+  one extra backward instead of forward + backward + backward. Otherwise batches are
+  processed one at a time (memory bounded by one batch's graph).
+- ``forward_over_reverse``: ``torch.func.jvp`` of ``torch.func.grad``.
+``auto`` times both on the first batch once per (model, device, batch shape) and keeps
+the faster. This choice and the graph cache are ours, not from a paper.
+
+Lanczos (``lanczos``): full reorthogonalization (classical Gram–Schmidt applied twice)
+against every previous vector; stops when each of the top-k Ritz pairs (θ_i, y_i) has
+residual ‖H y_i − θ_i y_i‖ = |β_m s_{m,i}| ≤ tol·|θ_i|, which bounds the distance from θ_i
+to an eigenvalue of H by tol·|θ_i| (a rigorous bound, unlike the change between two
+estimates). Vectors are stored in float32 when tol ≥ 1e-5 (the reorthogonalization keeps
+them orthogonal to ~1e-6, far below the tolerance) and float64 otherwise; the
+tridiagonal problem is solved in float64. On an invariant subspace (β ≈ 0) it restarts
+from a fresh random vector orthogonal to the basis.
+"""
 from __future__ import annotations
 
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+HVP_METHODS = ("auto", "double_backward", "forward_over_reverse")
+_method_choice: dict = {}  # (model type, device, params, batch shape, cached) -> method name
 
 
-def _params(model):
-    return [p for p in model.parameters() if p.requires_grad]
+def _mean(loss: torch.Tensor) -> torch.Tensor:
+    return loss.mean() if loss.dim() > 0 else loss
 
 
-def hvp_fn(model, loss_fn, batches):
-    """v ↦ H v for the mean loss over all samples in ``batches`` (weighted by batch size)."""
-    batches = list(batches)
-    total = sum(len(y) for _, y in batches)
-    params = _params(model)
+@contextlib.contextmanager
+def frozen_running_stats(model):
+    """BatchNorm in train mode normalizes with batch statistics but updates no buffers."""
+    bns = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
+    for m in bns:
+        m.track_running_stats = False
+    try:
+        yield
+    finally:
+        for m in bns:
+            m.track_running_stats = True
 
-    def hvp(vs):
-        out = [torch.zeros_like(p) for p in params]
-        for x, y in batches:
-            with torch.enable_grad():
-                loss = loss_fn(model(x), y) * (len(y) / total)
-                grads = torch.autograd.grad(loss, params, create_graph=True)
-                dot = sum((g * v).sum() for g, v in zip(grads, vs))
-                hv = torch.autograd.grad(dot, params)
-            torch._foreach_add_(out, hv)
+
+class _SavedBytes:
+    """Counts the bytes autograd saves for backward (an estimate of a graph's memory)."""
+
+    def __init__(self):
+        self.bytes = 0
+
+    def pack(self, t):
+        self.bytes += t.numel() * t.element_size()
+        return t
+
+
+class Objective:
+    """The mean loss over ``batches`` as a function of the flattened trainable parameters:
+    its value and gradient, and in-place moves of the parameters (for sharpness probes)."""
+
+    def __init__(self, model, loss_fn, batches):
+        self.model, self.loss_fn = model, loss_fn
+        self.batches = [(x, y) for x, y in batches]
+        if not self.batches:
+            raise ValueError("batches is empty: the Hessian needs at least one (inputs, targets) batch")
+        total = sum(len(y) for _, y in self.batches)
+        self.weights = [len(y) / total for _, y in self.batches]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names, self.params = [n for n, _ in named], [p for _, p in named]
+        self.shapes = [p.shape for p in self.params]
+        self.numel = sum(p.numel() for p in self.params)
+        self.device, self.dtype = self.params[0].device, self.params[0].dtype
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(frozen_running_stats(model))
+        self._stack.enter_context(torch.enable_grad())
+
+    def flat(self, ts) -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in ts])
+
+    def unflat(self, v: torch.Tensor) -> list:
+        return [c.view(s) for c, s in zip(v.split([math.prod(s) for s in self.shapes]), self.shapes)]
+
+    def close(self):
+        self._stack.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def batch_loss(self, i, params=None):
+        x, y = self.batches[i]
+        if params is None:
+            out = self.model(x)
+        else:
+            out = torch.func.functional_call(self.model, dict(zip(self.names, params)), (x,))
+        return _mean(self.loss_fn(out, y)) * self.weights[i]
+
+    @torch.no_grad()
+    def loss(self) -> torch.Tensor:
+        return sum(self.batch_loss(i).detach() for i in range(len(self.batches)))
+
+    def gradient(self) -> torch.Tensor:
+        g = torch.zeros(self.numel, device=self.device, dtype=self.dtype)
+        for i in range(len(self.batches)):
+            g += self.flat(torch.autograd.grad(self.batch_loss(i), self.params))
+        return g
+
+    @contextlib.contextmanager
+    def restoring(self):
+        """Put the parameters back bit for bit afterwards (additions and subtractions round)."""
+        saved = [p.detach().clone() for p in self.params]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, saved)
+
+    @torch.no_grad()
+    def shift(self, delta: torch.Tensor, scale: float = 1.0) -> None:
+        """θ ← θ + scale·delta (flat ``delta``)."""
+        torch._foreach_add_(self.params, self.unflat(delta.to(self.dtype)), alpha=scale)
+
+
+class HessianOperator(Objective):
+    """Flat v ↦ H v for the mean loss over ``batches``; counts the HVPs it performs."""
+
+    def __init__(self, model, loss_fn, batches, method: str = "auto", graph_cache_mb: float = 1024):
+        if method not in HVP_METHODS:
+            raise ValueError(f"hvp method={method!r} is unknown; choose one of {', '.join(HVP_METHODS)}")
+        super().__init__(model, loss_fn, batches)
+        self.hvps = 0
+        self._graphs = None
+        self._cache_ok = self._graph_fits(graph_cache_mb)
+        self.method = self._choose(method)
+
+    def close(self):
+        self._graphs = self._first_graph = None
+        super().close()
+
+    # -- Hessian-vector products
+    def _graph_fits(self, budget_mb) -> bool:
+        counter = _SavedBytes()
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+            g = torch.autograd.grad(self.batch_loss(0), self.params, create_graph=True)
+            torch.autograd.grad(g, self.params, grad_outputs=[torch.zeros_like(p) for p in self.params],
+                                retain_graph=True)
+        fits = counter.bytes * len(self.batches) <= budget_mb * 2**20
+        self._first_graph = g if fits else None
+        return fits
+
+    def _grads_with_graph(self, i):
+        if self._cache_ok:
+            if self._graphs is None:
+                self._graphs = [self._first_graph] + [
+                    torch.autograd.grad(self.batch_loss(j), self.params, create_graph=True)
+                    for j in range(1, len(self.batches))]
+            return self._graphs[i]
+        return torch.autograd.grad(self.batch_loss(i), self.params, create_graph=True)
+
+    def _hvp_double_backward(self, vs, n_batches=None):
+        out = None
+        for i in range(n_batches or len(self.batches)):
+            hv = torch.autograd.grad(self._grads_with_graph(i), self.params, grad_outputs=vs,
+                                     retain_graph=self._cache_ok)
+            out = list(hv) if out is None else torch._foreach_add(out, hv)
         return out
 
-    return hvp, params
+    def _hvp_forward_over_reverse(self, vs, n_batches=None):
+        primals = tuple(p.detach() for p in self.params)
+        out = None
+        for i in range(n_batches or len(self.batches)):
+            grad_fn = torch.func.grad(lambda ps: self.batch_loss(i, ps))
+            _, hv = torch.func.jvp(lambda *ps: grad_fn(ps), primals, tuple(vs))
+            out = list(hv) if out is None else torch._foreach_add(out, hv)
+        return out
+
+    def hvp_list(self, vs, method=None, n_batches=None):
+        method = method or self.method
+        fn = self._hvp_double_backward if method == "double_backward" else self._hvp_forward_over_reverse
+        return [h.detach() for h in fn(vs, n_batches)]
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        self.hvps += 1
+        hv = self.hvp_list(self.unflat(v.to(self.dtype)))
+        return self.flat(hv).to(v.dtype)
+
+    def _choose(self, method):
+        if method != "auto":
+            return method
+        x0 = self.batches[0][0]
+        key = (type(self.model).__name__, str(self.device), self.numel, tuple(x0.shape), self._cache_ok,
+               len(self.batches))
+        if key not in _method_choice:
+            vs = [torch.randn_like(p) for p in self.params]
+            cost = {}
+            for m in ("double_backward", "forward_over_reverse"):
+                self.hvp_list(vs, m, 1)  # warm-up; timed on the first batch only
+                t0 = time.perf_counter()
+                self.hvp_list(vs, m, 1)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                cost[m] = time.perf_counter() - t0
+            _method_choice[key] = min(cost, key=cost.get)
+        return _method_choice[key]
 
 
-def top_hessian_eigenvalues(model, loss_fn, batches, k: int = 1, tol: float = 1e-3, max_iter: int = 100,
-                            init=None, generator=None):
-    hvp, params = hvp_fn(model, loss_fn, batches)
-    vals, _, _ = lanczos(hvp, params, k, tol, max_iter, init, generator)
-    return vals
+# ---------------------------------------------------------------------------- Lanczos
+@dataclass
+class LanczosResult:
+    values: list                     # top-k Ritz values, largest first
+    vectors: torch.Tensor            # [k, n] their Ritz vectors (unit norm)
+    hvps: int                        # operator applications used
+    residuals: list                  # ‖H y − θ y‖ of each returned pair
+    converged: bool
+    nodes: list = field(default_factory=list)    # all Ritz values (for quadrature)
+    weights: list = field(default_factory=list)  # squared first components of their vectors
 
 
-def lanczos(hvp, params, k=1, tol=1e-3, max_iter=100, init=None, generator=None):
-    """Lanczos with full reorthogonalisation; stops when the k top Ritz residuals are < tol·|θ|.
+def _random_unit(n, generator, device, dtype):
+    v = torch.randn(n, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
+    return v / v.norm()
 
-    Returns (eigenvalues largest first, top eigenvector as a list of tensors, HVPs used).
+
+def lanczos(matvec, n: int, k: int = 1, tol: float = 1e-3, max_iter: int = 100, init=None,
+            generator=None, device="cpu", dtype=None, stop: bool = True) -> LanczosResult:
+    """Top-k eigenpairs of the symmetric operator ``matvec`` (flat vectors of length ``n``).
+
+    ``stop=False`` runs exactly ``max_iter`` steps (stochastic Lanczos quadrature).
     """
-    flat = lambda ts: torch.cat([t.reshape(-1) for t in ts])
-    shapes = [p.shape for p in params]
-
-    def unflat(v):
-        out, i = [], 0
-        for s in shapes:
-            n = s.numel()
-            out.append(v[i:i + n].view(s))
-            i += n
-        return out
-
-    n = sum(p.numel() for p in params)
-    dev = params[0].device
-    q = flat(init).to(dev).double() if init is not None else torch.randn(n, generator=generator).to(dev).double()
-    q /= q.norm()
-    Q, alphas, betas = [q], [], []
-    hvps, vals, vecs = 0, None, None
-    for j in range(min(max_iter, n)):
-        w = flat(hvp([t.to(params[0].dtype) for t in unflat(Q[j])])).double()
+    if not (isinstance(k, int) and k >= 1):
+        raise ValueError(f"k={k!r} must be an integer >= 1")
+    if not tol > 0:
+        raise ValueError(f"tol={tol!r} must be > 0")
+    if not (isinstance(max_iter, int) and max_iter >= k):
+        raise ValueError(f"max_iter={max_iter!r} must be an integer >= k={k}")
+    dtype = dtype or (torch.float32 if tol >= 1e-5 else torch.float64)
+    steps = min(max_iter, n)
+    Q = torch.zeros(steps + 1, n, device=device, dtype=dtype)
+    if init is not None and float(init.norm()) > 0:
+        q = init.to(device=device, dtype=dtype).reshape(-1)
+        Q[0] = q / q.norm()
+    else:
+        Q[0] = _random_unit(n, generator, device, dtype)
+    alphas, betas = [], []
+    evals = evecs = None
+    converged, hvps, beta = False, 0, 0.0
+    for j in range(steps):
+        w = matvec(Q[j])
         hvps += 1
-        a = torch.dot(w, Q[j])
-        alphas.append(a)
-        Qm = torch.stack(Q)
-        w = w - Qm.T @ (Qm @ w)
-        w = w - Qm.T @ (Qm @ w)  # twice is enough (Kahan–Parlett)
-        b = w.norm()
-        T = torch.diag(torch.stack(alphas))
+        alphas.append(float(torch.dot(w, Q[j])))
+        basis = Q[:j + 1]
+        for _ in range(2):  # "twice is enough" (Kahan–Parlett)
+            w = w - basis.T @ (basis @ w)
+        beta = float(w.norm())
+        T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
         if betas:
-            off = torch.stack(betas)
-            T = T + torch.diag(off, 1) + torch.diag(off, -1)
+            off = torch.tensor(betas, dtype=torch.float64)
+            T += torch.diag(off, 1) + torch.diag(off, -1)
         evals, evecs = torch.linalg.eigh(T)
-        order = evals.argsort(descending=True)
-        evals, evecs = evals[order], evecs[:, order]
-        m = min(k, len(alphas))
-        residual = (b * evecs[-1, :m]).abs()
-        vals = evals[:m]
-        if len(alphas) >= k and bool((residual <= tol * vals.abs().clamp_min(1e-12)).all()):
+        evals, evecs = evals.flip(0), evecs.flip(1)  # largest first
+        m = min(k, j + 1)
+        res = (beta * evecs[-1, :m]).abs()
+        if stop and j + 1 >= k and bool((res <= tol * evals[:m].abs()).all()):
+            converged = True
             break
-        if b < 1e-10:
+        if j + 1 == steps:
             break
-        betas.append(b)
-        Q.append(w / b)
-    top = (torch.stack(Q[:len(alphas)]).T @ evecs[:, 0]).float()
-    return [float(v) for v in vals], unflat(top), hvps
+        scale = max(abs(float(evals[0])), abs(float(evals[-1])), 1e-30)
+        if beta <= 1e-7 * scale:  # invariant subspace: continue from a fresh orthogonal direction
+            w = _random_unit(n, generator, device, dtype)
+            for _ in range(2):
+                w = w - basis.T @ (basis @ w)
+            betas.append(0.0)
+            Q[j + 1] = w / w.norm()
+        else:
+            betas.append(beta)
+            Q[j + 1] = w / beta
+    m = min(k, len(alphas))
+    coeffs = evecs[:, :m].to(device=device, dtype=dtype)
+    vectors = (Q[:len(alphas)].T @ coeffs).T
+    vectors = vectors / vectors.norm(dim=1, keepdim=True)
+    res = (beta * evecs[-1, :m]).abs()
+    if len(alphas) == n:
+        res = torch.zeros_like(res)  # the Krylov space is the whole space: Ritz pairs are exact
+        converged = True
+    return LanczosResult([float(v) for v in evals[:m]], vectors, hvps, [float(r) for r in res], converged,
+                         [float(v) for v in evals], [float(w) for w in evecs[0] ** 2])
+
+
+def power_iteration(matvec, n, tol=1e-3, max_iter=1000, generator=None, device="cpu", reference=None):
+    """Plain power iteration (for comparison): stops when |estimate − reference| ≤ tol·|reference|
+    (an oracle rule, generous to power iteration) or, without a reference, on the relative change."""
+    v = _random_unit(n, generator, device, torch.float32)
+    est, prev = 0.0, None
+    for it in range(1, max_iter + 1):
+        w = matvec(v)
+        est = float(torch.dot(w, v))
+        if reference is not None and abs(est - reference) <= tol * abs(reference):
+            return est, it
+        if reference is None and prev is not None and abs(est - prev) <= tol * abs(est):
+            return est, it
+        prev = est
+        v = w / w.norm()
+    return est, max_iter
+
+
+# ---------------------------------------------------------------------------- public API
+@dataclass
+class EigenResult:
+    values: list          # largest first
+    vectors: list         # top eigenvector per parameter (list of tensors shaped like the parameters)
+    hvps: int
+    method: str
+    converged: bool
+    residuals: list
+
+
+def hessian_eigenpairs(model, loss_fn, batches, k: int = 1, *, tol: float = 1e-3, max_iter: int = 100,
+                       method: str = "auto", init=None, seed: int = 0, graph_cache_mb: float = 1024,
+                       operator: HessianOperator | None = None) -> EigenResult:
+    """Top-k eigenvalues with the top eigenvector, the HVP count and the HVP method used.
+
+    ``init``: a start vector (flat, or a list shaped like the parameters), e.g. the previous
+    top eigenvector for a warm start.
+    """
+    op = operator or HessianOperator(model, loss_fn, batches, method, graph_cache_mb)
+    try:
+        if isinstance(init, (list, tuple)):
+            init = op.flat([t.to(op.device) for t in init])
+        g = torch.Generator().manual_seed(seed)
+        start = op.hvps
+        r = lanczos(op, op.numel, k, tol, max_iter, init, g, op.device)
+        return EigenResult(r.values, op.unflat(r.vectors[0].to(op.dtype)), op.hvps - start, op.method,
+                           r.converged, r.residuals)
+    finally:
+        if operator is None:
+            op.close()
+
+
+def top_hessian_eigenvalues(model, loss_fn, batches, k: int = 1, **kwargs) -> list[float]:
+    """The k largest eigenvalues, largest first, of the Hessian of the mean loss over all
+    samples in ``batches`` (iterable of ``(inputs, targets)``), in the model's current mode.
+    Keyword arguments as ``hessian_eigenpairs`` (tol=1e-3 relative, max_iter=100, method)."""
+    return hessian_eigenpairs(model, loss_fn, batches, k, **kwargs).values
+
+
+def hessian_trace(op: HessianOperator, num_probes: int = 100, seed: int = 0) -> tuple[float, float]:
+    """Hutchinson's estimate of tr(H) with Rademacher probes: (mean of vᵀHv, its standard error)."""
+    if not (isinstance(num_probes, int) and num_probes >= 2):
+        raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(num_probes):
+        v = (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).to(op.device, op.dtype)
+        samples.append(torch.dot(op(v), v))
+    s = torch.stack(samples).double().cpu()
+    return float(s.mean()), float(s.std() / math.sqrt(num_probes))
+
+
+def spectral_density(op: HessianOperator, num_runs: int = 3, num_steps: int = 80, seed: int = 0) -> dict:
+    """Stochastic Lanczos quadrature (Ghorbani et al. 2019): for each of ``num_runs`` Rademacher
+    start vectors, the nodes (Ritz values) and weights (squared first eigenvector components)
+    of a ``num_steps``-step Lanczos run. The spectral density is the average over runs of
+    Σ_i w_i δ(λ − node_i); smooth it with a Gaussian to plot."""
+    g = torch.Generator().manual_seed(seed)
+    nodes, weights = [], []
+    for _ in range(num_runs):
+        v = (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).double()
+        r = lanczos(op, op.numel, 1, 1e-3, min(num_steps, op.numel), v, g, op.device, torch.float32, stop=False)
+        nodes.append(r.nodes)
+        weights.append(r.weights)
+    return {"nodes": nodes, "weights": weights}

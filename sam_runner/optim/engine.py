@@ -71,6 +71,9 @@ class SharpnessAware(torch.optim.Optimizer):
         self.pass_index = 0
         self.pass_syncs = True
         self.last_perturbed = False
+        self.g_norm = None          # ‖g‖ of the gradients ε is built from (device tensor), set before compute_perturbation
+        self.descent_loss = None    # the loss whose gradient the base step uses: L(θ+ε), or L(θ) on a plain step
+        self._grad_norm_max = None  # running max of the first-pass ‖g‖ since the last log_values() (device tensor)
         self.model: torch.nn.Module | None = None
         self.grad_scaler = None
         self.clip_grad_norm: float | None = None
@@ -149,6 +152,32 @@ class SharpnessAware(torch.optim.Optimizer):
         torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf,
                                                          scale.double().reciprocal().float())
 
+    def _track_grad_norm(self, grads):
+        """‖g‖ of the first pass, and its running max for ``log_values`` (no host sync)."""
+        norm = self.global_norm(grads)
+        # a found-inf (fp16) step must not poison the max
+        seen = self._grad_norm_max if self._grad_norm_max is not None else torch.zeros_like(norm)
+        self._grad_norm_max = torch.where(torch.isfinite(norm), torch.maximum(seen, norm), seen)
+        return norm
+
+    def all_reduce_mean_(self, tensor):
+        """Average a tensor across data-parallel processes in place (a no-op on one process).
+
+        Variants call it on the few scalars that steer the update (e.g. a step size), so that
+        every process takes the same step when perturbations are per-process."""
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(tensor)
+            tensor.div_(dist.get_world_size())
+        return tensor
+
+    def keep_if_overflow(self, new, old):
+        """``new``, or ``old`` when this step's fp16 gradients held inf/NaN (the step is skipped):
+        adaptive variant state must not absorb a skipped step. No host sync."""
+        if self._found_inf is None:
+            return new
+        return torch.where(self._found_inf.reshape(()) > 0, old, new)
+
     def perturbation_grads(self, params, grads):
         """The gradient ε is built from: g, plus weight decay when asked for."""
         if not self.perturb_with_weight_decay:
@@ -175,6 +204,8 @@ class SharpnessAware(torch.optim.Optimizer):
             loss = self.run_pass(closure, 0, sync=True)
             params, grads, _ = self._lists()
             self._unscale(grads)
+            self._track_grad_norm(grads)
+            self.descent_loss = loss
         self._finish()
         return loss
 
@@ -184,14 +215,23 @@ class SharpnessAware(torch.optim.Optimizer):
         params, grads, _ = self._lists()
         self._unscale(grads)
         c = self._cache
-        self.compute_perturbation(params, self.perturbation_grads(params, grads), c["eps"])
+        pgrads = self.prepare_perturbation(params, grads)
+        self.compute_perturbation(params, pgrads, c["eps"])
         torch._foreach_copy_(c["theta"], params)
         torch._foreach_add_(params, c["eps"])
         perturbed_loss = self.run_pass(closure, 1, sync=True)
         torch._foreach_copy_(params, c["theta"])
         self._unscale(self._lists()[1])
+        self.descent_loss = perturbed_loss
         self.after_second_pass(loss, perturbed_loss)
         return loss
+
+    def prepare_perturbation(self, params, grads):
+        """Track the first-pass ‖g‖; return the gradients ε is built from, with their norm in ``self.g_norm``."""
+        norm = self._track_grad_norm(grads)
+        pgrads = self.perturbation_grads(params, grads)
+        self.g_norm = norm if pgrads is grads else self.global_norm(pgrads)
+        return pgrads
 
     def _finish(self):
         """Clip, then the base step (skipped when fp16 scaling found inf/NaN)."""
@@ -229,6 +269,11 @@ class SharpnessAware(torch.optim.Optimizer):
         """One L2 norm over a whole list of tensors, kept on the device."""
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
 
+    def dot(self, a, b):
+        """⟨a, b⟩ over two tensor lists, on the device: (‖a + b‖² − ‖a − b‖²) / 4 with foreach ops only."""
+        return (self.global_norm(torch._foreach_add(a, b)).square()
+                - self.global_norm(torch._foreach_sub(a, b)).square()) / 4
+
     # ------------------------------------------------------------------ state
     def variant_state(self) -> dict:
         """The variant's own scalars and tensors beyond per-parameter state (override and extend)."""
@@ -238,8 +283,15 @@ class SharpnessAware(torch.optim.Optimizer):
         self.step_count = int(state["step_count"])
 
     def log_values(self) -> dict:
-        """Scalars for metrics.jsonl (ρ and anything adaptive)."""
-        return {"rho": self.current_rho}
+        """Scalars for metrics.jsonl (ρ and anything adaptive); one host sync, at log time."""
+        return {"rho": self.current_rho, **self.pop_grad_norm_max()}
+
+    def pop_grad_norm_max(self) -> dict:
+        """``grad_norm_max``: the largest first-pass ‖g‖ since the last call (Γ in TLC-SAM's bound); resets it."""
+        if self._grad_norm_max is None:
+            return {}
+        value, self._grad_norm_max = float(self._grad_norm_max), None
+        return {"grad_norm_max": value}
 
     def state_dict(self):
         sd = super().state_dict()

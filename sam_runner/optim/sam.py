@@ -1,4 +1,7 @@
-"""SAM (Foret et al., 2021): ε = ρ g / ‖g‖, one global norm over all parameters."""
+"""SAM (Foret et al., 2021): ε = ρ g / ‖g‖, one global norm over all parameters.
+
+``self.g_norm`` is ‖g‖, computed once by the engine before ``compute_perturbation``.
+"""
 import torch
 
 from .engine import SharpnessAware
@@ -6,6 +9,6 @@ from .engine import SharpnessAware
 
 class SAM(SharpnessAware):
     def compute_perturbation(self, params, grads, eps):
-        scale = self.current_rho / (self.global_norm(grads) + 1e-12)
+        scale = self.current_rho / (self.g_norm + 1e-12)
         torch._foreach_copy_(eps, grads)
         torch._foreach_mul_(eps, scale)

@@ -1,0 +1,50 @@
+"""ASAM (Kwon et al., 2021): adaptive SAM, ε = ρ T² g / ‖T g‖.
+
+T = |θ| + η elementwise on weight tensors (conv, linear and normalisation weights) and
+T = 1 on biases, as in the paper. Which tensors are weights: the parameter group's
+``kind`` key ('weight' or 'bias', set by the runner's parameter groups); for a plain
+parameter list, tensors with more than one dimension are weights (so normalisation
+weights count as biases there: build groups with ``kind`` to treat them as weights).
+Defaults η = 0.01, ρ = 0.5 (the paper's scale, about 10× SAM's).
+"""
+import torch
+
+from .engine import SharpnessAware, _check
+
+
+class ASAM(SharpnessAware):
+    variant_options = {"eta": 0.01}
+
+    def __init__(self, params, base_optimizer, rho: float = 0.5, **kwargs):
+        super().__init__(params, base_optimizer, rho=rho, **kwargs)
+        _check(self.eta >= 0, f"eta must be >= 0, got {self.eta}")
+
+    def _split(self, params):
+        """Indices of weight tensors and of bias tensors in the engine's flat list (cached)."""
+        c = self._cache
+        if "weights" not in c:
+            flags = []
+            for (a, b), g in zip(c["slices"], self.param_groups):
+                kind = g.get("kind")
+                flags += [(kind == "weight") if kind is not None else p.ndim > 1 for p in params[a:b]]
+            c["weights"] = [i for i, w in enumerate(flags) if w]
+            c["biases"] = [i for i, w in enumerate(flags) if not w]
+            c["t"] = [torch.empty_like(params[i]) for i in c["weights"]]  # persistent T buffer
+        return c["weights"], c["biases"], c["t"]
+
+    def compute_perturbation(self, params, grads, eps):
+        wi, bi, t = self._split(params)
+        pw, gw, ew = [params[i] for i in wi], [grads[i] for i in wi], [eps[i] for i in wi]
+        gb, eb = [grads[i] for i in bi], [eps[i] for i in bi]
+        if pw:
+            torch._foreach_copy_(t, pw)
+            torch._foreach_abs_(t)
+            torch._foreach_add_(t, self.eta)             # T = |θ| + η
+            torch._foreach_copy_(ew, gw)
+            torch._foreach_mul_(ew, t)                   # T g
+        if gb:
+            torch._foreach_copy_(eb, gb)                 # T g with T = 1
+        scale = self.current_rho / (self.global_norm(ew + eb) + 1e-12)
+        if pw:
+            torch._foreach_mul_(ew, t)                   # T² g
+        torch._foreach_mul_(eps, scale)

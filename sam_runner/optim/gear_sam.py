@@ -1,0 +1,93 @@
+"""GEAR-SAM (Gradient-Energy Adaptive Radius SAM; known from its abstract).
+
+Blocks b partition the parameters. State: one scalar per block, the EMA of the squared
+block gradient norm a_b ← β a_b + (1 − β) ‖g_b‖², bias-corrected â_b = a_b / (1 − β^t)
+(t counts perturbing steps;
+a step skipped by the fp16 scaler leaves a_b and t unchanged). Sensitivity s_b = sqrt(â_b); the closed-form allocation of
+max Σ r_b s_b s.t. Σ r_b² = ρ² is r_b = ρ s_b / sqrt(Σ_j s_j²); ε_b = r_b g_b / ‖g_b‖.
+So ‖ε‖ = ρ exactly, and β = 0 is SAM (r_b = ρ ‖g_b‖ / ‖g‖). Default β = 0.9.
+
+From the abstract: the EMA of squared block gradients, the closed-form allocation of the
+fixed global radius, scalar-only extra state. Ours (spec/variants.md): the exact EMA and
+bias correction, and the block choices ``blocks``:
+- ``'group'`` (default): with the runner's parameter groups, one block per functional block
+  (the group key ``block``: a model's top-level child, its weights and biases together);
+  for a plain parameter list or groups without ``block``, one block per parameter group.
+- ``'tensor'``: one block per tensor.
+- ``'layer'``: one block per module that owns parameters; needs the model
+  (``model=`` or ``bind(model=...)``).
+A block whose gradient is exactly zero gets ε_b = 0 (its share of ρ is lost that step).
+"""
+import torch
+
+from .engine import SharpnessAware, _check
+
+BLOCKS = ("group", "tensor", "layer")
+
+
+class GEARSAM(SharpnessAware):
+    variant_options = {"beta": 0.9, "blocks": "group"}
+
+    def __init__(self, params, base_optimizer, rho: float = 0.05, **kwargs):
+        super().__init__(params, base_optimizer, rho=rho, **kwargs)
+        _check(0 <= self.beta < 1, f"beta must be in [0, 1), got {self.beta}")
+        _check(self.blocks in BLOCKS, f"blocks must be one of {BLOCKS}, got {self.blocks!r}")
+        self.block_energy = None  # a_b, one scalar per block (created at the first step, on the device)
+        self.energy_steps = None  # t of the bias correction (device tensor)
+
+    def _block_ids(self) -> list[int]:
+        """Block number of every parameter, in param_groups order."""
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        if self.blocks == "tensor":
+            return list(range(len(all_params)))
+        if self.blocks == "layer":
+            _check(self.model is not None, "GEARSAM(blocks='layer') needs the model: pass model=... "
+                                           "or call bind(model=...) before step()")
+            owners = [m for m in self.model.modules() if next(m.parameters(recurse=False), None) is not None]
+            owner = {id(p): i for i, m in enumerate(owners) for p in m.parameters(recurse=False)}
+            missing = [tuple(p.shape) for p in all_params if id(p) not in owner]
+            _check(not missing, f"GEARSAM(blocks='layer'): parameters of shapes {missing} are not in the bound model")
+            return [owner[id(p)] for p in all_params]
+        names, ids = {}, []
+        for gi, g in enumerate(self.param_groups):
+            key = g.get("block", gi)
+            ids += [names.setdefault(key, len(names))] * len(g["params"])
+        return ids
+
+    def _index(self, params, device):
+        """Block index (a device tensor) of each parameter with a gradient, and the block count."""
+        c = self._cache
+        if "block_index" not in c:
+            ids = self._block_ids()
+            # renumber densely so that blocks with layer numbering start at 0
+            dense = {b: i for i, b in enumerate(dict.fromkeys(ids))}
+            pos = {id(p): dense[b] for p, b in zip((p for g in self.param_groups for p in g["params"]), ids)}
+            c["block_index"] = torch.tensor([pos[id(p)] for p in params], device=device)
+            c["num_blocks"] = len(dense)
+        return c["block_index"], c["num_blocks"]
+
+    def compute_perturbation(self, params, grads, eps):
+        index, num_blocks = self._index(params, grads[0].device)
+        sq = torch.stack(torch._foreach_norm(grads)).square()
+        block_sq = torch.zeros(num_blocks, device=sq.device, dtype=sq.dtype).index_add_(0, index, sq)  # ‖g_b‖²
+        if self.block_energy is None:
+            self.block_energy = torch.zeros_like(block_sq)
+            self.energy_steps = torch.zeros((), device=block_sq.device)
+        energy = self.beta * self.block_energy + (1 - self.beta) * block_sq
+        t = self.energy_steps + 1
+        s = (energy / (1 - self.beta ** t)).sqrt()
+        # a skipped fp16 step (inf/NaN) leaves the EMA and its step count as they were
+        self.block_energy = self.keep_if_overflow(energy, self.block_energy)
+        self.energy_steps = self.keep_if_overflow(t, self.energy_steps)
+        r = self.current_rho * s / (s.square().sum().sqrt() + 1e-12)      # closed-form allocation
+        scale = (r / (block_sq.sqrt() + 1e-12))[index]                   # r_b / ‖g_b‖, per tensor
+        torch._foreach_copy_(eps, grads)
+        torch._foreach_mul_(eps, scale.unbind())
+
+    def variant_state(self):
+        return {**super().variant_state(), "block_energy": self.block_energy, "energy_steps": self.energy_steps}
+
+    def load_variant_state(self, state):
+        super().load_variant_state(state)
+        for key in ("block_energy", "energy_steps"):
+            setattr(self, key, state[key].clone() if state[key] is not None else None)

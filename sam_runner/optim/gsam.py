@@ -1,0 +1,46 @@
+"""GSAM (Zhuang et al., 2022, "Surrogate Gap Guided Sharpness-Aware Minimization").
+
+ε = ρ g / ‖g‖ as in SAM; the descent direction is ∇L(θ+ε) − α g⊥, g⊥ the component of
+the first-pass gradient g orthogonal to ∇L(θ+ε); ρ follows the learning-rate schedule
+(``rho_schedule: lr`` in conf/optimizer/gsam.yaml, as in the paper). Default α = 0.1.
+The paper's algorithm, with one choice of ours: under data parallelism without
+``sync_perturbation``, g is averaged across processes before the decomposition so that
+every process applies the same direction.
+"""
+import torch
+
+from .engine import _check
+from .sam import SAM
+
+
+class GSAM(SAM):
+    variant_options = {"alpha": 0.1}
+
+    def __init__(self, params, base_optimizer, **kwargs):
+        super().__init__(params, base_optimizer, **kwargs)
+        _check(self.alpha >= 0, f"alpha must be >= 0, got {self.alpha}")
+
+    def compute_perturbation(self, params, grads, eps):
+        c = self._cache
+        if "g" not in c:
+            c["g"] = [torch.empty_like(p) for p in params]
+        torch._foreach_copy_(c["g"], self._lists()[1])  # the first-pass gradient, kept for the descent
+        super().compute_perturbation(params, grads, eps)
+
+    def after_second_pass(self, loss, perturbed_loss):
+        if self.alpha == 0:
+            return
+        g, gp = self._cache["g"], self._lists()[1]
+        self._all_reduce_list(g)
+        # g⊥ = g − (⟨g, gp⟩ / ‖gp‖²) gp;  gp − α g⊥ = (1 + α ⟨g, gp⟩ / ‖gp‖²) gp − α g
+        coef = self.dot(g, gp) / (self.global_norm(gp).square() + 1e-12)
+        torch._foreach_mul_(gp, 1 + self.alpha * coef)
+        torch._foreach_add_(gp, g, alpha=-self.alpha)
+
+    def _all_reduce_list(self, tensors):
+        import torch.distributed as dist
+        if self.sync_perturbation or not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self.all_reduce_mean_(flat)
+        torch._foreach_copy_(tensors, [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors)])

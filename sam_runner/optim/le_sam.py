@@ -1,0 +1,54 @@
+"""LE-SAM (Loss-Equated SAM; known from its abstract).
+
+A fixed loss-space budget σ instead of a fixed radius: ε = σ g / (‖g‖² + δ), so that the
+predicted rise ⟨g, ε⟩ = σ ‖g‖² / (‖g‖² + δ) ≈ σ, with ‖ε‖ capped at ρ_max (ε is then
+rescaled to norm ρ_max). Defaults σ = 0.01, ρ_max = 1.0, δ = 1e-12;
+``sigma_schedule`` 'constant' or 'cosine' (σ decays to 0 over ``total_steps``).
+
+From the abstract: a fixed loss-space budget replaces SAM's fixed radius. Ours
+(spec/variants.md): the first-order budget rule, the cap and the schedule. LE-SAM has
+no fixed radius, so ``rho`` is not used; ``log_values`` reports as ``rho`` the radius
+‖ε‖ of the last perturbation (and ``sigma``).
+"""
+import math
+
+import torch
+
+from .engine import SharpnessAware, _check
+
+SIGMA_SCHEDULES = ("constant", "cosine")
+
+
+class LESAM(SharpnessAware):
+    variant_options = {"sigma": 0.01, "rho_max": 1.0, "sigma_schedule": "constant", "delta": 1e-12}
+
+    def __init__(self, params, base_optimizer, **kwargs):
+        super().__init__(params, base_optimizer, **kwargs)
+        _check(self.sigma >= 0 and math.isfinite(self.sigma), f"sigma must be a finite number >= 0, got {self.sigma}")
+        _check(self.rho_max > 0, f"rho_max must be > 0, got {self.rho_max}")
+        _check(self.sigma_schedule in SIGMA_SCHEDULES,
+               f"sigma_schedule must be one of {SIGMA_SCHEDULES}, got {self.sigma_schedule!r}")
+        _check(self.sigma_schedule != "cosine" or (self.total_steps or 0) > 0,
+               "sigma_schedule='cosine' needs total_steps > 0")
+        self.eps_norm = None  # ‖ε‖ of the last perturbation (device tensor)
+
+    @property
+    def current_sigma(self) -> float:
+        if self.sigma_schedule == "cosine":
+            t = min(self.step_count / self.total_steps, 1.0)
+            return self.sigma * 0.5 * (1 + math.cos(math.pi * t))
+        return self.sigma
+
+    def compute_perturbation(self, params, grads, eps):
+        n = self.g_norm
+        # σ / (‖g‖² + δ), or ρ_max / ‖g‖ when that would make ‖ε‖ exceed ρ_max
+        scale = torch.minimum(self.current_sigma / (n.square() + self.delta), self.rho_max / (n + 1e-12))
+        torch._foreach_copy_(eps, grads)
+        torch._foreach_mul_(eps, scale)
+        self.eps_norm = scale * n
+
+    def log_values(self):
+        out = {"sigma": self.current_sigma, **self.pop_grad_norm_max()}
+        if self.eps_norm is not None:
+            out["rho"] = float(self.eps_norm)
+        return out

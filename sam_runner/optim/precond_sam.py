@@ -1,0 +1,74 @@
+"""PrecondSAM: SAM under a slow diagonal preconditioner, in the spirit of LLQR+SAM.
+
+This is a diagonal stand-in for the LLQR preconditioner, not LLQR. U = 1 / (F + δ), F an
+EMA (β = 0.95) of g², refreshed every K = ``refresh_every`` = 100 perturbing steps (the
+first refresh sets F = g²); ε = ρ U g / sqrt(gᵀ U g), so the perturbation has norm ρ in
+the metric U⁻¹. U is normalised to mean 1 over all coordinates at each refresh (a constant
+factor on U only rescales ρ's meaning: with the normalisation U = I is SAM exactly and ρ
+keeps SAM's scale; without it ‖ε‖ grows as 1/sqrt(mean F), tens of times SAM's on a small
+net). Computed as R = sqrt(U) kept in persistent buffers: ε = ρ R (R g) / ‖R g‖.
+
+From the abstract (LLQR+SAM): a preconditioner updated sparsely and kept as a slow EMA,
+with the SAM perturbation on top of it. Ours (spec/variants.md): the diagonal Fisher-like
+F, its refresh rule and defaults, δ = ``delta`` = 1e-8, the mean-1 normalisation of U and
+the first-refresh initialisation.
+"""
+import torch
+
+from .engine import _check
+from .sam import SAM
+
+
+class PrecondSAM(SAM):
+    variant_options = {"refresh_every": 100, "beta": 0.95, "delta": 1e-8}
+
+    def __init__(self, params, base_optimizer, **kwargs):
+        super().__init__(params, base_optimizer, **kwargs)
+        _check(int(self.refresh_every) >= 1, f"refresh_every must be an integer >= 1, got {self.refresh_every}")
+        _check(0 <= self.beta < 1, f"beta must be in [0, 1), got {self.beta}")
+        _check(self.delta > 0, f"delta must be > 0, got {self.delta}")
+        self.refresh_every = int(self.refresh_every)
+        self.perturb_count = 0
+
+    def _buffers(self, params):
+        """F (EMA of g²) and R = sqrt(U) = (F + δ)^(-1/2), one per parameter, in the optimizer state."""
+        c = self._cache
+        if "fisher" not in c:
+            for p in params:
+                if "fisher" not in self.state[p]:
+                    self.state[p]["fisher"] = torch.zeros_like(p)
+                    self.state[p]["root_u"] = torch.zeros_like(p)
+            c["fisher"] = [self.state[p]["fisher"] for p in params]
+            c["root_u"] = [self.state[p]["root_u"] for p in params]
+        return c["fisher"], c["root_u"]
+
+    def compute_perturbation(self, params, grads, eps):
+        fisher, root_u = self._buffers(params)
+        refresh = self.perturb_count % self.refresh_every == 0
+        if refresh and self._found_inf is not None and self._found_inf.item():
+            return  # fp16 overflow: the step will be skipped; F and the count wait (one sync per refresh)
+        if refresh:
+            sq = torch._foreach_mul(grads, grads)
+            if self.perturb_count == 0:
+                torch._foreach_copy_(fisher, sq)
+            else:
+                torch._foreach_lerp_(fisher, sq, 1 - self.beta)      # F ← β F + (1 − β) g²
+            torch._foreach_copy_(root_u, fisher)
+            torch._foreach_add_(root_u, self.delta)
+            torch._foreach_rsqrt_(root_u)                            # R = (F + δ)^(-1/2)
+            # U / mean(U): U = I gives SAM exactly and ρ keeps SAM's scale (ours; see the docstring)
+            numel = sum(r.numel() for r in root_u)
+            torch._foreach_mul_(root_u, numel ** 0.5 / self.global_norm(root_u))
+        self.perturb_count += 1
+        torch._foreach_copy_(eps, grads)
+        torch._foreach_mul_(eps, root_u)                             # R g
+        scale = self.current_rho / (self.global_norm(eps) + 1e-12)   # ρ / sqrt(gᵀ U g)
+        torch._foreach_mul_(eps, root_u)                             # U g
+        torch._foreach_mul_(eps, scale)
+
+    def variant_state(self):
+        return {**super().variant_state(), "perturb_count": self.perturb_count}
+
+    def load_variant_state(self, state):
+        super().load_variant_state(state)
+        self.perturb_count = int(state["perturb_count"])

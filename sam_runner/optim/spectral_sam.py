@@ -1,0 +1,82 @@
+"""SpectralSAM (matrix-aware SAM; known from its abstract).
+
+For each hidden weight matrix W (conv kernels reshaped to d_out × (d_in·k·k)), with
+gradient G = U Σ Vᵀ: E_W = ρ_s · msign(G) · sqrt(max(1, d_out / d_in)), msign(G) ≈ U Vᵀ
+by the Newton–Schulz iteration torch.optim.Muon uses (its quintic coefficients and step
+count). Every other parameter gets Euclidean SAM with radius ρ: ε = ρ g / ‖g‖ over those
+parameters. Defaults ρ_s = ``rho_spectral`` = 0.05, ρ = 0.05. Any base optimizer, Muon included.
+
+Hidden matrices: parameters of groups with ``hidden`` true (set by the runner: not the
+first block nor the head) and more than one dimension; for a plain parameter list, every
+tensor with more than one dimension except the first and the last such tensor (taken as
+the first layer and the classifier head).
+
+From the abstract: a layerwise spectral inner perturbation for hidden matrices, paired
+with any outer step. Ours (spec/variants.md): the radius scaling, the Euclidean SAM for
+the rest, and the iteration running in float32 (Muon runs it in bfloat16), so the
+singular values of msign(G) are close to 1 but not exactly 1 (the quintic's band,
+roughly [0.7, 1.2]). Matrices of one shape run as one batched iteration.
+"""
+import torch
+from torch.optim import _muon
+
+from .engine import _check
+from .sam import SAM
+
+NS_COEFFICIENTS = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
+NS_STEPS = _muon.DEFAULT_NS_STEPS
+
+
+def msign(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> torch.Tensor:
+    """Batched Newton–Schulz orthogonalisation of matrices ``g`` [..., m, n] (Muon's quintic)."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.float()
+    wide = x.size(-2) <= x.size(-1)
+    if not wide:
+        x = x.mT
+    x = x / x.flatten(-2).norm(dim=-1).clamp_min(eps)[..., None, None]  # spectral norm <= 1
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x if wide else x.mT
+
+
+class SpectralSAM(SAM):
+    variant_options = {"rho_spectral": 0.05}
+
+    def __init__(self, params, base_optimizer, **kwargs):
+        super().__init__(params, base_optimizer, **kwargs)
+        _check(self.rho_spectral >= 0, f"rho_spectral must be >= 0, got {self.rho_spectral}")
+
+    def _layout(self, params):
+        """Hidden matrices grouped by shape (for batched iterations) and the other tensors (cached)."""
+        c = self._cache
+        if "matrices" not in c:
+            flags = []
+            if any("hidden" in g for g in self.param_groups):
+                for (a, b), g in zip(c["slices"], self.param_groups):
+                    flags += [bool(g.get("hidden")) and p.ndim > 1 for p in params[a:b]]
+            else:
+                mats = [i for i, p in enumerate(params) if p.ndim > 1]
+                flags = [i in mats[1:-1] for i in range(len(params))]
+            by_shape = {}
+            for i, p in enumerate(params):
+                if flags[i]:
+                    by_shape.setdefault(tuple(p.shape), []).append(i)
+            c["matrices"] = list(by_shape.values())
+            c["others"] = [i for i, f in enumerate(flags) if not f]
+        return c["matrices"], c["others"]
+
+    def compute_perturbation(self, params, grads, eps):
+        matrices, others = self._layout(params)
+        if others:
+            g, e = [grads[i] for i in others], [eps[i] for i in others]
+            torch._foreach_copy_(e, g)
+            torch._foreach_mul_(e, self.current_rho / (self.global_norm(g) + 1e-12))
+        for idx in matrices:
+            shape = grads[idx[0]].shape
+            d_out, d_in = shape[0], grads[idx[0]][0].numel()
+            stacked = torch.stack([grads[i] for i in idx]).reshape(len(idx), d_out, d_in)
+            scale = self.rho_spectral * max(1.0, d_out / d_in) ** 0.5
+            out = (msign(stacked) * scale).to(eps[idx[0]].dtype).reshape(len(idx), *shape)
+            torch._foreach_copy_([eps[i] for i in idx], out.unbind())

@@ -1,0 +1,388 @@
+"""``sam-report SWEEP_DIR``: one table and a few plots for a sweep.
+
+Reads every job's ``summary.json`` and ``.hydra/`` files (never live state), so it works on
+a sweep that is still running or partly failed, and says which jobs are missing. Writes,
+into the sweep folder (or ``--out``):
+
+- ``report.md``: one row per group with mean ± std and n of test accuracy, ECE, NLL,
+  λ_max (and each ``--metric``), the job counts per status, and what is missing;
+- ``report.csv``: the same numbers, one row per group, one column per statistic;
+- ``acc_vs_rho.png``, ``lambda_max_vs_rho.png`` (log scale, with the TLC-SAM stability
+  bound where the jobs logged what it needs), ``ece_vs_rho.png``, ``acc_vs_lambda_max.png``.
+
+Choices of ours (documented in report.md too):
+- A *group* is a job's overrides minus those that do not change the experiment: ``seed``
+  (the repeats a group pools), ``hydra.*`` and ``hydra/*`` (launcher), ``logger*``, ``trainer.device``,
+  ``trainer.progress``, ``dataset.data_dir``, ``dataset.download``; ``--ignore KEY`` pools
+  over more. ``+``/``++``/``~`` prefixes are ignored when naming keys.
+- Statistics are over *completed* jobs: mean, sample std (n − 1; blank for n = 1), n.
+  Diverged and failed jobs are counted, not averaged.
+- A job's status is its summary's; a job folder without summary.json is *missing*
+  (running, or killed); a job the sweep's overrides call for without a folder is
+  *missing* (not started) — expected jobs are enumerated the way Hydra's basic sweeper
+  does; other sweepers' sweeps are reported from the folders alone.
+- Stability bound (TLC-SAM abstract): λ_max ≤ (b Γ / (2 ρ η²))^(1/3) with b =
+  ``dataset.batch_size``, η = ``base_optimizer.lr`` (the schedule's peak), ρ =
+  ``optimizer.rho`` as configured, Γ = the largest ``grad_norm_max`` logged in the last
+  10% of the logged epochs (at least the last one). Drawn for jobs that logged
+  ``grad_norm_max`` and have ρ > 0.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import statistics
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UserError, require
+from .plots import atomic_write_bytes, read_json, read_rows
+
+DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
+LABELS = {"test_acc": "test accuracy", "test_ece": "ECE", "test_nll": "NLL", "lambda_max": "λ_max"}
+IGNORED_KEYS = ("seed", "trainer.device", "trainer.progress", "dataset.data_dir", "dataset.download")
+IGNORED_PREFIXES = ("hydra.", "hydra/", "logger")  # hydra/launcher=..., logger=..., logger.mode=...
+STATUSES = ("completed", "diverged", "failed", "missing")
+NEAR_END = 0.1  # Γ: the last 10% of the logged epochs
+PLOTS = ("acc_vs_rho.png", "lambda_max_vs_rho.png", "ece_vs_rho.png", "acc_vs_lambda_max.png")
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def group_overrides(overrides, ignore=()) -> tuple:
+    """The overrides that define a job's group: all but seed and the ones that don't change the experiment."""
+    out = []
+    for o in overrides:
+        key = override_key(o)
+        if key in IGNORED_KEYS or key in ignore or key.startswith(IGNORED_PREFIXES):
+            continue
+        out.append(o)
+    return tuple(out)
+
+
+def tlc_bound(batch_size, gamma, rho, lr):
+    """(b Γ / (2 ρ η²))^(1/3): the λ_max that SAM-type dynamics stay under (TLC-SAM abstract)."""
+    if not all(_finite(v) and v > 0 for v in (batch_size, gamma, rho, lr)):
+        return None
+    return (batch_size * gamma / (2 * rho * lr ** 2)) ** (1 / 3)
+
+
+def gamma_near_end(rows, key="grad_norm_max", fraction=NEAR_END):
+    """Largest ``key`` logged in the last ``fraction`` of the logged epochs (at least the last epoch)."""
+    pts = [(r["epoch"], r[key]) for r in rows if _finite(r.get(key)) and _finite(r.get("epoch"))]
+    if not pts:
+        return None
+    last = max(e for e, _ in pts)
+    window = max(1, math.ceil(fraction * last))
+    return max(v for e, v in pts if e > last - window)
+
+
+def stats(values) -> dict:
+    vals = [v for v in values if _finite(v)]
+    if not vals:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals)}
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _num(v):
+    return v if _finite(v) else None
+
+
+@dataclass
+class Job:
+    path: Path | None  # None: the sweep calls for it but it has no folder (not started)
+    overrides: list
+    status: str = "missing"  # completed | diverged | failed | missing
+    detail: str = ""  # why it is not completed
+    variant: str = "unknown"
+    rho: float | None = None
+    batch_size: float | None = None
+    lr: float | None = None
+    metrics: dict = field(default_factory=dict)
+    bound: float | None = None
+
+
+@dataclass
+class Report:
+    sweep_dir: Path
+    jobs: list
+    groups: list
+    metrics: tuple
+    notes: list
+
+    def counts(self) -> Counter:
+        return Counter(j.status for j in self.jobs)
+
+
+def _read_yaml(path: Path):
+    import yaml
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _get(cfg, dotted):
+    for part in dotted.split("."):
+        if not isinstance(cfg, dict):
+            return None
+        cfg = cfg.get(part)
+    return cfg
+
+
+def find_job_dirs(sweep_dir: Path) -> list[Path]:
+    """Every folder under the sweep with a ``.hydra/`` (Hydra writes it when a job starts)."""
+    dirs = {p.parent for p in sweep_dir.rglob(".hydra") if p.is_dir()}
+    return sorted(dirs, key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts])
+
+
+def expected_overrides(sweep_dir: Path):
+    """The jobs the sweep calls for (lists of overrides), or None when it can't be known."""
+    conf = _read_yaml(sweep_dir / "multirun.yaml")
+    hydra = (conf or {}).get("hydra") or {}
+    sweeper = hydra.get("sweeper") or {}
+    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+        task = list(params) + list((hydra.get("overrides") or {}).get("task") or [])
+        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)
+    except Exception:  # an unparsable sweep: report the folders alone
+        return None
+    return [job for batch in batches for job in batch]
+
+
+def load_job(path: Path, metrics) -> Job:
+    overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
+    summary = read_json(path / "summary.json")
+    if not isinstance(overrides, list):
+        overrides = list((summary or {}).get("overrides") or [])
+    job = Job(path=path, overrides=[str(o) for o in overrides])
+    cfg = _read_yaml(path / ".hydra" / "config.yaml") or {}
+    name = _get(cfg, "optimizer.name")
+    if name is None:
+        name = _override_value(job.overrides, "optimizer") or "unknown"
+    job.variant = str(name)
+    job.rho, job.batch_size, job.lr = (_num(_get(cfg, k)) for k in ("optimizer.rho", "dataset.batch_size",
+                                                                     "base_optimizer.lr"))
+    if summary is None or summary.get("status") not in ("completed", "diverged", "failed"):
+        rows = read_rows(path / "metrics.jsonl")
+        epoch = max((r.get("epoch", 0) for r in rows), default=0)
+        job.detail = f"no summary.json: running, or killed (last logged epoch {epoch})"
+        return job
+    job.status = summary["status"]
+    if job.status != "completed":
+        job.detail = str(summary.get("error") or job.status)
+    job.metrics = {m: _num(summary.get(m)) for m in metrics}
+    if any(job.metrics[m] is None and m not in summary for m in metrics) or job.rho:
+        rows = read_rows(path / "metrics.jsonl")
+        for m in metrics:
+            if job.metrics[m] is None and m not in summary:  # asked with --metric: its last logged value
+                job.metrics[m] = next((_num(r[m]) for r in reversed(rows) if m in r), None)
+        job.bound = tlc_bound(job.batch_size, gamma_near_end(rows), job.rho, job.lr)
+    return job
+
+
+def _override_value(overrides, key):
+    return next((o.split("=", 1)[1] for o in overrides if override_key(o) == key), None)
+
+
+def _to_float(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _series(job: Job, key: tuple, common: set) -> str:
+    """A plot line: the variant plus the group's varying overrides other than the variant and ρ."""
+    rest = [o for o in key if o not in common and override_key(o) not in ("optimizer", "optimizer.rho")]
+    return " ".join([job.variant] + rest)
+
+
+def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
+    sweep_dir = Path(sweep_dir)
+    require(sweep_dir.is_dir(), f"sweep folder {str(sweep_dir)!r} does not exist or is not a folder; "
+                                "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)")
+    metrics = tuple(dict.fromkeys(list(DEFAULT_METRICS) + list(metrics)))
+    dirs = find_job_dirs(sweep_dir)
+    expected = expected_overrides(sweep_dir)
+    require(dirs or expected, f"no jobs in {sweep_dir}: no job folder with a .hydra/ inside and no multirun.yaml; "
+                              "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)")
+    jobs = [load_job(d, metrics) for d in dirs]
+    notes = []
+    if expected is not None:
+        started = Counter(tuple(j.overrides) for j in jobs)
+        for ov in expected:
+            if started[tuple(ov)] > 0:
+                started[tuple(ov)] -= 1
+            else:
+                jobs.append(Job(path=None, overrides=list(ov), detail="not started (no job folder yet)",
+                                variant=_override_value(ov, "optimizer") or "unknown",
+                                rho=_num(_to_float(_override_value(ov, "optimizer.rho")))))
+    else:
+        notes.append("The sweep's job list could not be read from multirun.yaml (not Hydra's basic sweeper): "
+                     "jobs that have not started are not counted.")
+
+    groups: dict = {}
+    for job in jobs:
+        key = group_overrides(job.overrides, ignore)
+        groups.setdefault(key, []).append(job)
+    # overrides every group shares are said once, not on every row and plot label
+    common = set.intersection(*(set(k) for k in groups)) if len(groups) > 1 else set()
+    rows = []
+    for key, members in groups.items():
+        done = [j for j in members if j.status == "completed"]
+        first = next((j for j in members if j.path is not None), members[0])
+        counts = Counter(j.status for j in members)
+        rows.append({"group": " ".join(key) or "(defaults)", "series": _series(first, key, common),
+                     "label": " ".join(o for o in key if o not in common) or "(defaults)", "variant": first.variant,
+                     "rho": first.rho, "jobs": len(members), **{s: counts.get(s, 0) for s in STATUSES},
+                     "stats": {m: stats([j.metrics.get(m) for j in done]) for m in metrics},
+                     "bounds": [(j.rho, j.bound) for j in done if j.bound is not None]})
+    rows.sort(key=lambda g: (g["variant"] != "base", g["series"], g["rho"] if _finite(g["rho"]) else -1, g["group"]))
+    if common:
+        first_key = next(iter(groups))
+        notes.insert(0, "Overrides common to all groups: " + " ".join(o for o in first_key if o in common))
+    n_bound = sum(len(g["bounds"]) for g in rows)
+    notes.append(f"Stability bound λ_max ≤ (bΓ/(2ρη²))^(1/3) drawn for {n_bound} job(s)" if n_bound else
+                 "Stability bound not drawn: no completed job with ρ > 0 logged grad_norm_max.")
+    return Report(sweep_dir, jobs, rows, metrics, notes)
+
+
+# ---- output ------------------------------------------------------------------------
+
+def _fmt(v, spec=".4g"):
+    return "—" if v is None else format(v, spec)
+
+
+def _cell(s: dict, completed: int) -> str:
+    if not s["n"]:
+        return "—"
+    text = _fmt(s["mean"]) + (f" ± {_fmt(s['std'], '.2g')}" if s["std"] is not None else "")
+    return text + (f" (n={s['n']})" if s["n"] != completed else "")
+
+
+def counts_line(report: Report) -> str:
+    c = report.counts()
+    missing = [j for j in report.jobs if j.status == "missing"]
+    not_started = sum(1 for j in missing if j.path is None)
+    line = (f"{len(report.jobs)} jobs: {c['completed']} completed, {c['diverged']} diverged, "
+            f"{c['failed']} failed, {c['missing']} missing")
+    if missing:
+        line += f" ({len(missing) - not_started} running or killed, {not_started} not started)"
+    return line
+
+
+def _job_name(report: Report, job: Job) -> str:
+    return "(no folder)" if job.path is None else (str(job.path.relative_to(report.sweep_dir)) or ".")
+
+
+def render_markdown(report: Report, plots) -> str:
+    m = report.metrics
+    out = [f"# Sweep report: {report.sweep_dir}", "", counts_line(report) + ".", ""]
+    head = ["group", "variant", "ρ", "n"] + [LABELS.get(k, k) for k in m] + list(STATUSES)
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in report.groups:
+        cells = [g["label"], g["variant"], _fmt(g["rho"]), str(g["completed"])]
+        cells += [_cell(g["stats"][k], g["completed"]) for k in m] + [str(g[s]) for s in STATUSES]
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    out += ["", "Mean ± sample std (n − 1) over the completed jobs of each group; n = completed jobs "
+            "(\"(n=k)\" where fewer logged the metric). A group is the jobs' overrides without `seed`.", ""]
+    unfinished = [j for j in report.jobs if j.status != "completed"]
+    if unfinished:
+        out += ["## Not completed", ""]
+        out += [f"- `{_job_name(report, j)}` {' '.join(j.overrides)}: **{j.status}** — {j.detail}" for j in unfinished]
+        out.append("")
+    if plots:
+        out += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    out += ["## Jobs", "", "| job | overrides | status | test accuracy | λ_max |", "|---|---|---|---|---|"]
+    for j in report.jobs:
+        out.append(f"| {_job_name(report, j)} | {' '.join(j.overrides)} | {j.status} | "
+                   f"{_fmt(j.metrics.get('test_acc'))} | {_fmt(j.metrics.get('lambda_max'))} |")
+    out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes] + [
+        "- Stability bound: b = dataset.batch_size, η = base_optimizer.lr, ρ = optimizer.rho as configured, "
+        f"Γ = the largest grad_norm_max logged in the last {NEAR_END:.0%} of the epochs.", ""]
+    return "\n".join(out)
+
+
+def render_csv(report: Report) -> str:
+    buf = io.StringIO()
+    cols = ["group", "series", "variant", "rho", "jobs", *STATUSES]
+    cols += [f"{k}_{s}" for k in report.metrics for s in ("mean", "std", "n")]
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(cols)
+    for g in report.groups:
+        row = [g["group"], g["series"], g["variant"], "" if g["rho"] is None else repr(g["rho"]), g["jobs"]]
+        row += [g[s] for s in STATUSES]
+        for k in report.metrics:
+            s = g["stats"][k]
+            row += ["" if s["mean"] is None else repr(s["mean"]), "" if s["std"] is None else repr(s["std"]), s["n"]]
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def write_plots(report: Report, out_dir: Path) -> list[Path]:
+    from .plots import plot_acc_vs_lambda, plot_metric_vs_rho, save_png
+    g = report.groups
+    bounds = {}
+    for group in g:
+        bounds.setdefault(group["series"], []).extend(group["bounds"])
+    figures = [("acc_vs_rho.png", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
+               ("lambda_max_vs_rho.png", plot_metric_vs_rho(g, "lambda_max", "λ_max (log scale)", logy=True,
+                                                            bounds=bounds)),
+               ("ece_vs_rho.png", plot_metric_vs_rho(g, "test_ece", "ECE")),
+               ("acc_vs_lambda_max.png", plot_acc_vs_lambda(
+                   [(j.variant, j.metrics.get("lambda_max"), j.metrics.get("test_acc"))
+                    for j in report.jobs if j.status == "completed"]))]
+    return [save_png(fig, out_dir / name) for name, fig in figures]
+
+
+def write_report(report: Report, out_dir=None) -> list[Path]:
+    out_dir = Path(out_dir or report.sweep_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        plots = write_plots(report, out_dir)
+        atomic_write_bytes(out_dir / "report.csv", render_csv(report).encode())
+        atomic_write_bytes(out_dir / "report.md", render_markdown(report, plots).encode())
+    except OSError as e:
+        raise UserError(f"cannot write the report into {out_dir} ({e.strerror or e}); choose another with --out") from None
+    return [out_dir / "report.md", out_dir / "report.csv", *plots]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="sam-report", description="Tables and plots for a sam-run sweep folder.")
+    ap.add_argument("sweep_dir", type=Path, help="the sweep folder (hydra.sweep.dir of `sam-run -m`)")
+    ap.add_argument("--metric", action="append", default=[], metavar="KEY",
+                    help="another metric to tabulate (a summary.json key, else its last metrics.jsonl value); repeatable")
+    ap.add_argument("--ignore", action="append", default=[], metavar="KEY",
+                    help="an override key to pool over, like seed (e.g. --ignore dataset.batch_size); repeatable")
+    ap.add_argument("--out", type=Path, help="where to write the report (default: the sweep folder)")
+    args = ap.parse_args(argv)
+    try:
+        report = build_report(args.sweep_dir, args.metric, args.ignore)
+        paths = write_report(report, args.out)
+    except UserError as e:
+        print(f"sam-report: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{counts_line(report)}; report: {paths[0]}")
+    for j in report.jobs:
+        if j.status == "missing":
+            print(f"  missing: {_job_name(report, j)} {' '.join(j.overrides)} ({j.detail})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

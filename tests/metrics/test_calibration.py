@@ -1,0 +1,79 @@
+"""Calibration metrics against torchmetrics and closed forms, edge cases included."""
+import pytest
+import torch
+from torchmetrics.classification import MulticlassCalibrationError
+
+from sam_runner.errors import UserError
+from sam_runner.metrics import (adaptive_calibration_error, brier_score, expected_calibration_error,
+                                maximum_calibration_error, reliability_bins)
+
+
+def reference(probs, labels, n_bins=15, norm="l1"):
+    m = MulticlassCalibrationError(num_classes=probs.shape[1], n_bins=n_bins, norm=norm)
+    return float(m(probs, labels))
+
+
+def random_case(n=500, c=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    probs = (torch.randn(n, c, generator=g) * 3).softmax(1)
+    return probs, torch.randint(0, c, (n,), generator=g)
+
+
+@pytest.mark.parametrize("n_bins", [1, 10, 15])
+def test_ece_equals_torchmetrics_on_random_predictions(n_bins):
+    probs, labels = random_case()
+    assert expected_calibration_error(probs, labels, n_bins) == pytest.approx(reference(probs, labels, n_bins), abs=1e-6)
+    assert maximum_calibration_error(probs, labels, n_bins) == pytest.approx(
+        reference(probs, labels, n_bins, "max"), abs=1e-6)
+
+
+def test_confidence_exactly_on_bin_edges_and_at_one():
+    # top-label confidences 0.2, 0.4, 0.6, 0.8 and 1.0 lie exactly on edges of 5 and 10 bins
+    conf = torch.tensor([0.2, 0.4, 0.6, 0.8, 1.0, 0.6])
+    probs = torch.stack([conf, 1 - conf], 1)
+    labels = torch.tensor([0, 1, 0, 0, 0, 1])
+    for n_bins in (5, 10, 15):
+        assert expected_calibration_error(probs, labels, n_bins) == pytest.approx(
+            reference(probs, labels, n_bins), abs=1e-6)
+
+
+def test_all_predictions_right_and_one_class():
+    probs = torch.tensor([[0.9, 0.1], [0.7, 0.3], [0.55, 0.45]])
+    labels = torch.zeros(3, dtype=torch.long)
+    expected = ((1 - 0.9) + (1 - 0.7) + (1 - 0.55)) / 3  # each sample alone in its bin
+    assert expected_calibration_error(probs, labels) == pytest.approx(expected, abs=1e-6)
+    assert expected_calibration_error(probs, labels) == pytest.approx(reference(probs, labels), abs=1e-6)
+    one = torch.ones(4, 1)  # one class: confidence 1 and always right
+    assert expected_calibration_error(one, torch.zeros(4, dtype=torch.long)) == 0.0
+
+
+def test_adaptive_ece_uses_equal_mass_bins():
+    conf = torch.tensor([0.5, 0.6, 0.7, 0.8, 0.9, 0.95])
+    probs = torch.stack([conf, 1 - conf], 1)
+    labels = torch.tensor([0, 1, 0, 0, 1, 0])
+    # 3 bins of two samples each: |1.1 - 1|, |1.5 - 1|, |1.85 - 1|, over 6 samples
+    assert adaptive_calibration_error(probs, labels, 3) == pytest.approx((0.1 + 0.5 + 0.85) / 6, abs=1e-6)
+
+
+def test_brier_score_closed_form():
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]])
+    labels = torch.tensor([0, 1])
+    expected = ((0.3**2 + 0.2**2 + 0.1**2) + (0.1**2 + 0.9**2 + 0.8**2)) / 2
+    assert brier_score(probs, labels) == pytest.approx(expected, abs=1e-6)
+
+
+def test_reliability_bins_count_every_sample_once():
+    probs, labels = random_case(n=300)
+    probs[0] = torch.nn.functional.one_hot(torch.tensor(3), 10).float()  # confidence exactly 1
+    bins = reliability_bins(probs, labels, 15)
+    assert sum(bins["count"]) == 300 and len(bins["count"]) == 15 and len(bins["edges"]) == 16
+    weighted = sum(n * abs(a - c) for n, a, c in zip(bins["count"], bins["accuracy"], bins["confidence"])) / 300
+    assert weighted <= expected_calibration_error(probs, labels, 15) + 1e-6  # folding bins can only merge gaps
+
+
+def test_bad_input_is_one_clear_error():
+    probs, labels = random_case(n=10)
+    with pytest.raises(UserError, match="n_bins=0"):
+        expected_calibration_error(probs, labels, 0)
+    with pytest.raises(UserError, match=r"probs \[N, C\]"):
+        expected_calibration_error(probs[0], labels)

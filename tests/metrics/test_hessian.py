@@ -1,0 +1,122 @@
+"""Lanczos eigenvalues and Hutchinson trace against the dense Hessian of small models."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sam_runner.metrics import HessianOperator, hessian_eigenpairs, hessian_trace, spectral_density, top_hessian_eigenvalues
+from sam_runner.metrics.hessian import lanczos
+
+
+def dense_hessian(model, loss_fn, x, y):
+    names = [n for n, _ in model.named_parameters()]
+    params = [p.detach() for p in model.parameters()]
+    sizes = [p.numel() for p in params]
+
+    def f(flat):
+        chunks = [c.view_as(p) for c, p in zip(flat.split(sizes), params)]
+        return loss_fn(torch.func.functional_call(model, dict(zip(names, chunks)), (x,)), y)
+
+    flat = torch.cat([p.reshape(-1) for p in params])
+    return torch.autograd.functional.hessian(f, flat).double()
+
+
+def bn_cnn(seed=0):
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Conv1d(1, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.Conv1d(4, 4, 3), nn.BatchNorm1d(4),
+                      nn.ReLU(inplace=True), nn.Flatten(), nn.Linear(4 * 6, 3))
+    x, y = torch.randn(61, 1, 10), torch.randint(0, 3, (61,))
+    m.train()
+    for _ in range(3):
+        m(x)  # non-trivial running statistics
+    return m.eval(), x, y
+
+
+def uneven(x, y):
+    cuts = [0, 7, 40, 61]
+    return [(x[a:b], y[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+
+@pytest.mark.parametrize("method", ["double_backward", "forward_over_reverse"])
+def test_top_k_matches_dense_hessian_cnn_with_batchnorm_eval_uneven_batches(method):
+    m, x, y = bn_cnn()
+    eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    vals = top_hessian_eigenvalues(m, F.cross_entropy, uneven(x, y), k=3, method=method, max_iter=200)
+    assert len(vals) == 3
+    for got, want in zip(vals, eig[:3].tolist()):
+        assert abs(got - want) <= 1e-3 * abs(want)
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())  # nothing moved
+
+
+def test_batchnorm_train_mode_uses_batch_statistics_and_keeps_running_stats():
+    m, x, y = bn_cnn(1)
+    m.train()
+    eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
+    running = m[1].running_mean.clone()
+    vals = top_hessian_eigenvalues(m, F.cross_entropy, [(x, y)], k=2)
+    assert abs(vals[0] - eig[0]) <= 1e-3 * abs(eig[0]) and abs(vals[1] - eig[1]) <= 1e-3 * abs(eig[1])
+    assert torch.equal(m[1].running_mean, running) and m.training
+
+
+def test_mlp_with_negative_curvature_returns_largest_first():
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 4))
+    x, y = torch.randn(40, 5), torch.randint(0, 4, (40,))
+    eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
+    r = hessian_eigenpairs(m, F.cross_entropy, [(x[:25], y[:25]), (x[25:], y[25:])], k=2, seed=3)
+    assert r.values == sorted(r.values, reverse=True)
+    assert abs(r.values[0] - eig[0]) <= 1e-3 * abs(eig[0]) and abs(r.values[1] - eig[1]) <= 1e-3 * abs(eig[1])
+    assert r.converged and 2 <= r.hvps <= 100
+    # the returned vector is the top eigenvector: its Rayleigh quotient is λ_max
+    H = dense_hessian(m, F.cross_entropy, x, y)
+    v = torch.cat([t.reshape(-1) for t in r.vectors]).double()
+    assert float(v @ H @ v / (v @ v)) == pytest.approx(float(eig[0]), rel=1e-3)
+
+
+def test_warm_start_from_top_eigenvector_needs_few_hvps():
+    m, x, y = bn_cnn()
+    cold = hessian_eigenpairs(m, F.cross_entropy, [(x, y)], seed=0)
+    warm = hessian_eigenpairs(m, F.cross_entropy, [(x, y)], init=cold.vectors, seed=1)
+    assert warm.hvps < cold.hvps and warm.values[0] == pytest.approx(cold.values[0], rel=1e-3)
+
+
+def test_lanczos_residual_rule_holds_on_a_close_gap():
+    # λ₂/λ₁ = 0.9 with a dense bulk below: the returned value must be within tol of λ₁
+    torch.manual_seed(0)
+    n = 400
+    q, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64))
+    spectrum = torch.cat([torch.tensor([10.0, 9.0]), torch.rand(n - 2, dtype=torch.float64) * 8])
+    A = (q * spectrum) @ q.T
+    r = lanczos(lambda v: (A @ v.double()).to(v.dtype), n, k=2, tol=1e-3, max_iter=200,
+                generator=torch.Generator().manual_seed(0))
+    assert r.converged
+    assert abs(r.values[0] - 10) <= 1e-2 and abs(r.values[1] - 9) <= 9e-3
+
+
+def test_hutchinson_trace_within_its_standard_error():
+    m, x, y = bn_cnn()
+    exact = float(dense_hessian(m, F.cross_entropy, x, y).trace())
+    with HessianOperator(m, F.cross_entropy, uneven(x, y)) as op:
+        mean, se = hessian_trace(op, num_probes=400, seed=0)
+    assert se > 0 and abs(mean - exact) <= 4 * se
+
+
+def test_spectral_density_weights_are_a_probability_per_run():
+    m, x, y = bn_cnn()
+    with HessianOperator(m, F.cross_entropy, [(x, y)]) as op:
+        d = spectral_density(op, num_runs=2, num_steps=20)
+    eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y))
+    for nodes, weights in zip(d["nodes"], d["weights"]):
+        assert len(nodes) == 20 and sum(weights) == pytest.approx(1.0, abs=1e-6)
+        assert max(nodes) <= float(eig[-1]) * (1 + 1e-4) and min(nodes) >= float(eig[0]) - 1e-4
+
+
+def test_bad_arguments_are_rejected_clearly():
+    m, x, y = bn_cnn()
+    with pytest.raises(ValueError, match="method='newton'"):
+        top_hessian_eigenvalues(m, F.cross_entropy, [(x, y)], method="newton")
+    with pytest.raises(ValueError, match="k=0"):
+        top_hessian_eigenvalues(m, F.cross_entropy, [(x, y)], k=0)
+    with pytest.raises(ValueError, match="batches is empty"):
+        top_hessian_eigenvalues(m, F.cross_entropy, [])

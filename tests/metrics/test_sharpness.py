@@ -1,0 +1,105 @@
+"""Each sharpness measure on a quadratic model where its value is known in closed form.
+
+Model: linear regression θ ↦ (1/2N) Σ (x_iᵀθ − y_i)², so H = XᵀX/N exactly and everywhere.
+"""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from sam_runner.metrics import sharpness as S
+from sam_runner.metrics.hessian import HessianOperator, Objective
+
+
+class Linear(nn.Module):
+    def __init__(self, theta):
+        super().__init__()
+        self.theta = nn.Parameter(theta.clone())
+
+    def forward(self, x):
+        return x @ self.theta
+
+
+def half_mse(pred, target):
+    return 0.5 * (pred - target) ** 2
+
+
+def problem(at_minimum=True, seed=0, d=6, n=64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64) * torch.linspace(0.3, 2.0, d, dtype=torch.float64)
+    theta_star = torch.randn(d, generator=g, dtype=torch.float64)
+    y = x @ theta_star
+    theta = theta_star if at_minimum else theta_star + torch.randn(d, generator=g, dtype=torch.float64)
+    model = Linear(theta)
+    H = x.T @ x / n
+    return model, [(x[:20], y[:20]), (x[20:], y[20:])], H
+
+
+def test_worst_case_sharpness_at_a_minimum_is_half_rho2_lambda_max():
+    model, batches, H = problem()
+    rho = 0.1
+    with Objective(model, half_mse, batches) as obj:
+        value = S.worst_case_sharpness(obj, rho=rho, steps=60, seed=0)
+    assert value == pytest.approx(0.5 * rho**2 * float(torch.linalg.eigvalsh(H)[-1]), rel=1e-3)
+    assert torch.equal(model.theta.detach(), problem()[0].theta.detach())  # parameters restored
+
+
+def test_adaptive_worst_case_sharpness_uses_the_asam_ball():
+    model, batches, H = problem()
+    rho, eta = 0.1, 0.01
+    t = model.theta.detach().abs() + eta
+    with Objective(model, half_mse, batches) as obj:
+        value = S.worst_case_sharpness(obj, rho=rho, steps=80, adaptive=True, eta=eta, seed=0)
+    expected = 0.5 * rho**2 * float(torch.linalg.eigvalsh(t[:, None] * H * t[None, :])[-1])
+    assert value == pytest.approx(expected, rel=1e-3)
+
+
+def test_average_sharpness_is_half_sigma2_trace():
+    model, batches, H = problem()
+    sigma = 0.05
+    with Objective(model, half_mse, batches) as obj:
+        mean, se = S.average_sharpness(obj, sigma=sigma, num_samples=2000, seed=0)
+    assert abs(mean - 0.5 * sigma**2 * float(H.trace())) <= 4 * se
+
+
+def test_directional_sharpness_along_eigenvectors_gives_eigenvalues():
+    model, batches, H = problem(at_minimum=False)
+    evals, evecs = torch.linalg.eigh(H)
+    with Objective(model, half_mse, batches) as obj:
+        mean, top = S.directional_sharpness(obj, h=0.1, directions=[evecs[:, -1], evecs[:, 0]])
+    assert top == pytest.approx(float(evals[-1]), rel=1e-6)
+    assert mean == pytest.approx(float(evals[-1] + evals[0]) / 2, rel=1e-6)
+
+
+def test_armijo_probe_brackets_directional_curvature():
+    model, batches, H = problem(at_minimum=False)
+    with Objective(model, half_mse, batches) as obj:
+        g = obj.gradient()
+        q = float(g @ H @ g / (g @ g))
+        c, beta = 1e-4, 0.5
+        alpha, curvature, evals = S.armijo_probe(obj, alpha0=100.0, c=c, beta=beta)
+    assert beta * 2 * (1 - c) / q < alpha <= 2 * (1 - c) / q
+    assert q <= curvature < q / beta and evals >= 2
+
+
+def test_fisher_rao_sharpness_is_trace_of_inverse_fisher_times_hessian():
+    model, batches, H = problem(at_minimum=False)
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    residual = x @ model.theta.detach() - y
+    fisher = ((x * residual[:, None]) ** 2).mean(0)  # per-sample gradient x_i r_i, squared
+    damping = 1e-3
+    exact = float((torch.diagonal(H) / (fisher + damping)).sum())
+    with HessianOperator(model, half_mse, batches) as op:
+        mean, se = S.fisher_rao_sharpness(op, num_probes=400, damping=damping, seed=0)
+    assert abs(mean - exact) <= 4 * se + 1e-9 * abs(exact)
+
+
+def test_bad_options_are_rejected():
+    model, batches, _ = problem()
+    with Objective(model, half_mse, batches) as obj:
+        with pytest.raises(ValueError, match="rho=-1"):
+            S.worst_case_sharpness(obj, rho=-1)
+        with pytest.raises(ValueError, match="beta=2"):
+            S.armijo_probe(obj, beta=2)

@@ -1,0 +1,37 @@
+"""LE-SAM: ε = σ g / (‖g‖² + δ), ⟨g, ε⟩ = σ, ‖ε‖ ≤ ρ_max."""
+import math
+
+import torch
+
+from optim_helpers import build, closure_for, flat, mlp, ref_grad
+
+
+def test_le_sam_matches_the_formula_and_spends_the_loss_budget():
+    model = mlp()
+    opt = build("le_sam", model, lr=0.1, sigma=0.003, rho_max=10.0)
+    theta, seen = flat(model.parameters()), {}
+    opt.step(closure_for(opt, model, record=seen))
+    _, g = ref_grad(model, theta)
+    eps = 0.003 * g / (g.norm() ** 2 + 1e-12)
+    torch.testing.assert_close(seen[1] - theta, eps, rtol=1e-9, atol=1e-12)
+    assert abs((g * (seen[1] - theta)).sum().item() - 0.003) < 1e-9          # ⟨g, ε⟩ = σ
+    _, d = ref_grad(model, theta + eps)
+    torch.testing.assert_close(flat(model.parameters()), theta - 0.1 * d, rtol=1e-9, atol=1e-12)
+
+
+def test_le_sam_caps_the_radius():
+    model = mlp()
+    opt = build("le_sam", model, lr=0.1, sigma=10.0, rho_max=0.02)
+    theta, seen = flat(model.parameters()), {}
+    opt.step(closure_for(opt, model, record=seen))
+    _, g = ref_grad(model, theta)
+    torch.testing.assert_close(seen[1] - theta, 0.02 * g / g.norm(), rtol=1e-9, atol=1e-12)
+    assert opt.log_values()["rho"] == 0.02 or abs(opt.log_values()["rho"] - 0.02) < 1e-9
+
+
+def test_le_sam_cosine_sigma_schedule():
+    model = mlp()
+    opt = build("le_sam", model, lr=0.0, sigma=0.01, sigma_schedule="cosine")  # total_steps=100
+    for _ in range(25):
+        opt.step(closure_for(opt, model))
+    assert abs(opt.current_sigma - 0.01 * 0.5 * (1 + math.cos(math.pi * 0.25))) < 1e-15

@@ -1,0 +1,36 @@
+"""SAM-SPS: e = θ + ρ(1 − λ + λ/‖g‖) g; γ = clip((L(e) − ℓ* − ⟨∇L(e), e − θ⟩)/‖∇L(e)‖², 0, γ_max)."""
+import pytest
+import torch
+
+from optim_helpers import build, closure_for, flat, mlp, ref_grad
+from sam_runner.optim import SAMSPS
+
+
+@pytest.mark.parametrize("lam, floor", [(1.0, 0.0), (0.3, 0.5)])
+def test_sam_sps_step_size_and_update_match_the_formula(lam, floor):
+    model, rho, wd = mlp(), 0.1, 5e-4
+    opt = build("sam_sps", model, lr=123.0, rho=rho, lam=lam, loss_floor=floor, gamma_max=1.0, weight_decay=wd)
+    theta, seen = flat(model.parameters()), {}
+    opt.step(closure_for(opt, model, record=seen))
+    _, g = ref_grad(model, theta)
+    e = theta + rho * (1 - lam + lam / g.norm()) * g
+    torch.testing.assert_close(seen[1], e, rtol=1e-9, atol=1e-12)
+    loss_e, g_e = ref_grad(model, e)
+    gamma = ((loss_e - floor - (g_e * (e - theta)).sum()) / g_e.norm() ** 2).clamp(0, 1.0)
+    assert float(opt.sps_step) == pytest.approx(gamma.item(), rel=1e-9)
+    torch.testing.assert_close(flat(model.parameters()), theta - gamma * (g_e + wd * theta), rtol=1e-9, atol=1e-12)
+
+
+def test_sam_sps_clips_the_step():
+    model = mlp()
+    opt = build("sam_sps", model, gamma_max=1e-3)
+    opt.step(closure_for(opt, model))
+    assert float(opt.sps_step) == pytest.approx(1e-3)
+
+
+def test_sam_sps_rejects_a_non_sgd_base():
+    model = mlp()
+    with pytest.raises(ValueError, match="torch.optim.SGD.*AdamW"):
+        SAMSPS(model.parameters(), torch.optim.AdamW, lr=0.1)
+    with pytest.raises(ValueError, match="momentum must be 0"):
+        SAMSPS(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)

@@ -1,0 +1,73 @@
+"""SpectralSAM: hidden matrices get ρ_s · msign(G) · sqrt(max(1, d_out/d_in)); the rest Euclidean SAM."""
+import torch
+from torch import nn
+
+from optim_helpers import build, closure_for, flat, mlp, ref_grad
+
+# Muon's published quintic Newton–Schulz coefficients (Keller Jordan's Muon), 5 steps
+A, B, C = 3.4445, -4.7750, 2.0315
+
+
+def newton_schulz(g, steps=5):
+    x = g.float()
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / x.norm()
+    for _ in range(steps):
+        s = x @ x.T
+        x = A * x + B * s @ x + C * s @ s @ x
+    return x.T if tall else x
+
+
+def test_spectral_sam_matches_the_formula():
+    """Plain list of a 4-matrix MLP: the first and last matrices are excluded (first layer, head)."""
+    model = mlp(depth=4, width=7)
+    lin = [m for m in model if isinstance(m, nn.Linear)]
+    opt = build("spectral_sam", model, lr=0.1, rho=0.05, rho_spectral=0.2)
+    theta, seen = flat(model.parameters()), {}
+    opt.step(closure_for(opt, model, record=seen))
+    _, g = ref_grad(model, theta)
+    eps, offset = torch.zeros_like(g), 0
+    hidden = {id(lin[1].weight), id(lin[2].weight)}
+    others = torch.zeros_like(g, dtype=torch.bool)
+    for p in model.parameters():
+        n, sl = p.numel(), slice(offset, offset + p.numel())
+        if id(p) in hidden:
+            d_out, d_in = p.shape
+            eps[sl] = (0.2 * newton_schulz(g[sl].view(p.shape)) * max(1.0, d_out / d_in) ** 0.5).double().reshape(-1)
+        else:
+            others[sl] = True
+        offset += n
+    eps[others] = 0.05 * g[others] / g[others].norm()
+    torch.testing.assert_close(seen[1] - theta, eps, rtol=1e-5, atol=1e-7)   # the iteration runs in float32
+    _, d = ref_grad(model, theta + (seen[1] - theta))
+    torch.testing.assert_close(flat(model.parameters()), theta - 0.1 * d, rtol=1e-9, atol=1e-12)
+
+
+def test_spectral_sam_matrix_perturbations_have_the_spec_spectral_norm():
+    """‖E_W‖₂ = ρ_s · sqrt(max(1, d_out/d_in)) up to the quintic's band of singular values, for
+    conv kernels (reshaped to d_out × d_in·k·k) and tall and wide matrices; groups set ``hidden``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(2, 4, 3), nn.Conv1d(4, 12, 3), nn.Flatten(), nn.Linear(12 * 6, 30),
+                          nn.Linear(30, 5)).double()
+    hidden = [model[1].weight, model[3].weight]
+    rest = [p for p in model.parameters() if all(p is not h for h in hidden)]
+    opt = build("spectral_sam", model, groups=[dict(params=hidden, hidden=True), dict(params=rest, hidden=False)],
+                lr=0.0, rho_spectral=0.3)
+    x, y = torch.randn(8, 2, 10, dtype=torch.float64), torch.randint(0, 5, (8,))
+    seen = {}
+    opt.step(closure_for(opt, model, x=x, y=y, record=seen))
+    offsets, i = {}, 0
+    for p in model.parameters():
+        offsets[id(p)] = (i, p)
+        i += p.numel()
+    theta = flat(model.parameters())
+    for w in hidden:
+        a, p = offsets[id(w)]
+        e = (seen[1] - theta)[a:a + p.numel()].view(p.shape[0], -1)
+        target = 0.3 * max(1.0, e.shape[0] / e.shape[1]) ** 0.5
+        sv = torch.linalg.svdvals(e)
+        assert 0.68 * target <= sv.max() <= 1.2 * target, (sv / target)
+        kept = sv[sv > 1e-4 * target]       # G may be rank-deficient: msign is U Vᵀ on its range
+        assert kept.min() >= 0.5 * target   # every direction of G perturbed (≈ U Vᵀ), not just the top one

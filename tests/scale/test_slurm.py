@@ -1,0 +1,136 @@
+"""On a real SLURM cluster (CI starts a one-node one with `source .ci/slurm.sh`): the submitit
+launcher preset, the sbatch array of scripts/slurm_array.sbatch, and a requeued job resuming."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sam_runner import sweep
+
+# Minutes on a busy 2-core machine (each job imports torch), hence slow as well:
+# CI runs them with `source .ci/slurm.sh && pytest -m slurm`.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model=mlp", "dataset.num_samples=1200", "dataset.batch_size=64", "metrics.hessian.enabled=false",
+        "trainer.device=cpu", "trainer.progress=lines"]
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """Skips (with the reason) unless sbatch and squeue answer and a node is up."""
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        pytest.skip("SLURM is not installed here (no sbatch/squeue on PATH); CI runs `source .ci/slurm.sh`")
+    try:
+        ok = subprocess.run(["squeue", "-h"], capture_output=True, timeout=10).returncode == 0
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        ok, states = False, ""
+    if not ok or not any(s in states for s in ("idle", "mixed", "allocated")):
+        pytest.skip("SLURM is installed but no cluster answers (squeue/sinfo); start one with `source .ci/slurm.sh`")
+
+
+def sbatch(*args) -> str:
+    # one torch thread per job: tiny models gain nothing from more, and a busy machine loses a lot
+    out = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1", *args], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def squeue_states(job: str) -> list[str]:
+    """The states of the job's tasks still in the queue (a failing squeue is asked again)."""
+    for _ in range(20):
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0:
+            return out.stdout.split()
+        time.sleep(0.5)
+    raise AssertionError(f"squeue keeps failing: {out.stderr}")
+
+
+def wait_gone(job: str, timeout: float = 400) -> None:
+    """Poll squeue (sbatch --wait backs off to tens of seconds) until the job has left the queue."""
+    deadline, empty = time.monotonic() + timeout, 0
+    while empty < 2:  # twice in a row: a requeued job can be briefly between states
+        empty = empty + 1 if not squeue_states(job) else 0
+        assert time.monotonic() < deadline, f"SLURM job {job} still queued after {timeout} s"
+        time.sleep(0.5)
+
+
+def summary(job_dir: Path) -> dict:
+    return json.loads((job_dir / "summary.json").read_text())
+
+
+def epochs(job_dir: Path) -> list[int]:
+    return [json.loads(line)["epoch"] for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_submitit_launcher_runs_a_sweep_as_a_job_array(slurm, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    out = subprocess.run([sys.executable, "-m", "sam_runner.cli", "-m", "hydra/launcher=slurm", *TINY,
+                          "trainer.epochs=1", "seed=0,1", f"hydra.sweep.dir={sweep_dir}",
+                          "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10"],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    for job, seed in ((0, 0), (1, 1)):
+        s = summary(sweep_dir / str(job))
+        assert s["status"] == "completed" and f"seed={seed}" in s["overrides"]
+    assert (sweep_dir / ".submitit").is_dir()  # it went through submitit and SLURM
+    assert "#0   completed" in out.stdout and "#1   completed" in out.stdout
+
+
+def test_sbatch_array_runs_one_line_per_task_in_the_sweep_layout(slurm, tmp_path, capsys):
+    sweep_dir, lines = tmp_path / "sweep", tmp_path / "lines.txt"
+    sweep.lines_main([*TINY, "trainer.epochs=1", "seed=0,1,2"])
+    lines.write_text(capsys.readouterr().out)
+    job = sbatch("--array=0-2", "--cpus-per-task=1", f"--output={tmp_path}/slurm-%A_%a.out",
+                 str(REPO / "scripts" / "slurm_array.sbatch"), str(lines), str(sweep_dir))
+    wait_gone(job)
+    for i in range(3):
+        s = summary(sweep_dir / str(i))
+        assert s["status"] == "completed", (tmp_path / f"slurm-{job}_{i}.out").read_text()[-2000:]
+        assert f"seed={i}" in s["overrides"]
+    # the same report as a -m sweep
+    report = subprocess.run(["sam-sweep-lines", "--report", str(sweep_dir), "--jobs", "3"], capture_output=True,
+                            text=True, timeout=60)
+    assert report.returncode == 0 and [line.split()[1] for line in report.stdout.splitlines()] == ["completed"] * 3
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path, capsys):
+    sweep_dir, lines = tmp_path / "sweep", tmp_path / "lines.txt"
+    sweep.lines_main([*TINY, "dataset.num_samples=4000", "trainer.epochs=6", "seed=0"])
+    lines.write_text(capsys.readouterr().out)
+    log = tmp_path / "task.out"
+    job = sbatch("--array=0-0", "--cpus-per-task=1", f"--output={log}", "--open-mode=append",
+                 str(REPO / "scripts" / "slurm_array.sbatch"), str(lines), str(sweep_dir))
+    ckpt = sweep_dir / "0" / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 300
+    while not ckpt.exists():
+        assert time.monotonic() < deadline and squeue_states(job), "the job never checkpointed"
+        time.sleep(0.1)
+    assert not (sweep_dir / "0" / "summary.json").exists(), "the job finished before the requeue: make it longer"
+    subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True, timeout=30)
+    # SLURM holds a requeued job back (BeginTime) for a while; release it at once
+    deadline = time.monotonic() + 120
+    while squeue_states(job) != ["PENDING"]:
+        assert time.monotonic() < deadline, f"requeued job not pending: {squeue_states(job)}"
+        time.sleep(0.2)
+    # started in the same second as the requeue, slurmd rejects the job ("credential revoked")
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"jobid={job}_0", "StartTime=now"], check=True, timeout=30)
+    deadline = time.monotonic() + 120
+    while "restart 1" not in log.read_text():
+        assert time.monotonic() < deadline, f"requeued job never restarted: {squeue_states(job)}"
+        time.sleep(0.2)
+    wait_gone(job)
+    text = log.read_text()
+    assert "restart 1" in text, text[-2000:]
+    assert f"resuming {sweep_dir / '0'} from epoch" in text, text[-2000:]
+    assert summary(sweep_dir / "0")["status"] == "completed"
+    assert epochs(sweep_dir / "0") == [1, 2, 3, 4, 5, 6]  # nothing lost, nothing repeated

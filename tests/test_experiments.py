@@ -1,0 +1,95 @@
+"""Study presets: each composes, every job of its sweep builds; the _mini ones run end to end."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose as hydra_compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from conftest import ROOT, compose, run_cli
+from sam_runner import data, models
+from sam_runner.cli import register_resolvers
+from sam_runner.optim.build import build_optimizer
+from sam_runner.paths import config_dir
+from sam_runner.schedulers import build_scheduler
+from sam_runner.sweep import expand
+from sam_runner.train import validate
+
+PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+STUDIES = ["sam_wrn_cifar", "tlc_rho_sweep", "tlc_vs_sam", "gear_vs_sam", "calibration", "long_tail",
+           "spectral_muon", "variant_zoo"]
+
+
+def sweep_of(preset):
+    register_resolvers()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        c = hydra_compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
+    params = OmegaConf.to_container(c.hydra.sweeper.params, resolve=False) or {}
+    return c, expand([f"experiment={preset}"], params)
+
+
+def test_every_study_has_a_mini():
+    for study in STUDIES:
+        assert study in PRESETS and f"{study}_mini" in PRESETS, study
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_cfg_job_prints_the_preset(preset, capsys):
+    code, out, _ = run_cli(["-m", f"experiment={preset}", "--cfg", "job"], capsys)
+    assert code == 0 and "optimizer:" in out
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_job_of_the_sweep_builds(preset):
+    """Each job's composed config passes validation and builds its optimizer and scheduler."""
+    c, jobs = sweep_of(preset)
+    assert len(jobs) >= 2
+    if preset in STUDIES or preset.endswith("_mini"):
+        assert c.study.name == preset
+    tiny = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 3))
+    # axes that cannot break construction are collapsed to keep this fast
+    inert = ("seed=", "dataset.batch_size=", "base_optimizer.lr=", "dataset.label_noise=")
+    distinct = {tuple(o for o in job if not o.startswith(inert)) for job in jobs}
+    for job in sorted(distinct):
+        cfg = compose(*job)
+        validate(cfg)
+        data.validate(cfg.dataset)
+        assert cfg.model.arch in models.ARCHS
+        opt = build_optimizer(cfg, tiny, total_steps=100)
+        build_scheduler(cfg.scheduler, opt, 10, 100)
+
+
+def test_sam_wrn_cifar_is_the_papers_setting():
+    c, jobs = sweep_of("sam_wrn_cifar")
+    assert (c.model.arch, c.trainer.epochs, c.dataset.batch_size) == ("wrn28_10", 200, 128)
+    assert (c.base_optimizer.lr, c.base_optimizer.momentum, c.base_optimizer.weight_decay) == (0.1, 0.9, 5e-4)
+    assert c.optimizer.rho == 0.1 and c.scheduler.name == "cosine" and len(jobs) == 6
+    assert "16.5" in c.study.reference and "18.8" in c.study.reference
+
+
+def test_tlc_rho_sweep_grid():
+    _, jobs = sweep_of("tlc_rho_sweep")
+    assert len(jobs) == 2 * 6 * 3 * 3
+
+
+MINIS = [p for p in PRESETS if p.endswith("_mini")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", MINIS)
+def test_mini_study_runs_and_reports(preset, tmp_path):
+    sweep = tmp_path / preset
+    run = subprocess.run([sys.executable, "-m", "sam_runner.cli", "-m", f"experiment={preset}",
+                          f"hydra.sweep.dir={sweep}", "trainer.progress=none"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _, jobs = sweep_of(preset)
+    for n in range(len(jobs)):
+        assert json.loads((sweep / str(n) / "summary.json").read_text())["status"] in ("completed", "diverged")
+    rep = subprocess.run([sys.executable, "-m", "sam_runner.report", str(sweep)], capture_output=True, text=True)
+    assert rep.returncode == 0, rep.stderr
+    assert (sweep / "report.md").exists() and (sweep / "report.csv").exists()
