@@ -227,7 +227,7 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, opened: list) -> dict
         if not final and epoch % max(1, int(t.get("eval_every_n_epochs", 1))) != 0:
             continue
         row = {"epoch": epoch, "step": step, "train_loss": float(train_loss), "train_acc": float(train_acc)}
-        evaluation = evaluate(net, data.test, criterion, autocast, dist, cfg.metrics)
+        evaluation = evaluate(net, data.test, criterion, autocast, dist, cfg.metrics, data.class_counts)
         reliability = evaluation.pop("reliability", None)  # diagram bins go to summary.json only
         row.update(evaluation)
         row["lr"] = optimizer.param_groups[0]["lr"]

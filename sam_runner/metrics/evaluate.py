@@ -12,9 +12,10 @@ from .calibration import calibration_report, reliability_bins
 
 
 @torch.no_grad()
-def evaluate(model, loader, criterion, autocast, dist, metrics_cfg) -> dict:
+def evaluate(model, loader, criterion, autocast, dist, metrics_cfg, class_counts=None) -> dict:
     """The test_* keys of a metrics row, plus ``reliability`` (diagram bins, for summary.json
-    only: the caller pops it out of the row)."""
+    only: the caller pops it out of the row). With ``metrics.class_splits`` set and the
+    training set's per-class counts given, also the long-tail split accuracies."""
     was_training = model.training
     model.eval()
     logits, labels = [], []
@@ -29,4 +30,18 @@ def evaluate(model, loader, criterion, autocast, dist, metrics_cfg) -> dict:
            "test_acc": float((logits.argmax(1) == labels).float().mean())}
     row.update({f"test_{k}": v for k, v in calibration_report(logits, labels, n_bins).items()})
     row["reliability"] = reliability_bins(logits.softmax(dim=1), labels, n_bins)
+    splits = metrics_cfg.get("class_splits")
+    if splits and class_counts:
+        row.update(split_accuracy(logits.argmax(1), labels, class_counts, int(splits["many"]), int(splits["few"])))
     return row
+
+
+def split_accuracy(pred, labels, class_counts, many: int, few: int) -> dict:
+    """Test accuracy over many-shot (> ``many`` training examples), medium-shot and few-shot
+    (< ``few``) classes, the long-tail convention (100 and 20 on CIFAR-100-LT)."""
+    counts = torch.as_tensor(class_counts, device=labels.device)[labels]
+    correct = (pred == labels).float()
+    out = {}
+    for name, mask in (("many", counts > many), ("medium", (counts <= many) & (counts >= few)), ("few", counts < few)):
+        out[f"test_acc_{name}"] = float(correct[mask].mean()) if bool(mask.any()) else None
+    return out
