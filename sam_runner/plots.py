@@ -11,10 +11,10 @@ being read off the epoch rows; diverged (non-finite) values are left out of the 
 from __future__ import annotations
 
 import io
-import json
 import math
-import os
 from pathlib import Path
+
+from .runfiles import atomic_write_bytes, read_json, read_rows  # torch-free: sam-report stays light
 
 RUN_PLOTS = ("curves.png", "reliability.png")
 
@@ -26,22 +26,6 @@ def _figure(nrows=1, ncols=1, size=(6.0, 4.0)):
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     return fig, axes
-
-
-# runfiles has these too, but importing it imports torch (seconds): sam-report stays torch-free.
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """A temporary file, then a rename: a reader never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def read_json(path: Path):
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def save_png(fig, path: Path) -> Path:
@@ -68,23 +52,6 @@ def log_scale(ax, which: str, values) -> None:
 
 def finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def read_rows(path: Path) -> list[dict]:
-    """metrics.jsonl rows; a line cut by a kill ends the list (as MetricsLog reads it)."""
-    rows = []
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            break
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def _epoch_axis(rows: list[dict]):

@@ -40,13 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UserError, require
-from .plots import atomic_write_bytes, read_json, read_rows
+from .runfiles import atomic_write_bytes, read_json, read_rows
 
 DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
 LABELS = {"test_acc": "test accuracy", "test_ece": "ECE", "test_nll": "NLL", "lambda_max": "λ_max"}
 IGNORED_KEYS = ("seed", "trainer.device", "trainer.progress", "dataset.data_dir", "dataset.download")
 IGNORED_PREFIXES = ("hydra.", "hydra/", "logger")  # hydra/launcher=..., logger=..., logger.mode=...
 STATUSES = ("completed", "diverged", "failed", "missing")
+SPLIT_METRICS = ("test_acc_many", "test_acc_medium", "test_acc_few")
 NEAR_END = 0.1  # Γ: the last 10% of the logged epochs
 PLOTS = ("acc_vs_rho.png", "lambda_max_vs_rho.png", "ece_vs_rho.png", "acc_vs_lambda_max.png")
 
@@ -110,6 +111,7 @@ class Job:
     lr: float | None = None
     metrics: dict = field(default_factory=dict)
     bound: float | None = None
+    study: dict | None = None  # a study preset's name and reference figures (conf/experiment)
 
 
 @dataclass
@@ -119,6 +121,7 @@ class Report:
     groups: list
     metrics: tuple
     notes: list
+    study: dict | None = None
 
     def counts(self) -> Counter:
         return Counter(j.status for j in self.jobs)
@@ -175,6 +178,7 @@ def load_job(path: Path, metrics) -> Job:
     if name is None:
         name = _override_value(job.overrides, "optimizer") or "unknown"
     job.variant = str(name)
+    job.study = _get(cfg, "study")
     job.rho, job.batch_size, job.lr = (_num(_get(cfg, k)) for k in ("optimizer.rho", "dataset.batch_size",
                                                                      "base_optimizer.lr"))
     if summary is None or summary.get("status") not in ("completed", "diverged", "failed"):
@@ -216,8 +220,10 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
     sweep_dir = Path(sweep_dir)
     require(sweep_dir.is_dir(), f"sweep folder {str(sweep_dir)!r} does not exist or is not a folder; "
                                 "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)")
-    metrics = tuple(dict.fromkeys(list(DEFAULT_METRICS) + list(metrics)))
     dirs = find_job_dirs(sweep_dir)
+    # long-tail studies log per-split accuracies: report them without being asked
+    splits = [k for k in SPLIT_METRICS if any(k in (read_json(d / "summary.json") or {}) for d in dirs[:5])]
+    metrics = tuple(dict.fromkeys(list(DEFAULT_METRICS) + splits + list(metrics)))
     expected = expected_overrides(sweep_dir)
     require(dirs or expected, f"no jobs in {sweep_dir}: no job folder with a .hydra/ inside and no multirun.yaml; "
                               "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)")
@@ -259,7 +265,8 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
     n_bound = sum(len(g["bounds"]) for g in rows)
     notes.append(f"Stability bound λ_max ≤ (bΓ/(2ρη²))^(1/3) drawn for {n_bound} job(s)" if n_bound else
                  "Stability bound not drawn: no completed job with ρ > 0 logged grad_norm_max.")
-    return Report(sweep_dir, jobs, rows, metrics, notes)
+    return Report(sweep_dir, jobs, rows, metrics, notes,
+                  next((j.study for j in jobs if isinstance(j.study, dict)), None))
 
 
 # ---- output ------------------------------------------------------------------------
@@ -292,7 +299,11 @@ def _job_name(report: Report, job: Job) -> str:
 
 def render_markdown(report: Report, plots) -> str:
     m = report.metrics
-    out = [f"# Sweep report: {report.sweep_dir}", "", counts_line(report) + ".", ""]
+    out = [f"# Sweep report: {report.sweep_dir}", ""]
+    if report.study:
+        out += [f"Study preset `{report.study.get('name')}`. Published reference: "
+                f"{report.study.get('reference') or 'none given'}.", ""]
+    out += [counts_line(report) + ".", ""]
     head = ["group", "variant", "ρ", "n"] + [LABELS.get(k, k) for k in m] + list(STATUSES)
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in report.groups:

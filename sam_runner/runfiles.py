@@ -10,8 +10,6 @@ import math
 import os
 from pathlib import Path
 
-import torch
-
 from .errors import UserError
 
 
@@ -42,6 +40,24 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def read_rows(path: Path) -> list[dict]:
+    """metrics.jsonl rows; a line cut by a kill ends the list (it and anything after it are not trusted)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            break
+        if not isinstance(row, dict):
+            break
+        rows.append(row)
+    return rows
+
+
 class MetricsLog:
     """metrics.jsonl: one JSON object per line. On resume, lines past the checkpoint are dropped."""
 
@@ -49,15 +65,7 @@ class MetricsLog:
         self.path = Path(path)
 
     def rows(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                break  # a line cut by a kill: it and anything after it are not trusted
-        return out
+        return read_rows(self.path)
 
     def truncate_after(self, step: int) -> None:
         """Keep only lines up to optimizer step ``step`` (the checkpoint's), so no epoch repeats."""
@@ -78,6 +86,7 @@ class Checkpoint:
         self.path = Path(path)
 
     def save(self, state: dict) -> None:
+        import torch  # here, not at the top: report and plots read run files without torch
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
         torch.save(state, tmp)
@@ -86,6 +95,7 @@ class Checkpoint:
     def load(self) -> dict | None:
         if not self.path.exists():
             return None
+        import torch
         try:
             # weights_only: a checkpoint is data, never code
             state = torch.load(self.path, map_location="cpu", weights_only=True)

@@ -33,12 +33,14 @@ def main(argv=None):
             print(f"[{name}] no section module scripts/bench_{name}.py yet", file=sys.stderr)
             continue
         print(f"[{name}] running ...", file=sys.stderr, flush=True)
-        results.update(module.run(args))
-    width = max((len(k) for k in results), default=10)
-    for k, v in results.items():
-        print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        section = module.run(args)
+        results.update(section)
+        # each section's figures as soon as it ends: a long run that is stopped keeps what it measured
+        width = max((len(k) for k in section), default=10)
+        for k, v in section.items():
+            print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 

@@ -169,3 +169,15 @@ def test_default_run_reaches_half_accuracy(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["test_acc"] >= 0.5 and summary["lambda_max"] > 0
     assert "test_acc=" in p.stdout and "lambda_max=" in p.stdout
+
+
+def test_muon_base_optimizer_trains_and_resumes(tmp_path):
+    """Muon on the hidden matrices, AdamW on the rest; its state survives a checkpoint round trip."""
+    common = [*TINY, "model=mlp", "base_optimizer=muon", "base_optimizer.lr=0.01", "scheduler=constant",
+              "metrics.hessian.enabled=false"]  # constant lr: stopping after epoch 1 of 1 == of 2
+    whole = train(compose(*common, "trainer.epochs=2"), tmp_path / "whole", [])
+    assert whole["status"] == "completed" and whole["test_acc"] > 0.15  # above chance (0.1)
+    train(compose(*common, "trainer.epochs=1"), tmp_path / "split", [])
+    (tmp_path / "split" / "summary.json").unlink()  # as if stopped after epoch 1 of 2
+    resumed = train(compose(*common, "trainer.epochs=2"), tmp_path / "split", [])
+    assert resumed["test_acc"] == whole["test_acc"] and resumed["test_nll"] == whole["test_nll"]
