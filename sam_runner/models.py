@@ -13,7 +13,7 @@ from torch import nn
 
 from .errors import UserError, require
 
-ARCHS = ("mlp", "cnn1d", "cnn", "resnet18", "resnet34", "wrn28_10", "wrn16_8", "vgg16_bn", "vgg19_bn",
+ARCHS = ("auto", "mlp", "cnn1d", "cnn", "resnet18", "resnet34", "wrn28_10", "wrn16_8", "vgg16_bn", "vgg19_bn",
          "vit_tiny", "timm")
 
 
@@ -168,9 +168,18 @@ def _timm_model(name, pretrained, in_channels, num_classes, **kw):
                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
 
 
+def auto_arch(input_shape: tuple) -> str:
+    """model=auto: cnn1d for 1-D data, cnn for images under 32x32, resnet18 otherwise."""
+    if len(input_shape) == 2:
+        return "cnn1d"
+    return "cnn" if min(input_shape[1:]) < 32 else "resnet18"
+
+
 def build_model(cfg, input_shape: tuple, num_classes: int) -> nn.Module:
     arch = cfg.arch
     require(arch in ARCHS, f"model={arch!r} is unknown; choose one of {', '.join(ARCHS)}")
+    if arch == "auto":
+        arch = auto_arch(tuple(input_shape))
     channels = input_shape[0]
     if arch == "mlp":
         n = 1

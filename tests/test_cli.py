@@ -14,7 +14,7 @@ from conftest import ROOT, TINY, run_cli
 def test_cfg_job_prints_the_composed_config(capsys):
     code, out, _ = run_cli(["--cfg", "job", "optimizer=sam", "optimizer.rho=0.1"], capsys)
     assert code == 0
-    assert "rho: 0.1" in out and "name: mnist1d" in out and "arch: cnn1d" in out
+    assert "rho: 0.1" in out and "name: mnist1d" in out and "arch: auto" in out
 
 
 def test_help_lists_the_groups(capsys):

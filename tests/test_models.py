@@ -65,3 +65,11 @@ def test_groups_are_blocks_with_norm_weights_in_their_layer():
     every = [p for g in groups for p in g["params"]]
     assert len(every) == len(list(model.parameters())) == len({id(p) for p in every})
     assert not any(g["hidden"] for g in groups if g["block"] in ("stem", "head"))
+
+
+def test_auto_fits_the_dataset():
+    auto = OmegaConf.create({"arch": "auto", "channels": 8})
+    assert isinstance(build_model(auto, (1, 40), 10), torch.nn.Module)
+    assert isinstance(build_model(auto, (3, 32, 32), 100).layer4, torch.nn.Sequential)  # resnet18 on CIFAR
+    assert build_model(auto, (1, 8, 8), 10).stem[0].kernel_size == (3, 3)  # the small cnn on digits
+    assert type(build_model(auto, (1, 40), 10).stem[0]).__name__ == "Conv1d"

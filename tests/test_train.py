@@ -181,3 +181,18 @@ def test_muon_base_optimizer_trains_and_resumes(tmp_path):
     (tmp_path / "split" / "summary.json").unlink()  # as if stopped after epoch 1 of 2
     resumed = train(compose(*common, "trainer.epochs=2"), tmp_path / "split", [])
     assert resumed["test_acc"] == whole["test_acc"] and resumed["test_nll"] == whole["test_nll"]
+
+
+def test_gear_sam_on_cifar100_verbatim(tmp_path, monkeypatch):
+    """`sam-run optimizer=gear_sam dataset=cifar100` where CIFAR-100 is present: the default model
+    fits CIFAR (a CIFAR ResNet-18), and the run completes (torchvision's reader, files written here)."""
+    from cifar_files import install
+    install(monkeypatch, tmp_path / "data", "cifar100", n_train=64, n_test=50)
+    cfg = compose("optimizer=gear_sam", "dataset=cifar100", f"dataset.data_dir={tmp_path / 'data'}",
+                  "trainer.epochs=1", "dataset.batch_size=32", "metrics.hessian.num_samples=16",
+                  "metrics.hessian.max_iter=3",
+                  "trainer.progress=none")
+    summary = train(cfg, tmp_path / "run", [])
+    assert summary["status"] == "completed" and summary["lambda_max"] is not None
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert "layer4.1.conv2.weight" in state["model"], "the default model on CIFAR is the CIFAR ResNet-18"
