@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -85,7 +86,7 @@ def test_mini_study_runs_and_reports(preset, tmp_path):
     sweep = tmp_path / preset
     run = subprocess.run([sys.executable, "-m", "sam_runner.cli", "-m", f"experiment={preset}",
                           f"hydra.sweep.dir={sweep}", "trainer.progress=none"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=900)
+                         text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))  # tiny models: 1 thread is fastest
     assert run.returncode == 0, run.stderr[-3000:]
     _, jobs = sweep_of(preset)
     for n in range(len(jobs)):
