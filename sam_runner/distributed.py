@@ -70,23 +70,20 @@ class Topology:
         self._ddp = DistributedDataParallel(model, device_ids=device_ids)
         return self._ddp
 
-    def sum(self, value: torch.Tensor) -> torch.Tensor:
-        """Sum a per-process tensor over processes (identity in one process)."""
+    def _all_reduce(self, value: torch.Tensor, op) -> torch.Tensor:
         if not self.parallel:
             return value
         out = value.clone()
-        torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
+        torch.distributed.all_reduce(out, op=op)
         return out
 
-    mean = sum  # the name train.py first used for this all-reduce SUM of counts
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum a per-process tensor over processes (identity in one process)."""
+        return self._all_reduce(value, torch.distributed.ReduceOp.SUM)
 
     def max(self, value: torch.Tensor) -> torch.Tensor:
         """Elementwise maximum over processes (identity in one process)."""
-        if not self.parallel:
-            return value
-        out = value.clone()
-        torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.MAX)
-        return out
+        return self._all_reduce(value, torch.distributed.ReduceOp.MAX)
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate a per-process tensor along dim 0, rank order (sizes may differ)."""
