@@ -10,7 +10,8 @@ eigenvector mixed with a little seeded noise (so a stale vector orthogonal to th
 direction cannot trap it; the mix is our choice). The time spent is ``hessian_time_s``;
 train.py does not count it as training time.
 
-Keys written: ``lambda_max`` (``lambda_2``.. when k > 1), ``hessian_hvps``,
+Keys written: ``lambda_max`` (``lambda_2``.. when k > 1), ``hessian_hvps`` (on the whole
+subset) and ``hessian_presolve_hvps`` (on its first batch, when ``presolve_batches`` is on),
 ``hessian_time_s``, ``eos_ratio`` = λ_max / (stability threshold of the base optimizer:
 2/η for SGD, (2+2β)/η with heavy-ball momentum β, (2+2β)/(η(1+2β)) with Nesterov; only
 for an SGD base optimizer), and, when enabled, ``hessian_trace`` (+ ``_se``),
@@ -119,11 +120,14 @@ class CurvatureTracker:
                              float(h.get("graph_cache_mb", 1024))) as op:
             r = hessian_eigenpairs(self.model, _cross_entropy, batches, self.k, tol=float(h.get("tol", 1e-3)),
                                    max_iter=int(h.get("max_iter", 100)), init=self._init_vector(op),
-                                   seed=seed + 31, operator=op)
+                                   presolve_batches=int(h.get("presolve_batches", 0) or 0),
+                                   presolve_tol=float(h.get("presolve_tol", 3e-2)), seed=seed + 31, operator=op)
             self.vector = [v.detach().clone() for v in r.vectors]
             out["lambda_max"] = r.values[0]
             out.update({f"lambda_{i}": v for i, v in enumerate(r.values[1:], start=2)})
             out["hessian_hvps"] = r.hvps
+            if r.presolve_hvps:
+                out["hessian_presolve_hvps"] = r.presolve_hvps
             out["hessian_method"] = r.method
             if not r.converged:
                 out["hessian_converged"] = False

@@ -64,6 +64,11 @@ def build_optimizer(cfg, model: nn.Module, total_steps: int):
     name = opt_cfg.pop("name")
     require(name in VARIANTS, f"optimizer={name!r} is unknown; choose one of {', '.join(VARIANTS)}")
     rho = opt_cfg.get("rho", 0.0)
+    if name == "le_sam":
+        # no fixed radius: a swept optimizer.rho would silently mean nothing for these jobs
+        require(rho is None, f"optimizer.rho={rho} does not apply to le_sam (no fixed radius); set "
+                             "optimizer.sigma (the loss budget) or optimizer.rho_max (the cap on ||eps||)")
+        opt_cfg.pop("rho")
     require(rho is None or (isinstance(rho, (int, float)) and math.isfinite(rho) and rho >= 0),
             f"optimizer.rho={rho} must be a finite number >= 0")
     interval = opt_cfg.get("interval", 1)

@@ -28,16 +28,39 @@ NS_STEPS = _muon.DEFAULT_NS_STEPS
 
 
 def msign(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> torch.Tensor:
-    """Batched Newton–Schulz orthogonalisation of matrices ``g`` [..., m, n] (Muon's quintic)."""
+    """Muon's quintic Newton–Schulz iteration on matrices ``g`` [..., m, n], batched, in float32.
+
+    Every iterate is X_k = P_k X_0 with P_k a polynomial in X_0 X_0ᵀ (m × m), because
+    X_{k+1} = Q_k X_k with Q_k = a I + b A_k + c A_k², A_k = X_k X_kᵀ, and all of these commute.
+    For a wide matrix (n > 1.5 m, short side first) we therefore run the same iteration on the
+    m × m side: A_{k+1} = Q_k A_k Q_k, P_{k+1} = Q_k P_k, and return P_steps X_0. That is two
+    m × m × n products plus m³ work instead of two m × m × n products per step (ResNet-18's
+    512 × 4608 kernels: about 4× faster on a CPU). The iterates are the same in exact
+    arithmetic; in float32, forming A_0 squares the spread of singular values, so on badly
+    conditioned G the result is less exact than the direct float32 form (spectral-norm error
+    against the float64 iteration up to ~3e-3 instead of ~3e-4), and still 10× more exact than
+    Muon's own bfloat16 iteration (~3e-2 to 4e-1 on the same matrices).
+    """
     a, b, c = NS_COEFFICIENTS
     x = g.float()
     wide = x.size(-2) <= x.size(-1)
     if not wide:
         x = x.mT
     x = x / x.flatten(-2).norm(dim=-1).clamp_min(eps)[..., None, None]  # spectral norm <= 1
-    for _ in range(steps):
-        gram = x @ x.mT
-        x = a * x + (b * gram + c * gram @ gram) @ x
+    m, n = x.shape[-2:]
+    if n <= 1.5 * m:  # near-square: the direct form is as cheap
+        for _ in range(steps):
+            gram = x @ x.mT
+            x = a * x + (b * gram + c * gram @ gram) @ x
+    elif steps > 0:
+        eye = torch.eye(m, dtype=x.dtype, device=x.device)
+        gram, poly = x @ x.mT, None
+        for k in range(steps):
+            q = a * eye + b * gram + c * gram @ gram
+            poly = q if poly is None else q @ poly
+            if k + 1 < steps:
+                gram = q @ (gram @ q)
+        x = poly @ x
     return x if wide else x.mT
 
 

@@ -81,6 +81,21 @@ def test_warm_start_from_top_eigenvector_needs_few_hvps():
     assert warm.hvps < cold.hvps and warm.values[0] == pytest.approx(cold.values[0], rel=1e-3)
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_presolve_on_leading_batch_keeps_top_k_exact(k):
+    """A coarse start from batch 0's Hessian; the full run still meets the dense top-k."""
+    m, x, y = bn_cnn()
+    eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
+    r = hessian_eigenpairs(m, F.cross_entropy, uneven(x[[*range(20, 61), *range(20)]], y[[*range(20, 61), *range(20)]]),
+                           k=k, max_iter=200, presolve_batches=1, presolve_tol=3e-2)
+    assert r.presolve_hvps > 0 and r.converged
+    for got, want in zip(r.values, eig[:k].tolist()):
+        assert abs(got - want) <= 1e-3 * abs(want)
+    # all batches in the "presolve" means no presolve at all
+    whole = hessian_eigenpairs(m, F.cross_entropy, [(x, y)], k=k, max_iter=200, presolve_batches=1)
+    assert whole.presolve_hvps == 0
+
+
 def test_lanczos_residual_rule_holds_on_a_close_gap():
     # λ₂/λ₁ = 0.9 with a dense bulk below: the returned value must be within tol of λ₁
     torch.manual_seed(0)

@@ -35,3 +35,15 @@ def test_le_sam_cosine_sigma_schedule():
     for _ in range(25):
         opt.step(closure_for(opt, model))
     assert abs(opt.current_sigma - 0.01 * 0.5 * (1 + math.cos(math.pi * 0.25))) < 1e-15
+
+
+def test_le_sam_config_refuses_a_radius_it_would_ignore():
+    """A rho sweep across variants must not silently run le_sam jobs that ignore rho."""
+    import pytest
+    from conftest import compose
+    from sam_runner.errors import UserError
+    from sam_runner.optim.build import build_optimizer
+    model = mlp()
+    assert type(build_optimizer(compose("optimizer=le_sam"), model, 10)).__name__ == "LESAM"
+    with pytest.raises(UserError, match=r"optimizer.rho=0.1 does not apply to le_sam.*optimizer.sigma"):
+        build_optimizer(compose("optimizer=le_sam", "optimizer.rho=0.1"), model, 10)

@@ -8,8 +8,8 @@ from optim_helpers import build, closure_for, flat, mlp, ref_grad
 A, B, C = 3.4445, -4.7750, 2.0315
 
 
-def newton_schulz(g, steps=5):
-    x = g.float()
+def newton_schulz(g, steps=5, dtype=torch.float32):
+    x = g.to(dtype)
     tall = x.shape[0] > x.shape[1]
     if tall:
         x = x.T
@@ -71,3 +71,17 @@ def test_spectral_sam_matrix_perturbations_have_the_spec_spectral_norm():
         assert 0.68 * target <= sv.max() <= 1.2 * target, (sv / target)
         kept = sv[sv > 1e-4 * target]       # G may be rank-deficient: msign is U Vᵀ on its range
         assert kept.min() >= 0.5 * target   # every direction of G perturbed (≈ U Vᵀ), not just the top one
+
+
+def test_msign_equals_muon_iteration_for_wide_tall_and_square_batches():
+    """Wide matrices run the iteration on the short side's Gram matrix: the same iterates, so
+    the result is the float64 iteration's up to float32 rounding (looser when ill-conditioned)."""
+    from sam_runner.optim.spectral_sam import msign
+    torch.manual_seed(0)
+    for shape in [(3, 16, 120), (2, 120, 16), (2, 24, 30), (1, 9, 9)]:
+        g = torch.randn(*shape, dtype=torch.float64)
+        want = torch.stack([newton_schulz(m, dtype=torch.float64) for m in g])
+        torch.testing.assert_close(msign(g).double(), want, rtol=0, atol=1e-5)
+        g[0, :, 0] *= 1e3  # one dominant direction: a spread of singular values of 1e3
+        want = torch.stack([newton_schulz(m, dtype=torch.float64) for m in g])
+        assert torch.linalg.matrix_norm(msign(g).double() - want, ord=2).max() <= 1e-2

@@ -70,7 +70,34 @@ def _rank1_fails():
     return "unreachable"
 
 
+def _sgs_probe():
+    """Each process observes its own losses for one step; the epoch's class weights after it."""
+    from sam_runner.samplers import SGSSampler
+    topo = distributed.current()
+    g = torch.Generator().manual_seed(7 + topo.rank)
+    targets = torch.tensor([0, 0, 1, 2, 2, 2] if topo.rank == 0 else [0, 1, 1, 1, 2, 0])
+    sampler = SGSSampler(3)
+    loss0 = torch.rand(6, generator=g)
+    sampler.observe(0, None, targets, loss0)
+    sampler.observe(1, None, targets, loss0 + torch.rand(6, generator=g))
+    sampler.end_epoch(None)  # S and n stay this process's own; the weights come from the pooled ones
+    return {name: topo.gather(t[None]).tolist()
+            for name, t in (("weights", sampler.class_weights), ("s", sampler.sharpness), ("n", sampler.counts))}
+
+
 # ---------------------------------------------------------------- tests
+def test_sgs_class_weights_are_the_same_in_every_process_from_pooled_statistics():
+    """S averaged and counts summed over processes before the weights: both draw alike."""
+    out = distributed.launch(_sgs_probe, (), 2, CPU)
+    weights, s, n = (torch.tensor(out[k], dtype=torch.float64) for k in ("weights", "s", "n"))
+    assert torch.equal(weights[0], weights[1])
+    s, n = s.mean(0), n.sum(0)     # every class was seen by some process
+    z = (s - s.mean()) / s.std(unbiased=False)
+    want = (n + 1) ** -0.5 * torch.exp(-0.5 * z)
+    torch.testing.assert_close(weights[0], want, rtol=1e-5, atol=0)
+    # the pooled weights are not what either process would have drawn alone
+    alone = (torch.tensor(out["n"][0], dtype=torch.float64) + 1) ** -0.5
+    assert not torch.allclose(weights[0] / weights[0].sum(), alone / alone.sum(), rtol=1e-3)
 def test_sync_false_gives_per_process_perturbations_and_identical_parameters():
     out = distributed.launch(_perturbation_probe, (), 2, CPU)
     per_process, synced = out[False], out[True]
