@@ -1,9 +1,9 @@
 """Bench section ``optim``: the cost of one optimizer step (all its passes) of every SAM
 variant relative to SAM's, SAM's relative to the base step and to a plain per-parameter
-loop implementation of the same formula. Ratios are measured side by side (interleaved,
-median over rounds) on the default model (cnn1d on MNIST-1D-shaped input, batch 128) and
-on a CIFAR ResNet-18 at batch 32, on one CPU thread (``--quick``: the default model only,
-one round). Every variant is built as the runner builds it (its parameter groups, SGD with
+loop implementation of the same formula. Ratios are measured side by side (alternating
+calls, the fastest of a few per round, the median over rounds: see ``_ratios``) on the
+default model (cnn1d on MNIST-1D-shaped input, batch 128) and on a CIFAR ResNet-18 at
+batch 32, on one CPU thread (``--quick``: the default model only, one round). Every variant is built as the runner builds it (its parameter groups, SGD with
 momentum 0.9 and weight decay 5e-4; SAM-SPS without momentum).
 
 Keys: ``<variant>_over_sam_step_default`` / ``..._resnet18``, ``sam_over_base_step_*``,
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import copy
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
 
-from benchutil import median_time
 from sam_runner.models import ResNet, SmallCNN
 from sam_runner.optim import VARIANTS
 from sam_runner.optim.build import parameter_groups
@@ -81,18 +81,28 @@ def _variant(name, model, x, y):
     return _stepper(opt, model, x, y)
 
 
-def _ratios(fns: dict, ref, repeats: int, inner: int) -> dict:
-    """Median over rounds of time(fn) / time(ref); each round times ref before and after the
-    others (their mean is the round's reference), so slow drift of the machine cancels."""
+def _once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _ratios(fns: dict, ref, repeats: int, calls: int) -> dict:
+    """Per round and variant: the fastest of ``calls`` variant steps over the fastest of ``calls``
+    SAM steps, the two taken alternately (SAM, variant, SAM, variant, ...); the median of that
+    ratio over ``repeats`` rounds. On this shared 2-core machine one step's time varies by ±20%
+    from call to call (other tenants, not our code): the fastest of a few calls is the step's
+    own cost, the alternation cancels slow drift, the median over rounds the rest."""
     for f in (ref, *fns.values()):
         f()  # warm up: allocations, first-step state
     rows = {name: [] for name in fns}
     for _ in range(repeats):
-        before = median_time(ref, 1, 0, inner)
-        times = {name: median_time(f, 1, 0, inner) for name, f in fns.items()}
-        t_ref = (before + median_time(ref, 1, 0, inner)) / 2
-        for name, t in times.items():
-            rows[name].append(t / t_ref)
+        for name, f in fns.items():
+            t_ref, t_f = [], []
+            for _ in range(calls):
+                t_ref.append(_once(ref))
+                t_f.append(_once(f))
+            rows[name].append(min(t_f) / min(t_ref))
     return {name: statistics.median(v) for name, v in rows.items()}
 
 
@@ -112,13 +122,13 @@ def _run(args) -> dict:
     out = {}
     for kind in kinds:
         model, x, y = _setup(kind)
-        repeats = 1 if args.quick else max(args.repeats, 5)  # ResNet-18 rounds vary by ±5%: at least five
-        inner = 5 if kind == "default" else 1
+        repeats = 1 if args.quick else (max(args.repeats, 5) if kind == "default" else 3)
+        calls = 10 if kind == "default" else 3  # ResNet-18: ~4 s a step, 14 min for the section
         steps = {name: _variant(name, model, x, y) for name in VARIANTS}
         naive_model = copy.deepcopy(model)
         steps["naive"] = _stepper(NaiveSAM(naive_model, lr=0.01, momentum=0.9, weight_decay=5e-4), naive_model, x, y)
         sam = steps.pop("sam")
-        for name, r in _ratios(steps, sam, repeats, inner).items():
+        for name, r in _ratios(steps, sam, repeats, calls).items():
             if name == "base":
                 out[f"sam_over_base_step_{kind}"] = 1 / r
             elif name == "naive":

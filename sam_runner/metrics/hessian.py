@@ -398,7 +398,8 @@ def hessian_eigenpairs(model, loss_fn, batches, k: int = 1, *, tol: float = 1e-3
         if 0 < presolve_batches < len(op.batches):
             def partial(v):
                 return op.flat(op.hvp_list(op.unflat(v.to(op.dtype)), n_batches=presolve_batches)).to(v.dtype)
-            pre = lanczos(partial, op.numel, k, presolve_tol, max_iter, init, g, op.device)
+            # capped: a presolve that does not settle quickly is not worth its HVPs
+            pre = lanczos(partial, op.numel, k, presolve_tol, min(max_iter, max(30, 2 * k)), init, g, op.device)
             init, presolve_hvps = pre.vectors.sum(0), pre.hvps
         start = op.hvps
         r = lanczos(op, op.numel, k, tol, max_iter, init, g, op.device)

@@ -70,9 +70,12 @@ class CurvatureTracker:
                                                    "choose eval or train")
         self.k = int(h.get("k", 1))
         require(self.k >= 1, f"metrics.hessian.k={self.k} must be an integer >= 1")
-        for key in ("every_n_epochs", "every_n_steps"):
+        for key in ("every_n_epochs", "every_n_steps", "presolve_batches"):
             v = h.get(key, 0) or 0
             require(isinstance(v, int) and v >= 0, f"metrics.hessian.{key}={v} must be an integer >= 0 (0 = off)")
+        tol = h.get("presolve_tol", 3e-2)
+        require(isinstance(tol, (int, float)) and 0 < tol < 1,
+                f"metrics.hessian.presolve_tol={tol} must be a number in (0, 1)")
         self.tensor_data = data.train_tensors is not None
         self.enabled = bool(h.get("enabled", True)) and self.tensor_data
         self.model, self.data, self.optimizer, self.seed = model, data, optimizer, seed

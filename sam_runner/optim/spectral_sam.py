@@ -13,9 +13,10 @@ the first layer and the classifier head).
 
 From the abstract: a layerwise spectral inner perturbation for hidden matrices, paired
 with any outer step. Ours (spec/variants.md): the radius scaling, the Euclidean SAM for
-the rest, and the iteration running in float32 (Muon runs it in bfloat16), so the
-singular values of msign(G) are close to 1 but not exactly 1 (the quintic's band,
-roughly [0.7, 1.2]). Matrices of one shape run as one batched iteration.
+the rest, and the iteration running in float32 (Muon runs it in bfloat16); the singular
+values of msign(G) are close to 1 but not exactly 1 (the quintic's band, roughly
+[0.7, 1.2]), as in Muon. Ours too, for speed: matrices of one shape run as one batched
+iteration, and wide ones run it in Gram form (same iterates; see ``msign``).
 """
 import torch
 from torch.optim import _muon

@@ -40,6 +40,18 @@ def test_end_measurement_equals_lambda_max_on_the_seeded_subset_in_eval_mode():
     assert tracker.summary_extras()["hessian_bn_mode"] == "eval"
 
 
+def test_presolve_on_the_first_batch_gives_the_same_lambda_max():
+    tracker, model, data = setup(presolve_batches=1)
+    row = tracker.on_epoch_end(2, 20, model, final=True)
+    x, y = data.train_subset(64, 0)
+    model.eval()
+    expected = top_hessian_eigenvalues(model, F.cross_entropy, [(x, y)], tol=1e-6)[0]
+    assert row["lambda_max"] == pytest.approx(expected, rel=1e-3)
+    assert row["hessian_presolve_hvps"] >= 1 and row["hessian_hvps"] >= 1
+    with pytest.raises(UserError, match="presolve_tol=0"):
+        setup(presolve_batches=1, presolve_tol=0)
+
+
 def test_every_n_steps_warm_starts_and_bn_train_mode_differs():
     tracker, model, _ = setup(every_n_steps=5, bn_mode="train")
     first = tracker.on_step(1, 5, model)
