@@ -29,40 +29,66 @@ NS_STEPS = _muon.DEFAULT_NS_STEPS
 
 
 def msign(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> torch.Tensor:
-    """Muon's quintic Newton–Schulz iteration on matrices ``g`` [..., m, n], batched, in float32.
+    """Muon's quintic Newton–Schulz iteration on matrices ``g`` [..., m, n], in float32."""
+    x = g.float().reshape(-1, *g.shape[-2:])
+    out = torch.empty_like(x)
+    msign_into(list(x.unbind()), list(out.unbind()), 1.0, steps, eps)
+    return out.reshape(g.shape)
 
-    Every iterate is X_k = P_k X_0 with P_k a polynomial in X_0 X_0ᵀ (m × m), because
-    X_{k+1} = Q_k X_k with Q_k = a I + b A_k + c A_k², A_k = X_k X_kᵀ, and all of these commute.
-    For a wide matrix (n > 1.5 m, short side first) we therefore run the same iteration on the
-    m × m side: A_{k+1} = Q_k A_k Q_k, P_{k+1} = Q_k P_k, and return P_steps X_0. That is two
-    m × m × n products plus m³ work instead of two m × m × n products per step (ResNet-18's
-    512 × 4608 kernels: about 4× faster on a CPU). The iterates are the same in exact
-    arithmetic; in float32, forming A_0 squares the spread of singular values, so on badly
-    conditioned G the result is less exact than the direct float32 form (spectral-norm error
-    against the float64 iteration up to ~3e-3 instead of ~3e-4), and still 10× more exact than
-    Muon's own bfloat16 iteration (~3e-2 to 4e-1 on the same matrices).
+
+def msign_into(mats: list, outs: list, scale: float = 1.0, steps: int = NS_STEPS, eps: float = 1e-7) -> None:
+    """outs[i] ← scale · msign(mats[i]) for matrices of one shape (``outs[i]``: any tensor of
+    the same number of elements, e.g. a conv kernel's ε, filled row-major), by Muon's quintic
+    Newton–Schulz iteration, batched, in float32.
+
+    Every iterate is X_k = P_k X_0 with P_k a polynomial in S = X_0 X_0ᵀ (m × m, m the short
+    side), because X_{k+1} = Q_k X_k with Q_k = a I + b A_k + c A_k², A_k = X_k X_kᵀ, and all of
+    these commute. For a wide matrix (long side > 1.5 m) we therefore compute P_steps on the
+    m × m side (``_gram_iteration``) and write scale · P_steps X_0 straight into ``outs``: two
+    m × m × n products plus m³ work instead of two m × m × n products per step, and no stacked
+    copies of the matrices (ResNet-18's 512 × 4608 kernels: about 4× faster on a CPU; the
+    normalization X_0 = G/‖G‖ and the scale are folded into P). The result is the same in
+    exact arithmetic; in float32, forming S squares the spread of singular values, so on badly
+    conditioned G it is less exact than the direct float32 form (spectral-norm error against
+    the float64 iteration up to ~3e-3 instead of ~3e-4), and still 10× more exact than Muon's
+    own bfloat16 iteration (~3e-2 to 4e-1 on the same matrices).
     """
     a, b, c = NS_COEFFICIENTS
-    x = g.float()
-    wide = x.size(-2) <= x.size(-1)
-    if not wide:
-        x = x.mT
-    x = x / x.flatten(-2).norm(dim=-1).clamp_min(eps)[..., None, None]  # spectral norm <= 1
-    m, n = x.shape[-2:]
-    if n <= 1.5 * m:  # near-square: the direct form is as cheap
+    rows, cols = mats[0].shape
+    wide = rows <= cols
+    m, n = min(rows, cols), max(rows, cols)
+    if n <= 1.5 * m or steps == 0:  # near-square: the direct form is as cheap
+        x = torch.stack([t.float() if wide else t.float().mT for t in mats])
+        x = x / x.flatten(-2).norm(dim=-1).clamp_min(eps)[..., None, None]  # spectral norm <= 1
         for _ in range(steps):
             gram = x @ x.mT
             x = a * x + (b * gram + c * gram @ gram) @ x
-    elif steps > 0:
-        eye = torch.eye(m, dtype=x.dtype, device=x.device)
-        gram, poly = x @ x.mT, None
-        for k in range(steps):
-            q = a * eye + b * gram + c * gram @ gram
-            poly = q if poly is None else q @ poly
-            if k + 1 < steps:
-                gram = q @ (gram @ q)
-        x = poly @ x
-    return x if wide else x.mT
+        x = (x if wide else x.mT).contiguous() * scale
+        torch._foreach_copy_(outs, [t.view(o.shape) for t, o in zip(x.unbind(), outs)])
+        return
+    g = [t.float() for t in mats]
+    s = torch.stack([t @ t.mT if wide else t.mT @ t for t in g])
+    norm2 = s.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(eps * eps)  # ‖G‖²
+    poly = _gram_iteration(s / norm2[:, None, None], steps) * (scale / norm2.sqrt())[:, None, None]
+    for t, p, o in zip(g, poly, outs):
+        direct = o.dtype == torch.float32 and o.is_contiguous()
+        target = o.view(rows, cols) if direct else torch.empty(rows, cols, dtype=torch.float32, device=o.device)
+        torch.mm(p, t, out=target) if wide else torch.mm(t, p, out=target)  # (P Gᵀ)ᵀ = G P
+        if not direct:  # another dtype or memory format (channels_last)
+            o.copy_(target.view(o.shape))
+
+
+def _gram_iteration(s: torch.Tensor, steps: int) -> torch.Tensor:
+    """P_steps from S = X_0 X_0ᵀ: A_0 = S, A_{k+1} = Q_k A_k Q_k, P_{k+1} = Q_k P_k."""
+    a, b, c = NS_COEFFICIENTS
+    eye = torch.eye(s.size(-1), dtype=s.dtype, device=s.device)
+    gram, poly = s, None
+    for k in range(steps):
+        q = a * eye + b * gram + c * gram @ gram
+        poly = q if poly is None else q @ poly
+        if k + 1 < steps:
+            gram = q @ (gram @ q)
+    return poly
 
 
 class SpectralSAM(SAM):
@@ -98,9 +124,6 @@ class SpectralSAM(SAM):
             torch._foreach_copy_(e, g)
             torch._foreach_mul_(e, self.current_rho / (self.global_norm(g) + 1e-12))
         for idx in matrices:
-            shape = grads[idx[0]].shape
-            d_out, d_in = shape[0], grads[idx[0]][0].numel()
-            stacked = torch.stack([grads[i] for i in idx]).reshape(len(idx), d_out, d_in)
+            d_out, d_in = grads[idx[0]].shape[0], grads[idx[0]][0].numel()
             scale = self.rho_spectral * max(1.0, d_out / d_in) ** 0.5
-            out = (msign(stacked) * scale).to(eps[idx[0]].dtype).reshape(len(idx), *shape)
-            torch._foreach_copy_([eps[i] for i in idx], out.unbind())
+            msign_into([grads[i].reshape(d_out, d_in) for i in idx], [eps[i] for i in idx], scale)
