@@ -85,3 +85,22 @@ def test_msign_equals_muon_iteration_for_wide_tall_and_square_batches():
         g[0, :, 0] *= 1e3  # one dominant direction: a spread of singular values of 1e3
         want = torch.stack([newton_schulz(m, dtype=torch.float64) for m in g])
         assert torch.linalg.matrix_norm(msign(g).double() - want, ord=2).max() <= 1e-2
+
+
+def test_channels_last_conv_kernels_get_the_same_perturbation():
+    """ε of a channels_last kernel (not contiguous as d_out × d_in·k·k) is filled by copy, alike."""
+    import copy
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Conv2d(4, 5, 3),
+                          nn.Flatten(), nn.Linear(5 * 4 * 4, 3))
+    other = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    x, y = torch.randn(6, 3, 10, 10), torch.randint(0, 3, (6,))
+    seen = {}
+    for net in (model, other):
+        opt = build("spectral_sam", net, lr=0.0, rho_spectral=0.3)
+        record = {}
+        opt.step(closure_for(opt, net, x=x.contiguous(memory_format=torch.channels_last) if net is other else x,
+                             y=y, record=record))
+        seen[net is other] = record[1] - flat(net.parameters())
+    assert not other[2].weight.is_contiguous()  # the case under test
+    torch.testing.assert_close(seen[True], seen[False], rtol=1e-5, atol=1e-6)  # conv sums in another order
