@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from benchutil import interleaved_ratio
 
-from sam_runner.metrics.hessian import HessianOperator, lanczos, power_iteration
+from sam_runner.metrics.hessian import HessianOperator, lanczos, power_iteration, tridiagonal
 from sam_runner.models import build_model
 
 
@@ -49,11 +49,7 @@ def _prefix_counts(r, ref, tol=1e-3):
     ``ref`` (oracle), and the first step the residual rule would have stopped at (rule)."""
     oracle = rule = None
     for j in range(1, len(r.alphas) + 1):
-        T = torch.diag(torch.tensor(r.alphas[:j], dtype=torch.float64))
-        if j > 1:
-            off = torch.tensor(r.betas[:j - 1], dtype=torch.float64)
-            T += torch.diag(off, 1) + torch.diag(off, -1)
-        vals, vecs = torch.linalg.eigh(T)
+        vals, vecs = torch.linalg.eigh(tridiagonal(r.alphas[:j], r.betas))
         theta, residual = float(vals[-1]), abs(r.betas[j - 1] * float(vecs[-1, -1]))
         if oracle is None and abs(theta - ref) <= tol * abs(ref):
             oracle = j

@@ -3,7 +3,8 @@ variant relative to SAM's, SAM's relative to the base step and to a plain per-pa
 loop implementation of the same formula. Ratios are measured side by side (alternating
 calls, the fastest of a few per round, the median over rounds: see ``_ratios``) on the
 default model (cnn1d on MNIST-1D-shaped input, batch 128) and on a CIFAR ResNet-18 at
-batch 32, on one CPU thread (``--quick``: the default model only, one round). Every variant is built as the runner builds it (its parameter groups, SGD with
+batch 32, on one CPU thread (``--quick``: the default model only, one round). Every variant
+is built as the runner builds it (its parameter groups, SGD with
 momentum 0.9 and weight decay 5e-4; SAM-SPS without momentum).
 
 Keys: ``<variant>_over_sam_step_default`` / ``..._resnet18``, ``sam_over_base_step_*``,
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+
+from benchutil import median_time
 
 from sam_runner.models import ResNet, SmallCNN
 from sam_runner.optim import VARIANTS
@@ -81,12 +83,6 @@ def _variant(name, model, x, y):
     return _stepper(opt, model, x, y)
 
 
-def _once(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def _ratios(fns: dict, ref, repeats: int, calls: int) -> dict:
     """Per round and variant: the fastest of ``calls`` variant steps over the fastest of ``calls``
     SAM steps, the two taken alternately (SAM, variant, SAM, variant, ...); the median of that
@@ -100,8 +96,8 @@ def _ratios(fns: dict, ref, repeats: int, calls: int) -> dict:
         for name, f in fns.items():
             t_ref, t_f = [], []
             for _ in range(calls):
-                t_ref.append(_once(ref))
-                t_f.append(_once(f))
+                t_ref.append(median_time(ref, 1, 0))
+                t_f.append(median_time(f, 1, 0))
             rows[name].append(min(t_f) / min(t_ref))
     return {name: statistics.median(v) for name, v in rows.items()}
 

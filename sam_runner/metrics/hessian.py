@@ -282,6 +282,15 @@ class _Basis:
         return out
 
 
+def tridiagonal(alphas, betas) -> torch.Tensor:
+    """Lanczos' T (float64) from its diagonal and its first len(alphas) − 1 off-diagonal entries."""
+    T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+    if len(alphas) > 1:
+        off = torch.tensor(betas[:len(alphas) - 1], dtype=torch.float64)
+        T += torch.diag(off, 1) + torch.diag(off, -1)
+    return T
+
+
 def lanczos(matvec, n: int, k: int = 1, tol: float = 1e-3, max_iter: int = 100, init=None,
             generator=None, device="cpu", dtype=None, stop: bool = True) -> LanczosResult:
     """Top-k eigenpairs of the symmetric operator ``matvec`` (flat vectors of length ``n``).
@@ -311,11 +320,7 @@ def lanczos(matvec, n: int, k: int = 1, tol: float = 1e-3, max_iter: int = 100, 
         alphas.append(float(torch.dot(w, Q[j])))
         w = Q.orthogonalize(w, j + 1)
         beta = float(w.norm())
-        T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-        if betas:
-            off = torch.tensor(betas, dtype=torch.float64)
-            T += torch.diag(off, 1) + torch.diag(off, -1)
-        evals, evecs = torch.linalg.eigh(T)
+        evals, evecs = torch.linalg.eigh(tridiagonal(alphas, betas))
         evals, evecs = evals.flip(0), evecs.flip(1)  # largest first
         m = min(k, j + 1)
         res = (beta * evecs[-1, :m]).abs()

@@ -63,18 +63,17 @@ def build_optimizer(cfg, model: nn.Module, total_steps: int):
     opt_cfg = dict(cfg.optimizer)
     name = opt_cfg.pop("name")
     require(name in VARIANTS, f"optimizer={name!r} is unknown; choose one of {', '.join(VARIANTS)}")
+    cls = VARIANTS[name]
     rho = opt_cfg.get("rho", 0.0)
-    if name == "le_sam":
+    if cls.no_rho_hint:
         # no fixed radius: a swept optimizer.rho would silently mean nothing for these jobs
-        require(rho is None, f"optimizer.rho={rho} does not apply to le_sam (no fixed radius); set "
-                             "optimizer.sigma (the loss budget) or optimizer.rho_max (the cap on ||eps||)")
-        opt_cfg.pop("rho")
+        require(rho is None, f"optimizer.rho={rho} does not apply to {name} (no fixed radius); {cls.no_rho_hint}")
+        opt_cfg.pop("rho", None)
     require(rho is None or (isinstance(rho, (int, float)) and math.isfinite(rho) and rho >= 0),
             f"optimizer.rho={rho} must be a finite number >= 0")
     interval = opt_cfg.get("interval", 1)
     require(isinstance(interval, int) and interval >= 1, f"optimizer.interval={interval} must be an integer >= 1")
     base_cls, base_kwargs = base_optimizer_class(cfg.base_optimizer)
-    cls = VARIANTS[name]
     try:
         return cls(parameter_groups(model), base_cls, total_steps=total_steps, **opt_cfg, **base_kwargs)
     except (ValueError, TypeError) as e:

@@ -39,6 +39,7 @@ class SharpnessAware(torch.optim.Optimizer):
 
     passes = 2  # forward-backward passes on a perturbing step
     variant_options: dict = {}  # the variant's own keywords and defaults
+    no_rho_hint: str | None = None  # set by variants without a fixed radius: what to set instead of rho
 
     def __init__(self, params, base_optimizer, rho: float = 0.05, rho_schedule: str = "constant",
                  interval: int = 1, sync_perturbation: bool = False,

@@ -21,6 +21,7 @@ SIGMA_SCHEDULES = ("constant", "cosine")
 
 class LESAM(SharpnessAware):
     variant_options = {"sigma": 0.01, "rho_max": 1.0, "sigma_schedule": "constant", "delta": 1e-12}
+    no_rho_hint = "set optimizer.sigma (the loss budget) or optimizer.rho_max (the cap on ||eps||)"
 
     def __init__(self, params, base_optimizer, **kwargs):
         super().__init__(params, base_optimizer, **kwargs)
