@@ -14,7 +14,13 @@ Hessian-vector products (``HessianOperator``), two methods:
 - ``forward_over_reverse``: ``torch.func.jvp`` of ``torch.func.grad``.
 ``auto`` takes ``double_backward`` when the graphs are cached; otherwise it times both on
 the first batch once per (model, device, batch shape) and keeps the faster. This choice
-and the graph cache are ours, not from a paper.
+and the graph cache are ours, not from a paper. Two more speed-ups of ours, neither
+changing the function: BatchNorm layers in eval mode are evaluated as the affine map they
+are, x·(γ/√(σ²+ε)) + (β − μγ/√(σ²+ε)), whose second derivatives are cheaper than
+batch_norm's general double backward (~15% of an HVP on the default model); and on a CPU
+``double_backward``'s batches are spread over worker threads with an equal share of the intra-op threads
+each (small convolutions use two cores poorly: ~1.3× on 2 cores), their sums added in a
+fixed order.
 
 Lanczos (``lanczos``): full reorthogonalization (classical Gram–Schmidt applied twice)
 against every previous vector; stops when each of the top-k Ritz pairs (θ_i, y_i) has
@@ -56,6 +62,72 @@ def frozen_running_stats(model):
             m.track_running_stats = True
 
 
+def _affine_batchnorm_forward(self, x):
+    scale = self.weight * torch.rsqrt(self.running_var + self.eps) if self.affine else \
+        torch.rsqrt(self.running_var + self.eps)
+    shift = -self.running_mean * scale + (self.bias if self.affine else 0)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    return torch.addcmul(shift.view(shape), x, scale.view(shape))
+
+
+@contextlib.contextmanager
+def affine_eval_batchnorm(model):
+    """Plain BatchNorm layers in eval mode (running statistics) computed as their affine map:
+    the same function of the input and of γ, β, with cheaper second derivatives. Subclasses that
+    override ``forward`` (e.g. timm's BatchNormAct2d) are left alone."""
+    bns = [m for m in model.modules() if isinstance(m, _BatchNorm) and not m.training and m.running_mean is not None
+           and type(m).forward is _BatchNorm.forward and "forward" not in m.__dict__]  # not already swapped
+    for m in bns:
+        m.forward = _affine_batchnorm_forward.__get__(m)
+    try:
+        yield
+    finally:
+        for m in bns:
+            del m.forward
+
+
+class _BatchPool:
+    """Sums ``fn(i)`` (lists of tensors) over batch indices, on CPU worker threads when there are
+    cores to share: worker w takes indices w, w + W, ...; partial sums are added in worker order.
+    autograd and the ATen kernels release the GIL, so the threads run in parallel."""
+
+    def __init__(self, device, n_batches):
+        threads = torch.get_num_threads()
+        self.workers = min(threads, n_batches) if device.type == "cpu" else 1
+        self._threads, self._pool = threads, None
+        if self.workers > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            per_worker = max(1, threads // self.workers)
+            self._pool = ThreadPoolExecutor(self.workers, initializer=torch.set_num_threads, initargs=(per_worker,))
+
+    def _per_worker(self, work, indices):
+        indices = list(indices)
+        if self._pool is None or len(indices) < 2:
+            return [work(indices)]
+        chunks = [indices[w::self.workers] for w in range(self.workers)]
+        return list(self._pool.map(work, [c for c in chunks if c]))
+
+    def sum(self, fn, indices):
+        return _sum_lists(self._per_worker(lambda chunk: _sum_lists(fn(i) for i in chunk), indices))
+
+    def map(self, fn, indices) -> dict:
+        return {i: r for part in self._per_worker(lambda chunk: [(i, fn(i)) for i in chunk], indices)
+                for i, r in part}
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+            torch.set_num_threads(self._threads)  # the workers' setting is process-wide in ATen
+
+
+def _sum_lists(lists):
+    out = None
+    for ts in lists:
+        out = list(ts) if out is None else torch._foreach_add(out, ts)
+    return out
+
+
 class _SavedBytes:
     """Counts the bytes autograd saves for backward (an estimate of a graph's memory)."""
 
@@ -85,6 +157,7 @@ class Objective:
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(frozen_running_stats(model))
+        self._stack.enter_context(affine_eval_batchnorm(model))
         self._stack.enter_context(torch.enable_grad())
 
     def flat(self, ts) -> torch.Tensor:
@@ -145,11 +218,13 @@ class HessianOperator(Objective):
         super().__init__(model, loss_fn, batches)
         self.hvps = 0
         self._graphs = None
+        self._pool = _BatchPool(self.device, len(self.batches))
         self._cache_ok = self._graph_fits(graph_cache_mb)
         self.method = self._choose(method)
 
     def close(self):
         self._graphs = self._first_graph = None
+        self._pool.close()
         super().close()
 
     # -- Hessian-vector products
@@ -166,28 +241,27 @@ class HessianOperator(Objective):
     def _grads_with_graph(self, i):
         if self._cache_ok:
             if self._graphs is None:
-                self._graphs = [self._first_graph] + [
-                    torch.autograd.grad(self.batch_loss(j), self.params, create_graph=True)
-                    for j in range(1, len(self.batches))]
+                rest = self._pool.map(lambda j: torch.autograd.grad(self.batch_loss(j), self.params,
+                                                                    create_graph=True), range(1, len(self.batches)))
+                self._graphs = [self._first_graph] + [rest[j] for j in range(1, len(self.batches))]
             return self._graphs[i]
         return torch.autograd.grad(self.batch_loss(i), self.params, create_graph=True)
 
     def _hvp_double_backward(self, vs, n_batches=None):
-        out = None
-        for i in range(n_batches or len(self.batches)):
-            hv = torch.autograd.grad(self._grads_with_graph(i), self.params, grad_outputs=vs,
-                                     retain_graph=self._cache_ok)
-            out = list(hv) if out is None else torch._foreach_add(out, hv)
-        return out
+        if self._cache_ok:
+            self._grads_with_graph(0)  # build every batch's graph (in parallel) before the HVPs
+        return self._pool.sum(lambda i: torch.autograd.grad(self._grads_with_graph(i), self.params,
+                                                            grad_outputs=vs, retain_graph=self._cache_ok),
+                              range(n_batches or len(self.batches)))
 
     def _hvp_forward_over_reverse(self, vs, n_batches=None):
         primals = tuple(p.detach() for p in self.params)
-        out = None
-        for i in range(n_batches or len(self.batches)):
+
+        def batch(i):
             grad_fn = torch.func.grad(lambda ps: self.batch_loss(i, ps))
-            _, hv = torch.func.jvp(lambda *ps: grad_fn(ps), primals, tuple(vs))
-            out = list(hv) if out is None else torch._foreach_add(out, hv)
-        return out
+            return torch.func.jvp(lambda *ps: grad_fn(ps), primals, tuple(vs))[1]
+        # one thread: functional_call swaps the module's parameters in place, so it cannot overlap
+        return _sum_lists(batch(i) for i in range(n_batches or len(self.batches)))
 
     def hvp_list(self, vs, method=None, n_batches=None):
         method = method or self.method

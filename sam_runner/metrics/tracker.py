@@ -11,7 +11,7 @@ direction cannot trap it; the mix is our choice). The time spent is ``hessian_ti
 train.py does not count it as training time.
 
 Keys written: ``lambda_max`` (``lambda_2``.. when k > 1), ``hessian_hvps`` (on the whole
-subset) and ``hessian_presolve_hvps`` (on its first batch, when ``presolve_batches`` is on),
+subset) and ``hessian_presolve_hvps`` (on its leading batches, when ``presolve_batches`` is on),
 ``hessian_time_s``, ``eos_ratio`` = λ_max / (stability threshold of the base optimizer:
 2/η for SGD, (2+2β)/η with heavy-ball momentum β, (2+2β)/(η(1+2β)) with Nesterov; only
 for an SGD base optimizer), and, when enabled, ``hessian_trace`` (+ ``_se``),

@@ -59,6 +59,44 @@ def test_batchnorm_train_mode_uses_batch_statistics_and_keeps_running_stats():
     assert torch.equal(m[1].running_mean, running) and m.training
 
 
+def test_hvp_equals_dense_hessian_times_v_with_worker_threads_and_restores_the_model():
+    """The HVP (BatchNorm as its affine map, batches over worker threads) is H v of the real
+    model; afterwards the BatchNorm layers run their own forward and the thread count is back."""
+    m, x, y = bn_cnn()
+    H = dense_hessian(m, F.cross_entropy, x, y)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with HessianOperator(m, F.cross_entropy, uneven(x, y), "double_backward") as op:
+            assert op._pool.workers == 2
+            assert all("forward" in bn.__dict__ for bn in (m[1], m[4]))  # the affine map is in place
+            v = torch.randn(op.numel, generator=torch.Generator().manual_seed(0))
+            hv = op(v)
+        assert torch.allclose(hv.double(), H @ v.double(), rtol=1e-4, atol=1e-5)
+        assert torch.get_num_threads() == 2
+        assert all("forward" not in bn.__dict__ for bn in (m[1], m[4]))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_batchnorm_subclass_with_its_own_forward_is_left_alone():
+    class BatchNormReLU(nn.BatchNorm1d):  # like timm's BatchNormAct: forward does more than BN
+        def forward(self, x):
+            return torch.relu(super().forward(x))
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv1d(1, 3, 3), BatchNormReLU(3), nn.Flatten(), nn.Linear(3 * 6, 2))
+    x, y = torch.randn(20, 1, 8), torch.randint(0, 2, (20,))
+    m.train()
+    m(x)
+    m.eval()
+    eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
+    with HessianOperator(m, F.cross_entropy, [(x, y)]) as op:
+        assert "forward" not in m[1].__dict__
+    assert top_hessian_eigenvalues(m, F.cross_entropy, [(x[:9], y[:9]), (x[9:], y[9:])])[0] == \
+        pytest.approx(float(eig[0]), rel=1e-3)
+
+
 def test_mlp_with_negative_curvature_returns_largest_first():
     torch.manual_seed(2)
     m = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 4))

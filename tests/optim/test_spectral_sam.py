@@ -78,13 +78,26 @@ def test_msign_equals_muon_iteration_for_wide_tall_and_square_batches():
     the result is the float64 iteration's up to float32 rounding (looser when ill-conditioned)."""
     from sam_runner.optim.spectral_sam import msign
     torch.manual_seed(0)
-    for shape in [(3, 16, 120), (2, 120, 16), (2, 24, 30), (1, 9, 9)]:
+    # (1, 129, 400) and its transpose: a short side of 128 or more takes the half-product path
+    for shape in [(3, 16, 120), (2, 120, 16), (2, 24, 30), (1, 9, 9), (1, 129, 400), (1, 400, 129)]:
         g = torch.randn(*shape, dtype=torch.float64)
         want = torch.stack([newton_schulz(m, dtype=torch.float64) for m in g])
         torch.testing.assert_close(msign(g).double(), want, rtol=0, atol=1e-5)
         g[0, :, 0] *= 1e3  # one dominant direction: a spread of singular values of 1e3
         want = torch.stack([newton_schulz(m, dtype=torch.float64) for m in g])
         assert torch.linalg.matrix_norm(msign(g).double() - want, ord=2).max() <= 1e-2
+
+
+def test_symmetric_products_equal_the_full_product():
+    from sam_runner.optim.spectral_sam import symmetric_mm
+    torch.manual_seed(0)
+    for m in (130, 257):
+        g = torch.randn(2, m, 3 * m, dtype=torch.float64) / (3 * m) ** 0.5  # entries of S near 1
+        s = g @ g.mT
+        for x, y in [(g, g.mT), (s, s), (s, s @ s)]:
+            got = symmetric_mm(x, y)
+            torch.testing.assert_close(got, x @ y, rtol=1e-12, atol=1e-9)
+            assert torch.equal(got[:, m // 2:, :m // 2], got[:, :m // 2, m // 2:].mT)  # the mirrored block
 
 
 def test_channels_last_conv_kernels_get_the_same_perturbation():
