@@ -263,3 +263,14 @@ def test_bad_variant_arguments(name, kwargs, message):
 def test_unknown_keyword_is_rejected():
     with pytest.raises(TypeError):
         build("sam", mlp(), beta=0.9)   # not SAM's (nor SGD's) keyword
+
+
+def test_dot_over_tensor_lists_is_exact_to_float32_rounding():
+    """⟨a, b⟩ over large, nearly orthogonal float32 lists (GSAM, TLC-SAM and SAM-SPS steer on it):
+    within float32 rounding of the float64 value; a polarization identity would lose it."""
+    g = torch.Generator().manual_seed(0)
+    a = [torch.randn(1000, 1000, generator=g), torch.randn(3, 3, generator=g)]
+    b = [torch.randn(1000, 1000, generator=g), torch.randn(3, 3, generator=g)]
+    want = sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b))
+    opt = SAM([torch.zeros(1, requires_grad=True)], torch.optim.SGD, lr=0.1)
+    assert float(opt.dot(a, b)) == pytest.approx(want, rel=1e-4)
