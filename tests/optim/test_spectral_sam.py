@@ -91,13 +91,15 @@ def test_msign_equals_muon_iteration_for_wide_tall_and_square_batches():
 def test_symmetric_products_equal_the_full_product():
     from sam_runner.optim.spectral_sam import symmetric_mm
     torch.manual_seed(0)
-    for m in (130, 257):
+    for m in (130, 257, 520):  # one, two and four row blocks
         g = torch.randn(2, m, 3 * m, dtype=torch.float64) / (3 * m) ** 0.5  # entries of S near 1
         s = g @ g.mT
         for x, y in [(g, g.mT), (s, s), (s, s @ s)]:
             got = symmetric_mm(x, y)
             torch.testing.assert_close(got, x @ y, rtol=1e-12, atol=1e-9)
-            assert torch.equal(got[:, m // 2:, :m // 2], got[:, :m // 2, m // 2:].mT)  # the mirrored block
+            if m >= 256:  # row blocks of -(-m // (m // 128)) rows: entries a block or more off the diagonal are mirrored
+                b = -(-m // min(4, m // 128))
+                assert torch.equal(got.tril(-b), got.triu(b).mT)
 
 
 def test_channels_last_conv_kernels_get_the_same_perturbation():
