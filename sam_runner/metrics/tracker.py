@@ -4,7 +4,8 @@ Every measurement runs on the same fixed, seeded subset of the training set
 (``metrics.hessian.num_samples``, capped at the training set), in fp32 without
 augmentation, with the plain cross-entropy (no label smoothing), BatchNorm in eval mode
 (``bn_mode=eval``, default) or with batch statistics (``bn_mode=train``; running statistics
-are never changed by a measurement). It happens every ``every_n_epochs`` epochs, every
+are never changed by a measurement), every other module in eval mode (no dropout: the loss is
+deterministic). Each module's own train/eval flag is restored afterwards. It happens every ``every_n_epochs`` epochs, every
 ``every_n_steps`` steps, and always at the end; Lanczos starts from the previous top
 eigenvector mixed with a little seeded noise (so a stale vector orthogonal to the new top
 direction cannot trap it; the mix is our choice). The time spent is ``hessian_time_s``;
@@ -27,6 +28,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import require
 from . import sharpness as S
@@ -106,12 +108,17 @@ class CurvatureTracker:
     def _measure(self, final: bool) -> dict:
         t0 = time.perf_counter()
         model = self.model
-        was = model.training
-        model.train(self.bn_mode == "train")
+        modes = {m: m.training for m in model.modules()}
+        model.eval()  # dropout and the like off: the Hessian of a deterministic loss
+        if self.bn_mode == "train":  # only BatchNorm normalizes with batch statistics
+            for m in model.modules():
+                if isinstance(m, _BatchNorm):
+                    m.train()
         try:
             out = self._measure_in_mode(final)
         finally:
-            model.train(was)
+            for m, training in modes.items():  # every module's own mode back, not one for all
+                m.training = training
         out["hessian_time_s"] = time.perf_counter() - t0
         return out
 

@@ -62,6 +62,27 @@ def test_every_n_steps_warm_starts_and_bn_train_mode_differs():
     assert abs(eval_tracker.on_epoch_end(1, 1, m2, True)["lambda_max"] - second["lambda_max"]) > 1e-3 * second["lambda_max"]
 
 
+def test_bn_train_mode_switches_only_batchnorm_and_restores_every_module():
+    """bn_mode=train: batch statistics in BatchNorm, but dropout off (a random loss has no
+    Hessian to certify); afterwards each module is back in its own mode."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(1, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.Dropout(0.5), nn.Flatten(),
+                          nn.Linear(32, 3))
+    x, y = torch.randn(100, 1, 10), torch.randint(0, 3, (100,))
+    data = Data(train=None, test=None, num_classes=3, input_shape=(1, 10), train_size=100, train_tensors=(x, y))
+    cfg = OmegaConf.create({"hessian": {"num_samples": 64, "batch_size": 64, "bn_mode": "train", "tol": 1e-6}})
+    opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.1)
+    tracker = CurvatureTracker(cfg, model, data, opt, seed=0)
+    model.train()
+    model[0].eval()  # a module in its own mode must stay so
+    row = tracker.on_epoch_end(1, 1, model, final=True)
+    assert [m.training for m in model] == [False, True, True, True, True, True]
+    xs, ys = data.train_subset(64, 0)
+    model[3].eval()  # the expected value: dropout off, BatchNorm on batch statistics
+    expected = top_hessian_eigenvalues(model, F.cross_entropy, [(xs, ys)], tol=1e-6)[0]
+    assert row["lambda_max"] == pytest.approx(expected, rel=1e-4)
+
+
 def test_state_round_trips_through_weights_only_checkpoint():
     tracker, model, _ = setup(k=2)
     row = tracker.on_epoch_end(1, 1, model, True)
