@@ -63,8 +63,9 @@ def frozen_running_stats(model):
 
 
 def _affine_batchnorm_forward(self, x):
-    scale = self.weight * torch.rsqrt(self.running_var + self.eps) if self.affine else \
-        torch.rsqrt(self.running_var + self.eps)
+    scale = torch.rsqrt(self.running_var + self.eps)
+    if self.affine:
+        scale = self.weight * scale
     shift = -self.running_mean * scale + (self.bias if self.affine else 0)
     shape = (1, -1) + (1,) * (x.dim() - 2)
     return torch.addcmul(shift.view(shape), x, scale.view(shape))
@@ -110,9 +111,11 @@ class _BatchPool:
     def sum(self, fn, indices):
         return _sum_lists(self._per_worker(lambda chunk: _sum_lists(fn(i) for i in chunk), indices))
 
-    def map(self, fn, indices) -> dict:
-        return {i: r for part in self._per_worker(lambda chunk: [(i, fn(i)) for i in chunk], indices)
-                for i, r in part}
+    def map(self, fn, indices) -> list:
+        """[fn(i) for i in indices], computed on the workers."""
+        done = dict(pair for part in self._per_worker(lambda chunk: [(i, fn(i)) for i in chunk], indices)
+                    for pair in part)
+        return [done[i] for i in indices]
 
     def close(self):
         if self._pool is not None:
@@ -238,18 +241,21 @@ class HessianOperator(Objective):
         self._first_graph = g if fits else None
         return fits
 
+    def _build_graphs(self):
+        """Every batch's create_graph gradients, once (batch 0's from ``_graph_fits``), on the workers."""
+        if self._graphs is None:
+            self._graphs = [self._first_graph] + self._pool.map(
+                lambda j: torch.autograd.grad(self.batch_loss(j), self.params, create_graph=True),
+                range(1, len(self.batches)))
+
     def _grads_with_graph(self, i):
         if self._cache_ok:
-            if self._graphs is None:
-                rest = self._pool.map(lambda j: torch.autograd.grad(self.batch_loss(j), self.params,
-                                                                    create_graph=True), range(1, len(self.batches)))
-                self._graphs = [self._first_graph] + [rest[j] for j in range(1, len(self.batches))]
             return self._graphs[i]
         return torch.autograd.grad(self.batch_loss(i), self.params, create_graph=True)
 
     def _hvp_double_backward(self, vs, n_batches=None):
         if self._cache_ok:
-            self._grads_with_graph(0)  # build every batch's graph (in parallel) before the HVPs
+            self._build_graphs()  # here, not inside the workers: they only read the cache
         return self._pool.sum(lambda i: torch.autograd.grad(self._grads_with_graph(i), self.params,
                                                             grad_outputs=vs, retain_graph=self._cache_ok),
                               range(n_batches or len(self.batches)))
