@@ -97,6 +97,26 @@ def test_batchnorm_subclass_with_its_own_forward_is_left_alone():
         pytest.approx(float(eig[0]), rel=1e-3)
 
 
+def test_conv1d_layers_run_as_matrix_products_with_the_same_hessian():
+    """On a CPU the operator evaluates plain Conv1d layers as unfold + one matrix product: strided,
+    padded, with and without bias, the model's outputs and H v are those of the real layers.
+    Grouped or dilated convolutions keep their own forward; everything is restored afterwards."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv1d(2, 4, 3, stride=2, padding=1), nn.Tanh(), nn.Conv1d(4, 4, 3, padding=2, bias=False),
+                      nn.Tanh(), nn.Conv1d(4, 4, 3, groups=2, dilation=2), nn.Flatten(), nn.Linear(12, 3))
+    x, y = torch.randn(13, 2, 9), torch.randint(0, 3, (13,))
+    want_out = m(x)
+    H = dense_hessian(m, F.cross_entropy, x, y)
+    with HessianOperator(m, F.cross_entropy, [(x[:6], y[:6]), (x[6:], y[6:])], "double_backward") as op:
+        assert ["forward" in c.__dict__ for c in (m[0], m[2], m[4])] == [True, True, False]
+        torch.testing.assert_close(m(x), want_out, rtol=1e-5, atol=1e-6)
+        assert m[0](x[0]).shape == (4, 5)  # unbatched input still works
+        v = torch.randn(op.numel, generator=torch.Generator().manual_seed(1))
+        hv = op(v)
+    assert torch.allclose(hv.double(), H @ v.double(), rtol=1e-4, atol=1e-5)
+    assert all("forward" not in c.__dict__ for c in (m[0], m[2], m[4]))
+
+
 def test_mlp_with_negative_curvature_returns_largest_first():
     torch.manual_seed(2)
     m = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 4))
