@@ -76,19 +76,29 @@ def _affine_batchnorm_forward(self, x):
 
 
 @contextlib.contextmanager
+def _forwards_replaced(modules, forward):
+    """Each module's ``forward`` is ``forward`` bound to it, until the context closes."""
+    for m in modules:
+        m.forward = forward.__get__(m)
+    try:
+        yield
+    finally:
+        for m in modules:
+            del m.forward
+
+
+def _own_forward(m, cls) -> bool:
+    """``m`` runs ``cls.forward``: not a subclass's override, not already replaced."""
+    return type(m).forward is cls.forward and "forward" not in m.__dict__
+
+
 def affine_eval_batchnorm(model):
     """Plain BatchNorm layers in eval mode (running statistics) computed as their affine map:
     the same function of the input and of γ, β, with cheaper second derivatives. Subclasses that
     override ``forward`` (e.g. timm's BatchNormAct2d) are left alone."""
     bns = [m for m in model.modules() if isinstance(m, _BatchNorm) and not m.training and m.running_mean is not None
-           and type(m).forward is _BatchNorm.forward and "forward" not in m.__dict__]  # not already swapped
-    for m in bns:
-        m.forward = _affine_batchnorm_forward.__get__(m)
-    try:
-        yield
-    finally:
-        for m in bns:
-            del m.forward
+           and _own_forward(m, _BatchNorm)]
+    return _forwards_replaced(bns, _affine_batchnorm_forward)
 
 
 def _matmul_conv1d_forward(self, x):
@@ -103,23 +113,16 @@ def _matmul_conv1d_forward(self, x):
     return out.view(b, length, -1).transpose(1, 2)
 
 
-@contextlib.contextmanager
 def matmul_conv1d(model):
     """On a CPU, plain Conv1d layers (groups 1, dilation 1, zero padding) computed as unfold and
     one matrix product: the same function, whose second derivatives are matrix products too.
     oneDNN's 1-D convolution double backward is slower (default model: ~1.35× an HVP on one
     thread); for Conv2d it is the other way round (ResNet-18: unfold 1.7× slower), so Conv2d
     is left alone, as are subclasses that override ``forward``."""
-    convs = [m for m in model.modules() if type(m).forward is nn.Conv1d.forward and "forward" not in m.__dict__
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv1d) and _own_forward(m, nn.Conv1d)
              and m.weight.device.type == "cpu" and m.groups == 1 and m.dilation == (1,)
              and m.padding_mode == "zeros" and isinstance(m.padding, tuple)]
-    for m in convs:
-        m.forward = _matmul_conv1d_forward.__get__(m)
-    try:
-        yield
-    finally:
-        for m in convs:
-            del m.forward
+    return _forwards_replaced(convs, _matmul_conv1d_forward)
 
 
 class _BatchPool:
