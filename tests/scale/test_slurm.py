@@ -141,3 +141,42 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path, capsys):
     assert f"resuming {sweep_dir / '0'} from epoch" in text, text[-2000:]
     assert summary(sweep_dir / "0")["status"] == "completed"
     assert epochs(sweep_dir / "0") == [1, 2, 3, 4, 5, 6]  # nothing lost, nothing repeated
+
+
+def test_submitit_requeues_a_job_signalled_before_its_time_limit_and_it_resumes(slurm, tmp_path):
+    """The launcher preset's timeout path: SLURM sends SIGUSR2 ``signal_delay_s`` before the time
+    limit (here we send it, once the job has a checkpoint, rather than wait for the clock);
+    submitit checkpoints the launcher, requeues the job and exits; the requeued job resumes from
+    checkpoints/last.pt, and the waiting `sam-run -m` reports it completed: every epoch once."""
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "sam_runner.cli", "-m", "hydra/launcher=slurm", *TINY,
+                             "dataset.num_samples=4000", "trainer.epochs=8", "seed=0", f"hydra.sweep.dir={sweep_dir}",
+                             "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        ckpt, deadline = sweep_dir / "0" / "checkpoints" / "last.pt", time.monotonic() + 300
+        while not ckpt.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the job never checkpointed"
+            time.sleep(0.1)
+        assert not (sweep_dir / "0" / "summary.json").exists(), "the job finished before the signal: make it longer"
+        out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=30).stdout.split()
+        job = out[out.index("RUNNING") - 1]
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+        # submitit requeues it; SLURM then holds it back (BeginTime): release it (not in the requeue's second)
+        deadline = time.monotonic() + 120
+        while squeue_states(job) != ["PENDING"]:
+            assert time.monotonic() < deadline, f"signalled job not requeued: {squeue_states(job)}"
+            time.sleep(0.2)
+        time.sleep(2)
+        subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True, timeout=30)
+        stdout, stderr = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "#0   completed" in stdout
+    logs = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*"))
+    assert "Requeued job" in logs and f"resuming {sweep_dir / '0'} from epoch" in logs, logs[-3000:]
+    assert summary(sweep_dir / "0")["status"] == "completed"
+    assert epochs(sweep_dir / "0") == list(range(1, 9))  # nothing lost, nothing repeated
