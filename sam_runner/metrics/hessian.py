@@ -14,15 +14,14 @@ Hessian-vector products (``HessianOperator``), two methods:
 - ``forward_over_reverse``: ``torch.func.jvp`` of ``torch.func.grad``.
 ``auto`` takes ``double_backward`` when the graphs are cached; otherwise it times both on
 the first batch once per (model, device, batch shape) and keeps the faster. This choice
-and the graph cache are ours, not from a paper. Two more speed-ups of ours, neither
+and the graph cache are ours, not from a paper. Three more speed-ups of ours, none
 changing the function: BatchNorm layers in eval mode are evaluated as the affine map they
 are, x·(γ/√(σ²+ε)) + (β − μγ/√(σ²+ε)), whose second derivatives are cheaper than
 batch_norm's general double backward (~15% of an HVP on the default model); on a CPU,
 Conv1d layers are evaluated as unfold + one matrix product (``matmul_conv1d``: ~25% of an
-HVP on the default model); and on a CPU
-``double_backward``'s batches are spread over worker threads with an equal share of the intra-op threads
-each (small convolutions use two cores poorly: ~1.3× on 2 cores), their sums added in a
-fixed order.
+HVP on the default model); and on a CPU ``double_backward``'s batches are spread over worker
+threads with an equal share of the intra-op threads each (small convolutions use two cores
+poorly: ~1.3× on 2 cores), their sums added in a fixed order.
 
 Lanczos (``lanczos``): full reorthogonalization (classical Gram–Schmidt applied twice)
 against every previous vector; stops when each of the top-k Ritz pairs (θ_i, y_i) has

@@ -70,6 +70,18 @@ def wait_gone(job: str, timeout: float = 400) -> None:
         time.sleep(0.5)
 
 
+def release_requeued(job: str) -> None:
+    """Wait until the requeued ``job`` is pending, then start it now: SLURM holds a requeued job
+    back (BeginTime) for a while."""
+    deadline = time.monotonic() + 120
+    while squeue_states(job) != ["PENDING"]:
+        assert time.monotonic() < deadline, f"requeued job not pending: {squeue_states(job)}"
+        time.sleep(0.2)
+    # started in the same second as the requeue, slurmd rejects the job ("credential revoked")
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True, timeout=30)
+
+
 def summary(job_dir: Path) -> dict:
     return json.loads((job_dir / "summary.json").read_text())
 
@@ -123,14 +135,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path, capsys):
         time.sleep(0.1)
     assert not (sweep_dir / "0" / "summary.json").exists(), "the job finished before the requeue: make it longer"
     subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True, timeout=30)
-    # SLURM holds a requeued job back (BeginTime) for a while; release it at once
-    deadline = time.monotonic() + 120
-    while squeue_states(job) != ["PENDING"]:
-        assert time.monotonic() < deadline, f"requeued job not pending: {squeue_states(job)}"
-        time.sleep(0.2)
-    # started in the same second as the requeue, slurmd rejects the job ("credential revoked")
-    time.sleep(2)
-    subprocess.run(["scontrol", "update", f"jobid={job}_0", "StartTime=now"], check=True, timeout=30)
+    release_requeued(f"{job}_0")
     deadline = time.monotonic() + 120
     while "restart 1" not in log.read_text():
         assert time.monotonic() < deadline, f"requeued job never restarted: {squeue_states(job)}"
@@ -163,13 +168,7 @@ def test_submitit_requeues_a_job_signalled_before_its_time_limit_and_it_resumes(
         out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=30).stdout.split()
         job = out[out.index("RUNNING") - 1]
         subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
-        # submitit requeues it; SLURM then holds it back (BeginTime): release it (not in the requeue's second)
-        deadline = time.monotonic() + 120
-        while squeue_states(job) != ["PENDING"]:
-            assert time.monotonic() < deadline, f"signalled job not requeued: {squeue_states(job)}"
-            time.sleep(0.2)
-        time.sleep(2)
-        subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True, timeout=30)
+        release_requeued(job)  # submitit requeued it
         stdout, stderr = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
