@@ -18,15 +18,20 @@ ARCHS = ("auto", "mlp", "cnn1d", "cnn", "resnet18", "resnet34", "wrn28_10", "wrn
 
 
 class MLP(nn.Module):
+    """Flatten, one block per hidden Linear-ReLU layer (fc1, fc2, ...), a linear head."""
+
     def __init__(self, in_features, num_classes, hidden=(256, 256)):
         super().__init__()
         dims = [in_features, *hidden]
         self.flatten = nn.Flatten()
-        self.hidden = nn.Sequential(*[nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(dims, dims[1:])])
+        for i, (a, b) in enumerate(zip(dims, dims[1:]), 1):
+            self.add_module(f"fc{i}", nn.Sequential(nn.Linear(a, b), nn.ReLU()))
         self.head = nn.Linear(dims[-1], num_classes)
 
     def forward(self, x):
-        return self.head(self.hidden(self.flatten(x)))
+        for block in self.children():
+            x = block(x)
+        return x
 
 
 def _conv_bn(dim, cin, cout, k=3, stride=1):
@@ -133,26 +138,28 @@ VGG_CFG = {
 
 
 class VGG(nn.Module):
-    """CIFAR-style VGG with BatchNorm: one block per pooling stage, one linear head."""
+    """CIFAR-style VGG with BatchNorm: one block per pooling stage (stage1..stage5), one linear head."""
 
     def __init__(self, arch, in_channels, num_classes, spatial):
         super().__init__()
-        stages, layers, cin, size = [], [], in_channels, spatial
+        layers, cin, size, stage = [], in_channels, spatial, 0
         for v in VGG_CFG[arch]:
             if v == "M":
                 if size >= 2:  # small inputs (digits' 8x8) skip pools that would empty the map
                     layers.append(nn.MaxPool2d(2))
                     size //= 2
-                stages.append(nn.Sequential(*layers))
+                stage += 1
+                self.add_module(f"stage{stage}", nn.Sequential(*layers))
                 layers = []
             else:
                 layers += [nn.Conv2d(cin, v, 3, padding=1, bias=False), nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
                 cin = v
-        self.features = nn.Sequential(*stages)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))
 
     def forward(self, x):
-        return self.head(self.features(x))
+        for block in self.children():
+            x = block(x)
+        return x
 
 
 def _timm_model(name, pretrained, in_channels, num_classes, **kw):

@@ -10,7 +10,15 @@ import math
 import os
 from pathlib import Path
 
-from .errors import UserError
+from .errors import RunFolderConflict, UserError
+
+CHECKPOINT = Path("checkpoints") / "last.pt"
+
+# How a run runs, not what it computes: left out when two runs are compared (a resume on
+# another device, with another logger or data folder is the same run). The sweep rule adds
+# hydra.job.config.override_dirname.exclude_keys (conf/config.yaml) to these.
+RUN_ONLY_KEYS = ("hydra", "trainer.device", "trainer.progress", "trainer.compile", "trainer.channels_last",
+                 "logger", "dataset.data_dir", "dataset.download")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -56,6 +64,56 @@ def read_rows(path: Path) -> list[dict]:
             break
         rows.append(row)
     return rows
+
+
+def run_only(key: str, exclude=RUN_ONLY_KEYS) -> bool:
+    """Whether a config key or override key (``logger.project``, ``hydra/launcher``) is a how-it-runs key."""
+    key = key.lstrip("+~")
+    return any(key == k or key.startswith((k + ".", k + "/")) for k in exclude)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def result_config(cfg) -> dict:
+    """What a run's results depend on: the resolved config as dotted keys, how-it-runs keys left out."""
+    from omegaconf import OmegaConf
+    tree = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    return {k: v for k, v in _flatten(tree).items() if not run_only(k)}
+
+
+def _show(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def describe_changes(changes: list[str], limit: int = 3) -> str:
+    return ", ".join(changes[:limit]) + (f" and {len(changes) - limit} more" if len(changes) > limit else "")
+
+
+def require_same_config(saved: dict | None, now: dict, what: str, run_dir) -> None:
+    """RunFolderConflict naming the keys (old -> new) whose values differ between a stored result
+    config and this run's. A run stored before configs were (``saved`` None) matches; so do keys
+    only one side has: options a newer or older version added or dropped, not another run."""
+    if not saved:
+        return
+    changes = [f"{k} {_show(saved[k])} -> {_show(v)}" for k, v in now.items() if k in saved and saved[k] != v]
+    if changes:
+        raise RunFolderConflict(f"{what} belongs to a different run ({describe_changes(changes)}); use another "
+                                f"run folder, or delete {run_dir} to start over")
+
+
+def holds_results(run_dir) -> bool:
+    """Whether running in ``run_dir`` would continue a run there: a checkpoint to resume, or a completed summary."""
+    run_dir = Path(run_dir)
+    summary = read_json(run_dir / "summary.json") or {}
+    return (run_dir / CHECKPOINT).exists() or summary.get("status") == "completed"
 
 
 class MetricsLog:

@@ -11,17 +11,20 @@ This module holds the pieces around that rule:
 
 * ``SweepCallback`` (registered in conf/config.yaml ``hydra.callbacks``): before any
   job runs it refuses a sweep folder that holds jobs of a different sweep, and the
-  SLURM launcher without ``sbatch``; after the last job it prints one line per job
-  (number, status, test accuracy, overrides) and exits non-zero naming failed jobs.
+  SLURM launcher without ``sbatch``; before a single run, a run folder holding a run
+  made with other overrides (before Hydra rewrites its .hydra/); after the last job it
+  prints one line per job (number, status, test accuracy, overrides) and exits non-zero
+  naming failed jobs.
 * ``run_parallel``: one job, in one process or in ``trainer.devices`` processes.
 * ``record_failure``: a failed job's summary.json (status ``failed`` + one-line error).
 * ``sam-sweep-lines``: a sweep expanded into one line of overrides per job, for
   ``scripts/slurm_array.sbatch`` (line i runs in ``<sweep dir>/<i>``, the same layout).
 
 Our choices (not Hydra's): two overrides lists are "the same job" when they are equal
-after dropping the keys in ``hydra.job.config.override_dirname.exclude_keys``
-(``trainer.device``, ``trainer.progress``: how a job runs, not what it computes); a job
-that left no folder at all is reported as ``missing`` and counts as failed.
+after dropping the keys in ``hydra.job.config.override_dirname.exclude_keys`` and
+``runfiles.RUN_ONLY_KEYS`` (``trainer.device``, ``logger``, ``hydra/launcher``...: how a job
+runs, not what it computes); a job that left no folder at all is reported as ``missing``
+and counts as failed.
 """
 from __future__ import annotations
 
@@ -35,8 +38,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from .errors import UserError
-from .runfiles import read_json, write_json
+from .errors import RunFolderConflict, UserError
+from .runfiles import RUN_ONLY_KEYS, describe_changes, holds_results, read_json, run_only, write_json
 
 DEFAULT_EXCLUDE = ("trainer.device", "trainer.progress")
 
@@ -60,9 +63,10 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
     try:
         return distributed.launch(train, (cfg, str(run_dir), list(overrides)), devices, device)
     except BaseException as e:
-        # rank 0 records its own failure; a peer's failure (rank 0 ended by the launcher) is recorded here
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        record_failure(run_dir, overrides, msg)
+        # rank 0 records its own failure; a peer's failure (rank 0 ended by the launcher) is recorded
+        # here; a Ctrl-C is no failure (the same command resumes), nor is a folder of another run
+        if not isinstance(e, (KeyboardInterrupt, RunFolderConflict)):
+            record_failure(run_dir, overrides, str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise
 
 
@@ -101,24 +105,44 @@ def expand(arguments: list[str], sweeper_params=None, config_loader=None) -> lis
     return BasicSweeper.split_arguments(parsed, None)[0]
 
 
-def _sweeper_params(arguments: list[str]) -> dict:
-    """``hydra.sweeper.params`` of the composed config (an experiment preset may sweep)."""
-    from hydra import compose, initialize_config_dir
+def compose(overrides: list[str]):
+    """The config of one job, Hydra's part included, composed by Hydra's own compose."""
+    from hydra import compose as hydra_compose, initialize_config_dir
 
     from .paths import config_dir
-    fixed = [o.input_line for o in _parser().parse_overrides(arguments) if not o.is_sweep_override()]
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=fixed, return_hydra_config=True)
+        return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def fixed_config(arguments: list[str]):
+    """The composed config of a sweep's overrides that do not sweep."""
+    return compose([o.input_line for o in _parser().parse_overrides(arguments) if not o.is_sweep_override()])
+
+
+def sweeper_params(cfg) -> dict:
+    """``hydra.sweeper.params`` of a composed config (an experiment preset may sweep)."""
     params = OmegaConf.select(cfg, "hydra.sweeper.params")
     return dict(OmegaConf.to_container(params, resolve=False)) if params else {}
 
 
-def job_key(overrides, exclude=DEFAULT_EXCLUDE) -> list[str]:
-    """What makes two jobs the same job: their overrides without how-to-run keys, in
-    Hydra's normal form (``x=false`` and ``x=False`` are the same override)."""
+def _settings(overrides, exclude) -> dict:
+    """Overrides as {key: value} without how-to-run keys, in Hydra's normal form
+    (``x=false`` and ``x=False`` are the same override)."""
     parsed = _parser().parse_overrides([str(o) for o in overrides])
-    return sorted(f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed
-                  if o.key_or_group not in set(exclude))
+    exclude = (*exclude, *RUN_ONLY_KEYS)
+    return {o.get_key_element(): o.get_value_element_as_str() for o in parsed if not run_only(o.key_or_group, exclude)}
+
+
+def job_key(overrides, exclude=DEFAULT_EXCLUDE) -> list[str]:
+    """What makes two jobs the same job: their overrides without how-to-run keys."""
+    return sorted(f"{k}={v}" for k, v in _settings(overrides, exclude).items())
+
+
+def override_changes(old, new, exclude=DEFAULT_EXCLUDE) -> list[str]:
+    """'key old -> new' for each override that differs; '(default)' where one side does not set it."""
+    a, b = _settings(old, exclude), _settings(new, exclude)
+    keys = [*b, *(k for k in a if k not in b)]
+    return [f"{k} {a.get(k, '(default)')} -> {b.get(k, '(default)')}" for k in keys if a.get(k) != b.get(k)]
 
 
 def saved_overrides(job_dir: Path) -> list[str] | None:
@@ -148,6 +172,21 @@ def _check_job(job_dir: Path, overrides, exclude, sweep_dir) -> None:
                         f"{' '.join(overrides) or '(no overrides)'}; use another hydra.sweep.dir")
 
 
+def check_run_folder(run_dir, overrides, exclude=DEFAULT_EXCLUDE) -> None:
+    """RunFolderConflict when ``run_dir`` holds a run that these overrides would continue (resume
+    its checkpoint, or take its completed summary as theirs) but that was made with other ones.
+    A folder whose run left nothing to continue (it failed on bad input) is free to reuse."""
+    run_dir = Path(run_dir)
+    old = saved_overrides(run_dir)
+    if old is None or not holds_results(run_dir):
+        return
+    changes = override_changes(old, overrides, exclude)
+    if changes:
+        raise RunFolderConflict(f"run folder {run_dir} holds a run made with other settings "
+                                f"({describe_changes(changes)}); use another folder (hydra.run.dir=...), "
+                                f"or delete {run_dir} to start over")
+
+
 # ---------------------------------------------------------------------------- report
 def job_dirs(sweep_dir) -> list[Path]:
     sweep_dir = Path(sweep_dir)
@@ -164,22 +203,25 @@ def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
     for num in numbers:
         d = dirs.get(num, Path(sweep_dir) / str(num))
         summary = read_json(d / "summary.json") or {}
-        jobs.append((num, d, summary, summary.get("overrides") or saved_overrides(d) or []))
+        overrides = summary.get("overrides")
+        jobs.append((num, d, summary, saved_overrides(d) if overrides is None else overrides))
     # show what varies between jobs; the overrides every job shares are noise here
     known = [set(j[3]) for j in jobs if j[3]]
     shared = set.intersection(*known) if len(known) > 1 else set()
     lines, failed = [], []
     for num, d, summary, overrides in jobs:
-        overrides = [o for o in overrides if o not in shared]
+        varying = None if overrides is None else " ".join(o for o in overrides if o not in shared)
+        # None: the job left nothing to read its overrides from, which is not "no overrides"
+        label = varying or ("overrides unknown" if overrides is None else "defaults")
         status = summary.get("status") or ("missing" if not d.exists() else "incomplete")
         acc = summary.get("test_acc")
         acc = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
-        line = f"#{num:<3} {status:<10} test_acc={acc:<7} {' '.join(overrides) or '(defaults)'}"
+        line = f"#{num:<3} {status:<10} test_acc={acc:<7} {varying or f'({label})'}"
         if summary.get("error"):
             line += f"  [{summary['error']}]"
         lines.append(line)
         if status not in ("completed", "diverged"):  # a divergence is a result, not a failure
-            failed.append(f"#{num} ({status}: {' '.join(overrides) or 'defaults'})")
+            failed.append(f"#{num} ({status}: {label})")
     return lines, failed
 
 
@@ -212,13 +254,14 @@ class SweepCallback(Callback):
             _fail(str(e))
 
     def on_run_start(self, config, **kwargs) -> None:
-        # a job of an sbatch array (scripts/slurm_array.sbatch) runs as a single run in <sweep dir>/<number>
+        # before Hydra rewrites <run dir>/.hydra/ with this run's config
         run_dir = Path(str(config.hydra.run.dir))
-        if not run_dir.name.isdigit():
-            return
         overrides = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
         try:
-            _check_job(run_dir, overrides, _exclude(config), run_dir.parent)
+            if run_dir.name.isdigit():  # a job of an sbatch array (scripts/slurm_array.sbatch): <sweep dir>/<number>
+                _check_job(run_dir, overrides, _exclude(config), run_dir.parent)
+            else:
+                check_run_folder(run_dir, overrides, _exclude(config))
         except UserError as e:
             _fail(str(e))
 
@@ -259,7 +302,7 @@ def lines_main(argv=None) -> None:
             if failed:
                 _fail(f"{len(failed)} of {len(lines)} job(s) failed or did not finish: {'; '.join(failed)}", 1, PROG)
             return
-        jobs = expand(args.overrides, _sweeper_params(args.overrides))
+        jobs = expand(args.overrides, sweeper_params(fixed_config(args.overrides)))
     except UserError as e:
         _fail(str(e), 2, PROG)
     except Exception as e:  # Hydra's grammar and config errors

@@ -14,14 +14,15 @@ from torch import nn
 
 from . import distributed
 from .data import build_data
-from .errors import UserError, require
+from .errors import Interrupted, RunFolderConflict, UserError, require
 from .loggers import build_logger
 from .metrics.evaluate import evaluate
 from .metrics.tracker import CurvatureTracker
 from .models import build_model
 from .optim.build import build_optimizer
 from .progress import Progress, print_final
-from .runfiles import Checkpoint, MetricsLog, read_json, write_json
+from .runfiles import (CHECKPOINT, Checkpoint, MetricsLog, read_json, require_same_config, result_config,
+                       write_json)
 from .samplers import build_sampler
 from .schedulers import build_scheduler
 
@@ -53,10 +54,26 @@ def validate(cfg) -> None:
 
 
 def fingerprint(cfg, model) -> dict:
-    """What a checkpoint must match to be resumed by this run."""
+    """What a checkpoint must match to be resumed by this run: its structure and its settings."""
     return {"model": str(cfg.model.arch), "dataset": str(cfg.dataset.name), "optimizer": str(cfg.optimizer.name),
             "base_optimizer": str(cfg.base_optimizer.name),
-            "parameters": int(sum(p.numel() for p in model.parameters()))}
+            "parameters": int(sum(p.numel() for p in model.parameters())), "config": result_config(cfg)}
+
+
+def require_resumable(saved: dict, now: dict, path: Path, run_dir: Path) -> None:
+    require_same_config(saved.get("config"), now["config"], f"checkpoint {path}", run_dir)
+    structure = {k: v for k, v in now.items() if k != "config"}
+    if {k: saved.get(k) for k in structure} != structure:
+        raise RunFolderConflict(f"checkpoint {path} belongs to a different run ({saved}); this run is {structure}: "
+                                "use another run folder or delete the checkpoint")
+
+
+class _RunState:
+    """What train() needs of a run that stops early: its logger (a failure still finishes
+    its W&B run) and where it was (for the one-line Ctrl-C message)."""
+
+    def __init__(self):
+        self.loggers, self.epoch, self.step = [], 0, 0
 
 
 def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> dict:
@@ -64,19 +81,23 @@ def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> 
     run_dir = Path(run_dir)
     done = read_json(run_dir / "summary.json")
     if done and done.get("status") == "completed":
+        require_same_config(done.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir)
         print_final(done, run_dir, already=True)
         return done
     dist = distributed.current()
-    opened = []  # the run's logger, so that a failure still finishes its W&B run
+    run = _RunState()
     try:
-        return _train(cfg, run_dir, list(overrides), dist, opened)
+        return _train(cfg, run_dir, list(overrides), dist, run)
+    except KeyboardInterrupt as e:  # checkpoint and metrics stay as they were: the same call resumes
+        _close_loggers(run.loggers, e)
+        raise Interrupted(run.epoch, run.step) from e
     except BaseException as e:
-        if dist.is_main and not isinstance(e, KeyboardInterrupt):
+        if dist.is_main and not isinstance(e, RunFolderConflict):  # another run's folder stays as it is
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             if not isinstance(e, UserError):
                 msg = f"{type(e).__name__}: {msg}"
             _write_summary(run_dir, {"status": "failed", "error": msg, "overrides": list(overrides)})
-        _close_loggers(opened, e)
+        _close_loggers(run.loggers, e)
         raise
 
 
@@ -105,7 +126,7 @@ def _write_plots(run_dir: Path) -> None:
         print(f"sam-run: warning: run plots not written ({type(e).__name__}: {e})", file=sys.stderr)
 
 
-def _train(cfg, run_dir: Path, overrides: list[str], dist, opened: list) -> dict:
+def _train(cfg, run_dir: Path, overrides: list[str], dist, run: _RunState) -> dict:
     t = cfg.trainer
     validate(cfg)
     device = dist.device or resolve_device(t.device)
@@ -131,13 +152,12 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, opened: list) -> dict
     sampler = build_sampler(cfg.dataset, data)
     tracker = CurvatureTracker(cfg.metrics, model, data, optimizer, cfg.seed, autocast)
 
-    ckpt, log = Checkpoint(run_dir / "checkpoints" / "last.pt"), MetricsLog(run_dir / "metrics.jsonl")
+    ckpt, log = Checkpoint(run_dir / CHECKPOINT), MetricsLog(run_dir / "metrics.jsonl")
     epoch, step, elapsed, train_time, run_id = 0, 0, 0.0, 0.0, None
+    fp = fingerprint(cfg, model)
     state = ckpt.load()
     if state is not None:
-        require(state.get("fingerprint") == fingerprint(cfg, model),
-                f"checkpoint {ckpt.path} belongs to a different run ({state.get('fingerprint')}); "
-                f"this run is {fingerprint(cfg, model)}: use another run folder or delete the checkpoint")
+        require_resumable(state.get("fingerprint") or {}, fp, ckpt.path, run_dir)
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -156,16 +176,24 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, opened: list) -> dict
     if dist.is_main:
         log.truncate_after(step)  # lines past the checkpoint are redone, never repeated
     logger = build_logger(cfg.logger, run_dir, cfg, run_id) if dist.is_main else build_logger({"name": "none"}, run_dir, cfg)
-    opened.append(logger)
+    run.loggers.append(logger)
     progress = Progress(t.get("progress", "auto"), epochs, steps_per_epoch, enabled=dist.is_main)
     if state is not None and dist.is_main:
         print(f"resuming {run_dir} from epoch {epoch} (step {step})", file=sys.stderr)
 
     start = time.perf_counter() - elapsed
+
+    def log_line(row: dict) -> None:  # a metrics.jsonl line (and the logger's), timed from the run's start
+        row["time_s"] = time.perf_counter() - start
+        if dist.is_main:
+            log.append(row)
+            logger.log(row)
+
     reliability = None
     last, status, error = {}, "completed", None
     while epoch < epochs:
         epoch += 1
+        run.epoch = epoch
         epoch_start = time.perf_counter()
         model.train()
         data.train.set_epoch(epoch)
@@ -199,6 +227,7 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, opened: list) -> dict
             scheduler.step()
             scaler.update()
             step += 1
+            run.step = step
             first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss), step, first_bad)
             loss_sum += loss.detach() * len(y)
             correct += counts["correct"]
@@ -207,10 +236,7 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, opened: list) -> dict
             extra = tracker.on_step(epoch, step, net)
             if extra:
                 train_time -= extra.get("hessian_time_s", 0.0)  # measuring is not training
-                extra.update(epoch=epoch, step=step, time_s=time.perf_counter() - start)
-                if dist.is_main:
-                    log.append(extra)
-                    logger.log(extra)
+                log_line({**extra, "epoch": epoch, "step": step})
             if step % 50 == 0 and int(dist.max(first_bad)) >= 0:  # all ranks stop together
                 break
         bar.close()
@@ -225,6 +251,9 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, opened: list) -> dict
         sampler.end_epoch(data.train)
         final = epoch == epochs
         if not final and epoch % max(1, int(t.get("eval_every_n_epochs", 1))) != 0:
+            curvature = tracker.on_epoch_end(epoch, step, net, final)  # a curvature epoch measures all the same
+            if curvature:
+                log_line({"epoch": epoch, "step": step, **curvature})
             continue
         row = {"epoch": epoch, "step": step, "train_loss": float(train_loss), "train_acc": float(train_acc)}
         evaluation = evaluate(net, data.test, criterion, autocast, dist, cfg.metrics, data.class_counts)
@@ -234,23 +263,22 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, opened: list) -> dict
         row.update(optimizer.log_values())
         row.update(sampler.log_values())
         row.update(tracker.on_epoch_end(epoch, step, net, final))
-        row["time_s"] = time.perf_counter() - start
+        log_line(row)
         last = row
         if dist.is_main:
-            log.append(row)
-            logger.log(row)
             ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                        "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                        "sampler": sampler.state_dict(), "curvature": tracker.state_dict(),
                        "rng": {"torch": torch.get_rng_state(),
                                "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
                        "epoch": epoch, "step": step, "elapsed": row["time_s"], "train_time": train_time,
-                       "logger_run_id": logger.run_id, "fingerprint": fingerprint(cfg, model)})
+                       "logger_run_id": logger.run_id, "fingerprint": fp})
         progress.epoch_line(row)
 
     summary = {"status": status, "test_acc": last.get("test_acc"), "test_ece": last.get("test_ece"),
                "test_nll": last.get("test_nll"), "lambda_max": last.get("lambda_max"),
-               "epochs": epoch, "step": step, "train_time_s": train_time, "overrides": overrides}
+               "epochs": epoch, "step": step, "train_time_s": train_time, "overrides": overrides,
+               "config": fp["config"]}
     summary.update(tracker.summary_extras())
     if reliability is not None:
         summary["reliability"] = reliability

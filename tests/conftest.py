@@ -47,6 +47,18 @@ def run_cli(argv: list[str], capsys=None) -> tuple[int, str, str]:
     return code, out, err
 
 
+def stopped_early_of(run_dir: Path, epochs: int) -> None:
+    """Make a completed run in ``run_dir`` look stopped after its last epoch of ``epochs``: no
+    summary, and a checkpoint whose stored settings say ``trainer.epochs=epochs`` (a resume
+    with other settings is refused, and a run that really stops early is slow to stage)."""
+    import torch
+    (run_dir / "summary.json").unlink()
+    path = run_dir / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=True)
+    state["fingerprint"]["config"]["trainer.epochs"] = epochs
+    torch.save(state, path)
+
+
 @pytest.fixture
 def tiny():
     return list(TINY)

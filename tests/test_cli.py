@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -20,15 +23,38 @@ def test_cfg_job_prints_the_composed_config(capsys):
 def test_help_lists_the_groups(capsys):
     code, out, _ = run_cli(["--help"], capsys)
     assert code == 0
+    assert out.startswith("sam-run is powered by Hydra")
     for group in ("dataset", "model", "optimizer", "base_optimizer", "scheduler", "logger", "trainer", "experiment"):
         assert f"{group}:" in out
 
 
-def test_unknown_group_option_is_hydras_error(capsys, tmp_path):
-    code, _, err = run_cli(["optimizer=no_such_variant", f"hydra.run.dir={tmp_path}"], capsys)
-    assert code != 0
-    assert "Could not find 'optimizer/no_such_variant'" in err
-    assert "Traceback" not in err
+UNKNOWN = [
+    (["optimizer=no_such_variant"], "optimizer=no_such_variant is unknown; choose one of asam, base, csam"),
+    (["optimizer=gearsam"], "optimizer=gearsam is unknown (did you mean gear_sam?)"),
+    (["trainer.epoch=1"], "trainer.epoch is not a key of trainer=default; did you mean trainer.epochs?"),
+    (["optimizr=sam"], "optimizr is not a key; did you mean optimizer?"),
+    (["-m", "optimizer=sam,nope", "trainer.epochs=1"], "optimizer=nope is unknown; choose one of"),
+    (["-m", "optimizer=base,sam", "optimizer.rhoo=0.1,0.2"], "optimizer.rhoo is not a key of optimizer=base; "
+                                                             "did you mean optimizer.rho?"),
+    (["seed=0,,"], "seed=0,, is not a valid override"),
+]
+
+
+@pytest.mark.parametrize("argv,message", UNKNOWN, ids=[u[1].split(" ")[0] for u in UNKNOWN])
+def test_unknown_option_or_key_is_one_line_exit_2_and_writes_nothing(argv, message, capsys, tmp_path):
+    """Checked with Hydra's own compose before Hydra runs: no run or sweep folder is made."""
+    code, out, err = run_cli([*argv, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                             capsys)
+    assert code == 2
+    assert err.startswith(f"sam-run: error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_full_error_keeps_hydras_report_of_an_unknown_option(monkeypatch, tmp_path):
+    from hydra.errors import MissingConfigException
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(MissingConfigException, match="Could not find 'optimizer/no_such_variant'"):
+        run_cli(["optimizer=no_such_variant", f"hydra.run.dir={tmp_path}"])
 
 
 BAD = [
@@ -85,3 +111,43 @@ def test_full_error_shows_the_traceback(tmp_path):
                        capture_output=True, text=True, env=env, cwd=ROOT)
     assert p.returncode != 0
     assert "Traceback" in p.stderr and "optimizer.rho=-1" in p.stderr
+
+
+def test_ctrl_c_is_one_line_and_resumable_and_a_folder_refuses_other_settings(tmp_path, capsys):
+    """One real process for Ctrl-C (SIGINT); the rest in this one (real Hydra, real runs)."""
+    run_dir = tmp_path / "run"
+    argv = ["trainer.epochs=8", "model=mlp", "dataset.num_samples=1000", "metrics.hessian.enabled=false",
+            "trainer.progress=none",
+            f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen([sys.executable, "-m", "sam_runner.cli", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics, ckpt = run_dir / "metrics.jsonl", run_dir / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert re.fullmatch(r"sam-run: interrupted at epoch \d+ \(step \d+\); run the same command again to resume\n",
+                        err), err
+    assert not (run_dir / "summary.json").exists(), "the run finished before the interrupt: make it longer"
+
+    hydra_files = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
+    code, _, err = run_cli([*argv, "optimizer.rho=0.5", "seed=1"], capsys)  # an interrupted run, other settings
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"sam-run: error: run folder {run_dir} holds a run made with other settings "
+                          "(optimizer.rho (default) -> 0.5, seed (default) -> 1); use another folder"), err
+    assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == hydra_files  # before Hydra rewrote it
+    assert not (run_dir / "summary.json").exists()
+
+    code, out, err = run_cli([*argv, "trainer.device=cpu"], capsys)  # the same run (how-it-runs keys aside)
+    assert code == 0 and "resuming" in err and out.startswith("completed:")
+    epochs = [json.loads(line)["epoch"] for line in metrics.read_text().splitlines()]
+    assert epochs == list(range(1, 9))  # each epoch once
+
+    done = (run_dir / "summary.json").read_bytes()
+    code, _, err = run_cli([*argv, "optimizer=asam"], capsys)  # a completed run, other settings
+    assert code == 2 and "optimizer (default) -> asam" in err and err.count("\n") == 1
+    assert (run_dir / "summary.json").read_bytes() == done
+    code, out, _ = run_cli(argv, capsys)
+    assert code == 0 and out.startswith("already completed")

@@ -65,6 +65,51 @@ def test_groups_are_blocks_with_norm_weights_in_their_layer():
     every = [p for g in groups for p in g["params"]]
     assert len(every) == len(list(model.parameters())) == len({id(p) for p in every})
     assert not any(g["hidden"] for g in groups if g["block"] in ("stem", "head"))
+    assert not any(g["hidden"] for g in groups if g["kind"] == "bias")
+    assert all(all(p.ndim == 2 for p in g["params"]) for g in groups if g["use_muon"])
+
+
+def _flags(model):
+    """Parameter names flagged hidden and use_muon by the runner's groups."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = parameter_groups(model)
+    every = [names[id(p)] for g in groups for p in g["params"]]
+    assert sorted(every) == sorted(names.values())          # each parameter once
+    hidden = {names[id(p)] for g in groups if g["hidden"] for p in g["params"]}
+    muon = {names[id(p)] for g in groups if g["use_muon"] for p in g["params"]}
+    return hidden, muon
+
+
+def _weights(model, *types):
+    return [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, types)]
+
+
+def test_hidden_is_every_linear_and_conv_weight_but_the_input_layer_and_the_head():
+    conv, lin = (torch.nn.Conv1d, torch.nn.Conv2d), torch.nn.Linear
+    mlp = build_model(OmegaConf.create({"arch": "mlp"}), (1, 40), 10)
+    assert [n for n, _ in mlp.named_children()] == ["flatten", "fc1", "fc2", "head"]
+    assert _flags(mlp) == ({"fc2.0.weight"}, {"fc2.0.weight"})   # fc1 (input) and head excluded
+    cnn1d = build_model(OmegaConf.create({"arch": "cnn1d"}), (1, 40), 10)
+    assert _flags(cnn1d) == ({"stage1.0.weight", "stage2.0.weight"}, set())  # conv kernels: not Muon's
+    resnet = build_model(OmegaConf.create({"arch": "resnet18"}), (3, 8, 8), 10)
+    convs = _weights(resnet, *conv)
+    assert convs[0] == "stem.0.weight" and len(convs) == 20
+    assert _flags(resnet) == (set(convs[1:]), set())              # shortcut convs included, head excluded
+    vgg = build_model(OmegaConf.create({"arch": "vgg16_bn"}), (3, 8, 8), 10)
+    assert [n for n, _ in vgg.named_children()] == [f"stage{i}" for i in range(1, 6)] + ["head"]
+    convs = _weights(vgg, *conv)
+    assert convs[0] == "stage1.0.weight" and len(convs) == 13
+    assert _flags(vgg) == (set(convs[1:]), set())
+    assert {g["block"] for g in parameter_groups(vgg) if g["hidden"]} == {f"stage{i}" for i in range(1, 6)}
+
+
+def test_vit_tokens_embeddings_and_norms_are_not_hidden():
+    vit = build_model(OmegaConf.create({"arch": "vit_tiny", "patch_size": 4}), (3, 8, 8), 10)
+    hidden, muon = _flags(vit)
+    linears = _weights(vit, torch.nn.Linear)
+    assert linears[-1] == "head.weight" and len(linears) == 12 * 4 + 1   # qkv, proj, fc1, fc2 per block
+    assert hidden == muon == set(linears[:-1])                            # the patch conv is the input layer
+    assert not hidden & {"cls_token", "pos_embed", "patch_embed.proj.weight", "norm.weight"}
 
 
 def test_auto_fits_the_dataset():

@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, TINY, compose, run_cli
-from sam_runner.errors import UserError
+from conftest import ROOT, TINY, compose, run_cli, stopped_early_of
+from sam_runner.errors import RunFolderConflict, UserError
 from sam_runner.train import train
 
 VOLATILE = {"time_s", "hessian_time_s"}
@@ -72,6 +72,50 @@ def test_completed_run_is_not_retrained(finished, capsys):
     assert again == json.loads(json.dumps(summary))
     assert (ckpt.stat().st_mtime_ns, (run_dir / "metrics.jsonl").read_text()) == before
     assert "already completed" in capsys.readouterr().out
+
+
+def test_completed_run_refuses_other_settings_and_stays_as_it_was(finished):
+    run_dir, _ = finished
+    before = {p: p.read_bytes() for p in (run_dir / "summary.json", run_dir / "metrics.jsonl")}
+    with pytest.raises(RunFolderConflict, match=r"the completed run in .* belongs to a different run "
+                                                r"\(optimizer.rho 0.05 -> 0.1\); use another run folder"):
+        train(compose(*TINY, "optimizer.rho=0.1", "trainer.device=cpu"), run_dir, ["optimizer.rho=0.1"])
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_resume_refuses_other_settings_naming_a_few(finished, tmp_path):
+    run_dir = _fresh_copy(finished[0], tmp_path / "run")  # as if interrupted after its last checkpoint
+    ckpt = (run_dir / "checkpoints" / "last.pt").read_bytes()
+    with pytest.raises(RunFolderConflict) as e:
+        train(compose(*TINY, "seed=1", "optimizer.rho=0.5", "base_optimizer.lr=0.01", "trainer.label_smoothing=0.1"),
+              run_dir, [])
+    changes = ("seed 0 -> 1", "optimizer.rho 0.05 -> 0.5", "base_optimizer.lr 0.1 -> 0.01", "trainer.label_smoothing")
+    assert "belongs to a different run" in str(e.value) and "and 1 more" in str(e.value)  # a few, not all
+    assert sum(change in str(e.value) for change in changes) == 3
+    assert not (run_dir / "summary.json").exists(), "a refused run writes nothing"
+    assert (run_dir / "checkpoints" / "last.pt").read_bytes() == ckpt
+
+
+def test_resume_accepts_how_it_runs_changes_and_checkpoints_from_before_configs(finished, tmp_path):
+    run_dir = _fresh_copy(finished[0], tmp_path / "run")
+    path = run_dir / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=True)
+    del state["fingerprint"]["config"]  # a checkpoint of an older version
+    torch.save(state, path)
+    summary = train(compose(*TINY, "optimizer.rho=0.5"), run_dir, [])  # older: no settings to compare
+    assert summary["status"] == "completed"
+    again = train(compose(*TINY, "optimizer.rho=0.5", "trainer.device=cpu", "trainer.progress=lines",
+                          "logger=wandb", "logger.mode=disabled", "dataset.data_dir=/elsewhere"), run_dir, [])
+    assert again == summary  # "already completed": how a run runs is not what it computes
+
+
+def test_curvature_epochs_measure_on_epochs_without_evaluation(tmp_path):
+    train(compose(*TINY, "trainer.epochs=3", "metrics.hessian.every_n_epochs=1", "trainer.eval_every_n_epochs=2"),
+          tmp_path, [])
+    lines = rows(tmp_path)
+    assert [r["epoch"] for r in lines if "lambda_max" in r] == [1, 2, 3]
+    assert [r["epoch"] for r in lines if "test_acc" in r] == [2, 3]
+    assert set(lines[0]) >= {"epoch", "step", "time_s", "lambda_max", "hessian_time_s"}
 
 
 RESUME = ["trainer.epochs=6", "dataset.num_samples=5000", "metrics.hessian.num_samples=256",
@@ -178,7 +222,7 @@ def test_muon_base_optimizer_trains_and_resumes(tmp_path):
     whole = train(compose(*common, "trainer.epochs=2"), tmp_path / "whole", [])
     assert whole["status"] == "completed" and whole["test_acc"] > 0.15  # above chance (0.1)
     train(compose(*common, "trainer.epochs=1"), tmp_path / "split", [])
-    (tmp_path / "split" / "summary.json").unlink()  # as if stopped after epoch 1 of 2
+    stopped_early_of(tmp_path / "split", 2)  # as if stopped after epoch 1 of 2
     resumed = train(compose(*common, "trainer.epochs=2"), tmp_path / "split", [])
     assert resumed["test_acc"] == whole["test_acc"] and resumed["test_nll"] == whole["test_nll"]
 

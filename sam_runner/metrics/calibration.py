@@ -8,7 +8,10 @@ Top-label confidence c_i = max_k p_ik, prediction argmax, a_i = 1 if right.
   confidence exactly on an inner edge opens the upper bin, and a confidence of exactly
   1.0 gets a bin of its own (torchmetrics allocates n+1 slots; we keep that).
 - ``adaptive_calibration_error``: the same sum over equal-mass bins (sorted confidences
-  cut into n nearly equal chunks; Nguyen & O'Connor 2015, Nixon et al. 2019).
+  cut into n nearly equal chunks; Nguyen & O'Connor 2015, Nixon et al. 2019). Exactly tied
+  confidences all go to the bin of the first of them (our choice: otherwise the cut through a
+  tie, and so the value, would depend on the order of the samples), so bins may be unequal
+  or empty where there are ties.
 - ``maximum_calibration_error``: max over non-empty equal-width bins of |acc_b − conf_b|.
 - ``brier_score``: mean over samples of Σ_k (p_ik − 1[k = y_i])² (the multi-class form,
   range [0, 2]).
@@ -65,11 +68,13 @@ def adaptive_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins
     n = len(conf)
     if n == 0:
         return 0.0
-    order = conf.argsort()
-    # bin id of the i-th smallest confidence: floor(i * n_bins / n), so sizes differ by at most 1
-    bin_id = torch.arange(n, device=conf.device) * _check_bins(n_bins) // n
+    conf, order = conf.sort(stable=True)
+    # bin of the i-th smallest confidence: floor(i * n_bins / n) (sizes differ by at most 1), with i
+    # the rank of the first of its ties, so that a tie is never split
+    first = torch.searchsorted(conf, conf, side="left")
+    bin_id = first * _check_bins(n_bins) // n
     diff = torch.zeros(n_bins, dtype=conf.dtype, device=conf.device)
-    diff.scatter_add_(0, bin_id, conf[order] - correct[order])
+    diff.scatter_add_(0, bin_id, conf - correct[order])
     return float(diff.abs().sum() / n)
 
 
@@ -86,8 +91,9 @@ def reliability_bins(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15
     fold = lambda t: torch.cat([t[:n_bins - 1], t[n_bins - 1:].sum(0, keepdim=True)])
     count, conf_sum, acc_sum = fold(count), fold(conf_sum), fold(acc_sum)
     nz = count.clamp_min(1)
-    return {"edges": torch.linspace(0, 1, n_bins + 1).tolist(), "confidence": (conf_sum / nz).tolist(),
-            "accuracy": (acc_sum / nz).tolist(), "count": count.long().tolist()}
+    edges = [i / n_bins for i in range(n_bins + 1)]  # float64 for the JSON (float32's 1/15 is 0.0666666716)
+    return {"edges": edges, "confidence": (conf_sum / nz).tolist(), "accuracy": (acc_sum / nz).tolist(),
+            "count": count.long().tolist()}
 
 
 def calibration_report(logits: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> dict:

@@ -52,6 +52,23 @@ def _mean(loss: torch.Tensor) -> torch.Tensor:
     return loss.mean() if loss.dim() > 0 else loss
 
 
+def _grad(outputs, params, **kwargs):
+    """``autograd.grad`` with zeros for trainable parameters the loss does not use (their Hessian
+    rows are zero), instead of autograd's error."""
+    return torch.autograd.grad(outputs, params, allow_unused=True, materialize_grads=True, **kwargs)
+
+
+@contextlib.contextmanager
+def modes_restored(model):
+    """Every module's own train/eval flag back afterwards (``model.train(was)`` would set all alike)."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 @contextlib.contextmanager
 def frozen_running_stats(model):
     """BatchNorm in train mode normalizes with batch statistics but updates no buffers."""
@@ -188,6 +205,9 @@ class Objective:
         self.batches = [(x, y) for x, y in batches]
         if not self.batches:
             raise ValueError("batches is empty: the Hessian needs at least one (inputs, targets) batch")
+        empty = [i for i, (_, y) in enumerate(self.batches) if len(y) == 0]
+        if empty:  # its weight would be 0/0
+            raise ValueError(f"batch {empty[0]} of batches is empty: every batch needs at least one sample")
         total = sum(len(y) for _, y in self.batches)
         self.weights = [len(y) / total for _, y in self.batches]
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -231,7 +251,7 @@ class Objective:
     def gradient(self) -> torch.Tensor:
         g = torch.zeros(self.numel, device=self.device, dtype=self.dtype)
         for i in range(len(self.batches)):
-            g += self.flat(torch.autograd.grad(self.batch_loss(i), self.params))
+            g += self.flat(_grad(self.batch_loss(i), self.params))
         return g
 
     @contextlib.contextmanager
@@ -274,7 +294,7 @@ class HessianOperator(Objective):
         graph keeps alive (each HVP's own backward saves tensors too, but frees them at once)."""
         counter = _SavedBytes()
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
-            g = torch.autograd.grad(self.batch_loss(0), self.params, create_graph=True)
+            g = _grad(self.batch_loss(0), self.params, create_graph=True)
         fits = counter.bytes * len(self.batches) <= budget_mb * 2**20
         self._first_graph = g if fits else None
         return fits
@@ -283,19 +303,19 @@ class HessianOperator(Objective):
         """Every batch's create_graph gradients, once (batch 0's from ``_graph_fits``), on the workers."""
         if self._graphs is None:
             self._graphs = [self._first_graph] + self._pool.map(
-                lambda j: torch.autograd.grad(self.batch_loss(j), self.params, create_graph=True),
+                lambda j: _grad(self.batch_loss(j), self.params, create_graph=True),
                 range(1, len(self.batches)))
 
     def _grads_with_graph(self, i):
         if self._cache_ok:
             return self._graphs[i]
-        return torch.autograd.grad(self.batch_loss(i), self.params, create_graph=True)
+        return _grad(self.batch_loss(i), self.params, create_graph=True)
 
     def _hvp_double_backward(self, vs, n_batches=None):
         if self._cache_ok:
             self._build_graphs()  # here, not inside the workers: they only read the cache
-        return self._pool.sum(lambda i: torch.autograd.grad(self._grads_with_graph(i), self.params,
-                                                            grad_outputs=vs, retain_graph=self._cache_ok),
+        return self._pool.sum(lambda i: _grad(self._grads_with_graph(i), self.params, grad_outputs=vs,
+                                              retain_graph=self._cache_ok),
                               range(n_batches or len(self.batches)))
 
     def _hvp_forward_over_reverse(self, vs, n_batches=None):
@@ -328,7 +348,8 @@ class HessianOperator(Objective):
         key = (type(self.model).__name__, str(self.device), self.numel, tuple(x0.shape), self._cache_ok,
                len(self.batches))
         if key not in _method_choice:
-            vs = [torch.randn_like(p) for p in self.params]
+            g = torch.Generator().manual_seed(0)  # not the global RNG: a resumed run must draw as an unbroken one
+            vs = [torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device) for p in self.params]
             cost = {}
             for m in ("double_backward", "forward_over_reverse"):
                 self.hvp_list(vs, m, 1)  # warm-up; timed on the first batch only

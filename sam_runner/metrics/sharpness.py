@@ -16,12 +16,14 @@ batches, see hessian.py). Every measure restores the parameters it moves.
   L(θ − αg) ≤ L(θ) − cα‖g‖². On a quadratic the accepted α satisfies
   β·2(1−c)/q < α ≤ 2(1−c)/q with q = gᵀHg/‖g‖², so the implied curvature 2(1−c)/α
   brackets q within [q, q/β) (the seed abstract's probe; log α is meant to track log λ_max).
+  When no α passes within ``max_steps`` trials, α and the curvature are NaN (nothing was
+  accepted, and the next α would be untested).
 - ``fisher_rao_sharpness``: tr(F⁻¹H) by Hutchinson, F the diagonal empirical Fisher
   (mean of squared per-sample gradients with the observed labels, as the seed abstract's
   experiments use) plus damping δ: E_v[(v / (F+δ))ᵀ H v], v Rademacher; mean and standard
   error. Per-sample gradients by ``torch.func.vmap``; with BatchNorm in train mode a sample's
   gradient would need its batch, so the Fisher is taken with the model in eval mode there
-  (our choice).
+  (our choice), while H keeps the measurement's mode (every module's flag is restored).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import math
 
 import torch
 
-from .hessian import HessianOperator, Objective
+from .hessian import HessianOperator, Objective, modes_restored
 
 
 def _positive(name, value):
@@ -122,7 +124,8 @@ def _directional_sharpness_impl(obj, num_directions: int = 4, h: float = 1e-2, s
 
 
 def armijo_probe(obj: Objective, alpha0: float = 1.0, c: float = 1e-4, beta: float = 0.5, max_steps: int = 40):
-    """(accepted α, implied curvature 2(1−c)/α, loss evaluations used)."""
+    """(accepted α, implied curvature 2(1−c)/α, loss evaluations used); α and curvature are NaN
+    when no trial within ``max_steps`` is accepted."""
     with obj.restoring():
         return _armijo_probe_impl(obj, alpha0, c, beta, max_steps)
 
@@ -141,18 +144,17 @@ def _armijo_probe_impl(obj, alpha0: float = 1.0, c: float = 1e-4, beta: float = 
         obj.shift(g, alpha)
         evals += 1
         if float(trial) <= float(base - c * alpha * gg):
-            break
+            return alpha, 2 * (1 - c) / alpha, evals
         alpha *= beta
-    return alpha, 2 * (1 - c) / alpha, evals
+    return math.nan, math.nan, evals
 
 
 def _fisher_diagonal(obj: Objective, chunk: int = 256) -> torch.Tensor:
     """Mean over samples of the squared per-sample gradient (flat)."""
     from torch.func import functional_call, grad, vmap
     model = obj.model
-    was = model.training
-    model.eval()  # per-sample gradients need per-sample forward passes (see module docstring)
-    try:
+    with modes_restored(model):
+        model.eval()  # per-sample gradients need per-sample forward passes (see module docstring)
         params = tuple(p.detach() for p in obj.params)
 
         def sample_loss(ps, x, y):
@@ -169,8 +171,6 @@ def _fisher_diagonal(obj: Objective, chunk: int = 256) -> torch.Tensor:
                 total += torch.cat([t.pow(2).sum(0).reshape(-1) for t in gs])
                 n += len(y[i:i + chunk])
         return total / n
-    finally:
-        model.train(was)
 
 
 def fisher_rao_sharpness(op: HessianOperator, num_probes: int = 20, damping: float = 1e-8, seed: int = 0):

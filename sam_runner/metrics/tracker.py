@@ -13,11 +13,12 @@ train.py does not count it as training time.
 
 Keys written: ``lambda_max`` (``lambda_2``.. when k > 1), ``hessian_hvps`` (on the whole
 subset) and ``hessian_presolve_hvps`` (on its leading batches, when ``presolve_batches`` is on),
-``hessian_time_s``, ``eos_ratio`` = λ_max / (stability threshold of the base optimizer:
-2/η for SGD, (2+2β)/η with heavy-ball momentum β, (2+2β)/(η(1+2β)) with Nesterov; only
-for an SGD base optimizer), and, when enabled, ``hessian_trace`` (+ ``_se``),
+``hessian_time_s``, ``eos_ratio`` = λ_max / (stability threshold of the base optimizer, see
+``stability_threshold``; only for an SGD base optimizer whose lr sets the step, so not
+SAM-SPS), and, when enabled, ``hessian_trace`` (+ ``_se``),
 ``sharpness_worst``, ``sharpness_avg`` (+ ``_se``), ``sharpness_dir`` / ``sharpness_dir_max``,
-``armijo_alpha`` / ``armijo_curvature``, ``fisher_rao`` (+ ``_se``). Curvature needs a
+``armijo_alpha`` / ``armijo_curvature`` (NaN, written as null, with ``armijo_accepted`` false
+when no step was accepted), ``fisher_rao`` (+ ``_se``). Curvature needs a
 tensor dataset (``data.train_tensors``); for image folders it is skipped and summary.json
 says so.
 """
@@ -32,25 +33,37 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import require
 from . import sharpness as S
-from .hessian import HessianOperator, hessian_eigenpairs, spectral_density, hessian_trace
+from .hessian import HessianOperator, hessian_eigenpairs, hessian_trace, modes_restored, spectral_density
 
 
 def _cross_entropy(out, target):
     return F.cross_entropy(out.float(), target)
 
 
-def stability_threshold(optimizer) -> float | None:
-    """2/η (SGD), (2+2β)/η (heavy ball), (2+2β)/(η(1+2β)) (Nesterov); None for other optimizers."""
+def inverse_stability_threshold(optimizer) -> float | None:
+    """1 / (the largest curvature at which the base optimizer's iteration on a 1-D quadratic is
+    stable), so that eos_ratio = λ_max · this. With lr η, momentum β and dampening d (PyTorch's
+    SGD: b ← βb + (1−d)g; heavy ball steps along b, Nesterov along g + βb) the iteration's
+    characteristic polynomial has its root at −1 when λ reaches
+      plain SGD 2/η;  heavy ball (2+2β)/(η(1−d));  Nesterov (2+2β)/(η(1+β(2−d))).
+    Finite, and 0 at η = 0 (end of a cosine-to-0 schedule), where the threshold is infinite.
+    None unless the base optimizer is SGD, and for variants whose own step replaces the lr
+    (``replaces_lr``, e.g. SAM-SPS's Polyak step)."""
     base = getattr(optimizer, "base_optimizer", optimizer)
-    if not isinstance(base, torch.optim.SGD):
+    if getattr(optimizer, "replaces_lr", False) or not isinstance(base, torch.optim.SGD):
         return None
     group = base.param_groups[0]
     lr, beta = float(group["lr"]), float(group.get("momentum", 0.0) or 0.0)
-    if lr <= 0:
-        return None
+    d = float(group.get("dampening", 0.0) or 0.0) if beta else 0.0  # without momentum there is no buffer
     if group.get("nesterov", False):
-        return (2 + 2 * beta) / (lr * (1 + 2 * beta))
-    return (2 + 2 * beta) / lr
+        return lr * (1 + beta * (2 - d)) / (2 + 2 * beta)
+    return lr * (1 - d) / (2 + 2 * beta)
+
+
+def stability_threshold(optimizer) -> float | None:
+    """The threshold itself (``math.inf`` at η = 0); see ``inverse_stability_threshold``."""
+    inv = inverse_stability_threshold(optimizer)
+    return None if inv is None else (1 / inv if inv > 0 else math.inf)
 
 
 def _pearson(a, b):
@@ -108,17 +121,13 @@ class CurvatureTracker:
     def _measure(self, final: bool) -> dict:
         t0 = time.perf_counter()
         model = self.model
-        modes = {m: m.training for m in model.modules()}
-        model.eval()  # dropout and the like off: the Hessian of a deterministic loss
-        if self.bn_mode == "train":  # only BatchNorm normalizes with batch statistics
-            for m in model.modules():
-                if isinstance(m, _BatchNorm):
-                    m.train()
-        try:
+        with modes_restored(model):
+            model.eval()  # dropout and the like off: the Hessian of a deterministic loss
+            if self.bn_mode == "train":  # only BatchNorm normalizes with batch statistics
+                for m in model.modules():
+                    if isinstance(m, _BatchNorm):
+                        m.train()
             out = self._measure_in_mode(final)
-        finally:
-            for m, training in modes.items():  # every module's own mode back, not one for all
-                m.training = training
         out["hessian_time_s"] = time.perf_counter() - t0
         return out
 
@@ -141,9 +150,9 @@ class CurvatureTracker:
             out["hessian_method"] = r.method
             if not r.converged:
                 out["hessian_converged"] = False
-            threshold = stability_threshold(self.optimizer)
-            if threshold is not None:
-                out["eos_ratio"] = r.values[0] / threshold
+            inv = inverse_stability_threshold(self.optimizer)
+            if inv is not None:
+                out["eos_ratio"] = r.values[0] * inv
             self.history["lambda_max"].append(r.values[0])
 
             tr = cfg.get("trace", {})
@@ -183,9 +192,10 @@ class CurvatureTracker:
             c = sc.get("armijo", {})
             if c.get("enabled", False):
                 alpha, curv, _ = S.armijo_probe(obj, float(c.get("alpha0", 1.0)), float(c.get("c", 1e-4)),
-                                                float(c.get("beta", 0.5)))
+                                                float(c.get("beta", 0.5)), int(c.get("max_steps", 40)))
                 out["armijo_alpha"], out["armijo_curvature"] = alpha, curv
-                self.history["armijo_alpha"].append(alpha)
+                out["armijo_accepted"] = math.isfinite(alpha)
+                self.history["armijo_alpha"].append(alpha)  # NaN when not accepted: left out of the Pearson
         c = sc.get("fisher_rao", {})
         if c.get("enabled", False):
             fop = HessianOperator(self.model, _cross_entropy, batches, op.method, float(self.h.get("graph_cache_mb", 1024)))
@@ -219,7 +229,7 @@ class CurvatureTracker:
         a, lam = self.history["armijo_alpha"], self.history["lambda_max"]
         if len(a) == len(lam) and len(a) >= 3:
             # the seed abstract's check: log α against log λ_max over this run's measurements
-            pairs = [(math.log(x), math.log(y)) for x, y in zip(a, lam) if x > 0 and y > 0]
+            pairs = [(math.log(x), math.log(y)) for x, y in zip(a, lam) if x > 0 and y > 0]  # NaN α: not > 0
             r = _pearson([p[0] for p in pairs], [p[1] for p in pairs])
             if r is not None:
                 out["armijo_log_alpha_log_lambda_pearson"] = r

@@ -5,5 +5,10 @@ from .engine import SharpnessAware
 class Base(SharpnessAware):
     passes = 1
 
+    def __init__(self, params, base_optimizer, rho=None, **kwargs):
+        # rho (None or a number) is ignored, not an error: the study presets sweep base beside
+        # SAM variants under one optimizer.rho
+        super().__init__(params, base_optimizer, **kwargs)
+
     def log_values(self):
         return self.pop_grad_norm_max()  # no ρ: nothing is perturbed

@@ -3,9 +3,9 @@
 The runner builds one parameter group per (functional block, kind): the block is the
 model's top-level child that owns the parameter (normalisation layers sit in their
 layer's block), the kind is ``weight`` (conv, linear and normalisation weights) or
-``bias``. Groups carry ``block``, ``kind``, ``hidden`` (not the first block nor the head) and
-``use_muon`` (2-D hidden matrices) keys that variants and the Muon base optimizer read;
-weight decay applies to every group, as in the SAM paper.
+``bias``, split further by ``hidden`` (a Linear/Conv weight other than the first layer's and
+the head's; see blocks.py) and ``use_muon`` (hidden 2-D matrices). Variants and the Muon base
+optimizer read these keys; weight decay applies to every group, as in the SAM paper.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from torch import nn
 
 from ..errors import require
 from . import VARIANTS
+from .blocks import hidden_weights, top_level_blocks
 from .muon import MuonWithAdamW
 
 BASE_OPTIMIZERS = ("sgd", "adamw", "muon")
@@ -23,21 +24,19 @@ ENGINE_KEYS = ("rho", "rho_schedule", "interval", "sync_perturbation", "perturb_
 
 
 def parameter_groups(model: nn.Module) -> list[dict]:
-    groups = []
-    children = list(model.named_children()) or [("model", model)]
-    own = [p for p in model.parameters(recurse=False)]
-    first_block, last_block = children[0][0], children[-1][0]
-    for block, module in children + ([("root", None)] if own else []):
-        named = list(module.named_parameters()) if module is not None else [(f"p{i}", p) for i, p in enumerate(own)]
-        weights = [p for n, p in named if p.requires_grad and (p.ndim > 1 or not n.endswith("bias"))]
-        biases = [p for n, p in named if p.requires_grad and p.ndim <= 1 and n.endswith("bias")]
-        hidden = block not in (first_block, last_block)
-        matrices = [p for p in weights if p.ndim == 2 and hidden]
-        rest = [p for p in weights if not (p.ndim == 2 and hidden)]
-        for kind, params, muon in (("weight", matrices, True), ("weight", rest, False), ("bias", biases, False)):
-            if params:
-                groups.append(dict(params=params, block=block, kind=kind, use_muon=muon, hidden=hidden))
-    return groups
+    hidden = hidden_weights(model)
+    owner = top_level_blocks(model)
+    by_key: dict[tuple, list] = {}  # (block, kind, hidden, use_muon) -> params, in model order
+    for n, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        kind = "bias" if p.ndim <= 1 and n.endswith("bias") else "weight"
+        h = id(p) in hidden
+        by_key.setdefault((owner[id(p)], kind, h, h and p.ndim == 2), []).append(p)
+    # blocks in model order; within a block weights before biases, Muon matrices first
+    blocks = list(dict.fromkeys(owner[id(p)] for p in model.parameters()))
+    order = sorted(by_key, key=lambda k: (blocks.index(k[0]), k[1] == "bias", not k[3], not k[2]))
+    return [dict(params=by_key[k], block=k[0], kind=k[1], hidden=k[2], use_muon=k[3]) for k in order]
 
 
 def base_optimizer_class(cfg):
@@ -66,8 +65,8 @@ def build_optimizer(cfg, model: nn.Module, total_steps: int):
     cls = VARIANTS[name]
     rho = opt_cfg.get("rho", 0.0)
     if cls.no_rho_hint:
-        # no fixed radius: a swept optimizer.rho would silently mean nothing for these jobs
-        require(rho is None, f"optimizer.rho={rho} does not apply to {name} (no fixed radius); {cls.no_rho_hint}")
+        # no fixed radius (le_sam): a swept optimizer.rho would silently mean nothing for these jobs
+        require(rho is None, f"optimizer.rho={rho} does not apply to {name}; {cls.no_rho_hint}")
         opt_cfg.pop("rho", None)
     require(rho is None or (isinstance(rho, (int, float)) and math.isfinite(rho) and rho >= 0),
             f"optimizer.rho={rho} must be a finite number >= 0")

@@ -23,6 +23,13 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def cosine_factor(step: int, total: int) -> float:
+    """Cosine decay 1 → 0 for step k (1-based, counted at the start of the step) of ``total``:
+    t = (k − 1) / total, so the first step uses the full value."""
+    t = min(max(step - 1, 0) / total, 1.0)
+    return 0.5 * (1 + math.cos(math.pi * t))
+
+
 class SharpnessAware(torch.optim.Optimizer):
     """Base class of every variant: ``Variant(params, base_optimizer, rho=..., **base_kwargs)``.
 
@@ -32,14 +39,16 @@ class SharpnessAware(torch.optim.Optimizer):
     updated values. ``pass_index`` tells a closure which pass it is running
     (0 = at θ) and ``pass_syncs`` whether DDP should all-reduce its gradients.
 
-    Call ``bind(model=..., grad_scaler=..., clip_grad_norm=...)`` to let the
-    engine keep BatchNorm running statistics to the first pass, drive DDP's
-    gradient synchronisation and handle fp16 scaling.
+    Call ``bind(model=..., grad_scaler=..., clip_grad_norm=...)`` (or pass ``model=``)
+    to let the engine keep BatchNorm running statistics to the first pass (required
+    for models with BatchNorm: without the model both passes update them), drive
+    DDP's gradient synchronisation and handle fp16 scaling.
     """
 
     passes = 2  # forward-backward passes on a perturbing step
     variant_options: dict = {}  # the variant's own keywords and defaults
     no_rho_hint: str | None = None  # set by variants without a fixed radius: what to set instead of rho
+    replaces_lr = False  # True where the variant computes its own step size (the lr is not the step)
 
     def __init__(self, params, base_optimizer, rho: float = 0.05, rho_schedule: str = "constant",
                  interval: int = 1, sync_perturbation: bool = False,
@@ -113,12 +122,12 @@ class SharpnessAware(torch.optim.Optimizer):
     # ------------------------------------------------------------------ ρ
     @property
     def current_rho(self) -> float:
-        """ρ at the current step under ``rho_schedule`` (a Python float: no host sync)."""
+        """ρ of the current step under ``rho_schedule`` (a Python float: no host sync); after a
+        step, the ρ that step used (for 'lr', until the learning rate moves)."""
         if self.rho_schedule == "lr":
             return self.rho * self.param_groups[0]["lr"] / self.lr0 if self.lr0 else self.rho
         if self.rho_schedule == "cosine":
-            t = min(self.step_count / self.total_steps, 1.0)
-            return self.rho * 0.5 * (1 + math.cos(math.pi * t))
+            return self.rho * cosine_factor(self.step_count, self.total_steps)
         return self.rho
 
     # ------------------------------------------------------------------ passes
@@ -264,7 +273,8 @@ class SharpnessAware(torch.optim.Optimizer):
         return per_sample_loss.mean()
 
     def after_second_pass(self, loss, perturbed_loss) -> None:
-        """Called with L(θ) and L(θ+ε) after the second pass (for adaptive-ρ variants)."""
+        """Called with L(θ) and L(θ+ε) after the second pass, once the step's fp16 overflow is
+        known: adaptive variants update their state here (through ``keep_if_overflow``)."""
 
     def global_norm(self, tensors):
         """One L2 norm over a whole list of tensors, kept on the device."""

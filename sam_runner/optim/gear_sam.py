@@ -2,24 +2,31 @@
 
 Blocks b partition the parameters. State: one scalar per block, the EMA of the squared
 block gradient norm a_b ← β a_b + (1 − β) ‖g_b‖², bias-corrected â_b = a_b / (1 − β^t)
-(t counts perturbing steps;
-a step skipped by the fp16 scaler leaves a_b and t unchanged). Sensitivity s_b = sqrt(â_b); the closed-form allocation of
-max Σ r_b s_b s.t. Σ r_b² = ρ² is r_b = ρ s_b / sqrt(Σ_j s_j²); ε_b = r_b g_b / ‖g_b‖.
+(t counts perturbing steps; the new a_b and t are committed after the second pass, so a
+step skipped by the fp16 scaler, whichever pass overflowed, leaves them unchanged).
+Sensitivity s_b = sqrt(â_b); the closed-form allocation of max Σ r_b s_b s.t. Σ r_b² = ρ²
+is r_b = ρ s_b / sqrt(Σ_j s_j²); ε_b = r_b g_b / ‖g_b‖.
 So ‖ε‖ = ρ exactly, and β = 0 is SAM (r_b = ρ ‖g_b‖ / ‖g‖). Default β = 0.9.
 
 From the abstract: the EMA of squared block gradients, the closed-form allocation of the
 fixed global radius, scalar-only extra state. Ours (spec/variants.md): the exact EMA and
 bias correction, and the block choices ``blocks``:
-- ``'group'`` (default): with the runner's parameter groups, one block per functional block
-  (the group key ``block``: a model's top-level child, its weights and biases together);
-  for a plain parameter list or groups without ``block``, one block per parameter group.
+- ``'group'`` (default): one block per functional block, the spec's default. The group key
+  ``block`` when the groups carry it (the runner's groups: a model's top-level child, its
+  weights and biases together); otherwise, with a bound model (``model=`` or
+  ``bind(model=...)``), the model's top-level child owning each parameter (parameters of the
+  root module: one more block); with neither, one block per parameter group and a warning
+  (a plain parameter list is then one block: exactly SAM).
 - ``'tensor'``: one block per tensor.
 - ``'layer'``: one block per module that owns parameters; needs the model
   (``model=`` or ``bind(model=...)``).
 A block whose gradient is exactly zero gets ε_b = 0 (its share of ρ is lost that step).
 """
+import warnings
+
 import torch
 
+from .blocks import top_level_blocks
 from .engine import SharpnessAware, _check
 
 BLOCKS = ("group", "tensor", "layer")
@@ -34,25 +41,35 @@ class GEARSAM(SharpnessAware):
         _check(self.blocks in BLOCKS, f"blocks must be one of {BLOCKS}, got {self.blocks!r}")
         self.block_energy = None  # a_b, one scalar per block (created at the first step, on the device)
         self.energy_steps = None  # t of the bias correction (device tensor)
+        self._warned = False
 
-    def _block_ids(self) -> list[int]:
-        """Block number of every parameter, in param_groups order."""
+    def _block_ids(self) -> list:
+        """Block key of every parameter, in param_groups order."""
         all_params = [p for g in self.param_groups for p in g["params"]]
         if self.blocks == "tensor":
             return list(range(len(all_params)))
-        if self.blocks == "layer":
-            _check(self.model is not None, "GEARSAM(blocks='layer') needs the model: pass model=... "
+        if self.blocks == "group" and any("block" in g for g in self.param_groups):
+            return [g.get("block", gi) for gi, g in enumerate(self.param_groups) for _ in g["params"]]
+        if self.model is None:
+            _check(self.blocks != "layer", "GEARSAM(blocks='layer') needs the model: pass model=... "
                                            "or call bind(model=...) before step()")
+            n = len(self.param_groups)
+            if not self._warned:  # once per optimizer (block ids are rebuilt with the cache)
+                self._warned = True
+                sam = " (one block: exactly SAM)" if n == 1 else ""
+                warnings.warn(f"GEARSAM: no model bound and no 'block' keys in the parameter groups, so each "
+                              f"of the {n} group(s) is one block{sam}; pass model=... or call bind(model=...) "
+                              "for one block per top-level child, or give the groups a 'block' key")
+            return [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
+        if self.blocks == "layer":
             owners = [m for m in self.model.modules() if next(m.parameters(recurse=False), None) is not None]
             owner = {id(p): i for i, m in enumerate(owners) for p in m.parameters(recurse=False)}
-            missing = [tuple(p.shape) for p in all_params if id(p) not in owner]
-            _check(not missing, f"GEARSAM(blocks='layer'): parameters of shapes {missing} are not in the bound model")
-            return [owner[id(p)] for p in all_params]
-        names, ids = {}, []
-        for gi, g in enumerate(self.param_groups):
-            key = g.get("block", gi)
-            ids += [names.setdefault(key, len(names))] * len(g["params"])
-        return ids
+        else:
+            owner = top_level_blocks(self.model)
+        missing = [tuple(p.shape) for p in all_params if id(p) not in owner]
+        _check(not missing, f"GEARSAM(blocks={self.blocks!r}): parameters of shapes {missing} "
+                            "are not in the bound model")
+        return [owner[id(p)] for p in all_params]
 
     def _index(self, params, device):
         """Block index (a device tensor) of each parameter with a gradient, and the block count."""
@@ -76,13 +93,17 @@ class GEARSAM(SharpnessAware):
         energy = self.beta * self.block_energy + (1 - self.beta) * block_sq
         t = self.energy_steps + 1
         s = (energy / (1 - self.beta ** t)).sqrt()
-        # a skipped fp16 step (inf/NaN) leaves the EMA and its step count as they were
-        self.block_energy = self.keep_if_overflow(energy, self.block_energy)
-        self.energy_steps = self.keep_if_overflow(t, self.energy_steps)
+        self._staged = (energy, t)  # committed after the second pass, once its overflow is known
         r = self.current_rho * s / (s.square().sum().sqrt() + 1e-12)      # closed-form allocation
         scale = (r / (block_sq.sqrt() + 1e-12))[index]                   # r_b / ‖g_b‖, per tensor
         torch._foreach_copy_(eps, grads)
         torch._foreach_mul_(eps, scale.unbind())
+
+    def after_second_pass(self, loss, perturbed_loss):
+        # a skipped fp16 step (inf/NaN in either pass) leaves the EMA and its step count as they were
+        energy, t = self._staged
+        self.block_energy = self.keep_if_overflow(energy, self.block_energy)
+        self.energy_steps = self.keep_if_overflow(t, self.energy_steps)
 
     def variant_state(self):
         return {**super().variant_state(), "block_energy": self.block_energy, "energy_steps": self.energy_steps}

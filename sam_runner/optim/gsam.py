@@ -2,7 +2,7 @@
 
 ε = ρ g / ‖g‖ as in SAM; the descent direction is ∇L(θ+ε) − α g⊥, g⊥ the component of
 the first-pass gradient g orthogonal to ∇L(θ+ε); ρ follows the learning-rate schedule
-(``rho_schedule: lr`` in conf/optimizer/gsam.yaml, as in the paper). Default α = 0.1.
+(``rho_schedule='lr'`` by default, as in the paper; overridable). Default α = 0.1.
 The paper's algorithm, with one choice of ours: under data parallelism without
 ``sync_perturbation``, g is averaged across processes before the decomposition so that
 every process applies the same direction.
@@ -16,8 +16,8 @@ from .sam import SAM
 class GSAM(SAM):
     variant_options = {"alpha": 0.1}
 
-    def __init__(self, params, base_optimizer, **kwargs):
-        super().__init__(params, base_optimizer, **kwargs)
+    def __init__(self, params, base_optimizer, rho_schedule: str = "lr", **kwargs):
+        super().__init__(params, base_optimizer, rho_schedule=rho_schedule, **kwargs)
         _check(self.alpha >= 0, f"alpha must be >= 0, got {self.alpha}")
 
     def compute_perturbation(self, params, grads, eps):

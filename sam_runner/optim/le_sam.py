@@ -14,14 +14,15 @@ import math
 
 import torch
 
-from .engine import SharpnessAware, _check
+from .engine import SharpnessAware, _check, cosine_factor
 
 SIGMA_SCHEDULES = ("constant", "cosine")
 
 
 class LESAM(SharpnessAware):
     variant_options = {"sigma": 0.01, "rho_max": 1.0, "sigma_schedule": "constant", "delta": 1e-12}
-    no_rho_hint = "set optimizer.sigma (the loss budget) or optimizer.rho_max (the cap on ||eps||)"
+    no_rho_hint = ("it has no fixed radius: set optimizer.sigma (the loss budget) "
+                   "or optimizer.rho_max (the cap on ||eps||)")
 
     def __init__(self, params, base_optimizer, **kwargs):
         super().__init__(params, base_optimizer, **kwargs)
@@ -36,8 +37,7 @@ class LESAM(SharpnessAware):
     @property
     def current_sigma(self) -> float:
         if self.sigma_schedule == "cosine":
-            t = min(self.step_count / self.total_steps, 1.0)
-            return self.sigma * 0.5 * (1 + math.cos(math.pi * t))
+            return self.sigma * cosine_factor(self.step_count, self.total_steps)
         return self.sigma
 
     def compute_perturbation(self, params, grads, eps):

@@ -6,7 +6,9 @@ first refresh sets F = g²); ε = ρ U g / sqrt(gᵀ U g), so the perturbation h
 the metric U⁻¹. U is normalised to mean 1 over all coordinates at each refresh (a constant
 factor on U only rescales ρ's meaning: with the normalisation U = I is SAM exactly and ρ
 keeps SAM's scale; without it ‖ε‖ grows as 1/sqrt(mean F), tens of times SAM's on a small
-net). Computed as R = sqrt(U) kept in persistent buffers: ε = ρ R (R g) / ‖R g‖.
+net). Computed as R = sqrt(U) kept in persistent buffers: ε = ρ R (R g) / ‖R g‖. A refresh
+is staged and committed after the second pass, with the step count, so a step skipped by
+the fp16 scaler (either pass overflowing) leaves F, R and the count unchanged.
 
 From the abstract (LLQR+SAM): a preconditioner updated sparsely and kept as a slow EMA,
 with the SAM perturbation on top of it. Ours (spec/variants.md): the diagonal Fisher-like
@@ -44,27 +46,32 @@ class PrecondSAM(SAM):
 
     def compute_perturbation(self, params, grads, eps):
         fisher, root_u = self._buffers(params)
-        refresh = self.perturb_count % self.refresh_every == 0
-        if refresh and self._found_inf is not None and self._found_inf.item():
-            return  # fp16 overflow: the step will be skipped; F and the count wait (one sync per refresh)
-        if refresh:
-            sq = torch._foreach_mul(grads, grads)
-            if self.perturb_count == 0:
-                torch._foreach_copy_(fisher, sq)
-            else:
-                torch._foreach_lerp_(fisher, sq, 1 - self.beta)      # F ← β F + (1 − β) g²
-            torch._foreach_copy_(root_u, fisher)
-            torch._foreach_add_(root_u, self.delta)
-            torch._foreach_rsqrt_(root_u)                            # R = (F + δ)^(-1/2)
+        self._staged = None
+        if self.perturb_count % self.refresh_every == 0:
+            new_f = torch._foreach_mul(grads, grads)
+            if self.perturb_count > 0:
+                torch._foreach_lerp_(new_f, fisher, self.beta)           # F ← β F + (1 − β) g²
+            root_u = torch._foreach_add(new_f, self.delta)
+            torch._foreach_rsqrt_(root_u)                                # R = (F + δ)^(-1/2)
             # U / mean(U): U = I gives SAM exactly and ρ keeps SAM's scale (ours; see the docstring)
             numel = sum(r.numel() for r in root_u)
             torch._foreach_mul_(root_u, numel ** 0.5 / self.global_norm(root_u))
-        self.perturb_count += 1
+            self._staged = (new_f, root_u)  # committed after the second pass, unless the step is skipped
         torch._foreach_copy_(eps, grads)
         torch._foreach_mul_(eps, root_u)                             # R g
         scale = self.current_rho / (self.global_norm(eps) + 1e-12)   # ρ / sqrt(gᵀ U g)
         torch._foreach_mul_(eps, root_u)                             # U g
         torch._foreach_mul_(eps, scale)
+
+    def after_second_pass(self, loss, perturbed_loss):
+        # found_inf exists under fp16 scaling only: one host sync there (the count lives on the host)
+        if self._found_inf is not None and self._found_inf.item():
+            return
+        if self._staged is not None:
+            torch._foreach_copy_(self._cache["fisher"], self._staged[0])
+            torch._foreach_copy_(self._cache["root_u"], self._staged[1])
+        self._staged = None  # free the staged copies
+        self.perturb_count += 1
 
     def variant_state(self):
         return {**super().variant_state(), "perturb_count": self.perturb_count}

@@ -3,7 +3,7 @@
 Perturbed point e = θ + ρ (1 − λ + λ / ‖g‖) g (λ = 1 is SAM, λ = 0 unnormalised SAM).
 Step size γ = clip((L(e) − ℓ* − ⟨∇L(e), e − θ⟩) / ‖∇L(e)‖², 0, γ_max); update
 θ ← θ − γ (∇L(e) + wd θ). Defaults ρ = 0.1, λ = ``lam`` = 1, ℓ* = ``loss_floor`` = 0,
-γ_max = ``gamma_max`` = 1; wd is the SGD base's ``weight_decay`` (5e-4 in the runner).
+γ_max = ``gamma_max`` = 1; wd is the SGD base's ``weight_decay``, 5e-4 unless given.
 
 γ replaces the learning rate, so the base optimizer must be plain ``torch.optim.SGD``
 with momentum 0 (our choice: the formula is a plain step; anything else is rejected);
@@ -21,11 +21,13 @@ from .sam import SAM
 
 class SAMSPS(SAM):
     variant_options = {"lam": 1.0, "loss_floor": 0.0, "gamma_max": 1.0}
+    replaces_lr = True
 
     def __init__(self, params, base_optimizer, rho: float = 0.1, **kwargs):
         _check(isinstance(base_optimizer, type) and issubclass(base_optimizer, torch.optim.SGD),
                f"SAMSPS replaces the learning rate with a Polyak step, so base_optimizer must be "
                f"torch.optim.SGD (base_optimizer=sgd), got {getattr(base_optimizer, '__name__', base_optimizer)}")
+        kwargs.setdefault("weight_decay", 5e-4)  # the spec's wd (SGD's own default is 0)
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         bad = {(g["momentum"], g["nesterov"]) for g in self.param_groups if g["momentum"] or g["nesterov"]}
         _check(not bad, f"SAMSPS takes a plain SGD step: base momentum must be 0 and nesterov false, "

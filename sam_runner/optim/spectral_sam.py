@@ -6,10 +6,11 @@ by the Newton–Schulz iteration torch.optim.Muon uses (its quintic coefficients
 count). Every other parameter gets Euclidean SAM with radius ρ: ε = ρ g / ‖g‖ over those
 parameters. Defaults ρ_s = ``rho_spectral`` = 0.05, ρ = 0.05. Any base optimizer, Muon included.
 
-Hidden matrices: parameters of groups with ``hidden`` true (set by the runner: not the
-first block nor the head) and more than one dimension; for a plain parameter list, every
-tensor with more than one dimension except the first and the last such tensor (taken as
-the first layer and the classifier head).
+Hidden matrices: parameters of groups with ``hidden`` true (set by the runner) and more
+than one dimension; for a plain parameter list with a bound model (``model=`` or
+``bind(model=...)``), the weights of Linear/Conv layers except the first and the last such
+layer in module order (blocks.py; tokens, embeddings and norms are never hidden); with no
+model, every tensor with more than one dimension except the first and the last such tensor.
 
 From the abstract: a layerwise spectral inner perturbation for hidden matrices, paired
 with any outer step. Ours (spec/variants.md): the radius scaling, the Euclidean SAM for
@@ -21,6 +22,7 @@ iteration, and wide ones run it in Gram form (same iterates; see ``msign``).
 import torch
 from torch.optim import _muon
 
+from .blocks import hidden_weights
 from .engine import _check
 from .sam import SAM
 
@@ -125,7 +127,10 @@ class SpectralSAM(SAM):
             if any("hidden" in g for g in self.param_groups):
                 for (a, b), g in zip(c["slices"], self.param_groups):
                     flags += [bool(g.get("hidden")) and p.ndim > 1 for p in params[a:b]]
-            else:
+            elif self.model is not None:
+                hidden = hidden_weights(self.model)
+                flags = [id(p) in hidden for p in params]
+            else:  # no structure known: the first and the last matrix stand for the first layer and the head
                 mats = [i for i, p in enumerate(params) if p.ndim > 1]
                 flags = [i in mats[1:-1] for i in range(len(params))]
             by_shape = {}

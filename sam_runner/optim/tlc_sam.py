@@ -9,9 +9,9 @@ Defaults τ* = 0.2, κ = 0.05, ρ_min = 0.01, ρ_max = 0.5, δ = 1e-12, initial 
 
 From the abstract: adjusting ρ from the observed Taylor-approximation error. Ours
 (spec/variants.md): the error measure, the multiplicative controller and its defaults;
-also ours: τ̄ starts at the first τ (no zero bias), ρ and τ̄ live on the device (no
-host sync), under data parallelism τ is averaged across processes so every process keeps
-the same ρ, and ``rho_schedule`` must be 'constant' (the controller owns ρ).
+also ours: τ̄ starts at the first τ of a step the fp16 scaler does not skip (no zero
+bias), ρ and τ̄ live on the device (no host sync), under data parallelism τ is averaged
+across processes so every process keeps the same ρ, and ``rho_schedule`` must be 'constant' (the controller owns ρ).
 """
 import math
 
@@ -36,6 +36,7 @@ class TLCSAM(SharpnessAware):
         _check(0 <= self.tau_beta < 1, f"tau_beta must be in [0, 1), got {self.tau_beta}")
         self.rho_t = None    # the controlled ρ (device tensor)
         self.tau_bar = None  # τ̄ (device tensor)
+        self.tau_set = None  # whether τ̄ holds a real τ yet (device bool)
         self._predicted = None
 
     @property
@@ -58,23 +59,29 @@ class TLCSAM(SharpnessAware):
         pred = self._predicted
         tau = (perturbed_loss.detach() - loss.detach() - pred).abs() / (pred.abs() + self.delta)
         tau = self.all_reduce_mean_(tau.double())
-        old_bar = self.tau_bar if self.tau_bar is not None else torch.full_like(tau, self.tau_target)
-        tau_bar = tau if self.tau_bar is None else self.tau_beta * self.tau_bar + (1 - self.tau_beta) * tau
+        if self.tau_bar is None:
+            self.tau_bar, self.tau_set = torch.zeros_like(tau), torch.zeros_like(tau, dtype=torch.bool)
+        # τ̄ starts at the first τ of a step that is not skipped (a device flag: no host sync)
+        tau_bar = torch.where(self.tau_set, self.tau_beta * self.tau_bar + (1 - self.tau_beta) * tau, tau)
         rho = (self.rho_t * torch.exp(self.kappa * (self.tau_target - tau_bar))).clamp(self.rho_min, self.rho_max)
         # a skipped fp16 step (inf/NaN) leaves the controller as it was
-        self.tau_bar = self.keep_if_overflow(tau_bar, old_bar)
+        self.tau_bar = self.keep_if_overflow(tau_bar, self.tau_bar)
+        self.tau_set = self.keep_if_overflow(torch.ones_like(self.tau_set), self.tau_set)
         self.rho_t = self.keep_if_overflow(rho, self.rho_t)
 
     def log_values(self):
         out = super().log_values()
-        if self.tau_bar is not None:
+        if self.tau_bar is not None and bool(self.tau_set):  # log-time host sync
             out["tau_bar"] = float(self.tau_bar)
         return out
 
     def variant_state(self):
-        return {**super().variant_state(), "rho_t": self.rho_t, "tau_bar": self.tau_bar}
+        return {**super().variant_state(), "rho_t": self.rho_t, "tau_bar": self.tau_bar, "tau_set": self.tau_set}
 
     def load_variant_state(self, state):
         super().load_variant_state(state)
-        self.rho_t = state["rho_t"].clone() if state["rho_t"] is not None else None
-        self.tau_bar = state["tau_bar"].clone() if state["tau_bar"] is not None else None
+        for key in ("rho_t", "tau_bar", "tau_set"):
+            value = state.get(key)
+            setattr(self, key, value.clone() if value is not None else None)
+        if self.tau_bar is not None and self.tau_set is None:  # a checkpoint from before the flag
+            self.tau_set = torch.ones_like(self.tau_bar, dtype=torch.bool)

@@ -62,13 +62,33 @@ def test_brier_score_closed_form():
     assert brier_score(probs, labels) == pytest.approx(expected, abs=1e-6)
 
 
-def test_reliability_bins_count_every_sample_once():
+def test_adaptive_ece_does_not_depend_on_the_order_of_tied_samples():
+    # confidences in ties of 3 (0.55, 0.7, 0.85, 0.95) cut into 5 bins of 12 samples: ties straddle cuts
+    conf = torch.tensor([0.55, 0.7, 0.85, 0.95]).repeat_interleave(3)
+    probs = torch.stack([conf, 1 - conf], 1)
+    labels = torch.tensor([0, 1, 1, 0, 0, 1, 1, 0, 1, 0, 0, 0])
+    values = {adaptive_calibration_error(probs[p], labels[p], 5)
+              for p in [torch.arange(12)] + [torch.randperm(12, generator=torch.Generator().manual_seed(s))
+                                             for s in range(20)]}
+    assert max(values) - min(values) <= 1e-7
+    # ties kept whole: ranks 0, 3, 6, 9 open bins floor(5r/12) = 0, 1, 2, 3
+    per_tie = [abs(0.55 * 3 - 1), abs(0.7 * 3 - 2), abs(0.85 * 3 - 1), abs(0.95 * 3 - 3)]  # class 0 is right
+    assert adaptive_calibration_error(probs, labels, 5) == pytest.approx(sum(per_tie) / 12, abs=1e-6)
+
+
+def test_reliability_bins_per_bin_against_a_direct_count():
     probs, labels = random_case(n=300)
-    probs[0] = torch.nn.functional.one_hot(torch.tensor(3), 10).float()  # confidence exactly 1
+    probs[0] = torch.nn.functional.one_hot(torch.tensor(3), 10).float()  # confidence exactly 1: the last bin
     bins = reliability_bins(probs, labels, 15)
-    assert sum(bins["count"]) == 300 and len(bins["count"]) == 15 and len(bins["edges"]) == 16
-    weighted = sum(n * abs(a - c) for n, a, c in zip(bins["count"], bins["accuracy"], bins["confidence"])) / 300
-    assert weighted <= expected_calibration_error(probs, labels, 15) + 1e-6  # folding bins can only merge gaps
+    assert bins["edges"] == [i / 15 for i in range(16)]
+    conf, pred = probs.max(1)
+    members = [[] for _ in range(15)]
+    for c, right in zip(conf.tolist(), pred.eq(labels).tolist()):
+        members[min(int(c * 15), 14)].append((c, right))
+    assert bins["count"] == [len(m) for m in members]
+    for b, m in enumerate(members):
+        assert bins["confidence"][b] == pytest.approx(sum(c for c, _ in m) / len(m) if m else 0.0, abs=1e-6)
+        assert bins["accuracy"][b] == pytest.approx(sum(r for _, r in m) / len(m) if m else 0.0, abs=1e-6)
 
 
 def test_bad_input_is_one_clear_error():

@@ -5,20 +5,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sam_runner.metrics import HessianOperator, hessian_eigenpairs, hessian_trace, spectral_density, top_hessian_eigenvalues
-from sam_runner.metrics.hessian import lanczos
+from sam_runner.metrics.hessian import Objective, _method_choice, lanczos
 
-
-def dense_hessian(model, loss_fn, x, y):
-    names = [n for n, _ in model.named_parameters()]
-    params = [p.detach() for p in model.parameters()]
-    sizes = [p.numel() for p in params]
-
-    def f(flat):
-        chunks = [c.view_as(p) for c, p in zip(flat.split(sizes), params)]
-        return loss_fn(torch.func.functional_call(model, dict(zip(names, chunks)), (x,)), y)
-
-    flat = torch.cat([p.reshape(-1) for p in params])
-    return torch.autograd.functional.hessian(f, flat).double()
+from metrics_helpers import dense_hessian
 
 
 def bn_cnn(seed=0):
@@ -193,3 +182,45 @@ def test_bad_arguments_are_rejected_clearly():
         top_hessian_eigenvalues(m, F.cross_entropy, [(x, y)], k=0)
     with pytest.raises(ValueError, match="batches is empty"):
         top_hessian_eigenvalues(m, F.cross_entropy, [])
+    with pytest.raises(ValueError, match="batch 1 of batches is empty"):  # not a NaN weight
+        top_hessian_eigenvalues(m, F.cross_entropy, [(x, y), (x[:0], y[:0])])
+
+
+class WithUnused(nn.Module):
+    """A trainable parameter the forward never uses (e.g. a head switched off)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.unused, self.head = nn.Linear(5, 4), nn.Linear(2, 2), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.body(x)))
+
+
+@pytest.mark.parametrize("method", ["double_backward", "forward_over_reverse"])
+@pytest.mark.parametrize("cache_mb", [1024, 0])
+def test_unused_trainable_parameters_have_zero_hessian_rows(method, cache_mb):
+    torch.manual_seed(0)
+    m, x, y = WithUnused(), torch.randn(30, 5), torch.randint(0, 3, (30,))
+    H = dense_hessian(m, F.cross_entropy, x, y)
+    batches = [(x[:12], y[:12]), (x[12:], y[12:])]
+    with HessianOperator(m, F.cross_entropy, batches, method, cache_mb) as op:
+        v = torch.randn(op.numel, generator=torch.Generator().manual_seed(0))
+        assert torch.allclose(op(v).double(), H @ v.double(), rtol=1e-4, atol=1e-6)
+        g = op.gradient()
+    unused = slice(4 * 5 + 4, 4 * 5 + 4 + 2 * 2 + 2)  # after body's weight and bias, in parameter order
+    assert torch.count_nonzero(H[unused]) == 0 and torch.count_nonzero(g[unused]) == 0
+    vals = top_hessian_eigenvalues(m, F.cross_entropy, batches, k=2, method=method, graph_cache_mb=cache_mb, tol=1e-6)
+    assert vals == pytest.approx(torch.linalg.eigvalsh(H).flip(0)[:2].tolist(), rel=1e-4)
+
+
+def test_choosing_the_hvp_method_leaves_the_global_rng_alone():
+    """method=auto without the graph cache times both methods on probe vectors; they must not come
+    from the global RNG, or a resumed run's dropout and shuffling would depart from an unbroken one."""
+    _method_choice.clear()  # so this call does time the methods
+    m, x, y = bn_cnn()
+    state = torch.get_rng_state()
+    with HessianOperator(m, F.cross_entropy, uneven(x, y), "auto", graph_cache_mb=0) as op:
+        assert op.method in ("double_backward", "forward_over_reverse") and not op._cache_ok
+    top_hessian_eigenvalues(m, F.cross_entropy, uneven(x, y), graph_cache_mb=0)
+    assert torch.equal(state, torch.get_rng_state())

@@ -103,3 +103,26 @@ def test_bad_options_are_rejected():
             S.worst_case_sharpness(obj, rho=-1)
         with pytest.raises(ValueError, match="beta=2"):
             S.armijo_probe(obj, beta=2)
+
+
+def test_armijo_probe_that_never_accepts_reports_nan():
+    """alpha0 far too large and too few halvings: no trial passes, so there is no accepted α (the
+    next, untested α·β would imply a curvature unrelated to q)."""
+    model, batches, _ = problem(at_minimum=False)
+    with Objective(model, half_mse, batches) as obj:
+        alpha, curvature, evals = S.armijo_probe(obj, alpha0=1e6, max_steps=3)
+    assert math.isnan(alpha) and math.isnan(curvature) and evals == 3
+    assert torch.equal(model.theta.detach(), problem(at_minimum=False)[0].theta.detach())  # restored
+
+
+def test_fisher_rao_keeps_every_module_in_its_own_mode():
+    """The tracker's bn_mode=train state (root in eval, BatchNorm in train): the Fisher is taken in
+    eval mode, and afterwards each module is back in its own mode for the HVPs that follow."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3))
+    x, y = torch.randn(40, 5), torch.randint(0, 3, (40,))
+    m.eval()
+    m[1].train()
+    with HessianOperator(m, nn.functional.cross_entropy, [(x[:20], y[:20]), (x[20:], y[20:])]) as op:
+        S.fisher_rao_sharpness(op, num_probes=2)
+        assert [mod.training for mod in m.modules()] == [False, False, True, False, False]

@@ -1,5 +1,7 @@
 """CurvatureTracker: schedule, keys, warm start, BatchNorm modes, EoS threshold, checkpoint state."""
+import copy
 import io
+import math
 
 import pytest
 import torch
@@ -11,7 +13,10 @@ from sam_runner.data import Data
 from sam_runner.errors import UserError
 from sam_runner.metrics import top_hessian_eigenvalues
 from sam_runner.metrics.tracker import CurvatureTracker, stability_threshold
-from sam_runner.optim import SAM
+from sam_runner.optim import SAM, SAMSPS
+
+from conftest import compose
+from metrics_helpers import dense_hessian
 
 
 def setup(**hessian):
@@ -95,18 +100,108 @@ def test_state_round_trips_through_weights_only_checkpoint():
     assert all(torch.equal(a, b) for a, b in zip(fresh.vector, tracker.vector))
 
 
-def test_sharpness_options_add_their_keys():
+def full_metrics(**hessian):
+    """metrics=full as `sam-run` composes it, with tiny sizes."""
+    cfg = compose("metrics=full").metrics
+    return OmegaConf.merge(cfg, {"hessian": {"num_samples": 64, "batch_size": 40, "max_iter": 40, **hessian},
+                                 "trace": {"num_probes": 4}, "density": {"num_runs": 1, "num_steps": 8},
+                                 "sharpness": {"num_samples": 48, "worst_case": {"steps": 2},
+                                               "average": {"num_samples": 3}, "directional": {"num_directions": 2},
+                                               "fisher_rao": {"num_probes": 3, "damping": 1e-3}}})
+
+
+@pytest.mark.parametrize("bn_mode", ["eval", "train"])
+def test_full_measurement_gives_finite_values_and_restores_the_model_exactly(bn_mode):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(1, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.Dropout(0.3), nn.Flatten(),
+                          nn.Linear(32, 3))
+    x, y = torch.randn(100, 1, 10), torch.randint(0, 3, (100,))
+    model.train()
+    model(x)  # non-trivial running statistics
+    model[0].eval()  # a module in its own mode
+    data = Data(train=None, test=None, num_classes=3, input_shape=(1, 10), train_size=100, train_tensors=(x, y))
+    opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.1, momentum=0.9)
+    tracker = CurvatureTracker(full_metrics(bn_mode=bn_mode), model, data, opt, seed=0)
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # parameters and BatchNorm buffers
+    modes = [m.training for m in model.modules()]
+    row = tracker.on_epoch_end(5, 50, model, final=True)
+    for key in ("lambda_max", "lambda_2", "lambda_3", "eos_ratio", "hessian_trace", "hessian_trace_se",
+                "sharpness_worst", "sharpness_avg", "sharpness_avg_se", "sharpness_dir", "sharpness_dir_max",
+                "armijo_alpha", "armijo_curvature", "fisher_rao", "fisher_rao_se"):
+        assert math.isfinite(row[key]), key
+    assert row["armijo_accepted"] is True and row["fisher_rao"] > 0 and row["sharpness_worst"] >= 0
+    assert tracker.summary_extras()["hessian_density"]["nodes"]
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert [m.training for m in model.modules()] == modes
+
+
+def test_fisher_rao_with_bn_train_uses_batch_statistics_in_h():
+    """fisher_rao under bn_mode=train: F from per-sample gradients in eval mode, H with BatchNorm on
+    batch statistics (every batch), here against dense Hessians and the same Rademacher probes."""
+    tracker, model, data = setup(bn_mode="train")
+    tracker.cfg = OmegaConf.merge(tracker.cfg, {"sharpness": {"num_samples": 64, "fisher_rao": {
+        "enabled": True, "num_probes": 6, "damping": 1e-3}}})
+    ref = copy.deepcopy(model)  # the references below must not touch the tracked model's buffers
+    row = tracker.on_epoch_end(1, 1, model, final=True)
+    xs, ys = data.train_subset(64, 0)
+    ref.eval()
+    params = [p for p in ref.parameters()]
+    fisher = sum(torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+        F.cross_entropy(ref(xs[i:i + 1]), ys[i:i + 1]), params)]).double() ** 2 for i in range(64)) / 64
+    ref[1].train()  # BatchNorm on batch statistics; the dense Hessian of the 40 + 24 batches
+    H = sum(dense_hessian(ref, F.cross_entropy, xs[a:b], ys[a:b]) * (b - a) / 64 for a, b in ((0, 40), (40, 64)))
+    g = torch.Generator().manual_seed(0)
+    probes = [(torch.randint(0, 2, (len(H),), generator=g) * 2 - 1).double() for _ in range(6)]
+    expected = sum(float((v / (fisher + 1e-3)) @ H @ v) for v in probes) / 6
+    assert row["fisher_rao"] == pytest.approx(expected, rel=1e-4)
+    assert model.training and all(m.training for m in model.modules())
+
+
+def test_armijo_without_acceptance_is_nan_and_left_out_of_the_pearson():
     tracker, model, _ = setup()
-    tracker.cfg = OmegaConf.merge(tracker.cfg, {"trace": {"enabled": True, "num_probes": 4},
-                                                "sharpness": {"num_samples": 32, "worst_case": {"enabled": True},
-                                                              "average": {"enabled": True},
-                                                              "directional": {"enabled": True},
-                                                              "armijo": {"enabled": True},
-                                                              "fisher_rao": {"enabled": True, "num_probes": 4}}})
-    row = tracker.on_epoch_end(1, 1, model, True)
-    for key in ("hessian_trace", "hessian_trace_se", "sharpness_worst", "sharpness_avg", "sharpness_dir",
-                "armijo_alpha", "armijo_curvature", "fisher_rao"):
-        assert key in row
+    tracker.cfg = OmegaConf.merge(tracker.cfg, {"sharpness": {"armijo": {"enabled": True, "alpha0": 1e30,
+                                                                         "max_steps": 3}}})
+    row = tracker.on_epoch_end(1, 1, model, final=True)
+    assert math.isnan(row["armijo_alpha"]) and math.isnan(row["armijo_curvature"]) and row["armijo_accepted"] is False
+    assert math.isnan(tracker.history["armijo_alpha"][-1])
+    # a run's history (checkpointed) with one probe not accepted: the Pearson is over the other three
+    tracker.load_state_dict({"history": {"lambda_max": [1.0, 2.0, 4.0, 8.0],
+                                         "armijo_alpha": [1.0, 0.5, math.nan, 0.125]}})
+    assert tracker.summary_extras()["armijo_log_alpha_log_lambda_pearson"] == pytest.approx(-1.0)
+
+
+def sgd(lr=0.1, momentum=0.0, dampening=0.0, nesterov=False, dtype=torch.float32):
+    q = nn.Parameter(torch.ones(1, dtype=dtype))
+    opt = torch.optim.SGD([q], lr=lr, momentum=momentum, nesterov=nesterov)
+    opt.param_groups[0]["dampening"] = dampening  # the constructor refuses Nesterov with dampening; step() runs it
+    return q, opt
+
+
+@pytest.mark.parametrize("momentum,dampening,nesterov", [(0.0, 0.0, False), (0.0, 0.5, False), (0.9, 0.0, False),
+                                                         (0.9, 0.5, False), (0.9, 0.0, True), (0.9, 0.5, True)])
+def test_stability_threshold_is_where_sgd_on_a_quadratic_starts_to_diverge(momentum, dampening, nesterov):
+    threshold = stability_threshold(sgd(0.1, momentum, dampening, nesterov)[1])
+
+    def final_distance(lam):  # PyTorch's own SGD on λ/2 x², from x = 1
+        q, opt = sgd(0.1, momentum, dampening, nesterov, torch.float64)
+        for _ in range(500):
+            opt.zero_grad()
+            (0.5 * lam * q ** 2).sum().backward()
+            opt.step()
+        return abs(q.item())
+
+    assert final_distance(0.95 * threshold) < 1e-3 and final_distance(1.05 * threshold) > 1e3
+
+
+def test_eos_ratio_is_zero_at_lr_zero_and_absent_where_the_lr_is_not_the_step():
+    tracker, model, _ = setup()
+    tracker.optimizer.param_groups[0]["lr"] = 0.0  # the end of a cosine-to-0 schedule
+    assert tracker.on_epoch_end(1, 1, model, final=True)["eos_ratio"] == 0.0
+    assert stability_threshold(tracker.optimizer) == math.inf
+    sps = SAMSPS(model.parameters(), torch.optim.SGD, lr=0.1)  # its Polyak step replaces the lr
+    assert stability_threshold(sps) is None
+    tracker.optimizer = sps
+    assert "eos_ratio" not in tracker.on_epoch_end(2, 2, model, final=True)
 
 
 def test_stability_threshold_and_bad_config():

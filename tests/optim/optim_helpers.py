@@ -83,5 +83,6 @@ def closure_for(opt, model, x=X, y=Y, record=None, calls=None, micro=1):
 def build(name, model, lr=0.1, momentum=0.0, groups=None, **kw):
     cls = VARIANTS[name]
     params = groups if groups is not None else list(model.parameters())
-    opt = cls(params, torch.optim.SGD, lr=lr, momentum=momentum, total_steps=100, **{**DEFAULT_KW[name], **kw})
+    kw = {"total_steps": 100, **DEFAULT_KW[name], **kw}
+    opt = cls(params, torch.optim.SGD, lr=lr, momentum=momentum, **kw)
     return opt.bind(model=model)

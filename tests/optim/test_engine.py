@@ -183,14 +183,23 @@ def test_rho_schedules():
     for g in lr_sched.param_groups:
         g["lr"] = 0.05
     assert lr_sched.current_rho == pytest.approx(0.1 * 0.05 / 0.2)
-    cos = SAM(model.parameters(), torch.optim.SGD, lr=0.1, rho=0.1, rho_schedule="cosine", total_steps=10)
-    rhos = []
-    for _ in range(10):
-        rhos.append(cos.current_rho)
-        cos.step(closure_for(cos, model))
-    assert rhos[0] == pytest.approx(0.1)
-    assert rhos[5] == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert cos.current_rho == pytest.approx(0.0, abs=1e-12)
+
+
+def test_cosine_rho_schedule_applies_rho_on_the_first_step():
+    """Step k (1-based) of T uses ρ · ½(1 + cos(π (k−1)/T)): the ‖ε‖ actually applied, which
+    current_rho reports after the step."""
+    model = mlp()
+    cos = SAM(model.parameters(), torch.optim.SGD, lr=0.1, rho=0.1, rho_schedule="cosine", total_steps=4)
+    applied, reported = [], []
+    for _ in range(4):
+        seen = {}
+        theta = flat(model.parameters())
+        cos.step(closure_for(cos, model, record=seen))
+        applied.append((seen[1] - theta).norm().item())
+        reported.append(cos.current_rho)
+    want = [0.1 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]   # 0.1, 0.0854, 0.05, 0.0146
+    assert applied == pytest.approx(want, rel=1e-9)
+    assert reported == pytest.approx(want, rel=1e-12)
 
 
 def test_perturb_with_weight_decay():

@@ -36,3 +36,20 @@ def test_gsam_rho_follows_the_learning_rate():
     theta, seen = flat(model.parameters()), {}
     opt.step(closure_for(opt, model, record=seen))
     assert (seen[1] - theta).norm().item() == pytest.approx(0.05 * 0.05 / 0.2, rel=1e-9)
+
+
+def test_gsam_rho_follows_the_learning_rate_by_default():
+    """The Python API's default is the spec's (ρ scaled with the lr); 'constant' stays available."""
+    from sam_runner.optim import GSAM
+    applied = {}
+    for schedule in (None, "constant"):
+        model = mlp()
+        kw = {} if schedule is None else dict(rho_schedule=schedule)
+        opt = GSAM(model.parameters(), torch.optim.SGD, lr=0.2, rho=0.05, **kw).bind(model=model)
+        for g in opt.param_groups:
+            g["lr"] = 0.05
+        theta, seen = flat(model.parameters()), {}
+        opt.step(closure_for(opt, model, record=seen))
+        applied[schedule] = (seen[1] - theta).norm().item()
+    assert applied[None] == pytest.approx(0.05 * 0.05 / 0.2, rel=1e-9)
+    assert applied["constant"] == pytest.approx(0.05, rel=1e-9)

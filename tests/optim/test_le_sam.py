@@ -1,6 +1,7 @@
 """LE-SAM: ε = σ g / (‖g‖² + δ), ⟨g, ε⟩ = σ, ‖ε‖ ≤ ρ_max."""
 import math
 
+import pytest
 import torch
 
 from optim_helpers import build, closure_for, flat, mlp, ref_grad
@@ -30,16 +31,22 @@ def test_le_sam_caps_the_radius():
 
 
 def test_le_sam_cosine_sigma_schedule():
+    """Step k (1-based) of T uses σ · ½(1 + cos(π (k−1)/T)), the full σ first: the applied ε is
+    σ_k g / (‖g‖² + δ) (lr = 0 keeps g fixed), and current_sigma reports σ_k after the step."""
     model = mlp()
-    opt = build("le_sam", model, lr=0.0, sigma=0.01, sigma_schedule="cosine")  # total_steps=100
-    for _ in range(25):
-        opt.step(closure_for(opt, model))
-    assert abs(opt.current_sigma - 0.01 * 0.5 * (1 + math.cos(math.pi * 0.25))) < 1e-15
+    opt = build("le_sam", model, lr=0.0, sigma=0.01, sigma_schedule="cosine", total_steps=4)
+    theta = flat(model.parameters())
+    _, g = ref_grad(model, theta)
+    for k in range(4):
+        seen = {}
+        opt.step(closure_for(opt, model, record=seen))
+        sigma = 0.01 * 0.5 * (1 + math.cos(math.pi * k / 4))
+        torch.testing.assert_close(seen[1] - theta, sigma * g / (g @ g + 1e-12), rtol=1e-9, atol=1e-15)
+        assert opt.current_sigma == pytest.approx(sigma, rel=1e-12)
 
 
 def test_le_sam_config_refuses_a_radius_it_would_ignore():
     """A rho sweep across variants must not silently run le_sam jobs that ignore rho."""
-    import pytest
     from conftest import compose
     from sam_runner.errors import UserError
     from sam_runner.optim.build import build_optimizer

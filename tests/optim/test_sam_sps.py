@@ -34,3 +34,19 @@ def test_sam_sps_rejects_a_non_sgd_base():
         SAMSPS(model.parameters(), torch.optim.AdamW, lr=0.1)
     with pytest.raises(ValueError, match="momentum must be 0"):
         SAMSPS(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+
+
+def test_sam_sps_defaults_to_the_spec_weight_decay_and_replaces_the_lr():
+    """wd = 5e-4 unless given (SGD's own default is 0); the class says the lr is not the step."""
+    from sam_runner.optim import SAM
+    model = mlp()
+    opt = SAMSPS(model.parameters(), torch.optim.SGD, lr=0.1).bind(model=model)
+    assert all(g["weight_decay"] == 5e-4 for g in opt.param_groups)
+    theta, seen = flat(model.parameters()), {}
+    opt.step(closure_for(opt, model, record=seen))
+    loss_e, g_e = ref_grad(model, seen[1])
+    gamma = ((loss_e - (g_e * (seen[1] - theta)).sum()) / g_e.norm() ** 2).clamp(0, 1.0)
+    torch.testing.assert_close(flat(model.parameters()), theta - gamma * (g_e + 5e-4 * theta), rtol=1e-9, atol=1e-12)
+    given = SAMSPS(mlp().parameters(), torch.optim.SGD, lr=0.1, weight_decay=0.0)
+    assert all(g["weight_decay"] == 0.0 for g in given.param_groups)
+    assert SAMSPS.replaces_lr is True and SAM.replaces_lr is False

@@ -119,3 +119,39 @@ def test_channels_last_conv_kernels_get_the_same_perturbation():
         seen[net is other] = record[1] - flat(net.parameters())
     assert not other[2].weight.is_contiguous()  # the case under test
     torch.testing.assert_close(seen[True], seen[False], rtol=1e-5, atol=1e-6)  # conv sums in another order
+
+
+class TokenNet(nn.Module):
+    """A learned token (3-D, a root parameter) before the first layer, as in a ViT."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.token = nn.Parameter(0.1 * torch.randn(1, 1, 6))
+        self.inp, self.mid1, self.mid2, self.head = nn.Linear(6, 7), nn.Linear(7, 7), nn.Linear(7, 5), nn.Linear(5, 3)
+        self.double()
+
+    def forward(self, x):
+        x = (x + self.token[0]).relu()
+        return self.head(self.mid2(self.mid1(self.inp(x).relu()).relu()).relu())
+
+
+def test_spectral_sam_on_a_plain_list_reads_hidden_layers_off_the_bound_model():
+    """Only mid1 and mid2 weights are hidden: the token, the input layer and the head get SAM's ε."""
+    model = TokenNet()
+    opt = build("spectral_sam", model, lr=0.0, rho=0.05, rho_spectral=0.2)   # plain list, model bound
+    theta, seen = flat(model.parameters()), {}
+    opt.step(closure_for(opt, model, record=seen))
+    _, g = ref_grad(model, theta)
+    hidden, offset, eps = {id(model.mid1.weight), id(model.mid2.weight)}, 0, torch.zeros_like(g)
+    others = torch.zeros_like(g, dtype=torch.bool)
+    for p in model.parameters():
+        sl = slice(offset, offset + p.numel())
+        if id(p) in hidden:
+            scale = 0.2 * max(1.0, p.shape[0] / p.shape[1]) ** 0.5
+            eps[sl] = (scale * newton_schulz(g[sl].view(p.shape))).reshape(-1).double()
+        else:
+            others[sl] = True
+        offset += p.numel()
+    eps[others] = 0.05 * g[others] / g[others].norm()
+    torch.testing.assert_close(seen[1] - theta, eps, rtol=1e-5, atol=1e-7)

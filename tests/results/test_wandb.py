@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from conftest import TINY, compose
+from conftest import TINY, compose, stopped_early_of
 from results_helpers import SWEEP_NAME, shared_sweep, wandb_content, wandb_run_files
 from sam_runner.errors import UserError
 from sam_runner.loggers import build_logger
@@ -28,7 +28,7 @@ def resumed(tmp_path_factory):
     extra = ["metrics.hessian.every_n_steps=5", "metrics.hessian.num_samples=32", "metrics.hessian.max_iter=5"]
     first = train(compose(*TINY, *WANDB, *extra, "trainer.epochs=1"), run_dir)
     first_id = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["logger_run_id"]
-    (run_dir / "summary.json").unlink()  # so the next call resumes from the checkpoint instead of returning
+    stopped_early_of(run_dir, 2)  # so the next call resumes from the checkpoint instead of returning
     summary = train(compose(*TINY, *WANDB, *extra, "trainer.epochs=2"), run_dir)
     return run_dir, first, summary, first_id
 

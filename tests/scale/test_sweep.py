@@ -78,8 +78,26 @@ def test_report_has_one_line_per_job_and_names_what_did_not_complete(tmp_path):
     assert len(lines) == 3
     assert lines[0].split() == ["#0", "completed", "test_acc=0.5000", "s=0"]
     assert lines[1].split()[:4] == ["#1", "failed", "test_acc=-", "s=1"] and lines[1].endswith("[boom]")
-    assert lines[2].split()[:2] == ["#2", "missing"]
-    assert failed == ["#1 (failed: s=1)", "#2 (missing: defaults)"]
+    assert lines[2].split()[:2] == ["#2", "missing"] and lines[2].endswith("(overrides unknown)")
+    assert failed == ["#1 (failed: s=1)", "#2 (missing: overrides unknown)"]
+    write_json(tmp_path / "2" / "summary.json", {"status": "completed", "test_acc": 0.5, "overrides": []})
+    assert sweep.report(tmp_path, n_jobs=3)[0][2].endswith("(defaults)")  # known to be none
+
+
+def test_a_run_folder_refuses_other_overrides_only_when_it_holds_a_run_to_continue(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- optimizer.rho=-1\n- trainer.epochs=3\n")
+    write_json(tmp_path / "summary.json", {"status": "failed", "error": "bad rho"})
+    sweep.check_run_folder(tmp_path, ["optimizer.rho=0.1", "trainer.epochs=3"])  # nothing to continue: free
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.pt").write_bytes(b"")
+    with pytest.raises(UserError, match=r"run folder .* holds a run made with other settings \(optimizer.rho -1 "
+                                        r"-> 0.1, seed \(default\) -> 2\); use another folder \(hydra.run.dir=...\), "
+                                        r"or delete"):
+        sweep.check_run_folder(tmp_path, ["optimizer.rho=0.1", "trainer.epochs=3", "seed=2"])
+    # how a run runs (device, progress, logger, launcher) is not a different run
+    sweep.check_run_folder(tmp_path, ["optimizer.rho=-1", "trainer.epochs=3", "trainer.device=cpu", "logger=wandb",
+                                      "logger.project=p", "hydra/launcher=slurm", "dataset.data_dir=/d"])
 
 
 # ---------------------------------------------------------------- real sweeps (subprocesses)

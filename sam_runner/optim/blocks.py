@@ -1,0 +1,29 @@
+"""A model's structure as the optimizers read it: functional blocks and hidden matrices.
+
+- Block of a parameter: the model's top-level child that owns it (normalisation layers sit
+  inside the block of the layer they follow); parameters held by the root module itself
+  form one extra block, ``root``.
+- Hidden: the weights of Linear and Conv layers, except the first and the last such layer
+  in module order (the input layer and the classifier head, as Muon does). Nothing else is
+  hidden: embeddings, tokens, position embeddings, normalisation weights and biases.
+"""
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.modules.conv import _ConvNd
+
+ROOT = "root"
+
+
+def top_level_blocks(model: nn.Module) -> dict[int, str]:
+    """``id(parameter) -> block name`` for every parameter of ``model``."""
+    owner = {id(p): name for name, child in model.named_children() for p in child.parameters()}
+    for p in model.parameters(recurse=False):
+        owner.setdefault(id(p), ROOT)
+    return owner
+
+
+def hidden_weights(model: nn.Module) -> set[int]:
+    """``id``s of the hidden weights: Linear/Conv weights but the first and the last such layer's."""
+    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, _ConvNd)) and m.weight is not None]
+    return {id(m.weight) for m in layers[1:-1]}
