@@ -50,7 +50,9 @@ class TensorLoader:
 
     Shuffling and augmentation draw from ``torch.Generator(seed * 100003 + epoch)``: the
     batches of an epoch depend on (seed, epoch) alone. Under data parallelism each of
-    ``world`` processes takes its ``rank``-th slice of every global batch.
+    ``world`` processes takes its ``rank``-th slice of every global batch, and the
+    augmentation is drawn for the whole global batch and sliced alike: the processes of
+    an epoch together see exactly the augmented batches of one process.
     """
 
     def __init__(self, x, y, batch_size, *, shuffle, seed=0, drop_last=False, transform=None,
@@ -77,7 +79,8 @@ class TensorLoader:
     def __iter__(self):
         n, g = len(self.y), self.generator()
         if self.weights is not None:
-            order = torch.multinomial(self.weights, n, replacement=True, generator=g)
+            # on the CPU with the CPU generator: CUDA multinomial refuses it, and CPU and GPU runs draw alike
+            order = torch.multinomial(self.weights.cpu(), n, replacement=True, generator=g)
         elif self.shuffle:
             order = torch.randperm(n, generator=g)
         else:
@@ -85,12 +88,14 @@ class TensorLoader:
         order = order.to(self.y.device)
         for i in range(len(self)):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            batch = None
             if self.world > 1:
                 # strided: equal shares of a full batch, and a short last batch (test set) loses nothing
-                idx = idx[self.rank::self.world]
+                batch = (len(idx), slice(self.rank, None, self.world))
+                idx = idx[batch[1]]
             x = self.x[idx]
             if self.transform is not None:
-                x = self.transform(x, g)
+                x = self.transform(x, g, batch)
             yield x, self.y[idx], idx
 
 
@@ -102,21 +107,26 @@ class Normalize:
         self.std = torch.tensor(std).view(1, -1, 1, 1)
         self.augment, self.pad, self.scale = augment, pad, scale
 
-    def __call__(self, x, g):
+    def __call__(self, x, g, batch=None):
+        """``batch`` = (size, share): ``x`` is the ``share`` (a slice) of a global batch of ``size``."""
         x = x.float().div_(self.scale)
         if self.augment:
-            x = random_crop_flip(x, self.pad, g)
+            x = random_crop_flip(x, self.pad, g, batch)
         mean, std = self.mean.to(x.device), self.std.to(x.device)
         return (x - mean) / std
 
 
-def random_crop_flip(x, pad, g):
-    """Per-sample random crop with zero padding and horizontal flip, on a whole batch."""
+def random_crop_flip(x, pad, g, batch=None):
+    """Per-sample random crop with zero padding and horizontal flip, on a whole batch.
+
+    With ``batch`` = (size, share), ``x`` is one process's share of a global batch: the crops
+    and flips are drawn for all ``size`` samples and this share's are kept."""
     n, c, h, w = x.shape
+    size, share = batch if batch is not None else (n, slice(None))
     padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-    oy = torch.randint(0, 2 * pad + 1, (n,), generator=g).to(x.device)
-    ox = torch.randint(0, 2 * pad + 1, (n,), generator=g).to(x.device)
-    flip = (torch.rand(n, generator=g) < 0.5).to(x.device)
+    oy = torch.randint(0, 2 * pad + 1, (size,), generator=g)[share].to(x.device)
+    ox = torch.randint(0, 2 * pad + 1, (size,), generator=g)[share].to(x.device)
+    flip = (torch.rand(size, generator=g)[share] < 0.5).to(x.device)
     rows = (oy[:, None] + torch.arange(h, device=x.device))[:, :, None]
     cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, :]
     cols = torch.where(flip[:, None, None], cols.flip(2), cols)
@@ -174,23 +184,39 @@ def _cifar(cfg, name):
     archive = {"cifar10": "cifar-10-python.tar.gz (or its cifar-10-batches-py/ folder)",
                "cifar100": "cifar-100-python.tar.gz (or its cifar-100-python/ folder)"}[base]
     root = str(cfg.data_dir)
+    if not cfg.download:
+        _extract_local_archive(cls, Path(root))
     try:
         train = cls(root, train=True, download=bool(cfg.download))
         test = cls(root, train=False, download=bool(cfg.download))
     except Exception as e:  # torchvision raises RuntimeError when missing, URLError etc. offline
-        raise UserError(f"dataset {name}: files not found under dataset.data_dir={root} and could not be "
-                        f"downloaded ({type(e).__name__}); put {archive} there") from None
+        why = f" and could not be downloaded ({type(e).__name__})" if cfg.download else ""
+        hint = "" if cfg.download else ", or set dataset.download=true"
+        raise UserError(f"dataset {name}: files not found under dataset.data_dir={root}{why}; "
+                        f"put {archive} there{hint}") from None
     to_x = lambda d: torch.as_tensor(d.data).permute(0, 3, 1, 2).contiguous()  # uint8 NCHW
     return (to_x(train), torch.as_tensor(train.targets), to_x(test), torch.as_tensor(test.targets),
             len(train.classes), CIFAR_STATS[base])
 
 
+def _extract_local_archive(cls, root: Path) -> None:
+    """Unpack torchvision's own archive when only it is present: what download=true does with a
+    file already there, without the network. Only a file with the official checksum is opened."""
+    from torchvision.datasets.utils import check_integrity, extract_archive
+    tarball = root / cls.filename
+    if not (root / cls.base_folder).is_dir() and check_integrity(str(tarball), cls.tgz_md5):
+        extract_archive(str(tarball), str(root))
+
+
 def long_tail_indices(labels: torch.Tensor, num_classes: int, ratio: float) -> torch.Tensor:
     """Exponential profile: class c keeps its first n_max * ratio^(-c/(C-1)) examples."""
     n_max = int((labels == 0).sum())
+    require(ratio <= n_max, f"dataset.imbalance_ratio={ratio} leaves the last class without training examples; "
+                            f"use at most {n_max} (the size of class 0)")
     keep = []
     for c in range(num_classes):
-        n_c = int(n_max * ratio ** (-c / (num_classes - 1)))
+        # + 1e-9: n_max * n_max^-1 is 0.99999... in floating point for some n_max
+        n_c = int(n_max * ratio ** (-c / max(1, num_classes - 1)) + 1e-9)
         keep.append(torch.nonzero(labels == c).flatten()[:n_c])
     return torch.cat(keep).sort().values
 
@@ -209,12 +235,39 @@ def apply_label_noise(y: torch.Tensor, num_classes: int, fraction: float, seed: 
 
 
 # ---------------------------------------------------------------------------- entry
+def number(key: str, value, accepted: str, ok) -> float:
+    """``value`` as a float if it is a number (not a bool) that passes ``ok``; else a one-line error."""
+    try:
+        x = None if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        x = None
+    require(x is not None and ok(x), f"{key}={value!r} must be {accepted}")
+    return x
+
+
 def validate(cfg) -> None:
     require(cfg.name in DATASETS, f"dataset={cfg.name!r} is unknown; choose one of {', '.join(DATASETS)}")
     bs = cfg.batch_size
-    require(isinstance(bs, int) and bs > 0, f"dataset.batch_size={bs} must be a positive integer")
-    ln = cfg.get("label_noise", 0.0)
-    require(0.0 <= float(ln) < 1.0, f"dataset.label_noise={ln} must be a fraction in [0, 1)")
+    require(isinstance(bs, int) and not isinstance(bs, bool) and bs > 0,
+            f"dataset.batch_size={bs!r} must be a positive integer")
+    number("dataset.label_noise", cfg.get("label_noise", 0.0), "a fraction in [0, 1)", lambda f: 0 <= f < 1)
+
+
+def _training_labels(cfg, y, num_classes: int, seed: int, world: int):
+    """(kept indices, training labels, clean class counts): the long-tail cut, then label noise; the
+    counts (which define the many/medium/few split) are of the clean labels. Checks the batch size."""
+    ratio = cfg.get("imbalance_ratio", 100 if cfg.name == "cifar100_lt" else None)
+    keep = torch.arange(len(y))
+    if ratio is not None:  # a long-tailed training set; the test set stays whole
+        ratio = number("dataset.imbalance_ratio", ratio, "a number >= 1 (or null)", lambda r: r >= 1)
+        keep = long_tail_indices(y, num_classes, ratio)
+    y = y[keep]
+    counts = torch.bincount(y, minlength=num_classes).tolist()
+    n, bs = len(y), cfg.batch_size
+    require(bs <= n, f"dataset.batch_size={bs} is larger than the training set ({n} examples); use at most {n}")
+    require(bs % world == 0, f"dataset.batch_size={bs} (the global batch) must be divisible by the number "
+                             f"of processes ({world})")
+    return keep, apply_label_noise(y, num_classes, float(cfg.get("label_noise", 0.0)), seed), counts
 
 
 def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
@@ -228,17 +281,8 @@ def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
         x, y, xt, yt, c, stats = _digits(cfg)
     else:
         x, y, xt, yt, c, stats = _cifar(cfg, "cifar100" if name == "cifar100_lt" else name)
-    ratio = cfg.get("imbalance_ratio", 100 if name == "cifar100_lt" else None)
-    if ratio is not None:  # long-tailed training set (any in-memory dataset); the test set stays whole
-        require(float(ratio) >= 1, f"dataset.imbalance_ratio={ratio} must be >= 1")
-        keep = long_tail_indices(y, c, float(ratio))
-        x, y = x[keep], y[keep]
-    y = apply_label_noise(y, c, float(cfg.get("label_noise", 0.0)), seed)
-    n = len(y)
-    require(cfg.batch_size <= n, f"dataset.batch_size={cfg.batch_size} is larger than the training set "
-                                 f"({n} examples); use at most {n}")
-    require(cfg.batch_size % world == 0, f"dataset.batch_size={cfg.batch_size} (the global batch) must be "
-                                         f"divisible by the number of processes ({world})")
+    keep, y, counts = _training_labels(cfg, y, c, seed, world)
+    x, n = x[keep], len(y)
     # small datasets live on the training device (a GPU): no host-to-device copy per batch
     x, y, xt, yt = (t.to(device) for t in (x, y, xt, yt))
     if stats is not None:
@@ -249,7 +293,6 @@ def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
     train = TensorLoader(x, y, cfg.batch_size, shuffle=True, seed=seed, drop_last=True, transform=train_tf,
                          rank=rank, world=world)
     test = TensorLoader(xt, yt, max(cfg.batch_size, 512), shuffle=False, transform=test_tf, rank=rank, world=world)
-    counts = torch.bincount(y, minlength=c).tolist()
     return Data(train, test, c, tuple(x.shape[1:]), n, train_tensors=(x, y), class_counts=counts, prepare=test_tf)
 
 
@@ -269,7 +312,7 @@ class _Indexed(torch.utils.data.Dataset):
 
 class _FolderLoader:
     def __init__(self, ds, batch_size, shuffle, seed, workers, drop_last, rank=0, world=1):
-        self.ds, self.shuffle, self.seed, self.epoch = ds, shuffle, seed, 0
+        self.ds, self.shuffle, self.seed, self.epoch, self.rank = ds, shuffle, seed, 0, rank
         self.sampler = None
         if world > 1 and drop_last:
             self.sampler = torch.utils.data.DistributedSampler(ds, world, rank, shuffle=shuffle, seed=seed,
@@ -289,7 +332,10 @@ class _FolderLoader:
     def _make(self):
         g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
         if self.sampler is not None:
-            return torch.utils.data.DataLoader(self.ds, sampler=self.sampler, **self.kw)
+            # the generator seeds the workers' augmentation: one per process, else every process
+            # draws the same crops (and from the global RNG, which a resume does not restore per process)
+            g.manual_seed((self.seed * 100003 + self.epoch) * 1_000_003 + self.rank + 1)
+            return torch.utils.data.DataLoader(self.ds, sampler=self.sampler, generator=g, **self.kw)
         return torch.utils.data.DataLoader(self.ds, shuffle=self.shuffle, generator=g, **self.kw)
 
     def __len__(self):
@@ -314,14 +360,11 @@ def _image_folder(cfg, seed, rank, world):
     test_tf = T.Compose([T.Resize(int(size * 8 / 7)), T.CenterCrop(size), T.ToTensor(), norm])
     train, test = datasets.ImageFolder(root / "train", train_tf), datasets.ImageFolder(root / "val", test_tf)
     c = len(train.classes)
-    targets = apply_label_noise(torch.as_tensor(train.targets), c, float(cfg.get("label_noise", 0.0)), seed)
-    train.samples = [(p, int(t)) for (p, _), t in zip(train.samples, targets)]
+    keep, targets, counts = _training_labels(cfg, torch.as_tensor(train.targets), c, seed, world)
+    train.samples = train.imgs = [(train.samples[i][0], int(t)) for i, t in zip(keep.tolist(), targets)]
     train.targets = targets.tolist()
     n = len(train)
-    require(0 < cfg.batch_size <= n, f"dataset.batch_size={cfg.batch_size} is larger than the training set "
-                                     f"({n} images); use at most {n}")
     workers = int(cfg.get("num_workers", 4))
     tl = _FolderLoader(_Indexed(train), cfg.batch_size, True, seed, workers, True, rank, world)
     vl = _FolderLoader(_Indexed(test), cfg.batch_size, False, seed, workers, False, rank, world)
-    counts = torch.bincount(targets, minlength=c).tolist()
     return Data(tl, vl, c, (3, size, size), n, class_counts=counts)

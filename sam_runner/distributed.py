@@ -3,8 +3,8 @@
 One process by default. Three ways to get several:
 
 * ``trainer.devices=N``: ``launch`` starts N worker processes itself (spawned, one
-  per GPU with NCCL; or forked, N CPU processes with gloo on 127.0.0.1 and a free port,
-  each with its share of the CPU threads);
+  per GPU with NCCL; or N CPU processes with gloo on 127.0.0.1 and a free port, each
+  with its share of the CPU threads, forked by a forkserver);
 * ``torchrun``: rank and world size come from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``;
 * SLURM tasks (``srun`` with several tasks, e.g. the submitit launcher with
   ``hydra.launcher.tasks_per_node=N``): from ``SLURM_PROCID``/``SLURM_NTASKS``/
@@ -19,18 +19,38 @@ the DDP module, destroy the process group.
 
 Our choices: each process evaluates a strided shard of the test set and ``gather``
 reassembles it (every test example counted once); the train loss and accuracy of an
-epoch are sums over all processes divided by the global count; CPU processes are forked
-(seconds faster than re-importing torch); SyncBatchNorm is CUDA-only in PyTorch, so
-``trainer.sync_batchnorm=true`` on the CPU is refused.
+epoch are sums over all processes divided by the global count; SyncBatchNorm is
+CUDA-only in PyTorch, so ``trainer.sync_batchnorm=true`` on the CPU is refused.
+
+How ``launch`` starts and ends its processes (ours):
+
+* CPU processes come from a forkserver that has imported torch and ``sam_runner.train``
+  once (the first launch of a process pays that import, later ones fork in a fraction of
+  a second). Not a plain fork: a process that already ran OpenMP work (a job trained in
+  this process) forks children whose OpenMP pool hangs. Each process gets the launching
+  process's environment as it is at launch time. As with any spawn-like start, ``fn``
+  and ``args`` must be picklable and a script that calls ``launch`` needs an
+  ``if __name__ == "__main__":`` guard.
+* The processes die with the launching one: a watchdog thread ends a process when the
+  launcher goes away (even after SIGKILL), and a SIGTERM to the launcher (where nobody
+  else handles SIGTERM) ends its processes before it exits. SIGTERM is the default
+  action in the processes and SIGUSR2 (submitit's requeue signal) is ignored there: the
+  launching process alone requeues.
+* A failure is reported by its earliest occurrence in time (a ``UserError`` on any
+  process first): a process that fails makes its peers fail too ("Connection reset by
+  peer"), and that noise comes later.
 """
 from __future__ import annotations
 
 import datetime
 import gc
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -206,11 +226,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, device_type, port, fn, args, results):
-    """One spawned process: join the group, run ``fn(*args)``, report, shut down cleanly."""
+# modules the forkserver imports once, so that each forked process starts in a fraction of a second
+FORKSERVER_PRELOAD = ("torch", "sam_runner.train")
+
+
+def cpu_threads(world: int) -> int:
+    """Threads per process: this process's CPUs (its affinity: cgroups, SLURM) shared by ``world``."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // world)
+
+
+def _die_with_parent(parent_alive) -> None:
+    """End this process when the launching one ends, however it ends (SIGKILL included).
+
+    ``parent_alive`` is the read end of a pipe whose write end only the launcher holds: it
+    reads EOF when the launcher exits. On Linux PR_SET_PDEATHSIG also kills a process whose
+    own parent dies (a spawned process's parent is the launcher; a forkserver's process's
+    parent is the forkserver, which exits with the launcher)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if parent_alive is None:
+        return
+
+    def watch():
+        try:
+            parent_alive.poll(None)  # returns at EOF: the launcher is gone
+        except OSError:
+            pass
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _worker(rank, world, device_type, port, fn, args, results, env=None, parent_alive=None):
+    """One started process: join the group, run ``fn(*args)``, report, shut down cleanly."""
+    _die_with_parent(parent_alive)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "SIGUSR2"):  # submitit's requeue signal: the launching process acts on it alone
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    if env is not None:  # the launcher's environment now, not the forkserver's when it started
+        os.environ.clear()
+        os.environ.update(env)
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cpu":  # share the cores: N processes with all threads each oversubscribe
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(cpu_threads(world))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.distributed.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{port}",
@@ -220,70 +285,140 @@ def _worker(rank, world, device_type, port, fn, args, results):
     try:
         out = fn(*args)
         topo.shutdown()
-        results.put((rank, "ok", out if rank == 0 else None))
+        results.put((rank, "ok", out if rank == 0 else None, time.time()))
     except BaseException as e:  # reported to the parent, which ends the others
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        failed_at = time.time()  # the earliest failure is the cause; later ones are its echo
         kind = "user" if isinstance(e, UserError) else "error"
+        msg = one_line(e)
         if kind == "error":
-            msg = f"{type(e).__name__}: {msg}"
             traceback.print_exc(file=sys.stderr)
-        results.put((rank, kind, msg))
+        results.put((rank, kind, msg, failed_at))
         sys.stderr.flush()
         os._exit(1)  # skip destroy_process_group: peers may be stuck in a collective
 
 
+def one_line(e: BaseException) -> str:
+    """An exception as one line: a UserError's message, else ``Type: first line``."""
+    msg = str(e).splitlines()[0] if str(e) else ""
+    if isinstance(e, UserError):
+        return msg or type(e).__name__
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _context(device: torch.device, start_method=None):
+    import multiprocessing as mp
+    if start_method is None:
+        # a forkserver for CPU processes (see the module docstring); CUDA cannot be forked: spawn
+        start_method = "forkserver" if device.type == "cpu" and "forkserver" in mp.get_all_start_methods() \
+            else "spawn"
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the launching process."""
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the launcher at once
+    raise _Terminated()
+
+
 def launch(fn, args: tuple, world: int, device: torch.device, grace_s: float = 10.0, start_method=None):
-    """Run ``fn(*args)`` in ``world`` spawned processes, each a rank of one process group.
+    """Run ``fn(*args)`` in ``world`` started processes, each a rank of one process group.
 
     Returns rank 0's return value. When a process fails, the others are ended after
-    ``grace_s`` seconds and the first failure is raised (a ``UserError`` stays one).
+    ``grace_s`` seconds and the earliest failure is raised (a ``UserError`` on any process
+    first, and it stays one). A SIGTERM to this process ends the processes, then this one.
     """
-    import multiprocessing as mp
-    import time
-    # CPU (gloo) processes are forked: seconds faster than importing torch again, and safe because
-    # each child resets its thread pool before any work; CUDA cannot survive a fork, so GPUs spawn
-    fork_ok = device.type == "cpu" and not torch.cuda.is_initialized()
-    ctx = mp.get_context(start_method or ("fork" if fork_ok else "spawn"))
+    ctx = _context(device, start_method)
     results = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, device.type, port, fn, args, results), daemon=False)
+    # the watchdog's pipe: a forked child would inherit the write end too, so fork relies on PDEATHSIG
+    parent_alive, alive = ctx.Pipe(duplex=False) if ctx.get_start_method() != "fork" else (None, None)
+    procs = [ctx.Process(target=_worker, daemon=False,
+                         args=(r, world, device.type, port, fn, args, results, dict(os.environ), parent_alive))
              for r in range(world)]
-    for p in procs:
-        p.start()
-    reports, failed_at = {}, None
+    on_term = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # leave a handler someone else set (submitit's)
+    if on_term:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        while len(reports) < world:
-            while not results.empty():
-                rank, kind, value = results.get()
-                reports[rank] = (kind, value)
-                if kind != "ok" and failed_at is None:
-                    failed_at = time.monotonic()
-            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in reports]
-            if dead and failed_at is None:
-                failed_at = time.monotonic()
-                for r in dead:
-                    reports.setdefault(r, ("error", f"process {r} died (exit code {procs[r].exitcode})"))
-            if failed_at is not None and time.monotonic() - failed_at > grace_s:
-                break
-            if all(p.exitcode is not None for p in procs) and results.empty():
-                for r, p in enumerate(procs):
-                    reports.setdefault(r, ("error", f"process {r} exited ({p.exitcode}) without a result"))
-                break
-            time.sleep(0.02)
+        for p in procs:
+            p.start()
+        reports = _collect(procs, results, world, grace_s)
+    except _Terminated:
+        _end(procs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the default action now: exit as a SIGTERM'd process does
+        raise
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    failures = sorted((r, kind, v) for r, (kind, v) in reports.items() if kind != "ok")
+        _end(procs)
+        if on_term and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for end in (parent_alive, alive):
+            if end is not None:
+                end.close()
+    failures = [(t, r, kind, v) for r, (kind, v, t) in reports.items() if kind != "ok"]
     if failures:
-        # a user error on any rank beats "peer died" noise from the others
-        rank, kind, msg = next((f for f in failures if f[1] == "user"), failures[0])
+        # a user error on any rank beats the others; else the earliest: later ones are its echo
+        # ("Connection reset by peer" of the processes it left in a collective)
+        _, rank, kind, msg = min(failures, key=lambda f: (f[2] != "user", f[0], f[1]))
         if kind == "user":
             raise UserError(msg)
         raise RuntimeError(f"data-parallel process {rank} failed: {msg}")
     return reports[0][1]
+
+
+def _collect(procs, results, world: int, grace_s: float) -> dict:
+    """{rank: (kind, value, time)} of every process, or of those that reported within ``grace_s``
+    seconds of the first failure. A process that died without a report is timed at the last
+    poll that saw it alive: before its death, so before the errors of the peers it left."""
+    reports, failed_at, seen_alive_at = {}, None, time.time()
+    while len(reports) < world:
+        while not results.empty():
+            rank, kind, value, at = results.get()
+            reports[rank] = (kind, value, at)
+            if kind != "ok" and failed_at is None:
+                failed_at = time.monotonic()
+        now = time.time()
+        dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in reports]
+        if not results.empty():  # a report may be on its way from a process that just exited
+            continue
+        for r in dead:
+            reports[r] = ("error", f"process {r} died ({_exit_reason(procs[r].exitcode)})", seen_alive_at)
+            failed_at = failed_at or time.monotonic()
+        seen_alive_at = now
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+            break
+        if all(p.exitcode is not None for p in procs) and results.empty():
+            for r, p in enumerate(procs):
+                reports.setdefault(r, ("error", f"process {r} exited ({_exit_reason(p.exitcode)}) without a result",
+                                       time.time()))
+            break
+        time.sleep(0.02)
+    return reports
+
+
+def _exit_reason(code) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
+def _end(procs) -> None:
+    """Terminate the processes still running; kill those that do not end within 5 s."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        if p.pid is None:  # never started
+            continue
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from pathlib import Path
 
 from .runfiles import atomic_write_bytes, read_json, read_rows  # torch-free: sam-report stays light
@@ -52,6 +53,13 @@ def log_scale(ax, which: str, values) -> None:
 
 def finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def natural_key(text: str) -> list:
+    """Sort key ordering the numbers inside a name by value (``batch_size=32`` before ``128``).
+    re.split with one group alternates text and number, so equal positions compare alike."""
+    parts = re.split(r"(\d+(?:\.\d*)?(?:e-?\d+)?)", text)
+    return [float(p) if i % 2 else p for i, p in enumerate(parts)]
 
 
 def _epoch_axis(rows: list[dict]):
@@ -163,7 +171,11 @@ def write_run_plots(run_dir) -> list[Path]:
 def _rho_axis(ax, rhos):
     pos = [r for r in rhos if finite(r) and r > 0]
     if pos and max(pos) / min(pos) >= 10:
-        log_scale(ax, "x", pos)
+        if any(r == 0 for r in rhos):  # ρ = 0 has no place on a log axis: linear below the smallest ρ
+            ax.set_xscale("symlog", linthresh=min(pos))
+            ax.set_xlim(-0.5 * min(pos), 1.5 * max(pos))  # autoscale would run to -linthresh and end on max ρ
+        else:
+            log_scale(ax, "x", pos)
     ax.set_xlabel("ρ (optimizer.rho)")
     ax.grid(alpha=0.3)
 
@@ -172,20 +184,21 @@ def plot_metric_vs_rho(groups: list[dict], metric: str, ylabel: str, logy: bool 
     """Mean ± std of ``metric`` per group against ρ, one line per series (a variant and the
     sweep's other non-ρ overrides). A series without ρ (``base``) is drawn as a horizontal
     level with its ±std band. ``bounds``: optional {series: [(rho, bound), ...]} drawn
-    dashed (the TLC-SAM stability bound)."""
-    fig, axes = _figure()
+    dashed in the series' colour (the TLC-SAM stability bound), with one legend entry for all.
+    The legend stands right of the axes: a sweep's many series would cover the points."""
+    fig, axes = _figure(size=(10.0, 4.5))
     ax = axes[0, 0]
     by_series: dict = {}
     for g in groups:
         by_series.setdefault(g["series"], []).append(g)
     rhos = [g["rho"] for g in groups if finite(g.get("rho"))]
     colors, drawn = {}, []
-    for series, gs in sorted(by_series.items()):
+    for series, gs in sorted(by_series.items(), key=lambda kv: natural_key(kv[0])):
         stats = [(g.get("rho"), g["stats"].get(metric)) for g in gs]
         stats = [(r, s) for r, s in stats if s and finite(s["mean"]) and (not logy or s["mean"] > 0)]
         if not stats:
             continue
-        with_rho = sorted((r, s) for r, s in stats if finite(r))
+        with_rho = sorted(((r, s) for r, s in stats if finite(r)), key=lambda t: t[0])  # ties: never compare dicts
         drawn += [s["mean"] for _, s in stats]
         if with_rho:
             line = ax.errorbar([r for r, _ in with_rho], [s["mean"] for _, s in with_rho],
@@ -200,18 +213,21 @@ def plot_metric_vs_rho(groups: list[dict], metric: str, ylabel: str, logy: bool 
             colors[series] = line.get_color()
             if std > 0:
                 ax.axhspan(mean - std, mean + std, color=line.get_color(), alpha=0.1)
+    label = "stability bound (bΓ/(2ρη²))^(1/3), dashed"
     for series, pts in sorted((bounds or {}).items()):
         pts = sorted(p for p in pts if finite(p[0]) and finite(p[1]) and p[1] > 0)
         if pts:
             drawn += [p[1] for p in pts]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="--", marker="x",
-                    color=colors.get(series), label=f"{series}: stability bound (bΓ/(2ρη²))^(1/3)")
+                    color=colors.get(series), label=label)
+            label = "_nolegend_"
     if logy:
         log_scale(ax, "y", drawn)
     _rho_axis(ax, rhos)
     ax.set_ylabel(ylabel)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+        n = len(ax.get_legend_handles_labels()[0])
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, ncol=1 + n // 25)
     else:
         ax.text(0.5, 0.5, "no completed job logged this", ha="center", va="center", transform=ax.transAxes)
     return fig

@@ -12,9 +12,14 @@ into the sweep folder (or ``--out``):
 
 Choices of ours (documented in report.md too):
 - A *group* is a job's overrides minus those that do not change the experiment: ``seed``
-  (the repeats a group pools), ``hydra.*`` and ``hydra/*`` (launcher), ``logger*``, ``trainer.device``,
-  ``trainer.progress``, ``dataset.data_dir``, ``dataset.download``; ``--ignore KEY`` pools
-  over more. ``+``/``++``/``~`` prefixes are ignored when naming keys.
+  (the repeats a group pools) and the how-it-runs keys of ``runfiles.RUN_ONLY_KEYS``
+  (``hydra*``, ``logger*``, ``trainer.device``, ``trainer.progress``, ``trainer.compile``,
+  ``trainer.channels_last``, ``dataset.data_dir``, ``dataset.download``); ``--ignore KEY``
+  pools over more. ``+``/``++``/``~`` prefixes are ignored when naming keys. A job folder
+  answers for the sweep's job with the same overrides, how-it-runs keys left out (a rerun
+  may add ``trainer.device=cpu``, as the sweep's own resume check allows).
+- ``base`` has no ρ (nothing is perturbed), whatever ``optimizer.rho`` says: no ρ cell, drawn
+  as a horizontal level, no bound.
 - Statistics are over *completed* jobs: mean, sample std (n − 1; blank for n = 1), n.
   Diverged and failed jobs are counted, not averaged.
 - A job's status is its summary's; a job folder without summary.json is *missing*
@@ -22,10 +27,12 @@ Choices of ours (documented in report.md too):
   *missing* (not started) — expected jobs are enumerated the way Hydra's basic sweeper
   does; other sweepers' sweeps are reported from the folders alone.
 - Stability bound (TLC-SAM abstract): λ_max ≤ (b Γ / (2 ρ η²))^(1/3) with b =
-  ``dataset.batch_size``, η = ``base_optimizer.lr`` (the schedule's peak), ρ =
-  ``optimizer.rho`` as configured, Γ = the largest ``grad_norm_max`` logged in the last
-  10% of the logged epochs (at least the last one). Drawn for jobs that logged
-  ``grad_norm_max`` and have ρ > 0.
+  ``dataset.batch_size``, η = ``base_optimizer.lr`` (the schedule's peak), Γ = the largest
+  ``grad_norm_max`` logged in the last 10% of the logged epochs (at least the last one), ρ =
+  the mean ``rho`` logged over that same window (TLC-SAM's controller moves it; the
+  configured ``optimizer.rho`` where none was logged). For jobs that logged ``grad_norm_max``
+  and have ρ > 0; each group's bound and λ_max/bound (mean ± std) and how many jobs exceed it
+  are in the table.
 """
 from __future__ import annotations
 
@@ -40,12 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UserError, require
-from .runfiles import atomic_write_bytes, read_json, read_rows
+from .plots import natural_key  # plots.py imports matplotlib only when drawing
+from .runfiles import atomic_write_bytes, read_json, read_rows, run_only
 
 DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
-LABELS = {"test_acc": "test accuracy", "test_ece": "ECE", "test_nll": "NLL", "lambda_max": "λ_max"}
-IGNORED_KEYS = ("seed", "trainer.device", "trainer.progress", "dataset.data_dir", "dataset.download")
-IGNORED_PREFIXES = ("hydra.", "hydra/", "logger")  # hydra/launcher=..., logger=..., logger.mode=...
+BOUND_STATS = ("bound", "lambda_max_over_bound")  # per group, over jobs with both λ_max and a bound
+LABELS = {"test_acc": "test accuracy", "test_ece": "ECE", "test_nll": "NLL", "lambda_max": "λ_max",
+          "bound": "bound", "lambda_max_over_bound": "λ_max/bound"}
+NO_RHO = ("base",)  # variants without a perturbation radius
 STATUSES = ("completed", "diverged", "failed", "missing")
 SPLIT_METRICS = ("test_acc_many", "test_acc_medium", "test_acc_few")
 NEAR_END = 0.1  # Γ: the last 10% of the logged epochs
@@ -58,13 +67,12 @@ def override_key(override: str) -> str:
 
 def group_overrides(overrides, ignore=()) -> tuple:
     """The overrides that define a job's group: all but seed and the ones that don't change the experiment."""
-    out = []
-    for o in overrides:
-        key = override_key(o)
-        if key in IGNORED_KEYS or key in ignore or key.startswith(IGNORED_PREFIXES):
-            continue
-        out.append(o)
-    return tuple(out)
+    return tuple(o for o in experiment_overrides(overrides) if override_key(o) not in ("seed", *ignore))
+
+
+def experiment_overrides(overrides) -> tuple:
+    """A job's overrides without the how-it-runs keys (what identifies the job in its sweep)."""
+    return tuple(o for o in overrides if not run_only(override_key(o)))
 
 
 def tlc_bound(batch_size, gamma, rho, lr):
@@ -74,14 +82,15 @@ def tlc_bound(batch_size, gamma, rho, lr):
     return (batch_size * gamma / (2 * rho * lr ** 2)) ** (1 / 3)
 
 
-def gamma_near_end(rows, key="grad_norm_max", fraction=NEAR_END):
-    """Largest ``key`` logged in the last ``fraction`` of the logged epochs (at least the last epoch)."""
-    pts = [(r["epoch"], r[key]) for r in rows if _finite(r.get(key)) and _finite(r.get("epoch"))]
-    if not pts:
+def near_end(rows, key, reduce=max, fraction=NEAR_END):
+    """``reduce`` (max: Γ; mean: ρ) of ``key`` over the last ``fraction`` of the logged epochs
+    (at least the last epoch); None if ``key`` was not logged there."""
+    last = max((r["epoch"] for r in rows if _finite(r.get("epoch"))), default=None)
+    if last is None:
         return None
-    last = max(e for e, _ in pts)
     window = max(1, math.ceil(fraction * last))
-    return max(v for e, v in pts if e > last - window)
+    vals = [r[key] for r in rows if _finite(r.get(key)) and _finite(r.get("epoch")) and r["epoch"] > last - window]
+    return reduce(vals) if vals else None
 
 
 def stats(values) -> dict:
@@ -179,8 +188,8 @@ def load_job(path: Path, metrics) -> Job:
         name = _override_value(job.overrides, "optimizer") or "unknown"
     job.variant = str(name)
     job.study = _get(cfg, "study")
-    job.rho, job.batch_size, job.lr = (_num(_get(cfg, k)) for k in ("optimizer.rho", "dataset.batch_size",
-                                                                     "base_optimizer.lr"))
+    job.rho = None if job.variant in NO_RHO else _num(_get(cfg, "optimizer.rho"))
+    job.batch_size, job.lr = _num(_get(cfg, "dataset.batch_size")), _num(_get(cfg, "base_optimizer.lr"))
     if summary is None or summary.get("status") not in ("completed", "diverged", "failed"):
         rows = read_rows(path / "metrics.jsonl")
         epoch = max((r.get("epoch", 0) for r in rows), default=0)
@@ -195,7 +204,11 @@ def load_job(path: Path, metrics) -> Job:
         for m in metrics:
             if job.metrics[m] is None and m not in summary:  # asked with --metric: its last logged value
                 job.metrics[m] = next((_num(r[m]) for r in reversed(rows) if m in r), None)
-        job.bound = tlc_bound(job.batch_size, gamma_near_end(rows), job.rho, job.lr)
+        # ρ over Γ's window: TLC-SAM's controller moves it away from the configured start. η is our choice
+        # (the abstract says only "the learning rate"): the peak, the sweeps' η axis; the lr logged in that
+        # window is ~0 under the presets' cosine schedule (0 on the last line), which makes the bound vacuous.
+        rho = near_end(rows, "rho", statistics.fmean)
+        job.bound = tlc_bound(job.batch_size, near_end(rows, "grad_norm_max"), job.rho if rho is None else rho, job.lr)
     return job
 
 
@@ -221,8 +234,9 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
     require(sweep_dir.is_dir(), f"sweep folder {str(sweep_dir)!r} does not exist or is not a folder; "
                                 "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)")
     dirs = find_job_dirs(sweep_dir)
-    # long-tail studies log per-split accuracies: report them without being asked
-    splits = [k for k in SPLIT_METRICS if any(k in (read_json(d / "summary.json") or {}) for d in dirs[:5])]
+    # long-tail studies log per-split accuracies: report them without being asked (any job may be the first done)
+    logged = set().union(*((read_json(d / "summary.json") or {}).keys() for d in dirs))
+    splits = [k for k in SPLIT_METRICS if k in logged]
     metrics = tuple(dict.fromkeys(list(DEFAULT_METRICS) + splits + list(metrics)))
     expected = expected_overrides(sweep_dir)
     require(dirs or expected, f"no jobs in {sweep_dir}: no job folder with a .hydra/ inside and no multirun.yaml; "
@@ -230,14 +244,14 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
     jobs = [load_job(d, metrics) for d in dirs]
     notes = []
     if expected is not None:
-        started = Counter(tuple(j.overrides) for j in jobs)
+        started = Counter(experiment_overrides(j.overrides) for j in jobs)
         for ov in expected:
-            if started[tuple(ov)] > 0:
-                started[tuple(ov)] -= 1
+            if started[experiment_overrides(ov)] > 0:
+                started[experiment_overrides(ov)] -= 1
             else:
-                jobs.append(Job(path=None, overrides=list(ov), detail="not started (no job folder yet)",
-                                variant=_override_value(ov, "optimizer") or "unknown",
-                                rho=_num(_to_float(_override_value(ov, "optimizer.rho")))))
+                variant = _override_value(ov, "optimizer") or "unknown"
+                jobs.append(Job(path=None, overrides=list(ov), detail="not started (no job folder yet)", variant=variant,
+                                rho=None if variant in NO_RHO else _num(_to_float(_override_value(ov, "optimizer.rho")))))
     else:
         notes.append("The sweep's job list could not be read from multirun.yaml (not Hydra's basic sweeper): "
                      "jobs that have not started are not counted.")
@@ -253,12 +267,18 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
         done = [j for j in members if j.status == "completed"]
         first = next((j for j in members if j.path is not None), members[0])
         counts = Counter(j.status for j in members)
+        checked = [(j.metrics["lambda_max"], j.bound) for j in done
+                   if j.bound is not None and _finite(j.metrics.get("lambda_max"))]
         rows.append({"group": " ".join(key) or "(defaults)", "series": _series(first, key, common),
                      "label": " ".join(o for o in key if o not in common) or "(defaults)", "variant": first.variant,
                      "rho": first.rho, "jobs": len(members), **{s: counts.get(s, 0) for s in STATUSES},
                      "stats": {m: stats([j.metrics.get(m) for j in done]) for m in metrics},
-                     "bounds": [(j.rho, j.bound) for j in done if j.bound is not None]})
-    rows.sort(key=lambda g: (g["variant"] != "base", g["series"], g["rho"] if _finite(g["rho"]) else -1, g["group"]))
+                     "bounds": [(j.rho, j.bound) for j in done if j.bound is not None],
+                     "above_bound": sum(lam > b for lam, b in checked)})
+        rows[-1]["stats"].update(bound=stats([b for _, b in checked]),
+                                 lambda_max_over_bound=stats([lam / b for lam, b in checked]))
+    rows.sort(key=lambda g: (g["variant"] != "base", natural_key(g["series"]),
+                             g["rho"] if _finite(g["rho"]) else -1, natural_key(g["group"])))
     if common:
         first_key = next(iter(groups))
         notes.insert(0, "Overrides common to all groups: " + " ".join(o for o in first_key if o in common))
@@ -304,11 +324,16 @@ def render_markdown(report: Report, plots) -> str:
         out += [f"Study preset `{report.study.get('name')}`. Published reference: "
                 f"{report.study.get('reference') or 'none given'}.", ""]
     out += [counts_line(report) + ".", ""]
-    head = ["group", "variant", "ρ", "n"] + [LABELS.get(k, k) for k in m] + list(STATUSES)
+    bounded = any(g["stats"]["bound"]["n"] for g in report.groups)  # the bound's columns where it applies
+    cols = m + BOUND_STATS if bounded else m
+    head = ["group", "variant", "ρ", "n"] + [LABELS.get(k, k) for k in cols]
+    head += ["λ_max > bound"] * bounded + list(STATUSES)
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in report.groups:
         cells = [g["label"], g["variant"], _fmt(g["rho"]), str(g["completed"])]
-        cells += [_cell(g["stats"][k], g["completed"]) for k in m] + [str(g[s]) for s in STATUSES]
+        cells += [_cell(g["stats"][k], g["completed"]) for k in cols]
+        n_bound = g["stats"]["bound"]["n"]
+        cells += [f"{g['above_bound']}/{n_bound}" if n_bound else "—"] * bounded + [str(g[s]) for s in STATUSES]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     out += ["", "Mean ± sample std (n − 1) over the completed jobs of each group; n = completed jobs "
             "(\"(n=k)\" where fewer logged the metric). A group is the jobs' overrides without `seed`.", ""]
@@ -324,24 +349,27 @@ def render_markdown(report: Report, plots) -> str:
         out.append(f"| {_job_name(report, j)} | {' '.join(j.overrides)} | {j.status} | "
                    f"{_fmt(j.metrics.get('test_acc'))} | {_fmt(j.metrics.get('lambda_max'))} |")
     out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes] + [
-        "- Stability bound: b = dataset.batch_size, η = base_optimizer.lr, ρ = optimizer.rho as configured, "
-        f"Γ = the largest grad_norm_max logged in the last {NEAR_END:.0%} of the epochs.", ""]
+        f"- Stability bound: b = dataset.batch_size; Γ = the largest grad_norm_max logged in the last {NEAR_END:.0%} "
+        "of the epochs; ρ = the mean ρ the job logged over that window (TLC-SAM's controller moves it; the "
+        "configured optimizer.rho if none was logged); η = base_optimizer.lr, the schedule's peak (a cosine "
+        "schedule ends at 0, where the bound is vacuous). `bound` and `λ_max/bound` are over the completed jobs "
+        "with both; `λ_max > bound` counts those above their bound. base has no ρ and no bound.", ""]
     return "\n".join(out)
 
 
 def render_csv(report: Report) -> str:
     buf = io.StringIO()
     cols = ["group", "series", "variant", "rho", "jobs", *STATUSES]
-    cols += [f"{k}_{s}" for k in report.metrics for s in ("mean", "std", "n")]
+    cols += [f"{k}_{s}" for k in report.metrics + BOUND_STATS for s in ("mean", "std", "n")] + ["above_bound"]
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(cols)
     for g in report.groups:
         row = [g["group"], g["series"], g["variant"], "" if g["rho"] is None else repr(g["rho"]), g["jobs"]]
         row += [g[s] for s in STATUSES]
-        for k in report.metrics:
+        for k in report.metrics + BOUND_STATS:
             s = g["stats"][k]
             row += ["" if s["mean"] is None else repr(s["mean"]), "" if s["std"] is None else repr(s["std"]), s["n"]]
-        w.writerow(row)
+        w.writerow(row + [g["above_bound"]])
     return buf.getvalue()
 
 

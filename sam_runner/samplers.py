@@ -5,6 +5,8 @@ loader's per-example weights at the end of each epoch (``end_epoch``).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .errors import require
@@ -45,8 +47,10 @@ class SGSSampler:
     counts and EMA sharpness estimates, refreshed on the sampling side. Ours: the weight
     formula, the per-step EMA with β = 0.9, ℓ(θ+ε) taken from the last pass of the step
     (the descent pass; EISAM's third), classes not yet observed get ẑ = 0, the first epoch
-    is uniform, and under data parallelism S is averaged and counts summed across
-    processes at the end of each epoch so that every process draws the same examples.
+    is uniform, and under data parallelism each step's class sums and counts are summed over
+    the processes (once, at the end of the epoch): S and n are those of the global batches,
+    the same on every process, so every process draws the same examples and rank 0's
+    checkpoint resumes exactly.
     Steps that do not perturb (one pass: ``optimizer=base`` or ``interval`` > 1) update
     only the counts. Config: ``dataset.sampler=sgs`` with options
     ``+dataset.sgs.alpha=...``, ``+dataset.sgs.lam=...``, ``+dataset.sgs.beta=...``.
@@ -64,6 +68,8 @@ class SGSSampler:
         self.class_weights = None
         self._pass0 = []   # (per-class loss sums, per-class counts) of recent pass-0 micro-batches
         self._later = {}   # pass index > 0 -> per-class loss sums of this step's micro-batches
+        self._steps = []   # this epoch's finished perturbing steps: [pass-0 sums, last-pass sums, counts]
+        self._new = None   # this epoch's pass-0 class counts, not yet in ``counts``
 
     def _zeros(self, device):
         return torch.zeros(self.num_classes, device=device)
@@ -73,59 +79,70 @@ class SGSSampler:
         if self.sharpness is None:
             self.sharpness, self.counts = self._zeros(device), self._zeros(device)
             self.observed = torch.zeros(self.num_classes, dtype=torch.bool, device=device)
+        if self._new is None:
+            self._new = self._zeros(device)
         if pass_index == 0 and self._later:
-            self._fold()  # a new step begins: the previous one is complete
+            self._close_step()  # a new step begins: the previous one is complete
         sums = self._zeros(device).index_add_(0, targets, per_sample_loss.detach().float())
         if pass_index == 0:
             counts = self._zeros(device).index_add_(0, targets, torch.ones(len(targets), device=device))
-            self.counts += counts
+            self._new += counts
             self._pass0.append((sums, counts))
         else:
             self._later.setdefault(pass_index, []).append(sums)
 
-    def _fold(self) -> None:
-        """Fold the finished step into S: Δ_c from pass 0 and the step's last pass, for the classes present.
-
-        The step's pass-0 micro-batches are the last ones seen before its later passes (steps
-        that did not perturb left pass-0 records only), paired micro-batch by micro-batch."""
+    def _close_step(self) -> None:
+        """Record the finished step's per-class sums: pass 0 and its last pass, paired micro-batch by
+        micro-batch. Its pass-0 micro-batches are the last ones seen before its later passes (steps
+        that did not perturb left pass-0 records only)."""
         last = self._later[max(self._later)]
         first = self._pass0[-len(last):]
-        loss0 = torch.stack([s for s, _ in first]).sum(0)
-        count = torch.stack([c for _, c in first]).sum(0)
-        delta = (torch.stack(last).sum(0) - loss0) / count.clamp_min(1)
+        self._steps.append(torch.stack([torch.stack([s for s, _ in first]).sum(0), torch.stack(last).sum(0),
+                                        torch.stack([c for _, c in first]).sum(0)]))
+        self._pass0, self._later = [], {}
+
+    def _fold(self, loss0, loss1, count) -> None:
+        """Fold one step's (global) class sums into S: Δ_c for the classes present."""
+        delta = (loss1 - loss0) / count.clamp_min(1)
         present = (count > 0) & torch.isfinite(delta)  # an fp16 overflow step teaches nothing
         ema = torch.where(self.observed, self.beta * self.sharpness + (1 - self.beta) * delta, delta)
         self.sharpness = torch.where(present, ema, self.sharpness)
         self.observed = self.observed | present
-        self._pass0, self._later = [], {}
 
     def end_epoch(self, loader) -> None:
-        if self.sharpness is None:
+        if self._new is None:  # nothing observed since the last epoch's end
             return
         if self._later:
-            self._fold()
-        self._pass0 = []
-        s, seen, counts = self._global()
+            self._close_step()
+        device = self._new.device
+        steps = torch.stack(self._steps) if self._steps else torch.zeros(0, 3, self.num_classes, device=device)
+        steps, new = self._sum_over_processes(steps, self._new)
+        for loss0, loss1, count in steps:  # in step order: the same EMA as folding step by step
+            self._fold(loss0, loss1, count)
+        self.counts = self.counts + new
+        self._pass0, self._steps, self._new = [], [], None
+        s, seen = self.sharpness, self.observed
         n_seen = seen.sum().clamp_min(1)
         mean = (s * seen).sum() / n_seen
         std = (((s - mean) * seen).square().sum() / n_seen).sqrt()
         z = torch.where(seen & (std > 0), (s - mean) / std.clamp_min(1e-12), torch.zeros_like(s))
-        self.class_weights = (counts + 1).pow(-self.alpha) * torch.exp(-self.lam * z)
+        self.class_weights = (self.counts + 1).pow(-self.alpha) * torch.exp(-self.lam * z)
         self._apply(loader)
 
     def _apply(self, loader) -> None:
         if loader is not None and self.class_weights is not None:
             loader.weights = self.class_weights.to(loader.y.device)[loader.y]
 
-    def _global(self):
-        """(S, observed, n) over all processes: S averaged, counts summed; this process's own stay local."""
+    @staticmethod
+    def _sum_over_processes(steps, new):
+        """The epoch's per-step class sums and counts summed over all processes (one all-reduce):
+        S and n are then those of the global batches, the same on every process and in the checkpoint."""
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return self.sharpness, self.observed, self.counts
-        s, seen, counts = self.sharpness.clone(), self.observed.float(), self.counts.clone()
-        for t in (s, seen, counts):
-            dist.all_reduce(t)
-        return s / dist.get_world_size(), seen > 0, counts
+            return steps, new
+        flat = torch.cat([steps.flatten(), new])
+        dist.all_reduce(flat)  # every process runs the same steps, so the sizes agree
+        return flat[:-len(new)].view_as(steps), flat[-len(new):]
 
     def state_dict(self) -> dict:
         return {"sharpness": self.sharpness, "observed": self.observed, "counts": self.counts,
@@ -134,8 +151,11 @@ class SGSSampler:
     def load_state_dict(self, state: dict) -> None:
         if not state:
             return
-        self.sharpness, self.observed = state["sharpness"], state["observed"]
-        self.counts, self.class_weights = state["counts"], state["class_weights"]
+        # a checkpoint is read onto the CPU; the state lives where the loader's labels (and the losses) are
+        device = self.loader.y.device if self.loader is not None else None
+        to = lambda t: t if t is None or device is None else t.to(device)
+        self.sharpness, self.observed = to(state["sharpness"]), to(state["observed"])
+        self.counts, self.class_weights = to(state["counts"]), to(state["class_weights"])
         self._apply(self.loader)
 
     def log_values(self) -> dict:
@@ -146,7 +166,7 @@ class SGSSampler:
 
 
 def _sgs(cfg, data):
-    from .data import TensorLoader
+    from .data import TensorLoader, number
     require(isinstance(data.train, TensorLoader),
             f"dataset.sampler=sgs needs an in-memory dataset (mnist1d, digits, cifar10, cifar100, cifar100_lt), "
             f"not dataset={cfg.name}")
@@ -154,7 +174,7 @@ def _sgs(cfg, data):
     unknown = set(opts) - {"alpha", "lam", "beta"}
     require(not unknown, f"dataset.sgs has unknown keys {sorted(unknown)}; accepted: alpha, lam, beta")
     return SGSSampler(data.num_classes, loader=data.train,
-                      **{k: float(v) for k, v in opts.items()})
+                      **{k: number(f"dataset.sgs.{k}", v, "a number", math.isfinite) for k, v in opts.items()})
 
 
 SAMPLERS = {"uniform": lambda cfg, data: UniformSampler(), "sgs": _sgs}

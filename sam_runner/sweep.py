@@ -52,7 +52,17 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
     from .train import train
     if distributed.from_env() is not None:
         topo = distributed.init_from_env(str(cfg.trainer.device))
-        summary = train(cfg, run_dir, overrides)
+        try:
+            summary = train(cfg, run_dir, overrides)
+        except BaseException as e:
+            if not topo.is_main and not isinstance(e, INTERRUPTIONS):
+                # rank 0 records its own failure; the launcher (srun --kill-on-bad-exit) ends the others, so
+                # a failing peer says what happened here: its log, and summary.json unless rank 0 wrote one
+                msg = f"process {topo.rank} of {topo.world} failed: {distributed.one_line(e)}"
+                print(f"sam-run: {msg}", file=sys.stderr, flush=True)
+                if not isinstance(e, RunFolderConflict):
+                    record_failure(run_dir, overrides, msg)
+            raise
         topo.shutdown()  # only on success: after a failure the launcher ends the peers
         return summary
     devices = cfg.trainer.get("devices", 1)
@@ -63,18 +73,24 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
     try:
         return distributed.launch(train, (cfg, str(run_dir), list(overrides)), devices, device)
     except BaseException as e:
-        # rank 0 records its own failure; a peer's failure (rank 0 ended by the launcher) is recorded
-        # here; a Ctrl-C is no failure (the same command resumes), nor is a folder of another run
-        if not isinstance(e, (KeyboardInterrupt, RunFolderConflict)):
-            record_failure(run_dir, overrides, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        # the launcher's error is the earliest failure of any process: it replaces what rank 0 wrote
+        # (its peer's "Connection reset"); a Ctrl-C or requeue is no failure (the same command resumes),
+        # nor is a folder of another run
+        if not isinstance(e, (*INTERRUPTIONS, RunFolderConflict)):
+            record_failure(run_dir, overrides, str(e).splitlines()[0] if str(e) else type(e).__name__, replace=True)
         raise
 
 
-def record_failure(run_dir, overrides: list[str], message: str) -> dict:
-    """summary.json with status failed and the one-line error (kept when train() already wrote one)."""
+# a Ctrl-C, or submitit's requeue (SIGUSR2, then sys.exit): the run resumes from its checkpoint
+INTERRUPTIONS = (KeyboardInterrupt, SystemExit)
+
+
+def record_failure(run_dir, overrides: list[str], message: str, replace: bool = False) -> dict:
+    """summary.json with status failed and the one-line error (kept when train() already wrote one,
+    unless ``replace``)."""
     path = Path(run_dir) / "summary.json"
     summary = read_json(path)
-    if not summary or summary.get("status") != "failed":
+    if replace or not summary or summary.get("status") != "failed":
         summary = {"status": "failed", "error": message.splitlines()[0] if message else "failed",
                    "overrides": list(overrides)}
         try:

@@ -53,16 +53,23 @@ def validate(cfg) -> None:
             f"trainer.gradient_clip={clip} must be null or a number > 0")
 
 
-def fingerprint(cfg, model) -> dict:
-    """What a checkpoint must match to be resumed by this run: its structure and its settings."""
+def fingerprint(cfg, model, world: int = 1) -> dict:
+    """What a checkpoint must match to be resumed by this run: its structure, its settings and
+    its number of data-parallel processes (per-process batches, ε and dropout depend on it)."""
     return {"model": str(cfg.model.arch), "dataset": str(cfg.dataset.name), "optimizer": str(cfg.optimizer.name),
             "base_optimizer": str(cfg.base_optimizer.name),
-            "parameters": int(sum(p.numel() for p in model.parameters())), "config": result_config(cfg)}
+            "parameters": int(sum(p.numel() for p in model.parameters())), "world_size": int(world),
+            "config": result_config(cfg)}
 
 
 def require_resumable(saved: dict, now: dict, path: Path, run_dir: Path) -> None:
     require_same_config(saved.get("config"), now["config"], f"checkpoint {path}", run_dir)
-    structure = {k: v for k, v in now.items() if k != "config"}
+    world = saved.get("world_size", now["world_size"])  # checkpoints from before it was recorded: accepted
+    if world != now["world_size"]:
+        raise RunFolderConflict(f"checkpoint {path} was written by {world} data-parallel process(es) and this run has "
+                                f"{now['world_size']}: resume with {world} (trainer.devices, torchrun or SLURM "
+                                "tasks), or use another run folder")
+    structure = {k: v for k, v in now.items() if k not in ("config", "world_size")}
     if {k: saved.get(k) for k in structure} != structure:
         raise RunFolderConflict(f"checkpoint {path} belongs to a different run ({saved}); this run is {structure}: "
                                 "use another run folder or delete the checkpoint")
@@ -91,12 +98,13 @@ def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> 
     except KeyboardInterrupt as e:  # checkpoint and metrics stay as they were: the same call resumes
         _close_loggers(run.loggers, e)
         raise Interrupted(run.epoch, run.step) from e
+    except SystemExit as e:
+        # an interruption too: submitit requeues on SIGUSR2, then sys.exit()s; the requeued job resumes
+        _close_loggers(run.loggers, e)
+        raise
     except BaseException as e:
         if dist.is_main and not isinstance(e, RunFolderConflict):  # another run's folder stays as it is
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if not isinstance(e, UserError):
-                msg = f"{type(e).__name__}: {msg}"
-            _write_summary(run_dir, {"status": "failed", "error": msg, "overrides": list(overrides)})
+            _write_summary(run_dir, {"status": "failed", "error": distributed.one_line(e), "overrides": list(overrides)})
         _close_loggers(run.loggers, e)
         raise
 
@@ -109,10 +117,17 @@ def _write_summary(run_dir: Path, summary: dict) -> None:
 
 
 def _close_loggers(loggers, error: BaseException) -> None:
-    status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+    """Finish the loggers of a run that stops early: ``interrupted`` (Ctrl-C), ``preempted``
+    (SystemExit: submitit's requeue), else ``failed`` with the error."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        status = "interrupted" if isinstance(error, KeyboardInterrupt) else "preempted"
+        summary = {"status": status}
+    else:
+        status = "failed"
+        summary = {"status": status, "error": f"{type(error).__name__}: {error}".splitlines()[0]}
     for logger in loggers:
         try:
-            logger.summary({"status": status, "error": f"{type(error).__name__}: {error}".splitlines()[0]})
+            logger.summary(summary)
             logger.finish(status)
         except Exception as e:  # the run's own error is the one to report
             print(f"sam-run: warning: logger not finished ({type(e).__name__}: {e})", file=sys.stderr)
@@ -154,7 +169,7 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, run: _RunState) -> di
 
     ckpt, log = Checkpoint(run_dir / CHECKPOINT), MetricsLog(run_dir / "metrics.jsonl")
     epoch, step, elapsed, train_time, run_id = 0, 0, 0.0, 0.0, None
-    fp = fingerprint(cfg, model)
+    fp = fingerprint(cfg, model, dist.world)
     state = ckpt.load()
     if state is not None:
         require_resumable(state.get("fingerprint") or {}, fp, ckpt.path, run_dir)
@@ -195,6 +210,8 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, run: _RunState) -> di
         epoch += 1
         run.epoch = epoch
         epoch_start = time.perf_counter()
+        if dist.parallel:  # each process its own dropout masks; from (seed, epoch, rank): a resume draws alike
+            torch.manual_seed(rank_seed(cfg.seed, epoch, dist.rank))
         model.train()
         data.train.set_epoch(epoch)
         loss_sum = torch.zeros((), device=device)
@@ -292,6 +309,11 @@ def _train(cfg, run_dir: Path, overrides: list[str], dist, run: _RunState) -> di
         logger.finish(status)
         print_final(summary, run_dir)
     return summary
+
+
+def rank_seed(seed: int, epoch: int, rank: int) -> int:
+    """The global RNG's seed of one data-parallel process for one epoch (one process: never reseeded)."""
+    return ((int(seed) * 1_000_003 + int(epoch)) * 10_007 + int(rank) + 1) % (2 ** 63)
 
 
 def _autocast(device, precision):

@@ -1,11 +1,14 @@
 """Datasets and loaders, on real on-disk formats the tests write."""
 from __future__ import annotations
 
+import hashlib
+import tarfile
+
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from cifar_files import install
+from cifar_files import install, write_cifar
 from sam_runner.data import (TensorLoader, apply_label_noise, build_data, long_tail_indices, random_crop_flip)
 from sam_runner.errors import UserError
 
@@ -62,8 +65,46 @@ def test_long_tail_indices_formula():
 
 
 def test_missing_cifar_offline_names_the_files(tmp_path):
-    with pytest.raises(UserError, match="cifar-10-python.tar.gz"):
+    with pytest.raises(UserError, match="cifar-10-python.tar.gz.*or set dataset.download=true"):
         build_data(cfg(name="cifar10", data_dir=str(tmp_path / "none")), torch.device("cpu"), seed=0)
+
+
+def test_cifar_tarball_alone_is_unpacked_offline(tmp_path, monkeypatch):
+    """download=false with only torchvision's archive in data_dir: unpacked, as download=true would."""
+    from torchvision import datasets
+    for attr, value in write_cifar(tmp_path / "src", "cifar10", 500, 100).items():
+        monkeypatch.setattr(datasets.CIFAR10, attr, value)
+    tarball = tmp_path / "data" / "cifar-10-python.tar.gz"
+    tarball.parent.mkdir()
+    with tarfile.open(tarball, "w:gz") as t:
+        t.add(tmp_path / "src" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    monkeypatch.setattr(datasets.CIFAR10, "tgz_md5", hashlib.md5(tarball.read_bytes()).hexdigest())
+    d = build_data(cfg(name="cifar10", data_dir=str(tarball.parent)), torch.device("cpu"), seed=0)
+    assert d.train_size == 500 and len(d.test.y) == 100
+
+
+def test_largest_ratio_keeps_one_example_and_a_larger_one_is_refused():
+    y = torch.arange(10).repeat(49)    # 49 * 49^-1 is 0.999... in floating point
+    assert int((y[long_tail_indices(y, 10, 49.0)] == 9).sum()) == 1
+    with pytest.raises(UserError, match=r"dataset.imbalance_ratio=1000000.0 .*use at most 142"):
+        build_data(cfg(name="digits", imbalance_ratio=1e6), torch.device("cpu"), seed=0)   # class 0: 142
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("label_noise", "abc", "dataset.label_noise='abc' must be a fraction in"),
+    ("imbalance_ratio", "x", "dataset.imbalance_ratio='x' must be a number >= 1"),
+    ("batch_size", True, "dataset.batch_size=True must be a positive integer")])
+def test_bad_values_are_one_line_errors(key, value, match):
+    with pytest.raises(UserError, match=match):
+        build_data(cfg(name="digits", **{key: value}), torch.device("cpu"), seed=0)
+
+
+def test_class_counts_are_of_the_clean_long_tailed_labels():
+    """The many/medium/few split is by the long-tail profile, not by what label noise made of it."""
+    clean = build_data(cfg(name="digits", imbalance_ratio=10), torch.device("cpu"), seed=0)
+    noisy = build_data(cfg(name="digits", imbalance_ratio=10, label_noise=0.4), torch.device("cpu"), seed=0)
+    assert noisy.class_counts == clean.class_counts
+    assert torch.bincount(noisy.train_tensors[1], minlength=10).tolist() != clean.class_counts
 
 
 def test_label_noise_exact_fraction_other_class_fixed_by_seed():
@@ -115,18 +156,61 @@ def test_loader_ranks_split_each_global_batch():
         assert sorted(torch.cat([a, b]).tolist()) == sorted(batch.tolist())
 
 
-def test_image_folder(tmp_path):
+def test_ranks_together_see_the_augmentations_of_one_process():
+    """Crops and flips are drawn for the global batch and each process keeps its share: the union
+    of 2 processes' augmented batches is the 1-process augmented batch, draw for draw."""
+    from sam_runner.data import Normalize
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (48, 3, 8, 8), generator=g, dtype=torch.uint8)
+    y = torch.arange(48)
+    tf = Normalize((0.5,) * 3, (0.25,) * 3, augment=True, pad=2)
+
+    def epoch(rank=0, world=1):
+        loader = TensorLoader(x, y, 16, shuffle=True, seed=0, drop_last=True, transform=tf, rank=rank, world=world)
+        loader.set_epoch(1)
+        return list(loader)
+
+    whole, parts = epoch(), [epoch(r, 2) for r in (0, 1)]
+    assert len(whole) == len(parts[0]) == len(parts[1]) == 3
+    for (xw, _, iw), (x0, _, i0), (x1, _, i1) in zip(whole, *parts):
+        assert torch.equal(i0, iw[0::2]) and torch.equal(i1, iw[1::2])
+        assert torch.equal(x0, xw[0::2]) and torch.equal(x1, xw[1::2])
+    # and the augmentation did draw per sample: the same image is cropped differently somewhere
+    assert not torch.equal(whole[0][0], tf(x[whole[0][2]], None))
+
+
+def test_image_folder_processes_draw_their_own_augmentation_seeds():
+    from sam_runner.data import _FolderLoader
+    ds = list(range(8))
+    seeds = [_FolderLoader(ds, 4, True, 0, 0, True, rank, 2)._make().generator.initial_seed() for rank in (0, 1)]
+    assert seeds[0] != seeds[1]
+    again = _FolderLoader(ds, 4, True, 0, 0, True, 1, 2)._make().generator.initial_seed()
+    assert again == seeds[1]  # fixed by (seed, epoch, rank): a resumed epoch draws alike
+
+
+def _image_tree(root, per_class=4):
     from PIL import Image
     for split in ("train", "val"):
         for c in ("cat", "dog"):
-            (tmp_path / split / c).mkdir(parents=True)
-            for i in range(4):
-                Image.new("RGB", (20, 20), (i * 40, 100, 200)).save(tmp_path / split / c / f"{i}.png")
-    d = build_data(cfg(name="image_folder", root=str(tmp_path), image_size=16, num_workers=0, batch_size=4),
-                   torch.device("cpu"), seed=0)
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                Image.new("RGB", (20, 20), (i * 40, 100, 200)).save(root / split / c / f"{i}.png")
+    return cfg(name="image_folder", root=str(root), image_size=16, num_workers=0, batch_size=4)
+
+
+def test_image_folder(tmp_path):
+    d = build_data(_image_tree(tmp_path), torch.device("cpu"), seed=0)
     assert d.num_classes == 2 and d.input_shape == (3, 16, 16)
     x, y, idx = next(iter(d.train))
     assert x.shape == (4, 3, 16, 16) and set(y.tolist()) <= {0, 1}
+
+
+def test_image_folder_long_tail_and_batch_per_process(tmp_path):
+    c = _image_tree(tmp_path)
+    d = build_data(OmegaConf.merge(c, {"imbalance_ratio": 4, "batch_size": 2}), torch.device("cpu"), seed=0)
+    assert d.class_counts == [4, 1] and d.train_size == 5 and len(d.test.ds) == 8
+    with pytest.raises(UserError, match=r"dataset.batch_size=3 .* divisible by the number of processes \(2\)"):
+        build_data(OmegaConf.merge(c, {"batch_size": 3}), torch.device("cpu"), seed=0, rank=0, world=2)
 
 
 def test_image_folder_missing_split_is_one_line(tmp_path):

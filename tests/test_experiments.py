@@ -23,6 +23,28 @@ from sam_runner.train import validate
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 STUDIES = ["sam_wrn_cifar", "tlc_rho_sweep", "tlc_vs_sam", "gear_vs_sam", "calibration", "long_tail",
            "spectral_muon", "variant_zoo"]
+ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
+# preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's comment)
+EXPECTED = {
+    "example": (4, "auto", "mnist1d", "base sam"),
+    "sam_wrn_cifar": (6, "wrn28_10", "cifar100", "base sam"),
+    "sam_wrn_cifar_mini": (6, "cnn1d", "mnist1d", "base sam"),
+    "tlc_rho_sweep": (108, "resnet18 vgg19_bn", "cifar100", "sam"),
+    "tlc_rho_sweep_mini": (24, "cnn mlp", "digits", "sam"),
+    "tlc_vs_sam": (12, "resnet18 vgg19_bn", "cifar100", "sam tlc_sam"),
+    "tlc_vs_sam_mini": (8, "cnn mlp", "digits", "sam tlc_sam"),
+    "gear_vs_sam": (36, "resnet18 wrn16_8", "cifar100", "base sam gear_sam"),
+    "gear_vs_sam_mini": (24, "cnn1d mlp", "mnist1d", "base sam gear_sam"),
+    "gear_vs_sam_transfer": (9, "timm", "cifar100", "base sam gear_sam"),
+    "calibration": (9, "resnet18", "cifar100", "base sam csam"),
+    "calibration_mini": (9, "cnn1d", "mnist1d", "base sam csam"),
+    "long_tail": (12, "resnet18", "cifar100_lt", "base sam"),
+    "long_tail_mini": (8, "cnn1d", "mnist1d", "base sam"),
+    "spectral_muon": (18, "vit_tiny", "cifar100", "base sam spectral_sam"),
+    "spectral_muon_mini": (12, "mlp", "mnist1d", "base sam spectral_sam"),
+    "variant_zoo": (36, "resnet18", "cifar100", ZOO),
+    "variant_zoo_mini": (24, "cnn1d", "mnist1d", ZOO),
+}
 
 
 def sweep_of(preset):
@@ -46,22 +68,29 @@ def test_cfg_job_prints_the_preset(preset, capsys):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_job_of_the_sweep_builds(preset):
-    """Each job's composed config passes validation and builds its optimizer and scheduler."""
+    """Each job's composed config passes validation and builds its optimizer and scheduler, and the
+    sweep is the study the README describes: its job count, models, dataset and variants."""
     c, jobs = sweep_of(preset)
-    assert len(jobs) >= 2
+    n_jobs, archs, dataset, variants = EXPECTED[preset]
+    assert len(jobs) == n_jobs
     if preset in STUDIES or preset.endswith("_mini"):
         assert c.study.name == preset
     tiny = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 3))
     # axes that cannot break construction are collapsed to keep this fast
     inert = ("seed=", "dataset.batch_size=", "base_optimizer.lr=", "dataset.label_noise=")
     distinct = {tuple(o for o in job if not o.startswith(inert)) for job in jobs}
+    composed = set()
     for job in sorted(distinct):
         cfg = compose(*job)
+        composed.add((cfg.model.arch, cfg.dataset.name, cfg.optimizer.name))
         validate(cfg)
         data.validate(cfg.dataset)
         assert cfg.model.arch in models.ARCHS
         opt = build_optimizer(cfg, tiny, total_steps=100)
         build_scheduler(cfg.scheduler, opt, 10, 100)
+    assert {a for a, _, _ in composed} == set(archs.split())
+    assert {d for _, d, _ in composed} == {dataset}
+    assert {v for _, _, v in composed} == set(variants.split())
 
 
 def test_sam_wrn_cifar_is_the_papers_setting():
@@ -72,9 +101,12 @@ def test_sam_wrn_cifar_is_the_papers_setting():
     assert "16.5" in c.study.reference and "18.8" in c.study.reference
 
 
-def test_tlc_rho_sweep_grid():
-    _, jobs = sweep_of("tlc_rho_sweep")
-    assert len(jobs) == 2 * 6 * 3 * 3
+def test_gear_vs_sam_transfer_fine_tunes_a_pretrained_timm_resnet50():
+    _, jobs = sweep_of("gear_vs_sam_transfer")
+    for job in jobs:
+        cfg = compose(*job)
+        assert (cfg.model.arch, cfg.model.name, cfg.model.pretrained) == ("timm", "resnet50", True)
+        assert (cfg.dataset.label_noise, cfg.base_optimizer.lr, cfg.trainer.epochs) == (0.0, 0.01, 30)
 
 
 MINIS = [p for p in PRESETS if p.endswith("_mini")]

@@ -40,3 +40,52 @@ def test_unknown_scheduler():
     p = torch.nn.Parameter(torch.zeros(1))
     with pytest.raises(UserError, match="scheduler='poly'"):
         build_scheduler(OmegaConf.create({"name": "poly"}), torch.optim.SGD([p], lr=0.1), 5, 50)
+
+
+def _lrs(cfg, steps, state=None):
+    """The lr of each of ``steps`` optimizer steps, and the state to resume from after them."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = build_scheduler(cfg, opt, 10, 100)
+    if state is not None:
+        opt.load_state_dict(state[0])
+        sched.load_state_dict(state[1])
+    lrs = []
+    for _ in range(steps):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return lrs, (opt.state_dict(), sched.state_dict()), opt.param_groups[0]["lr"]
+
+
+def test_cosine_ends_at_min_lr_ratio_and_resumes_exactly():
+    cfg = OmegaConf.create({"name": "cosine", "warmup_epochs": 1, "min_lr_ratio": 0.1})
+    whole, _, final = _lrs(cfg, 100)
+    assert final == pytest.approx(0.1 * 0.1) and whole[-1] > final
+    first, state, _ = _lrs(cfg, 37)
+    rest, _, _ = _lrs(cfg, 63, state)
+    assert first + rest == whole
+
+
+def test_multistep_final_lr():
+    cfg = OmegaConf.create({"name": "multistep", "milestones": [3, 6], "gamma": 0.5, "warmup_epochs": 0})
+    assert _lrs(cfg, 100)[2] == pytest.approx(0.1 * 0.25)
+
+
+@pytest.mark.parametrize("conf,match", [
+    ({"name": "cosine", "min_lr_ratio": 2}, "scheduler.min_lr_ratio=2 must be a fraction in"),
+    ({"name": "multistep", "gamma": "x"}, "scheduler.gamma='x' must be a finite number > 0"),
+    ({"name": "multistep", "milestones": 60}, "scheduler.milestones=60 must be a list of epochs"),
+    ({"name": "cosine", "warmup_epochs": -1}, "scheduler.warmup_epochs=-1 must be a number of epochs >= 0")])
+def test_bad_scheduler_values_are_one_line_errors(conf, match):
+    p = torch.nn.Parameter(torch.zeros(1))
+    with pytest.raises(UserError, match=match):
+        build_scheduler(OmegaConf.create(conf), torch.optim.SGD([p], lr=0.1), 5, 50)
+
+
+def test_absent_keys_take_their_defaults_in_a_struct_config():
+    """Hydra configs are struct: reading an absent key raises, so only cfg.get may touch it."""
+    cfg = OmegaConf.create({"name": "cosine"})
+    OmegaConf.set_struct(cfg, True)
+    p = torch.nn.Parameter(torch.zeros(1))
+    build_scheduler(cfg, torch.optim.SGD([p], lr=0.1), 5, 50)

@@ -1,11 +1,13 @@
 """train(cfg): the run folder's files, determinism, exact resume, failure and divergence."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -147,6 +149,34 @@ def test_sigkill_then_restart_ends_exactly_like_an_uninterrupted_run(tmp_path):
     assert stable(got) == stable(want)
     s_killed, s_whole = (json.loads((d / "summary.json").read_text()) for d in (killed, whole))
     assert s_killed["test_acc"] == s_whole["test_acc"] and s_killed["lambda_max"] == s_whole["lambda_max"]
+
+
+@contextlib.contextmanager
+def requeue_signal_once(path):
+    """SIGUSR2 to this process once ``path`` exists, handled as submitit's handler ends: sys.exit(-1)."""
+    def send():
+        deadline = time.monotonic() + 120
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+    previous = signal.signal(signal.SIGUSR2, lambda *_: sys.exit(-1))
+    try:
+        threading.Thread(target=send, daemon=True).start()
+        yield
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_requeue_exit_is_an_interruption_not_a_failure(tmp_path):
+    """submitit's SIGUSR2 handler requeues the job, then sys.exit()s in the middle of train(): the
+    run is interrupted (the requeued job resumes from its checkpoint), not failed."""
+    ckpt = tmp_path / "checkpoints" / "last.pt"
+    cfg = compose(*(o for o in TINY if not o.startswith("trainer.epochs=")), "trainer.epochs=50",
+                  "metrics.hessian.enabled=false")
+    with requeue_signal_once(ckpt), pytest.raises(SystemExit):
+        train(cfg, tmp_path, [])
+    assert ckpt.exists() and not (tmp_path / "summary.json").exists()
 
 
 def _fresh_copy(src, dst):

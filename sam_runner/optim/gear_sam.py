@@ -21,6 +21,11 @@ bias correction, and the block choices ``blocks``:
 - ``'layer'``: one block per module that owns parameters; needs the model
   (``model=`` or ``bind(model=...)``).
 A block whose gradient is exactly zero gets ε_b = 0 (its share of ρ is lost that step).
+Also ours: under data parallelism with per-process perturbations (``sync_perturbation=False``)
+the EMA takes the mean over processes of ‖g_b‖² (one all-reduce of a vector of block count
+per perturbing step), so every process keeps the same a_b (and a checkpoint of one
+process resumes them all); ε_b = r_b g_b / ‖g_b‖ still uses the process's own g_b. With
+``sync_perturbation=True`` the gradients are already averaged and nothing more is sent.
 """
 import warnings
 
@@ -87,10 +92,12 @@ class GEARSAM(SharpnessAware):
         index, num_blocks = self._index(params, grads[0].device)
         sq = torch.stack(torch._foreach_norm(grads)).square()
         block_sq = torch.zeros(num_blocks, device=sq.device, dtype=sq.dtype).index_add_(0, index, sq)  # ‖g_b‖²
+        # the state is global: the mean ‖g_b‖² over processes (their own under sync_perturbation already)
+        global_sq = block_sq if self.sync_perturbation else self.all_reduce_mean_(block_sq.clone())
         if self.block_energy is None:
             self.block_energy = torch.zeros_like(block_sq)
             self.energy_steps = torch.zeros((), device=block_sq.device)
-        energy = self.beta * self.block_energy + (1 - self.beta) * block_sq
+        energy = self.beta * self.block_energy + (1 - self.beta) * global_sq
         t = self.energy_steps + 1
         s = (energy / (1 - self.beta ** t)).sqrt()
         self._staged = (energy, t)  # committed after the second pass, once its overflow is known

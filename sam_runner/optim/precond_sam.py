@@ -13,7 +13,11 @@ the fp16 scaler (either pass overflowing) leaves F, R and the count unchanged.
 From the abstract (LLQR+SAM): a preconditioner updated sparsely and kept as a slow EMA,
 with the SAM perturbation on top of it. Ours (spec/variants.md): the diagonal Fisher-like
 F, its refresh rule and defaults, δ = ``delta`` = 1e-8, the mean-1 normalisation of U and
-the first-refresh initialisation.
+the first-refresh initialisation. Also ours: under data parallelism with per-process
+perturbations (``sync_perturbation=False``) a refresh takes the mean over processes of g²
+(one all-reduce of the parameters' size every ``refresh_every`` steps), so every process
+keeps the same F and U (and a checkpoint of one process resumes them all); ε still uses
+the process's own g. With ``sync_perturbation=True`` g is already averaged.
 """
 import torch
 
@@ -49,6 +53,8 @@ class PrecondSAM(SAM):
         self._staged = None
         if self.perturb_count % self.refresh_every == 0:
             new_f = torch._foreach_mul(grads, grads)
+            if not self.sync_perturbation:  # F is global: the mean g² over processes
+                self._all_reduce_mean_list_(new_f)
             if self.perturb_count > 0:
                 torch._foreach_lerp_(new_f, fisher, self.beta)           # F ← β F + (1 − β) g²
             root_u = torch._foreach_add(new_f, self.delta)
@@ -62,6 +68,14 @@ class PrecondSAM(SAM):
         scale = self.current_rho / (self.global_norm(eps) + 1e-12)   # ρ / sqrt(gᵀ U g)
         torch._foreach_mul_(eps, root_u)                             # U g
         torch._foreach_mul_(eps, scale)
+
+    def _all_reduce_mean_list_(self, tensors) -> None:
+        """``all_reduce_mean_`` over a list of tensors, as one flat buffer (one collective)."""
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        flat = self.all_reduce_mean_(torch.cat([t.reshape(-1) for t in tensors]))
+        torch._foreach_copy_(tensors, [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors)])
 
     def after_second_pass(self, loss, perturbed_loss):
         # found_inf exists under fp16 scaling only: one host sync there (the count lives on the host)

@@ -18,6 +18,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 BLOCK = 32 * 1024
@@ -87,6 +88,21 @@ def wandb_content(run_dir: Path) -> dict:
             elif kind == "exit":
                 out["exit_codes"].append(rec.exit.exit_code)
     return out
+
+
+def finished_wandb_content(run_dir: Path, tries: int = 50) -> dict:
+    """wandb_content once the file holds the run's exit record: after finish(), wandb-core may still
+    be writing the last records (seen under load as a missing history step or a cut record)."""
+    from google.protobuf.message import DecodeError
+    for _ in range(tries):
+        try:
+            content = wandb_content(run_dir)
+            if content["exit_codes"]:
+                return content
+        except DecodeError:
+            pass
+        time.sleep(0.2)
+    return wandb_content(run_dir)
 
 
 @functools.lru_cache(maxsize=None)

@@ -5,7 +5,7 @@ import json
 
 from conftest import TINY, compose
 from results_helpers import shared_sweep
-from sam_runner.plots import _epoch_axis, find_reliability, write_run_plots
+from sam_runner.plots import _epoch_axis, find_reliability, plot_metric_vs_rho, save_png, write_run_plots
 from sam_runner.train import train
 
 
@@ -64,3 +64,37 @@ def test_a_plotting_failure_never_fails_the_run(tmp_path, capsys):
     assert summary["status"] == "completed"
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
     assert "run plots not written" in capsys.readouterr().err
+
+
+def group(series, rho, mean):
+    """A sam-report group as plot_metric_vs_rho takes it."""
+    return {"series": series, "variant": series.split()[0], "rho": rho,
+            "stats": {"lambda_max": {"mean": mean, "std": 0.1 * mean, "n": 2}}}
+
+
+def test_rho_zero_stays_on_a_wide_rho_axis(tmp_path):
+    fig = plot_metric_vs_rho([group("sam", r, 5.0 - r) for r in (0.0, 0.01, 0.2)], "lambda_max", "λ_max", logy=True)
+    assert decodes(save_png(fig, tmp_path / "p.png"))
+    lo, hi = fig.axes[0].get_xlim()
+    assert lo <= 0.0 and hi >= 0.2 and fig.axes[0].get_xscale() == "symlog"
+
+
+def test_two_groups_of_one_line_at_the_same_rho_plot(tmp_path):
+    fig = plot_metric_vs_rho([group("sam", 0.1, 4.0), group("sam", 0.1, 5.0)], "lambda_max", "λ_max")
+    assert decodes(save_png(fig, tmp_path / "p.png"))
+
+
+def test_the_legend_stands_outside_the_axes_with_one_bound_entry(tmp_path):
+    groups = [group(f"sam dataset.batch_size={b} base_optimizer.lr={lr}", r, 5.0)
+              for b in (128, 32) for lr in (0.2, 0.05) for r in (0.05, 0.2)]
+    bounds = {g["series"]: [(g["rho"], 9.0)] for g in groups}
+    fig = plot_metric_vs_rho(groups, "lambda_max", "λ_max", logy=True, bounds=bounds)
+    save_png(fig, tmp_path / "p.png")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(labels) == 5 and sum("stability bound" in t for t in labels) == 1
+    assert labels[1] == "sam dataset.batch_size=32 base_optimizer.lr=0.05"  # numbers in order of value (lines first)
+    renderer = fig.canvas.get_renderer()
+    box = ax.get_legend().get_window_extent(renderer)
+    assert not box.overlaps(ax.get_window_extent(renderer))
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1

@@ -9,9 +9,10 @@ import statistics
 import subprocess
 
 import pytest
+import yaml
 
 from results_helpers import SWEEP_ARGS, copy_sweep, shared_sweep
-from sam_runner.report import build_report, gamma_near_end, group_overrides, main, tlc_bound
+from sam_runner.report import build_report, group_overrides, main, near_end, tlc_bound
 
 METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
 
@@ -122,10 +123,8 @@ def test_the_stability_bound_is_drawn_from_the_logged_gradient_norms(tmp_path):
     sweep = copy_sweep(tmp_path / "sweep")
     report = build_report(sweep)
     sam_jobs = [j for j in report.jobs if j.variant == "sam"]
-    logged = all("grad_norm_max" in (j.path / "metrics.jsonl").read_text() for j in sam_jobs)
-    if not logged:
-        pytest.skip("the training loop does not log grad_norm_max yet")
     for job in sam_jobs:
+        assert "grad_norm_max" in (job.path / "metrics.jsonl").read_text()  # always logged
         rows = [json.loads(line) for line in (job.path / "metrics.jsonl").read_text().splitlines()]
         gamma = max(r["grad_norm_max"] for r in rows if "grad_norm_max" in r)  # one epoch: all of it is "the end"
         assert job.bound == pytest.approx((job.batch_size * gamma / (2 * job.rho * job.lr ** 2)) ** (1 / 3))
@@ -140,12 +139,15 @@ def test_bound_and_gamma_definitions():
     assert tlc_bound(128, 2.0, 0.05, 0.1) == pytest.approx((128 * 2.0 / (2 * 0.05 * 0.01)) ** (1 / 3))
     assert tlc_bound(128, None, 0.05, 0.1) is None and tlc_bound(128, 2.0, 0.0, 0.1) is None
     rows = [{"epoch": e, "grad_norm_max": g} for e, g in [(1, 9.0), (10, 1.0), (18, 3.0), (19, 2.0), (20, 1.5)]]
-    assert gamma_near_end(rows) == 2.0  # epochs 19-20 are the last 10% of 20; epoch 18 is not
-    assert gamma_near_end(rows[:2]) == 1.0 and gamma_near_end([{"epoch": 1}]) is None
+    assert near_end(rows, "grad_norm_max") == 2.0  # epochs 19-20 are the last 10% of 20; epoch 18 is not
+    assert near_end(rows[:2], "grad_norm_max") == 1.0 and near_end([{"epoch": 1}], "grad_norm_max") is None
+    rows = [dict(r, rho=0.05 * r["epoch"]) for r in rows]
+    assert near_end(rows, "rho", statistics.fmean) == pytest.approx(0.05 * 19.5)  # the same window
 
 
 def test_groups_pool_seeds_and_settings_that_do_not_change_the_experiment():
     key = group_overrides(["optimizer=sam", "seed=3", "trainer.device=cpu", "hydra.launcher.timeout_min=9",
+                           "trainer.compile=true", "trainer.channels_last=false",
                            "hydra/launcher=submitit_slurm", "+logger=wandb", "logger.mode=offline",
                            "optimizer.rho=0.1", "dataset.batch_size=64"], ignore=("dataset.batch_size",))
     assert key == ("optimizer=sam", "optimizer.rho=0.1")
@@ -158,3 +160,51 @@ def test_a_folder_that_is_not_a_sweep_is_a_one_line_error(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "no jobs in" in capsys.readouterr().err
     assert not os.listdir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def tlc_sweep(tmp_path_factory):
+    """A real sweep as a study preset runs one: base beside TLC-SAM under one optimizer.rho."""
+    sweep = tmp_path_factory.mktemp("tlc") / "sweep"
+    args = [a for a in SWEEP_ARGS if not a.startswith(("optimizer=", "seed=", "logger", "trainer.epochs="))]
+    proc = subprocess.run(["sam-run", *args, "optimizer=base,tlc_sam", "optimizer.rho=0.1", "trainer.epochs=2",
+                           f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep
+
+
+def test_base_has_no_rho_and_tlc_sams_bound_uses_the_rho_it_logged(tlc_sweep):
+    report = build_report(tlc_sweep)
+    base = next(g for g in report.groups if g["variant"] == "base")
+    assert base["rho"] is None and base["bounds"] == [] and base["stats"]["bound"]["n"] == 0
+    tlc = next(j for j in report.jobs if j.variant == "tlc_sam")
+    last = [json.loads(line) for line in (tlc.path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["epoch"] == 2 and last["rho"] != pytest.approx(0.1)  # the controller moved ρ from its start
+    # two epochs: the window of Γ and ρ is the last one
+    assert tlc.bound == pytest.approx(tlc_bound(tlc.batch_size, last["grad_norm_max"], last["rho"], tlc.lr))
+    assert "drawn for 1 job(s)" in " ".join(report.notes)
+
+
+def test_the_table_compares_lambda_max_with_the_bound_in_numbers(tlc_sweep, tmp_path):
+    assert main([str(tlc_sweep), "--out", str(tmp_path)]) == 0
+    tlc = next(j for j in build_report(tlc_sweep).jobs if j.variant == "tlc_sam")
+    lam = tlc.metrics["lambda_max"]
+    rows = {r["variant"]: r for r in csv_rows(tmp_path / "report.csv")}
+    assert (rows["base"]["rho"], rows["base"]["bound_n"], rows["base"]["bound_mean"]) == ("", "0", "")
+    assert float(rows["tlc_sam"]["bound_mean"]) == pytest.approx(tlc.bound)
+    assert float(rows["tlc_sam"]["lambda_max_over_bound_mean"]) == pytest.approx(lam / tlc.bound)
+    assert rows["tlc_sam"]["above_bound"] == str(int(lam > tlc.bound))
+    md = (tmp_path / "report.md").read_text()
+    assert "| bound | λ_max/bound | λ_max > bound |" in md
+    assert "| optimizer=base | base | — |" in md and f"| {int(lam > tlc.bound)}/1 |" in md
+    assert "the schedule's peak" in md  # which η the bound uses is said
+
+
+def test_a_job_rerun_with_how_it_runs_settings_still_answers_for_its_sweep_job(tmp_path):
+    sweep = copy_sweep(tmp_path / "sweep")
+    conf = yaml.safe_load((sweep / "multirun.yaml").read_text())
+    conf["hydra"]["overrides"]["task"].append("trainer.device=cpu")  # a part-done sweep rerun on the CPU
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(conf))
+    overrides = sweep / "0" / ".hydra" / "overrides.yaml"
+    overrides.write_text(yaml.safe_dump(yaml.safe_load(overrides.read_text()) + ["trainer.device=cpu"]))
+    assert build_report(sweep).counts() == {"completed": 4}

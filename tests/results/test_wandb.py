@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 
 import pytest
 import torch
 
 from conftest import TINY, compose, stopped_early_of
-from results_helpers import SWEEP_NAME, shared_sweep, wandb_content, wandb_run_files
+from results_helpers import SWEEP_NAME, finished_wandb_content, shared_sweep, wandb_content, wandb_run_files
 from sam_runner.errors import UserError
 from sam_runner.loggers import build_logger
 from sam_runner.train import train
@@ -101,11 +100,7 @@ def test_a_failing_run_still_finishes_its_wandb_run(tmp_path):
     (tmp_path / "checkpoints").write_text("not a folder")  # saving the first checkpoint fails
     with pytest.raises(OSError):
         train(compose(*TINY, *WANDB, "trainer.epochs=1", "metrics.hessian.enabled=false"), tmp_path)
-    for _ in range(50):  # wandb-core may still be writing the file's last records (seen once under heavy load)
-        content = wandb_content(tmp_path)
-        if content["exit_codes"]:
-            break
-        time.sleep(0.2)
+    content = finished_wandb_content(tmp_path)
     assert content["exit_codes"] == [1]
     assert content["summary"]["status"] == "failed"
     assert "FileExistsError" in content["summary"]["error"]
@@ -116,7 +111,7 @@ def test_a_diverged_run_is_finished_as_failed_with_its_status(tmp_path):
     summary = train(compose(*TINY, *WANDB, "trainer.epochs=1", "base_optimizer.lr=1e12",
                             "metrics.hessian.enabled=false"), tmp_path)
     assert summary["status"] == "diverged"
-    content = wandb_content(tmp_path)
+    content = finished_wandb_content(tmp_path)
     assert content["exit_codes"] == [1]
     assert content["summary"]["status"] == "diverged"
 
@@ -132,7 +127,7 @@ def test_online_without_credentials_falls_back_to_offline_with_one_line(tmp_path
     logger.finish("completed")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no credentials" in err[0] and "offline" in err[0]
-    assert wandb_content(tmp_path / "run")["history"][3]["train_loss"] == 0.5
+    assert finished_wandb_content(tmp_path / "run")["history"][3]["train_loss"] == 0.5
 
 
 def test_disabled_mode_writes_nothing_and_has_no_run_id(tmp_path):
