@@ -136,6 +136,8 @@ class WandbLogger:
             return
         self._finished = True
         self.run.summary["status"] = status
+        if status in ("interrupted", "preempted"):  # resumable: W&B shows it preempted, not failed
+            self.run.mark_preempting()
         self.run.finish(exit_code=0 if status == "completed" else 1)
 
 

@@ -70,7 +70,7 @@ def wandb_run_files(run_dir: Path) -> list[Path]:
 
 def wandb_content(run_dir: Path) -> dict:
     """What the run folder's W&B files hold: history rows by step, summary, run info, config, exit codes."""
-    out = {"history": {}, "summary": {}, "runs": [], "config": {}, "exit_codes": []}
+    out = {"history": {}, "summary": {}, "runs": [], "config": {}, "exit_codes": [], "preempting": False}
     for f in wandb_run_files(run_dir):
         for rec in wandb_records(f):
             kind = rec.WhichOneof("record_type")
@@ -87,6 +87,8 @@ def wandb_content(run_dir: Path) -> dict:
                 out["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
             elif kind == "exit":
                 out["exit_codes"].append(rec.exit.exit_code)
+            elif kind == "preempting":
+                out["preempting"] = True
     return out
 
 

@@ -101,7 +101,7 @@ def test_a_failing_run_still_finishes_its_wandb_run(tmp_path):
     with pytest.raises(OSError):
         train(compose(*TINY, *WANDB, "trainer.epochs=1", "metrics.hessian.enabled=false"), tmp_path)
     content = finished_wandb_content(tmp_path)
-    assert content["exit_codes"] == [1]
+    assert content["exit_codes"] == [1] and not content["preempting"]
     assert content["summary"]["status"] == "failed"
     assert "FileExistsError" in content["summary"]["error"]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
@@ -114,6 +114,16 @@ def test_a_diverged_run_is_finished_as_failed_with_its_status(tmp_path):
     content = finished_wandb_content(tmp_path)
     assert content["exit_codes"] == [1]
     assert content["summary"]["status"] == "diverged"
+
+
+@pytest.mark.parametrize("status", ["interrupted", "preempted"])
+def test_an_interrupted_or_requeued_run_is_marked_preempting_not_just_failed(tmp_path, status):
+    cfg = compose(*WANDB)
+    logger = build_logger(cfg.logger, tmp_path, cfg)
+    logger.log({"epoch": 1, "step": 3, "train_loss": 0.5})
+    logger.finish(status)
+    content = finished_wandb_content(tmp_path)
+    assert content["preempting"] and content["summary"]["status"] == status
 
 
 def test_online_without_credentials_falls_back_to_offline_with_one_line(tmp_path, monkeypatch, capsys):
