@@ -251,6 +251,11 @@ def validate(cfg) -> None:
     require(isinstance(bs, int) and not isinstance(bs, bool) and bs > 0,
             f"dataset.batch_size={bs!r} must be a positive integer")
     number("dataset.label_noise", cfg.get("label_noise", 0.0), "a fraction in [0, 1)", lambda f: 0 <= f < 1)
+    if cfg.name == "mnist1d":  # the generator makes num_samples // 10 per class, then splits 80/20
+        n = cfg.get("num_samples", 5000)
+        require(isinstance(n, int) and not isinstance(n, bool) and n >= 10,
+                f"dataset.num_samples={n!r} must be an integer >= 10 (MNIST-1D makes num_samples // 10 "
+                "examples per class and keeps 80% for training)")
 
 
 def _training_labels(cfg, y, num_classes: int, seed: int, world: int):

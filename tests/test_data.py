@@ -99,6 +99,13 @@ def test_bad_values_are_one_line_errors(key, value, match):
         build_data(cfg(name="digits", **{key: value}), torch.device("cpu"), seed=0)
 
 
+@pytest.mark.parametrize("value", [-5, 5, "many", 1.5e3])
+def test_mnist1d_sample_counts_it_cannot_make_are_one_line_errors(tmp_path, value):
+    with pytest.raises(UserError, match=rf"dataset.num_samples={value!r} must be an integer >= 10"):
+        build_data(cfg(data_dir=str(tmp_path), num_samples=value), torch.device("cpu"), seed=0)
+    assert list(tmp_path.iterdir()) == []  # nothing generated or cached
+
+
 def test_class_counts_are_of_the_clean_long_tailed_labels():
     """The many/medium/few split is by the long-tail profile, not by what label noise made of it."""
     clean = build_data(cfg(name="digits", imbalance_ratio=10), torch.device("cpu"), seed=0)
