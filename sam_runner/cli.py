@@ -12,7 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import RunFolderConflict, UserError
+from .errors import RunFolderConflict, UserError, one_line
 from .paths import config_dir
 
 
@@ -57,7 +57,7 @@ def run_job(cfg: DictConfig):
             raise
         import traceback
         traceback.print_exc()  # a bug, not bad input: the whole story, then the sweep goes on
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        msg = one_line(e)
         print(f"sam-run: job {hc.job.num} failed: {msg}", file=sys.stderr)
         return sweep.record_failure(run_dir, overrides, msg)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError, require
+from .errors import UserError, number, require
 
 CIFAR_STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -235,16 +235,6 @@ def apply_label_noise(y: torch.Tensor, num_classes: int, fraction: float, seed: 
 
 
 # ---------------------------------------------------------------------------- entry
-def number(key: str, value, accepted: str, ok) -> float:
-    """``value`` as a float if it is a number (not a bool) that passes ``ok``; else a one-line error."""
-    try:
-        x = None if isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        x = None
-    require(x is not None and ok(x), f"{key}={value!r} must be {accepted}")
-    return x
-
-
 def validate(cfg) -> None:
     require(cfg.name in DATASETS, f"dataset={cfg.name!r} is unknown; choose one of {', '.join(DATASETS)}")
     bs = cfg.batch_size

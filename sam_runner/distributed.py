@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import UserError, require
+from .errors import UserError, one_line, require
 
 
 @dataclass
@@ -295,14 +295,6 @@ def _worker(rank, world, device_type, port, fn, args, results, env=None, parent_
         results.put((rank, kind, msg, failed_at))
         sys.stderr.flush()
         os._exit(1)  # skip destroy_process_group: peers may be stuck in a collective
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one line: a UserError's message, else ``Type: first line``."""
-    msg = str(e).splitlines()[0] if str(e) else ""
-    if isinstance(e, UserError):
-        return msg or type(e).__name__
-    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
 def _context(device: torch.device, start_method=None):

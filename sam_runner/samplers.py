@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .errors import require
+from .errors import number, require
 
 
 class UniformSampler:
@@ -166,7 +166,7 @@ class SGSSampler:
 
 
 def _sgs(cfg, data):
-    from .data import TensorLoader, number
+    from .data import TensorLoader
     require(isinstance(data.train, TensorLoader),
             f"dataset.sampler=sgs needs an in-memory dataset (mnist1d, digits, cifar10, cifar100, cifar100_lt), "
             f"not dataset={cfg.name}")

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .data import number
-from .errors import require
+from .errors import number, require
 
 SCHEDULERS = ("cosine", "multistep", "constant")
 

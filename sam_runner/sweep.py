@@ -38,7 +38,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from .errors import RunFolderConflict, UserError
+from .errors import RunFolderConflict, UserError, one_line
 from .runfiles import RUN_ONLY_KEYS, describe_changes, holds_results, read_json, run_only, write_json
 
 DEFAULT_EXCLUDE = ("trainer.device", "trainer.progress")
@@ -58,7 +58,7 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
             if not topo.is_main and not isinstance(e, INTERRUPTIONS):
                 # rank 0 records its own failure; the launcher (srun --kill-on-bad-exit) ends the others, so
                 # a failing peer says what happened here: its log, and summary.json unless rank 0 wrote one
-                msg = f"process {topo.rank} of {topo.world} failed: {distributed.one_line(e)}"
+                msg = f"process {topo.rank} of {topo.world} failed: {one_line(e)}"
                 print(f"sam-run: {msg}", file=sys.stderr, flush=True)
                 if not isinstance(e, RunFolderConflict):
                     record_failure(run_dir, overrides, msg)

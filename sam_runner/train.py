@@ -14,7 +14,7 @@ from torch import nn
 
 from . import distributed
 from .data import build_data
-from .errors import Interrupted, RunFolderConflict, UserError, require
+from .errors import Interrupted, RunFolderConflict, UserError, one_line, require
 from .loggers import build_logger
 from .metrics.evaluate import evaluate
 from .metrics.tracker import CurvatureTracker
@@ -104,7 +104,7 @@ def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> 
         raise
     except BaseException as e:
         if dist.is_main and not isinstance(e, RunFolderConflict):  # another run's folder stays as it is
-            _write_summary(run_dir, {"status": "failed", "error": distributed.one_line(e), "overrides": list(overrides)})
+            _write_summary(run_dir, {"status": "failed", "error": one_line(e), "overrides": list(overrides)})
         _close_loggers(run.loggers, e)
         raise
 

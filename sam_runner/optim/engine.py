@@ -181,6 +181,14 @@ class SharpnessAware(torch.optim.Optimizer):
             tensor.div_(dist.get_world_size())
         return tensor
 
+    def all_reduce_mean_list_(self, tensors) -> None:
+        """``all_reduce_mean_`` over a list of tensors in place, as one flat buffer (one collective)."""
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        flat = self.all_reduce_mean_(torch.cat([t.reshape(-1) for t in tensors]))
+        torch._foreach_copy_(tensors, [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors)])
+
     def keep_if_overflow(self, new, old):
         """``new``, or ``old`` when this step's fp16 gradients held inf/NaN (the step is skipped):
         adaptive variant state must not absorb a skipped step. No host sync."""

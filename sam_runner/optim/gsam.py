@@ -31,16 +31,9 @@ class GSAM(SAM):
         if self.alpha == 0:
             return
         g, gp = self._cache["g"], self._lists()[1]
-        self._all_reduce_list(g)
+        if not self.sync_perturbation:  # g is this process's own: the same direction on every process
+            self.all_reduce_mean_list_(g)
         # g⊥ = g − (⟨g, gp⟩ / ‖gp‖²) gp;  gp − α g⊥ = (1 + α ⟨g, gp⟩ / ‖gp‖²) gp − α g
         coef = self.dot(g, gp) / (self.global_norm(gp).square() + 1e-12)
         torch._foreach_mul_(gp, 1 + self.alpha * coef)
         torch._foreach_add_(gp, g, alpha=-self.alpha)
-
-    def _all_reduce_list(self, tensors):
-        import torch.distributed as dist
-        if self.sync_perturbation or not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        self.all_reduce_mean_(flat)
-        torch._foreach_copy_(tensors, [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors)])

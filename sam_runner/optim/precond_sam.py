@@ -54,7 +54,7 @@ class PrecondSAM(SAM):
         if self.perturb_count % self.refresh_every == 0:
             new_f = torch._foreach_mul(grads, grads)
             if not self.sync_perturbation:  # F is global: the mean g² over processes
-                self._all_reduce_mean_list_(new_f)
+                self.all_reduce_mean_list_(new_f)
             if self.perturb_count > 0:
                 torch._foreach_lerp_(new_f, fisher, self.beta)           # F ← β F + (1 − β) g²
             root_u = torch._foreach_add(new_f, self.delta)
@@ -68,14 +68,6 @@ class PrecondSAM(SAM):
         scale = self.current_rho / (self.global_norm(eps) + 1e-12)   # ρ / sqrt(gᵀ U g)
         torch._foreach_mul_(eps, root_u)                             # U g
         torch._foreach_mul_(eps, scale)
-
-    def _all_reduce_mean_list_(self, tensors) -> None:
-        """``all_reduce_mean_`` over a list of tensors, as one flat buffer (one collective)."""
-        import torch.distributed as dist
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-            return
-        flat = self.all_reduce_mean_(torch.cat([t.reshape(-1) for t in tensors]))
-        torch._foreach_copy_(tensors, [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors)])
 
     def after_second_pass(self, loss, perturbed_loss):
         # found_inf exists under fp16 scaling only: one host sync there (the count lives on the host)
