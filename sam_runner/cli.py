@@ -12,8 +12,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import RunFolderConflict, UserError, one_line
+from . import __version__
+from .errors import RunFolderConflict, UserError, first_line, one_line
 from .paths import config_dir
+from .settings import override_key
 
 
 def run_name(override_dirname: str) -> str:
@@ -29,6 +31,9 @@ def run_name(override_dirname: str) -> str:
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("run_name"):
         OmegaConf.register_new_resolver("run_name", run_name)
+    if not OmegaConf.has_resolver("sam_runner_groups"):
+        from .help import config_groups
+        OmegaConf.register_new_resolver("sam_runner_groups", config_groups)
 
 
 def run_job(cfg: DictConfig):
@@ -39,18 +44,18 @@ def run_job(cfg: DictConfig):
     """
     from hydra.types import RunMode
 
-    from . import sweep
+    from .sweep.jobs import record_failure, run_parallel
     hc = HydraConfig.get()
     run_dir, overrides = hc.runtime.output_dir, list(hc.overrides.task)
     sweeping = hc.mode == RunMode.MULTIRUN
     try:
-        return sweep.run_parallel(cfg, run_dir, overrides)
+        return run_parallel(cfg, run_dir, overrides)
     except UserError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"sam-run: error: {e}", file=sys.stderr)
         if sweeping and not isinstance(e, RunFolderConflict):  # another run's folder stops the sweep, untouched
-            return sweep.record_failure(run_dir, overrides, str(e))
+            return record_failure(run_dir, overrides, str(e))
         sys.exit(2)
     except Exception as e:
         if not sweeping:
@@ -59,7 +64,7 @@ def run_job(cfg: DictConfig):
         traceback.print_exc()  # a bug, not bad input: the whole story, then the sweep goes on
         msg = one_line(e)
         print(f"sam-run: job {hc.job.num} failed: {msg}", file=sys.stderr)
-        return sweep.record_failure(run_dir, overrides, msg)
+        return record_failure(run_dir, overrides, msg)
 
 
 register_resolvers()
@@ -86,15 +91,11 @@ def check_output_folder(argv: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------- overrides
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
-
-
 def _unknown_option(e) -> str:
     """``optimizer=foo is unknown; choose one of ...`` from Hydra's MissingConfigException."""
     found = re.search(r"Could not find '([^']+)'", str(e))
     if not found or not e.options:
-        return str(e).strip().splitlines()[0]
+        return first_line(str(e))
     group, _, value = found.group(1).rpartition("/")
     near = difflib.get_close_matches(value, e.options, n=1)
     hint = f" (did you mean {near[0]}?)" if near else ""
@@ -104,9 +105,9 @@ def _unknown_option(e) -> str:
 def _unknown_key(key: str, job: list[str]) -> str:
     """``trainer.epoch is not a key; did you mean trainer.epochs?``: the nearest key where the
     config without this override has one, else the keys it has there."""
-    from .sweep import compose
+    from .sweep.plan import compose
     try:
-        cfg = compose([o for o in job if _key(o) != key])
+        cfg = compose([o for o in job if override_key(o) != key])
     except Exception:
         return f"{key} is not a key; `sam-run --cfg job` lists the keys"
     parent, _, leaf = key.rpartition(".")
@@ -139,12 +140,12 @@ def _jobs(args) -> list[list[str]]:
     """The overrides of each job to compose: one job per distinct choice of config-group options."""
     if not args.multirun:
         return [args.overrides]
-    from . import sweep
-    fixed = sweep.fixed_config(args.overrides)
+    from .sweep.plan import expand, fixed_config, sweeper_params
+    fixed = fixed_config(args.overrides)
     groups = set(fixed.hydra.runtime.choices)
     distinct = {}
-    for job in sweep.expand(args.overrides, sweep.sweeper_params(fixed)):
-        distinct.setdefault(tuple(o for o in job if _key(o) in groups), job)
+    for job in expand(args.overrides, sweeper_params(fixed)):
+        distinct.setdefault(tuple(o for o in job if override_key(o) in groups), job)
     return list(distinct.values())
 
 
@@ -156,7 +157,7 @@ def check_overrides(argv: list[str]) -> None:
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-    from .sweep import compose
+    from .sweep.plan import compose
     args = get_args_parser().parse_args(argv)
     if (os.environ.get("HYDRA_FULL_ERROR") == "1" or args.help or args.hydra_help or args.shell_completion
             or args.config_path or args.config_name or args.config_dir or args.experimental_rerun):
@@ -166,7 +167,7 @@ def check_overrides(argv: list[str]) -> None:
         for job in _jobs(args):
             compose(job)
     except OverrideParseException as e:
-        message = (f"{e.override} is not a valid override ({e.message.strip().splitlines()[0]}); see "
+        message = (f"{e.override} is not a valid override ({first_line(e.message)}); see "
                    "https://hydra.cc/docs/advanced/override_grammar/basic/")
     except MissingConfigException as e:
         message = _unknown_option(e)
@@ -184,6 +185,9 @@ def check_overrides(argv: list[str]) -> None:
 
 def main() -> None:
     argv = sys.argv[1:]
+    if argv and argv[0] in ("--version", "-V"):
+        print(f"sam-runner {__version__}")
+        return
     if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
         # Hydra refuses -m with --cfg; `sam-run -m experiment=X --cfg job` prints the preset's config
         sys.argv[1:] = argv = [a for a in argv if a not in ("-m", "--multirun")]

@@ -178,15 +178,19 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def pick_device(name: str, local_rank: int) -> torch.device:
-    """The device of one data-parallel process: cuda:<local rank> or the CPU."""
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """The device ``trainer.device`` names for one process: ``auto`` is CUDA when there is a GPU,
+    ``cuda`` is the process's GPU (``cuda:<local rank>``), ``cuda:N`` that GPU; one-line errors."""
+    name = str(name)
+    require(name in ("auto", "cpu", "cuda") or name.startswith("cuda:"),
+            f"trainer.device={name!r} is unknown; choose auto, cpu or cuda")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cpu":
         return torch.device("cpu")
     require(torch.cuda.is_available(), f"trainer.device={name} but CUDA is not available here; "
                                        "use trainer.device=cpu or auto")
-    return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device(name) if ":" in name else torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
 def init_from_env(device_name: str) -> Topology:
@@ -195,7 +199,7 @@ def init_from_env(device_name: str) -> Topology:
     env = os.environ
     if "SLURM_PROCID" in env and "RANK" not in env:
         _slurm_rendezvous(env)
-    device = pick_device(device_name, local)
+    device = resolve_device(device_name, local)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.distributed.init_process_group(backend_for(device), init_method="env://", rank=rank, world_size=world,
@@ -208,16 +212,14 @@ def init_from_env(device_name: str) -> Topology:
 # ---------------------------------------------------------------------------- trainer.devices=N
 def check_devices(devices, device_name: str) -> torch.device:
     """Validate trainer.devices against the machine; returns the device type to use."""
-    require(isinstance(devices, int) and devices >= 1, f"trainer.devices={devices} must be an integer >= 1")
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_name == "cpu":
-        return torch.device("cpu")
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    require(have > 0, f"trainer.device={device_name} but CUDA is not available here; use trainer.device=cpu")
-    require(devices <= have, f"trainer.devices={devices} but this machine has {have} GPU(s); "
-                             f"use trainer.devices<={have} (or trainer.device=cpu for gloo processes)")
-    return torch.device("cuda")
+    require(isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1,
+            f"trainer.devices={devices!r} must be an integer >= 1")
+    device = resolve_device(device_name)
+    if device.type == "cuda":
+        have = torch.cuda.device_count()
+        require(devices <= have, f"trainer.devices={devices} but this machine has {have} GPU(s); "
+                                 f"use trainer.devices<={have} (or trainer.device=cpu for gloo processes)")
+    return torch.device(device.type)
 
 
 def free_port() -> int:

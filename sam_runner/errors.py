@@ -12,8 +12,14 @@ class RunFolderConflict(UserError):
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during ``train()``. The last checkpoint is kept, so the same call resumes from it."""
 
-    def __init__(self, epoch: int = 0, step: int = 0):
-        super().__init__(f"interrupted at epoch {epoch} (step {step})" if epoch else "interrupted before training")
+    def __init__(self, epoch: int = 0, step: int = 0, in_epoch: int = 0):
+        if not in_epoch:
+            message = "interrupted before training"
+        elif epoch:
+            message = f"interrupted in epoch {in_epoch}; the checkpoint holds epoch {epoch} (step {step})"
+        else:
+            message = f"interrupted in epoch {in_epoch}, before the first checkpoint"
+        super().__init__(message)
         self.epoch, self.step = epoch, step
 
 
@@ -32,9 +38,20 @@ def number(key: str, value, accepted: str, ok) -> float:
     return x
 
 
+def integer(key: str, value, accepted: str, ok=lambda n: True) -> int:
+    """``value`` if it is an int (not a bool) that passes ``ok``; else a one-line error."""
+    require(isinstance(value, int) and not isinstance(value, bool) and ok(value), f"{key}={value!r} must be {accepted}")
+    return value
+
+
+def first_line(text: str) -> str:
+    text = str(text).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def one_line(e: BaseException) -> str:
     """An exception as one line: a UserError's message, else ``Type: first line``."""
-    msg = str(e).splitlines()[0] if str(e) else ""
+    msg = first_line(str(e))
     if isinstance(e, UserError):
         return msg or type(e).__name__
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__

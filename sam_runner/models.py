@@ -11,10 +11,10 @@ import difflib
 import torch
 from torch import nn
 
-from .errors import UserError, require
+from .errors import UserError, integer, number, one_line, require
+from .registry import MODELS
 
-ARCHS = ("auto", "mlp", "cnn1d", "cnn", "resnet18", "resnet34", "wrn28_10", "wrn16_8", "vgg16_bn", "vgg19_bn",
-         "vit_tiny", "timm")
+INPUTS = {"1d": "1-D signals (channels, length)", "image": "images (channels, height, width)"}
 
 
 class MLP(nn.Module):
@@ -162,19 +162,6 @@ class VGG(nn.Module):
         return x
 
 
-def _timm_model(name, pretrained, in_channels, num_classes, **kw):
-    import timm
-    if name in (None, "???") or not timm.is_model(name):
-        close = difflib.get_close_matches(str(name), timm.list_models(), n=5, cutoff=0.6)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
-        raise UserError(f"model.name={name!r} is not a timm model{hint}")
-    try:
-        return timm.create_model(name, pretrained=bool(pretrained), num_classes=num_classes, in_chans=in_channels, **kw)
-    except Exception as e:
-        raise UserError(f"model=timm model.name={name}: could not be built ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
-
-
 def auto_arch(input_shape: tuple) -> str:
     """model=auto: cnn1d for 1-D data, cnn for images under 32x32, resnet18 otherwise."""
     if len(input_shape) == 2:
@@ -182,35 +169,100 @@ def auto_arch(input_shape: tuple) -> str:
     return "cnn" if min(input_shape[1:]) < 32 else "resnet18"
 
 
-def build_model(cfg, input_shape: tuple, num_classes: int) -> nn.Module:
-    arch = cfg.arch
-    require(arch in ARCHS, f"model={arch!r} is unknown; choose one of {', '.join(ARCHS)}")
-    if arch == "auto":
-        arch = auto_arch(tuple(input_shape))
-    channels = input_shape[0]
-    if arch == "mlp":
-        n = 1
-        for d in input_shape:
-            n *= d
-        return MLP(n, num_classes, tuple(cfg.get("hidden", (256, 256))))
-    if arch == "cnn1d":
-        require(len(input_shape) == 2, f"model=cnn1d needs 1-D inputs (channels, length), got shape {input_shape}")
-        return SmallCNN(1, channels, num_classes, int(cfg.get("channels", 32)))
-    require(len(input_shape) == 3, f"model={arch} needs images (channels, height, width), got shape "
-                                   f"{input_shape}; use model=mlp or model=cnn1d for 1-D data")
-    if arch == "cnn":
-        return SmallCNN(2, channels, num_classes, int(cfg.get("channels", 32)))
-    if arch in ("resnet18", "resnet34"):
-        return ResNet((2, 2, 2, 2) if arch == "resnet18" else (3, 4, 6, 3), channels, num_classes)
-    if arch in ("wrn28_10", "wrn16_8"):
-        depth, width = (28, 10) if arch == "wrn28_10" else (16, 8)
-        return WideResNet(depth, width, channels, num_classes, float(cfg.get("dropout", 0.0)))
-    if arch in VGG_CFG:
-        return VGG(arch, channels, num_classes, input_shape[1])
-    if arch == "vit_tiny":
-        from timm.models.vision_transformer import VisionTransformer
-        patch = int(cfg.get("patch_size", 4))
-        require(input_shape[1] % patch == 0, f"model.patch_size={patch} must divide the image size {input_shape[1]}")
-        return VisionTransformer(img_size=input_shape[1], patch_size=patch, in_chans=channels,
-                                 num_classes=num_classes, embed_dim=192, depth=12, num_heads=3)
-    return _timm_model(cfg.get("name"), cfg.get("pretrained", False), channels, num_classes)
+@MODELS.register("mlp", "flatten, hidden Linear-ReLU layers (model.hidden), linear head", inputs=None)
+def mlp(cfg, input_shape, num_classes):
+    n = 1
+    for d in input_shape:
+        n *= d
+    hidden = tuple(cfg.get("hidden", (256, 256)))
+    require(all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden),
+            f"model.hidden={list(hidden)} must be a list of layer widths >= 1, e.g. [256,256]")
+    return MLP(n, num_classes, hidden)
+
+
+def _channels(cfg) -> int:
+    return integer("model.channels", cfg.get("channels", 32), "an integer >= 1", lambda c: c >= 1)
+
+
+@MODELS.register("cnn1d", "three conv-BN-ReLU stages, 1-D (model.channels)", inputs="1d")
+def cnn1d(cfg, input_shape, num_classes):
+    return SmallCNN(1, input_shape[0], num_classes, _channels(cfg))
+
+
+@MODELS.register("cnn", "three conv-BN-ReLU stages, 2-D (model.channels)", inputs="image")
+def cnn(cfg, input_shape, num_classes):
+    return SmallCNN(2, input_shape[0], num_classes, _channels(cfg))
+
+
+@MODELS.register("resnet18", "CIFAR-style ResNet-18 (3×3 stem, no max-pool)", inputs="image")
+def resnet18(_cfg, input_shape, num_classes):
+    return ResNet((2, 2, 2, 2), input_shape[0], num_classes)
+
+
+@MODELS.register("resnet34", "CIFAR-style ResNet-34 (3×3 stem, no max-pool)", inputs="image")
+def resnet34(_cfg, input_shape, num_classes):
+    return ResNet((3, 4, 6, 3), input_shape[0], num_classes)
+
+
+def _dropout(cfg) -> float:
+    return number("model.dropout", cfg.get("dropout", 0.0), "a probability in [0, 1)", lambda p: 0 <= p < 1)
+
+
+@MODELS.register("wrn28_10", "Wide ResNet 28-10 (model.dropout)", inputs="image")
+def wrn28_10(cfg, input_shape, num_classes):
+    return WideResNet(28, 10, input_shape[0], num_classes, _dropout(cfg))
+
+
+@MODELS.register("wrn16_8", "Wide ResNet 16-8 (model.dropout)", inputs="image")
+def wrn16_8(cfg, input_shape, num_classes):
+    return WideResNet(16, 8, input_shape[0], num_classes, _dropout(cfg))
+
+
+@MODELS.register("vgg16_bn", "CIFAR-style VGG-16 with BatchNorm", inputs="image")
+def vgg16_bn(_cfg, input_shape, num_classes):
+    return VGG("vgg16_bn", input_shape[0], num_classes, input_shape[1])
+
+
+@MODELS.register("vgg19_bn", "CIFAR-style VGG-19 with BatchNorm", inputs="image")
+def vgg19_bn(_cfg, input_shape, num_classes):
+    return VGG("vgg19_bn", input_shape[0], num_classes, input_shape[1])
+
+
+@MODELS.register("vit_tiny", "ViT-Tiny (timm; model.patch_size, default 4)", inputs="image")
+def vit_tiny(cfg, input_shape, num_classes):
+    from timm.models.vision_transformer import VisionTransformer
+    patch = integer("model.patch_size", cfg.get("patch_size", 4), "an integer >= 1", lambda p: p >= 1)
+    require(input_shape[1] % patch == 0, f"model.patch_size={patch} must divide the image size {input_shape[1]}")
+    return VisionTransformer(img_size=input_shape[1], patch_size=patch, in_chans=input_shape[0],
+                             num_classes=num_classes, embed_dim=192, depth=12, num_heads=3)
+
+
+@MODELS.register("timm", "any timm model (model.name=..., model.pretrained=false)", inputs="image")
+def timm_model(cfg, input_shape, num_classes):
+    import timm
+    name = cfg.get("name")
+    if name in (None, "???") or not timm.is_model(name):
+        close = difflib.get_close_matches(str(name), timm.list_models(), n=5, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
+        raise UserError(f"model.name={name!r} is not a timm model{hint}")
+    try:
+        return timm.create_model(name, pretrained=bool(cfg.get("pretrained", False)), num_classes=num_classes,
+                                 in_chans=input_shape[0])
+    except Exception as e:
+        raise UserError(f"model=timm model.name={name}: could not be built ({one_line(e)})") from None
+
+
+@MODELS.register("auto", "cnn1d for 1-D data, cnn for images under 32×32, resnet18 otherwise", inputs=None)
+def auto(cfg, input_shape, num_classes):
+    return build_model(cfg, input_shape, num_classes, auto_arch(tuple(input_shape)))
+
+
+def build_model(cfg, input_shape: tuple, num_classes: int, arch: str | None = None) -> nn.Module:
+    """The model ``model.arch`` names (or ``arch``) for inputs of ``input_shape``."""
+    entry = MODELS.entry(arch or cfg.arch)
+    kind = {2: "1d", 3: "image"}.get(len(input_shape))
+    if entry.inputs is not None and entry.inputs != kind:
+        other = "model=mlp or model=cnn1d" if kind == "1d" else "an image model"
+        raise UserError(f"model={entry.name} needs {INPUTS[entry.inputs]}, got shape {tuple(input_shape)}; "
+                        f"use {other}")
+    return entry.target(cfg, tuple(input_shape), num_classes)

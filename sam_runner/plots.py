@@ -15,9 +15,7 @@ import math
 import re
 from pathlib import Path
 
-from .runfiles import atomic_write_bytes, read_json, read_rows  # torch-free: sam-report stays light
-
-RUN_PLOTS = ("curves.png", "reliability.png")
+from .runfiles import atomic_write_bytes, finite, read_json, read_rows  # torch-free: sam-report stays light
 
 
 def _figure(nrows=1, ncols=1, size=(6.0, 4.0)):
@@ -49,10 +47,6 @@ def log_scale(ax, which: str, values) -> None:
         axis.set_major_locator(ticker.MaxNLocator(5))
         axis.set_minor_locator(ticker.NullLocator())
         axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
-
-
-def finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def natural_key(text: str) -> list:

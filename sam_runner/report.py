@@ -48,21 +48,18 @@ from pathlib import Path
 
 from .errors import UserError, require
 from .plots import natural_key  # plots.py imports matplotlib only when drawing
-from .runfiles import atomic_write_bytes, read_json, read_rows, run_only
+from .registry import VARIANTS
+from .runfiles import atomic_write_bytes, finite, read_json, read_rows
+from .settings import override_key, run_only
+from .sweep.plan import expected_jobs, job_dirs
 
 DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
 BOUND_STATS = ("bound", "lambda_max_over_bound")  # per group, over jobs with both λ_max and a bound
 LABELS = {"test_acc": "test accuracy", "test_ece": "ECE", "test_nll": "NLL", "lambda_max": "λ_max",
           "bound": "bound", "lambda_max_over_bound": "λ_max/bound"}
-NO_RHO = ("base",)  # variants without a perturbation radius
 STATUSES = ("completed", "diverged", "failed", "missing")
 SPLIT_METRICS = ("test_acc_many", "test_acc_medium", "test_acc_few")
 NEAR_END = 0.1  # Γ: the last 10% of the logged epochs
-PLOTS = ("acc_vs_rho.png", "lambda_max_vs_rho.png", "ece_vs_rho.png", "acc_vs_lambda_max.png")
-
-
-def override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def group_overrides(overrides, ignore=()) -> tuple:
@@ -77,7 +74,7 @@ def experiment_overrides(overrides) -> tuple:
 
 def tlc_bound(batch_size, gamma, rho, lr):
     """(b Γ / (2 ρ η²))^(1/3): the λ_max that SAM-type dynamics stay under (TLC-SAM abstract)."""
-    if not all(_finite(v) and v > 0 for v in (batch_size, gamma, rho, lr)):
+    if not all(finite(v) and v > 0 for v in (batch_size, gamma, rho, lr)):
         return None
     return (batch_size * gamma / (2 * rho * lr ** 2)) ** (1 / 3)
 
@@ -85,27 +82,23 @@ def tlc_bound(batch_size, gamma, rho, lr):
 def near_end(rows, key, reduce=max, fraction=NEAR_END):
     """``reduce`` (max: Γ; mean: ρ) of ``key`` over the last ``fraction`` of the logged epochs
     (at least the last epoch); None if ``key`` was not logged there."""
-    last = max((r["epoch"] for r in rows if _finite(r.get("epoch"))), default=None)
+    last = max((r["epoch"] for r in rows if finite(r.get("epoch"))), default=None)
     if last is None:
         return None
     window = max(1, math.ceil(fraction * last))
-    vals = [r[key] for r in rows if _finite(r.get(key)) and _finite(r.get("epoch")) and r["epoch"] > last - window]
+    vals = [r[key] for r in rows if finite(r.get(key)) and finite(r.get("epoch")) and r["epoch"] > last - window]
     return reduce(vals) if vals else None
 
 
 def stats(values) -> dict:
-    vals = [v for v in values if _finite(v)]
+    vals = [v for v in values if finite(v)]
     if not vals:
         return {"mean": None, "std": None, "n": 0}
     return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals)}
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _num(v):
-    return v if _finite(v) else None
+    return v if finite(v) else None
 
 
 @dataclass
@@ -152,28 +145,10 @@ def _get(cfg, dotted):
     return cfg
 
 
-def find_job_dirs(sweep_dir: Path) -> list[Path]:
-    """Every folder under the sweep with a ``.hydra/`` (Hydra writes it when a job starts)."""
-    dirs = {p.parent for p in sweep_dir.rglob(".hydra") if p.is_dir()}
-    return sorted(dirs, key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts])
-
-
-def expected_overrides(sweep_dir: Path):
-    """The jobs the sweep calls for (lists of overrides), or None when it can't be known."""
-    conf = _read_yaml(sweep_dir / "multirun.yaml")
-    hydra = (conf or {}).get("hydra") or {}
-    sweeper = hydra.get("sweeper") or {}
-    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
-        return None
-    try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-        task = list(params) + list((hydra.get("overrides") or {}).get("task") or [])
-        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)
-    except Exception:  # an unparsable sweep: report the folders alone
-        return None
-    return [job for batch in batches for job in batch]
+def has_rho(variant: str) -> bool:
+    """Whether a variant's ``optimizer.rho`` is a perturbation radius (not for ``base``; an unknown
+    variant is taken at its configured ρ)."""
+    return VARIANTS.entry(variant).has_rho if variant in VARIANTS else True
 
 
 def load_job(path: Path, metrics) -> Job:
@@ -188,7 +163,7 @@ def load_job(path: Path, metrics) -> Job:
         name = _override_value(job.overrides, "optimizer") or "unknown"
     job.variant = str(name)
     job.study = _get(cfg, "study")
-    job.rho = None if job.variant in NO_RHO else _num(_get(cfg, "optimizer.rho"))
+    job.rho = _num(_get(cfg, "optimizer.rho")) if has_rho(job.variant) else None
     job.batch_size, job.lr = _num(_get(cfg, "dataset.batch_size")), _num(_get(cfg, "base_optimizer.lr"))
     if summary is None or summary.get("status") not in ("completed", "diverged", "failed"):
         rows = read_rows(path / "metrics.jsonl")
@@ -233,12 +208,12 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
     sweep_dir = Path(sweep_dir)
     require(sweep_dir.is_dir(), f"sweep folder {str(sweep_dir)!r} does not exist or is not a folder; "
                                 "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)")
-    dirs = find_job_dirs(sweep_dir)
+    dirs = job_dirs(sweep_dir)
     # long-tail studies log per-split accuracies: report them without being asked (any job may be the first done)
     logged = set().union(*((read_json(d / "summary.json") or {}).keys() for d in dirs))
     splits = [k for k in SPLIT_METRICS if k in logged]
     metrics = tuple(dict.fromkeys(list(DEFAULT_METRICS) + splits + list(metrics)))
-    expected = expected_overrides(sweep_dir)
+    expected = expected_jobs(sweep_dir)
     require(dirs or expected, f"no jobs in {sweep_dir}: no job folder with a .hydra/ inside and no multirun.yaml; "
                               "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)")
     jobs = [load_job(d, metrics) for d in dirs]
@@ -251,7 +226,7 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
             else:
                 variant = _override_value(ov, "optimizer") or "unknown"
                 jobs.append(Job(path=None, overrides=list(ov), detail="not started (no job folder yet)", variant=variant,
-                                rho=None if variant in NO_RHO else _num(_to_float(_override_value(ov, "optimizer.rho")))))
+                                rho=_num(_to_float(_override_value(ov, "optimizer.rho"))) if has_rho(variant) else None))
     else:
         notes.append("The sweep's job list could not be read from multirun.yaml (not Hydra's basic sweeper): "
                      "jobs that have not started are not counted.")
@@ -268,7 +243,7 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
         first = next((j for j in members if j.path is not None), members[0])
         counts = Counter(j.status for j in members)
         checked = [(j.metrics["lambda_max"], j.bound) for j in done
-                   if j.bound is not None and _finite(j.metrics.get("lambda_max"))]
+                   if j.bound is not None and finite(j.metrics.get("lambda_max"))]
         rows.append({"group": " ".join(key) or "(defaults)", "series": _series(first, key, common),
                      "label": " ".join(o for o in key if o not in common) or "(defaults)", "variant": first.variant,
                      "rho": first.rho, "jobs": len(members), **{s: counts.get(s, 0) for s in STATUSES},
@@ -278,7 +253,7 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
         rows[-1]["stats"].update(bound=stats([b for _, b in checked]),
                                  lambda_max_over_bound=stats([lam / b for lam, b in checked]))
     rows.sort(key=lambda g: (g["variant"] != "base", natural_key(g["series"]),
-                             g["rho"] if _finite(g["rho"]) else -1, natural_key(g["group"])))
+                             g["rho"] if finite(g["rho"]) else -1, natural_key(g["group"])))
     if common:
         first_key = next(iter(groups))
         notes.insert(0, "Overrides common to all groups: " + " ".join(o for o in first_key if o in common))

@@ -1,7 +1,8 @@
 """The files every run leaves: metrics.jsonl, summary.json, checkpoints/last.pt.
 
-Everything is written atomically (a temporary file, then a rename): a kill at any
-moment leaves either the old file or the new one, never half of one.
+Everything is written atomically (a temporary file, flushed to disk, then a rename): a kill
+at any moment leaves either the old file or the new one, never half of one. Nothing here
+imports torch at module level: ``sam-report`` and the plots read run files without it.
 """
 from __future__ import annotations
 
@@ -10,25 +11,35 @@ import math
 import os
 from pathlib import Path
 
-from .errors import RunFolderConflict, UserError
+from .errors import UserError
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
+CHECKPOINT_FORMAT = 2  # 1: counters and logger id at the top level (before the run's parts had names)
 
-# How a run runs, not what it computes: left out when two runs are compared (a resume on
-# another device, with another logger or data folder is the same run). The sweep rule adds
-# hydra.job.config.override_dirname.exclude_keys (conf/config.yaml) to these.
-RUN_ONLY_KEYS = ("hydra", "trainer.device", "trainer.progress", "trainer.compile", "trainer.channels_last",
-                 "logger", "dataset.data_dir", "dataset.download")
+
+def atomic_write(path: Path, write) -> None:
+    """``write(file)`` into a temporary file beside ``path``, fsync, then rename it to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write(data))
+
+
+def finite(v) -> bool:
+    """A real number that is neither NaN nor infinite (bools are not numbers here)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _jsonable(v):
@@ -66,49 +77,6 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def run_only(key: str, exclude=RUN_ONLY_KEYS) -> bool:
-    """Whether a config key or override key (``logger.project``, ``hydra/launcher``) is a how-it-runs key."""
-    key = key.lstrip("+~")
-    return any(key == k or key.startswith((k + ".", k + "/")) for k in exclude)
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def result_config(cfg) -> dict:
-    """What a run's results depend on: the resolved config as dotted keys, how-it-runs keys left out."""
-    from omegaconf import OmegaConf
-    tree = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-    return {k: v for k, v in _flatten(tree).items() if not run_only(k)}
-
-
-def _show(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def describe_changes(changes: list[str], limit: int = 3) -> str:
-    return ", ".join(changes[:limit]) + (f" and {len(changes) - limit} more" if len(changes) > limit else "")
-
-
-def require_same_config(saved: dict | None, now: dict, what: str, run_dir) -> None:
-    """RunFolderConflict naming the keys (old -> new) whose values differ between a stored result
-    config and this run's. A run stored before configs were (``saved`` None) matches; so do keys
-    only one side has: options a newer or older version added or dropped, not another run."""
-    if not saved:
-        return
-    changes = [f"{k} {_show(saved[k])} -> {_show(v)}" for k, v in now.items() if k in saved and saved[k] != v]
-    if changes:
-        raise RunFolderConflict(f"{what} belongs to a different run ({describe_changes(changes)}); use another "
-                                f"run folder, or delete {run_dir} to start over")
-
-
 def holds_results(run_dir) -> bool:
     """Whether running in ``run_dir`` would continue a run there: a checkpoint to resume, or a completed summary."""
     run_dir = Path(run_dir)
@@ -138,17 +106,15 @@ class MetricsLog:
 
 
 class Checkpoint:
-    """checkpoints/last.pt: model, optimizer (variant and base), scheduler, scaler, RNG, counters."""
+    """checkpoints/last.pt: the state of each of a run's parts under the part's name, its
+    fingerprint and the format number."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
 
     def save(self, state: dict) -> None:
-        import torch  # here, not at the top: report and plots read run files without torch
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-        torch.save(state, tmp)
-        os.replace(tmp, self.path)
+        import torch
+        atomic_write(self.path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f))
 
     def load(self) -> dict | None:
         if not self.path.exists():
@@ -160,6 +126,16 @@ class Checkpoint:
         except Exception as e:
             raise UserError(f"checkpoint {self.path} is unreadable ({type(e).__name__}); it may be truncated "
                             "or corrupt: restore it, or delete it to start the run over") from None
-        if not isinstance(state, dict) or "model" not in state or "step" not in state:
+        if not isinstance(state, dict) or "model" not in state or not ("step" in state or "clock" in state):
             raise UserError(f"checkpoint {self.path} is not a sam-run checkpoint; delete it to start the run over")
-        return state
+        return upgrade(state)
+
+
+def upgrade(state: dict) -> dict:
+    """A checkpoint in the current format: format 1 kept its counters and logger id at the top level."""
+    if state.get("format", 1) == 1:
+        state = dict(state)
+        state["clock"] = {k: state.pop(k) for k in ("epoch", "step", "elapsed", "train_time")}
+        state["logger"] = {"run_id": state.pop("logger_run_id", None)}
+        state["format"] = CHECKPOINT_FORMAT
+    return state

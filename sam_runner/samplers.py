@@ -10,6 +10,7 @@ import math
 import torch
 
 from .errors import number, require
+from .registry import DATASETS, SAMPLERS
 
 
 class UniformSampler:
@@ -165,10 +166,16 @@ class SGSSampler:
         return {"sgs_weight_ratio": float(w.max() / w.min())}
 
 
-def _sgs(cfg, data):
+@SAMPLERS.register("uniform", "plain shuffling each epoch")
+def uniform(_cfg, _data) -> UniformSampler:
+    return UniformSampler()
+
+
+@SAMPLERS.register("sgs", "sharpness-guided equilibrium sampling for long tails (SGS-SAM)")
+def sgs(cfg, data) -> SGSSampler:
     from .data import TensorLoader
     require(isinstance(data.train, TensorLoader),
-            f"dataset.sampler=sgs needs an in-memory dataset (mnist1d, digits, cifar10, cifar100, cifar100_lt), "
+            f"dataset.sampler=sgs needs an in-memory dataset ({', '.join(DATASETS.names_where(tensors=True))}), "
             f"not dataset={cfg.name}")
     opts = dict(cfg.get("sgs") or {})
     unknown = set(opts) - {"alpha", "lam", "beta"}
@@ -177,10 +184,5 @@ def _sgs(cfg, data):
                       **{k: number(f"dataset.sgs.{k}", v, "a number", math.isfinite) for k, v in opts.items()})
 
 
-SAMPLERS = {"uniform": lambda cfg, data: UniformSampler(), "sgs": _sgs}
-
-
 def build_sampler(cfg, data):
-    name = cfg.get("sampler", "uniform")
-    require(name in SAMPLERS, f"dataset.sampler={name!r} is unknown; choose one of {', '.join(SAMPLERS)}")
-    return SAMPLERS[name](cfg, data)
+    return SAMPLERS.build(cfg.get("sampler", "uniform"), cfg, data)

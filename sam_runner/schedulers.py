@@ -1,14 +1,54 @@
-"""Learning-rate schedules, stepped once per optimizer step (linear warmup, then the shape)."""
+"""Learning-rate schedules (``scheduler=<name>``), stepped once per optimizer step: a linear
+warmup over ``warmup_epochs``, then the schedule's shape, as a factor of the base lr."""
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .errors import number, require
+from .registry import SCHEDULERS
 
-SCHEDULERS = ("cosine", "multistep", "constant")
+
+def _cosine_keys(cfg) -> None:
+    number("scheduler.min_lr_ratio", cfg.get("min_lr_ratio", 0.0), "a fraction in [0, 1]", lambda r: 0 <= r <= 1)
+
+
+def _multistep_keys(cfg) -> None:
+    number("scheduler.gamma", cfg.get("gamma", 0.1), "a finite number > 0", lambda g: 0 < g < math.inf)
+    ms = cfg.get("milestones", [])
+    ok = isinstance(ms, Sequence) and not isinstance(ms, str) and all(
+        isinstance(m, (int, float)) and not isinstance(m, bool) and m >= 0 for m in ms)
+    require(ok, f"scheduler.milestones={ms!r} must be a list of epochs >= 0, e.g. [60, 120, 160]")
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training is: after ``step`` optimizer steps, with ``warmup`` warmup steps."""
+    step: int
+    warmup: int
+    steps_per_epoch: int
+    total_steps: int
+
+
+@SCHEDULERS.register("cosine", "cosine decay from lr to min_lr_ratio·lr over training", check=_cosine_keys)
+def cosine(cfg, at: Position) -> float:
+    t = (at.step - at.warmup) / max(1, at.total_steps - at.warmup)
+    floor = float(cfg.get("min_lr_ratio", 0.0))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+
+@SCHEDULERS.register("multistep", "lr × gamma at each epoch of milestones", check=_multistep_keys)
+def multistep(cfg, at: Position) -> float:
+    epoch = at.step / at.steps_per_epoch
+    return float(cfg.get("gamma", 0.1)) ** sum(epoch >= m for m in cfg.get("milestones", []))
+
+
+@SCHEDULERS.register("constant", "the base lr throughout (after the warmup)")
+def constant(_cfg, _at: Position) -> float:
+    return 1.0
 
 
 def lr_factor(cfg, step: int, steps_per_epoch: int, total_steps: int) -> float:
@@ -16,29 +56,16 @@ def lr_factor(cfg, step: int, steps_per_epoch: int, total_steps: int) -> float:
     warmup = int(round(float(cfg.get("warmup_epochs", 0)) * steps_per_epoch))
     if step < warmup:
         return (step + 1) / warmup
-    if cfg.name == "cosine":
-        t = (step - warmup) / max(1, total_steps - warmup)
-        floor = float(cfg.get("min_lr_ratio", 0.0))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
-    if cfg.name == "multistep":
-        epoch = step / steps_per_epoch
-        return float(cfg.get("gamma", 0.1)) ** sum(epoch >= m for m in cfg.get("milestones", []))
-    return 1.0
+    return SCHEDULERS[cfg.name](cfg, Position(step, warmup, steps_per_epoch, total_steps))
 
 
 def validate(cfg) -> None:
     """One-line errors for the keys ``lr_factor`` reads (an absent key takes its default)."""
-    require(cfg.name in SCHEDULERS, f"scheduler={cfg.name!r} is unknown; choose one of {', '.join(SCHEDULERS)}")
+    entry = SCHEDULERS.entry(cfg.name)
     number("scheduler.warmup_epochs", cfg.get("warmup_epochs", 0), "a number of epochs >= 0",
            lambda e: 0 <= e < math.inf)
-    if cfg.name == "cosine":
-        number("scheduler.min_lr_ratio", cfg.get("min_lr_ratio", 0.0), "a fraction in [0, 1]", lambda r: 0 <= r <= 1)
-    if cfg.name == "multistep":
-        number("scheduler.gamma", cfg.get("gamma", 0.1), "a finite number > 0", lambda g: 0 < g < math.inf)
-        ms = cfg.get("milestones", [])
-        ok = isinstance(ms, Sequence) and not isinstance(ms, str) and all(
-            isinstance(m, (int, float)) and not isinstance(m, bool) and m >= 0 for m in ms)
-        require(ok, f"scheduler.milestones={ms!r} must be a list of epochs >= 0, e.g. [60, 120, 160]")
+    if entry.meta.get("check"):
+        entry.check(cfg)
 
 
 def build_scheduler(cfg, optimizer, steps_per_epoch: int, total_steps: int):

@@ -1,8 +1,15 @@
-"""``train(cfg)``: one run, top to bottom. Collaborators do the rest (data, models,
-optim, metrics, runfiles, loggers); this file only puts them in order."""
+"""``train(cfg)``: one run, in phases that read top to bottom.
+
+``Run`` puts the collaborators in order (data, models, optim, metrics, runfiles, loggers):
+``setup`` builds every part, ``resume`` restores them from the checkpoint, ``train_epoch`` runs
+one epoch (the closure is ``forward_backward``), ``end_epoch`` evaluates and checkpoints,
+``finish`` writes the summary. Every stateful part is saved and restored through one mapping
+(``parts``), and every part that adds keys to a metrics line does so through ``log_values()``.
+"""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -13,44 +20,39 @@ import torch
 from torch import nn
 
 from . import distributed
+from .clock import Clock
 from .data import build_data
-from .errors import Interrupted, RunFolderConflict, UserError, one_line, require
-from .loggers import build_logger
+from .errors import Interrupted, RunFolderConflict, UserError, integer, number, one_line, require
+from .loggers import NullLogger, build_logger
 from .metrics.evaluate import evaluate
 from .metrics.tracker import CurvatureTracker
 from .models import build_model
 from .optim.build import build_optimizer
 from .progress import Progress, print_final
-from .runfiles import (CHECKPOINT, Checkpoint, MetricsLog, read_json, require_same_config, result_config,
-                       write_json)
+from .provenance import provenance
+from .runfiles import CHECKPOINT, Checkpoint, MetricsLog, read_json, write_json
 from .samplers import build_sampler
 from .schedulers import build_scheduler
+from .settings import require_same_config, result_config
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_device(name: str) -> torch.device:
-    require(name in ("auto", "cpu", "cuda") or str(name).startswith("cuda:"),
-            f"trainer.device={name!r} is unknown; choose auto, cpu or cuda")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    require(name == "cpu" or torch.cuda.is_available(),
-            f"trainer.device={name} but CUDA is not available here; use trainer.device=cpu or auto")
-    return torch.device(name)
-
-
 def validate(cfg) -> None:
+    """The trainer's own keys (the other groups check theirs where they are built)."""
     t = cfg.trainer
-    require(isinstance(t.epochs, int) and t.epochs >= 1, f"trainer.epochs={t.epochs} must be an integer >= 1")
+    integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
     require(t.precision in PRECISIONS, f"trainer.precision={t.precision!r} is unknown; choose fp32, bf16 or fp16")
-    require(isinstance(t.accumulate, int) and t.accumulate >= 1,
-            f"trainer.accumulate={t.accumulate} must be an integer >= 1")
+    integer("trainer.accumulate", t.accumulate, "an integer >= 1", lambda a: a >= 1)
     bs = cfg.dataset.batch_size
     require(not isinstance(bs, int) or bs <= 0 or bs % t.accumulate == 0,
             f"dataset.batch_size={bs} must be divisible by trainer.accumulate={t.accumulate}")
     clip = t.get("gradient_clip")
     require(clip is None or (isinstance(clip, (int, float)) and clip > 0),
             f"trainer.gradient_clip={clip} must be null or a number > 0")
+    number("trainer.label_smoothing", t.get("label_smoothing", 0.0), "a number in [0, 1]", lambda s: 0 <= s <= 1)
+    integer("trainer.eval_every_n_epochs", t.get("eval_every_n_epochs", 1), "an integer >= 1", lambda n: n >= 1)
+    integer("seed", cfg.seed, "an integer")
 
 
 def fingerprint(cfg, model, world: int = 1) -> dict:
@@ -75,14 +77,6 @@ def require_resumable(saved: dict, now: dict, path: Path, run_dir: Path) -> None
                                 "use another run folder or delete the checkpoint")
 
 
-class _RunState:
-    """What train() needs of a run that stops early: its logger (a failure still finishes
-    its W&B run) and where it was (for the one-line Ctrl-C message)."""
-
-    def __init__(self):
-        self.loggers, self.epoch, self.step = [], 0, 0
-
-
 def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> dict:
     """Train one run in ``run_dir``; returns its summary (also written to summary.json)."""
     run_dir = Path(run_dir)
@@ -91,46 +85,298 @@ def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> 
         require_same_config(done.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir)
         print_final(done, run_dir, already=True)
         return done
-    dist = distributed.current()
-    run = _RunState()
-    try:
-        return _train(cfg, run_dir, list(overrides), dist, run)
-    except KeyboardInterrupt as e:  # checkpoint and metrics stay as they were: the same call resumes
-        _close_loggers(run.loggers, e)
-        raise Interrupted(run.epoch, run.step) from e
-    except SystemExit as e:
-        # an interruption too: submitit requeues on SIGUSR2, then sys.exit()s; the requeued job resumes
-        _close_loggers(run.loggers, e)
-        raise
-    except BaseException as e:
-        if dist.is_main and not isinstance(e, RunFolderConflict):  # another run's folder stays as it is
-            _write_summary(run_dir, {"status": "failed", "error": one_line(e), "overrides": list(overrides)})
-        _close_loggers(run.loggers, e)
-        raise
+    run = Run(cfg, run_dir, list(overrides))
+    with run.stopping_cleanly():
+        run.setup()
+        run.resume()
+        while run.clock.epoch < run.clock.epochs:
+            if not run.train_epoch():
+                break  # diverged
+            run.end_epoch()
+        return run.finish()
 
 
-def _write_summary(run_dir: Path, summary: dict) -> None:
+class RNGState:
+    """The global RNG states a resumed run must continue from (dropout, and anything else drawing)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def state_dict(self) -> dict:
+        cuda = self.device.type == "cuda"
+        return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device) if cuda else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        if self.device.type == "cuda" and state.get("cuda") is not None:
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+
+
+class EpochStats:
+    """The training loss and accuracy of one epoch, summed on the device (no host sync per step),
+    and the first step whose loss was not finite."""
+
+    def __init__(self, device, dist):
+        self.dist = dist
+        self.loss_sum = torch.zeros((), device=device)
+        self.correct = torch.zeros((), device=device)
+        self.seen = 0
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+
+    def add(self, loss, correct, n: int, step: int) -> None:
+        self.first_bad = torch.where((self.first_bad < 0) & ~torch.isfinite(loss), step, self.first_bad)
+        self.loss_sum += loss.detach() * n
+        self.correct += correct
+        self.seen += n
+
+    def diverged_at(self) -> int | None:
+        """The first non-finite step of any process, or None (an all-reduce: every process agrees)."""
+        bad = int(self.dist.max(self.first_bad))
+        return bad if bad >= 0 else None
+
+    def log_values(self) -> dict:
+        seen = self.seen * self.dist.world  # every process saw an equal share of each global batch
+        return {"train_loss": float(self.dist.sum(self.loss_sum) / seen),
+                "train_acc": float(self.dist.sum(self.correct) / seen)}
+
+
+class TestSet:
+    """The test-set keys of an evaluated metrics line (and the reliability bins, for summary.json)."""
+
+    def __init__(self, run: Run):
+        self.run, self.reliability = run, None
+
+    def log_values(self) -> dict:
+        r = self.run
+        row = evaluate(r.net, r.data.test, r.criterion, r.autocast, r.dist, r.cfg.metrics, r.data.class_counts)
+        self.reliability = row.pop("reliability", None)  # diagram bins go to summary.json only
+        return row
+
+
+class Run:
+    def __init__(self, cfg, run_dir: Path, overrides: list[str]):
+        self.cfg, self.run_dir, self.overrides = cfg, run_dir, overrides
+        self.dist = distributed.current()
+        self.clock = Clock(epochs=cfg.trainer.epochs)
+        self.logger = NullLogger()  # until setup: a run that fails before it still finishes one
+        self.saved = (0, 0)  # (epoch, step) the checkpoint holds
+        self.status, self.error, self.last = "completed", None, {}
+
+    # ------------------------------------------------------------------ phases
+    def setup(self) -> None:
+        """Build data, model, optimizer, scheduler, scaler, sampler, tracker and logger."""
+        cfg, t = self.cfg, self.cfg.trainer
+        validate(cfg)
+        self.device = device = self.dist.device or distributed.resolve_device(t.device)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        require(_writable(self.run_dir), f"run folder {self.run_dir} is not writable; choose another with "
+                                         "hydra.run.dir=...")
+        torch.manual_seed(cfg.seed)
+        self.data = data = build_data(cfg.dataset, device, cfg.seed, self.dist.rank, self.dist.world)
+        torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
+        self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
+        if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
+            model.to(memory_format=torch.channels_last)
+        self.steps_per_epoch = len(data.train)
+        total_steps = self.steps_per_epoch * self.clock.epochs
+        self.optimizer = build_optimizer(cfg, model, total_steps)
+        self.scheduler = build_scheduler(cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
+        self.net = self.dist.wrap(model, cfg)  # DDP when world > 1, then torch.compile when asked
+        if t.compile and device.type == "cuda":
+            self.net = torch.compile(self.net)
+        self.optimizer.bind(model=self.net, grad_scaler=self.scaler, clip_grad_norm=t.get("gradient_clip"))
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=float(t.label_smoothing), reduction="none")
+        self.autocast = _autocast(device, t.precision)
+        self.sampler = build_sampler(cfg.dataset, data)
+        self.tracker = CurvatureTracker(cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock)
+        self.test_set = TestSet(self)
+        if self.dist.is_main:
+            self.logger = build_logger(cfg.logger, self.run_dir, cfg)
+        self.rng = RNGState(device)
+        self.fingerprint = fingerprint(cfg, model, self.dist.world)
+        self.checkpoint = Checkpoint(self.run_dir / CHECKPOINT)
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.progress = Progress(t.get("progress", "auto"), self.clock.epochs, self.steps_per_epoch,
+                                 enabled=self.dist.is_main)
+
+    def parts(self) -> dict:
+        """Every stateful part of the run, by its name in the checkpoint."""
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler,
+                "sampler": self.sampler, "curvature": self.tracker, "rng": self.rng, "clock": self.clock,
+                "logger": self.logger}
+
+    def resume(self) -> None:
+        """Continue from the checkpoint, if there is one; then start the logger and the wall clock."""
+        state = self.checkpoint.load()
+        if state is not None:
+            require_resumable(state.get("fingerprint") or {}, self.fingerprint, self.checkpoint.path, self.run_dir)
+            for name, part in self.parts().items():
+                try:
+                    part.load_state_dict(state[name])
+                except (RuntimeError, KeyError, ValueError) as e:
+                    raise UserError(f"checkpoint {self.checkpoint.path} does not fit this run's {name} "
+                                    f"({type(e).__name__}); use another run folder or delete it") from None
+            self.saved = (self.clock.epoch, self.clock.step)
+        if self.dist.is_main:
+            self.log.truncate_after(self.clock.step)  # lines past the checkpoint are redone, never repeated
+        self.logger.start()
+        if state is not None and self.dist.is_main:
+            print(f"resuming {self.run_dir} from epoch {self.clock.epoch} (step {self.clock.step})", file=sys.stderr)
+        self.start = time.perf_counter() - self.clock.elapsed
+
+    def train_epoch(self) -> bool:
+        """One pass over the training set; False when the loss became non-finite (the run diverged)."""
+        clock, t = self.clock, self.cfg.trainer
+        clock.epoch += 1
+        clock.within_epoch = True
+        epoch_start = time.perf_counter()
+        if self.dist.parallel:  # each process its own dropout masks; from (seed, epoch, rank): a resume draws alike
+            torch.manual_seed(rank_seed(self.cfg.seed, clock.epoch, self.dist.rank))
+        self.model.train()
+        self.data.train.set_epoch(clock.epoch)
+        stats = EpochStats(self.device, self.dist)
+        bar = self.progress.epoch_bar(clock.epoch)
+        for x, y, idx in self.data.train:
+            micro = list(zip(x.chunk(t.accumulate), y.chunk(t.accumulate), idx.chunk(t.accumulate)))
+            counts = {"correct": 0}
+            loss = self.optimizer.step(functools.partial(self.forward_backward, micro, counts))
+            self.scheduler.step()
+            self.scaler.update()
+            clock.step += 1
+            stats.add(loss, counts["correct"], len(y), clock.step)
+            bar.update(stats.loss_sum, stats.correct, stats.seen)
+            curvature = self.tracker.log_values()
+            if curvature:
+                clock.train_time -= curvature.get("hessian_time_s", 0.0)  # measuring is not training
+                self.log_line({**curvature, "epoch": clock.epoch, "step": clock.step})
+            if clock.step % 50 == 0 and stats.diverged_at() is not None:  # all processes stop together
+                break
+        bar.close()
+        clock.within_epoch = False
+        clock.train_time += time.perf_counter() - epoch_start
+        self.stats = stats.log_values()
+        bad = stats.diverged_at()
+        if bad is not None or not math.isfinite(self.stats["train_loss"]):
+            self.status = "diverged"
+            self.error = f"loss became non-finite at epoch {clock.epoch}, step {bad if bad is not None else clock.step}"
+            return False
+        self.sampler.end_epoch(self.data.train)
+        return True
+
+    def forward_backward(self, micro, counts: dict):
+        """The optimizer's closure: zero the gradients, then forward and backward over the step's
+        micro-batches; returns the step's loss. On the first pass, counts the right predictions."""
+        optimizer, net = self.optimizer, self.net
+        optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for i, (xm, ym, im) in enumerate(micro):
+            # under DDP a synced pass all-reduces once, on its last micro-batch
+            quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
+            with (net.no_sync() if quiet else contextlib.nullcontext()), self.autocast:
+                out = net(xm)
+            per_sample = self.criterion(out.float(), ym)
+            loss = optimizer.reduce_loss(per_sample, out, ym) / len(micro)
+            self.scaler.scale(loss).backward()
+            total += loss.detach()
+            self.sampler.observe(optimizer.pass_index, im, ym, per_sample.detach())
+            if optimizer.pass_index == 0:
+                counts["correct"] = counts["correct"] + (out.argmax(1) == ym).sum()
+        return total
+
+    def end_epoch(self) -> None:
+        """Evaluate and checkpoint on evaluation epochs (every ``eval_every_n_epochs``-th and the last);
+        on the others only a due curvature measurement is logged."""
+        clock = self.clock
+        if not clock.final and clock.epoch % int(self.cfg.trainer.get("eval_every_n_epochs", 1)) != 0:
+            curvature = self.tracker.log_values()  # a curvature epoch measures all the same
+            if curvature:
+                self.log_line({"epoch": clock.epoch, "step": clock.step, **curvature})
+            return
+        row = {"epoch": clock.epoch, "step": clock.step, **self.stats, **self.test_set.log_values(),
+               "lr": self.optimizer.param_groups[0]["lr"]}
+        for part in (self.optimizer, self.sampler, self.tracker):
+            row.update(part.log_values())
+        self.log_line(row)
+        self.last = row
+        self.save()
+        self.progress.epoch_line(row)
+
+    def save(self) -> None:
+        self.clock.elapsed = self.last["time_s"]
+        if self.dist.is_main:
+            state = {name: part.state_dict() for name, part in self.parts().items()}
+            self.checkpoint.save({**state, "fingerprint": self.fingerprint})
+        self.saved = (self.clock.epoch, self.clock.step)
+
+    def log_line(self, row: dict) -> None:
+        """A metrics.jsonl line (and the logger's), timed from the run's start."""
+        row["time_s"] = time.perf_counter() - self.start
+        if self.dist.is_main:
+            self.log.append(row)
+            self.logger.log(row)
+
+    def finish(self) -> dict:
+        """summary.json, the run's plots, the logger's summary, and the closing line."""
+        last, clock = self.last, self.clock
+        summary = {"status": self.status, "test_acc": last.get("test_acc"), "test_ece": last.get("test_ece"),
+                   "test_nll": last.get("test_nll"), "lambda_max": last.get("lambda_max"),
+                   "epochs": clock.epoch, "step": clock.step, "train_time_s": clock.train_time,
+                   "overrides": self.overrides, "config": self.fingerprint["config"],
+                   **provenance(self.model, self.cfg.model, self.data.input_shape, self.device)}
+        summary.update(self.tracker.summary_extras())
+        if self.test_set.reliability is not None:
+            summary["reliability"] = self.test_set.reliability
+        summary.update({k: v for k, v in last.items() if k.startswith("test_") and k not in summary})
+        if self.error:
+            summary["error"] = self.error
+        if self.dist.is_main:
+            write_json(self.run_dir / "summary.json", summary)
+            _write_plots(self.run_dir)
+            self.logger.summary(summary)
+            self.logger.finish(self.status)
+            print_final(summary, self.run_dir)
+        return summary
+
+    # ------------------------------------------------------------------ stopping early
+    @contextlib.contextmanager
+    def stopping_cleanly(self):
+        """A run that stops early: Ctrl-C keeps the last checkpoint (the same call resumes), a
+        requeue (SystemExit) likewise, and any other error is recorded as a failed summary."""
+        try:
+            yield
+        except KeyboardInterrupt as e:
+            self._close_logger(e)
+            raise Interrupted(*self.saved, self.clock.epoch) from e
+        except SystemExit as e:  # submitit requeues on SIGUSR2, then sys.exit()s; the requeued job resumes
+            self._close_logger(e)
+            raise
+        except BaseException as e:
+            if self.dist.is_main and not isinstance(e, RunFolderConflict):  # another run's folder stays as it is
+                _write_failure(self.run_dir, {"status": "failed", "error": one_line(e), "overrides": self.overrides})
+            self._close_logger(e)
+            raise
+
+    def _close_logger(self, error: BaseException) -> None:
+        """Finish the logger of a run that stops early: ``interrupted`` (Ctrl-C), ``preempted``
+        (SystemExit: submitit's requeue), else ``failed`` with the error."""
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            status = "interrupted" if isinstance(error, KeyboardInterrupt) else "preempted"
+            summary = {"status": status}
+        else:
+            status, summary = "failed", {"status": "failed", "error": one_line(error)}
+        try:
+            self.logger.summary(summary)
+            self.logger.finish(status)
+        except Exception as e:  # the run's own error is the one to report
+            print(f"sam-run: warning: logger not finished ({one_line(e)})", file=sys.stderr)
+
+
+def _write_failure(run_dir: Path, summary: dict) -> None:
     try:
         write_json(run_dir / "summary.json", summary)
     except OSError:
         pass  # an unwritable run folder is reported by the error that got us here
-
-
-def _close_loggers(loggers, error: BaseException) -> None:
-    """Finish the loggers of a run that stops early: ``interrupted`` (Ctrl-C), ``preempted``
-    (SystemExit: submitit's requeue), else ``failed`` with the error."""
-    if isinstance(error, (KeyboardInterrupt, SystemExit)):
-        status = "interrupted" if isinstance(error, KeyboardInterrupt) else "preempted"
-        summary = {"status": status}
-    else:
-        status = "failed"
-        summary = {"status": status, "error": f"{type(error).__name__}: {error}".splitlines()[0]}
-    for logger in loggers:
-        try:
-            logger.summary(summary)
-            logger.finish(status)
-        except Exception as e:  # the run's own error is the one to report
-            print(f"sam-run: warning: logger not finished ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def _write_plots(run_dir: Path) -> None:
@@ -138,177 +384,7 @@ def _write_plots(run_dir: Path) -> None:
         from .plots import write_run_plots
         write_run_plots(run_dir)
     except Exception as e:  # plots are a view of the run's files: never fail a finished run over them
-        print(f"sam-run: warning: run plots not written ({type(e).__name__}: {e})", file=sys.stderr)
-
-
-def _train(cfg, run_dir: Path, overrides: list[str], dist, run: _RunState) -> dict:
-    t = cfg.trainer
-    validate(cfg)
-    device = dist.device or resolve_device(t.device)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    require(_writable(run_dir), f"run folder {run_dir} is not writable; choose another with hydra.run.dir=...")
-    torch.manual_seed(cfg.seed)
-    data = build_data(cfg.dataset, device, cfg.seed, dist.rank, dist.world)
-    torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
-    model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
-    if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
-        model = model.to(memory_format=torch.channels_last)
-    steps_per_epoch, epochs = len(data.train), t.epochs
-    total_steps = steps_per_epoch * epochs
-    optimizer = build_optimizer(cfg, model, total_steps)
-    scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch, total_steps)
-    scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
-    net = dist.wrap(model, cfg)  # DDP when world > 1, then torch.compile when asked
-    if t.compile and device.type == "cuda":
-        net = torch.compile(net)
-    optimizer.bind(model=net, grad_scaler=scaler, clip_grad_norm=t.get("gradient_clip"))
-    criterion = nn.CrossEntropyLoss(label_smoothing=float(t.label_smoothing), reduction="none")
-    autocast = _autocast(device, t.precision)
-    sampler = build_sampler(cfg.dataset, data)
-    tracker = CurvatureTracker(cfg.metrics, model, data, optimizer, cfg.seed, autocast)
-
-    ckpt, log = Checkpoint(run_dir / CHECKPOINT), MetricsLog(run_dir / "metrics.jsonl")
-    epoch, step, elapsed, train_time, run_id = 0, 0, 0.0, 0.0, None
-    fp = fingerprint(cfg, model, dist.world)
-    state = ckpt.load()
-    if state is not None:
-        require_resumable(state.get("fingerprint") or {}, fp, ckpt.path, run_dir)
-        try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise UserError(f"checkpoint {ckpt.path} does not fit this model/optimizer "
-                            f"({type(e).__name__}); use another run folder or delete it") from None
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        sampler.load_state_dict(state.get("sampler", {}))
-        tracker.load_state_dict(state.get("curvature", {}))
-        torch.set_rng_state(state["rng"]["torch"])
-        if device.type == "cuda" and state["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], device)
-        epoch, step = state["epoch"], state["step"]
-        elapsed, train_time, run_id = state["elapsed"], state["train_time"], state.get("logger_run_id")
-    if dist.is_main:
-        log.truncate_after(step)  # lines past the checkpoint are redone, never repeated
-    logger = build_logger(cfg.logger, run_dir, cfg, run_id) if dist.is_main else build_logger({"name": "none"}, run_dir, cfg)
-    run.loggers.append(logger)
-    progress = Progress(t.get("progress", "auto"), epochs, steps_per_epoch, enabled=dist.is_main)
-    if state is not None and dist.is_main:
-        print(f"resuming {run_dir} from epoch {epoch} (step {step})", file=sys.stderr)
-
-    start = time.perf_counter() - elapsed
-
-    def log_line(row: dict) -> None:  # a metrics.jsonl line (and the logger's), timed from the run's start
-        row["time_s"] = time.perf_counter() - start
-        if dist.is_main:
-            log.append(row)
-            logger.log(row)
-
-    reliability = None
-    last, status, error = {}, "completed", None
-    while epoch < epochs:
-        epoch += 1
-        run.epoch = epoch
-        epoch_start = time.perf_counter()
-        if dist.parallel:  # each process its own dropout masks; from (seed, epoch, rank): a resume draws alike
-            torch.manual_seed(rank_seed(cfg.seed, epoch, dist.rank))
-        model.train()
-        data.train.set_epoch(epoch)
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device)
-        seen = 0
-        first_bad = torch.full((), -1, dtype=torch.long, device=device)
-        bar = progress.epoch_bar(epoch)
-        for x, y, idx in data.train:
-            micro = list(zip(x.chunk(t.accumulate), y.chunk(t.accumulate), idx.chunk(t.accumulate)))
-            counts = {}
-
-            def closure():
-                optimizer.zero_grad(set_to_none=True)
-                total = torch.zeros((), device=device)
-                for i, (xm, ym, im) in enumerate(micro):
-                    # under DDP a synced pass all-reduces once, on its last micro-batch
-                    quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
-                    with (net.no_sync() if quiet else contextlib.nullcontext()), autocast:
-                        out = net(xm)
-                    per_sample = criterion(out.float(), ym)
-                    loss = optimizer.reduce_loss(per_sample, out, ym) / len(micro)
-                    scaler.scale(loss).backward()
-                    total += loss.detach()
-                    sampler.observe(optimizer.pass_index, im, ym, per_sample.detach())
-                    if optimizer.pass_index == 0:
-                        counts["correct"] = counts.get("correct", 0) + (out.argmax(1) == ym).sum()
-                return total
-
-            loss = optimizer.step(closure)
-            scheduler.step()
-            scaler.update()
-            step += 1
-            run.step = step
-            first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss), step, first_bad)
-            loss_sum += loss.detach() * len(y)
-            correct += counts["correct"]
-            seen += len(y)
-            bar.update(loss_sum, correct, seen)
-            extra = tracker.on_step(epoch, step, net)
-            if extra:
-                train_time -= extra.get("hessian_time_s", 0.0)  # measuring is not training
-                log_line({**extra, "epoch": epoch, "step": step})
-            if step % 50 == 0 and int(dist.max(first_bad)) >= 0:  # all ranks stop together
-                break
-        bar.close()
-        train_time += time.perf_counter() - epoch_start
-        seen *= dist.world  # every process saw an equal share of each global batch
-        train_loss, train_acc = dist.sum(loss_sum) / seen, dist.sum(correct) / seen
-        first_bad = dist.max(first_bad)
-        if int(first_bad) >= 0 or not math.isfinite(float(train_loss)):
-            status = "diverged"
-            error = f"loss became non-finite at epoch {epoch}, step {int(first_bad) if int(first_bad) >= 0 else step}"
-            break
-        sampler.end_epoch(data.train)
-        final = epoch == epochs
-        if not final and epoch % max(1, int(t.get("eval_every_n_epochs", 1))) != 0:
-            curvature = tracker.on_epoch_end(epoch, step, net, final)  # a curvature epoch measures all the same
-            if curvature:
-                log_line({"epoch": epoch, "step": step, **curvature})
-            continue
-        row = {"epoch": epoch, "step": step, "train_loss": float(train_loss), "train_acc": float(train_acc)}
-        evaluation = evaluate(net, data.test, criterion, autocast, dist, cfg.metrics, data.class_counts)
-        reliability = evaluation.pop("reliability", None)  # diagram bins go to summary.json only
-        row.update(evaluation)
-        row["lr"] = optimizer.param_groups[0]["lr"]
-        row.update(optimizer.log_values())
-        row.update(sampler.log_values())
-        row.update(tracker.on_epoch_end(epoch, step, net, final))
-        log_line(row)
-        last = row
-        if dist.is_main:
-            ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                       "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                       "sampler": sampler.state_dict(), "curvature": tracker.state_dict(),
-                       "rng": {"torch": torch.get_rng_state(),
-                               "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
-                       "epoch": epoch, "step": step, "elapsed": row["time_s"], "train_time": train_time,
-                       "logger_run_id": logger.run_id, "fingerprint": fp})
-        progress.epoch_line(row)
-
-    summary = {"status": status, "test_acc": last.get("test_acc"), "test_ece": last.get("test_ece"),
-               "test_nll": last.get("test_nll"), "lambda_max": last.get("lambda_max"),
-               "epochs": epoch, "step": step, "train_time_s": train_time, "overrides": overrides,
-               "config": fp["config"]}
-    summary.update(tracker.summary_extras())
-    if reliability is not None:
-        summary["reliability"] = reliability
-    summary.update({k: v for k, v in last.items() if k.startswith("test_") and k not in summary})
-    if error:
-        summary["error"] = error
-    if dist.is_main:
-        write_json(run_dir / "summary.json", summary)
-        _write_plots(run_dir)
-        logger.summary(summary)
-        logger.finish(status)
-        print_final(summary, run_dir)
-    return summary
+        print(f"sam-run: warning: run plots not written ({one_line(e)})", file=sys.stderr)
 
 
 def rank_seed(seed: int, epoch: int, rank: int) -> int:

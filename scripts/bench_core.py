@@ -72,7 +72,9 @@ def run(args) -> dict:
     m = build_model(OmegaConf.create({"arch": "cnn1d"}), d.input_shape, d.num_classes)
     out["loader_overhead_mnist1d"] = _loader_ratio(d, m, 3 if args.quick else args.repeats)
     # CIFAR-shaped: uint8 images held in memory, crop+flip+normalise per batch on tensors
-    from sam_runner.data import Normalize, TensorLoader, CIFAR_STATS, Data
+    from sam_runner.data import Data
+    from sam_runner.data.loaders import Normalize, TensorLoader
+    from sam_runner.data.sources import CIFAR_STATS
     n = 2048 if args.quick else 8192
     x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8)
     y = torch.randint(0, 10, (n,))

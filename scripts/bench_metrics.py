@@ -31,8 +31,27 @@ from omegaconf import OmegaConf
 
 from benchutil import interleaved_ratio
 
-from sam_runner.metrics.hessian import HessianOperator, lanczos, power_iteration, tridiagonal
+from sam_runner.metrics.hvp import HessianOperator
+from sam_runner.metrics.solvers import lanczos, tridiagonal
 from sam_runner.models import build_model
+
+
+def power_iteration(matvec, n, tol=1e-3, max_iter=1000, generator=None, device="cpu", reference=None):
+    """Plain power iteration (for comparison): stops when |estimate − reference| ≤ tol·|reference|
+    (an oracle rule, generous to power iteration) or, without a reference, on the relative change."""
+    v = torch.randn(n, generator=generator, dtype=torch.float64).to(device=device, dtype=torch.float32)
+    v = v / v.norm()
+    est, prev = 0.0, None
+    for it in range(1, max_iter + 1):
+        w = matvec(v)
+        est = float(torch.dot(w, v))
+        if reference is not None and abs(est - reference) <= tol * abs(reference):
+            return est, it
+        if reference is None and prev is not None and abs(est - prev) <= tol * abs(est):
+            return est, it
+        prev = est
+        v = w / w.norm()
+    return est, max_iter
 
 
 def _hvp_ratio(model, x, y, repeats):

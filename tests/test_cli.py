@@ -128,8 +128,8 @@ def test_ctrl_c_is_one_line_and_resumable_and_a_folder_refuses_other_settings(tm
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert re.fullmatch(r"sam-run: interrupted at epoch \d+ \(step \d+\); run the same command again to resume\n",
-                        err), err
+    assert re.fullmatch(r"sam-run: interrupted in epoch (\d+); the checkpoint holds epoch (\d+) \(step \d+\); "
+                        r"run the same command again to resume\n", err), err
     assert not (run_dir / "summary.json").exists(), "the run finished before the interrupt: make it longer"
 
     hydra_files = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}

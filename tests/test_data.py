@@ -9,7 +9,9 @@ import torch
 from omegaconf import OmegaConf
 
 from cifar_files import install, write_cifar
-from sam_runner.data import (TensorLoader, apply_label_noise, build_data, long_tail_indices, random_crop_flip)
+from sam_runner.data import build_data
+from sam_runner.data.labels import apply_label_noise, long_tail_indices
+from sam_runner.data.loaders import TensorLoader, random_crop_flip
 from sam_runner.errors import UserError
 
 
@@ -166,7 +168,7 @@ def test_loader_ranks_split_each_global_batch():
 def test_ranks_together_see_the_augmentations_of_one_process():
     """Crops and flips are drawn for the global batch and each process keeps its share: the union
     of 2 processes' augmented batches is the 1-process augmented batch, draw for draw."""
-    from sam_runner.data import Normalize
+    from sam_runner.data.loaders import Normalize
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (48, 3, 8, 8), generator=g, dtype=torch.uint8)
     y = torch.arange(48)
@@ -187,11 +189,11 @@ def test_ranks_together_see_the_augmentations_of_one_process():
 
 
 def test_image_folder_processes_draw_their_own_augmentation_seeds():
-    from sam_runner.data import _FolderLoader
+    from sam_runner.data.loaders import FolderLoader
     ds = list(range(8))
-    seeds = [_FolderLoader(ds, 4, True, 0, 0, True, rank, 2)._make().generator.initial_seed() for rank in (0, 1)]
+    seeds = [FolderLoader(ds, 4, True, 0, 0, True, rank, 2)._make().generator.initial_seed() for rank in (0, 1)]
     assert seeds[0] != seeds[1]
-    again = _FolderLoader(ds, 4, True, 0, 0, True, 1, 2)._make().generator.initial_seed()
+    again = FolderLoader(ds, 4, True, 0, 0, True, 1, 2)._make().generator.initial_seed()
     assert again == seeds[1]  # fixed by (seed, epoch, rank): a resumed epoch draws alike
 
 

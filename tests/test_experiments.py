@@ -12,12 +12,13 @@ from hydra import compose as hydra_compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conftest import ROOT, compose, run_cli
-from sam_runner import data, models
+from sam_runner import data
+from sam_runner.registry import MODELS
 from sam_runner.cli import register_resolvers
 from sam_runner.optim.build import build_optimizer
 from sam_runner.paths import config_dir
 from sam_runner.schedulers import build_scheduler
-from sam_runner.sweep import expand
+from sam_runner.sweep.plan import expand
 from sam_runner.train import validate
 
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -85,7 +86,7 @@ def test_every_job_of_the_sweep_builds(preset):
         composed.add((cfg.model.arch, cfg.dataset.name, cfg.optimizer.name))
         validate(cfg)
         data.validate(cfg.dataset)
-        assert cfg.model.arch in models.ARCHS
+        assert cfg.model.arch in MODELS
         opt = build_optimizer(cfg, tiny, total_steps=100)
         build_scheduler(cfg.scheduler, opt, 10, 100)
     assert {a for a, _, _ in composed} == set(archs.split())

@@ -50,7 +50,7 @@ def test_run_leaves_the_contract_files(finished):
         assert on_disk[key] is not None, key
     assert 0 <= on_disk["test_acc"] <= 1 and on_disk["test_acc"] == lines[-1]["test_acc"]
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert state["epoch"] == 2 and state["step"] == lines[-1]["step"]
+    assert state["clock"]["epoch"] == 2 and state["clock"]["step"] == lines[-1]["step"]
     assert not list((run_dir / "checkpoints").glob(".*tmp*")), "temporary files left behind"
 
 

@@ -1,19 +1,22 @@
-"""Experiment loggers. metrics.jsonl and summary.json are written whatever the logger;
-a logger mirrors them somewhere else (Weights & Biases). Only rank 0 logs.
+"""Experiment loggers (``logger=<name>``). metrics.jsonl and summary.json are written whatever
+the logger; a logger mirrors them somewhere else (Weights & Biases). Only rank 0 logs.
 
-Interface: ``run_id`` (saved in the checkpoint, so a resumed job continues the same
-run), ``log(row)`` per metrics line, ``summary(dict)`` once at the end, ``finish(status)``.
+Interface: ``start()`` once the run knows whether it resumes (``load_state_dict`` restores the
+``run_id`` of the run it continues, kept in the checkpoint), ``log(row)`` per metrics line,
+``summary(dict)`` once at the end, ``finish(status)``.
 """
 from __future__ import annotations
 
-from ..errors import require
-from . import wandb as _wandb  # imports W&B itself only when logger=wandb is built
+from ..registry import LOGGERS
 
 
 class NullLogger:
     """logger=none: local files only."""
 
     run_id = None
+
+    def start(self) -> None:
+        pass
 
     def log(self, row: dict) -> None:
         pass
@@ -24,15 +27,18 @@ class NullLogger:
     def finish(self, status: str) -> None:
         pass
 
+    def state_dict(self) -> dict:
+        return {"run_id": self.run_id}
 
-def _null(cfg, run_dir, full_cfg, run_id):
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@LOGGERS.register("none", "local files only (metrics.jsonl, summary.json, plots)")
+def none(_cfg, _run_dir, _full_cfg) -> NullLogger:
     return NullLogger()
 
 
-LOGGERS = {"none": _null, "wandb": _wandb.build}
-
-
-def build_logger(cfg, run_dir, full_cfg, run_id=None):
-    name = cfg.get("name", "none")
-    require(name in LOGGERS, f"logger={name!r} is unknown; choose one of {', '.join(LOGGERS)}")
-    return LOGGERS[name](cfg, run_dir, full_cfg, run_id)
+def build_logger(cfg, run_dir, full_cfg):
+    """The logger ``cfg.name`` names, not yet started."""
+    return LOGGERS.build(cfg.get("name", "none"), cfg, run_dir, full_cfg)

@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..errors import require
+from ..errors import one_line, require
+from ..registry import LOGGERS
 
 MODES = ("online", "offline", "disabled")
 
@@ -90,15 +91,24 @@ def _loggable(v) -> bool:
 
 
 class WandbLogger:
-    def __init__(self, cfg, run_dir, full_cfg, run_id=None):
-        mode = str(cfg.get("mode", "online"))
-        require(mode in MODES, f"logger.mode={mode!r} is unknown; choose one of {', '.join(MODES)}")
+    def __init__(self, cfg, run_dir, full_cfg):
+        self.mode = str(cfg.get("mode", "online"))
+        require(self.mode in MODES, f"logger.mode={self.mode!r} is unknown; choose one of {', '.join(MODES)}")
         tags = cfg.get("tags") or []
         require(not isinstance(tags, str), f"logger.tags={tags!r} must be a list, e.g. logger.tags=[a,b]")
+        self.cfg, self.run_dir, self.full_cfg, self.tags = cfg, Path(run_dir).resolve(), full_cfg, tags
+        self.run_id, self.run, self._finished = None, None, False
+
+    def state_dict(self) -> dict:
+        return {"run_id": self.run_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.run_id = state.get("run_id")  # a resumed job continues its W&B run
+
+    def start(self) -> None:
         import wandb
-        self._wandb = wandb
-        run_dir = Path(run_dir).resolve()
-        os.environ["WANDB_DIR"] = str(run_dir)  # W&B's own files (and wandb-core's logs) stay in the run
+        cfg, mode = self.cfg, self.mode
+        os.environ["WANDB_DIR"] = str(self.run_dir)  # W&B's own files (and wandb-core's logs) stay in the run
         os.environ["WANDB_SILENT"] = "true"
         if mode == "online" and not has_credentials():
             print("sam-run: W&B has no credentials here (set WANDB_API_KEY or run `wandb login`); "
@@ -106,22 +116,21 @@ class WandbLogger:
             mode = "offline"
         group = cfg.get("group") or sweep_group()
         kwargs = dict(project=cfg.get("project") or "sam-runner", entity=cfg.get("entity") or None,
-                      group=group, job_type=str(full_cfg.optimizer.name), tags=[str(t) for t in tags],
-                      name=_job_name(), config=_config_dict(full_cfg), dir=str(run_dir),
-                      id=run_id, resume="allow" if run_id else None)
+                      group=group, job_type=str(self.full_cfg.optimizer.name), tags=[str(t) for t in self.tags],
+                      name=_job_name(), config=_config_dict(self.full_cfg), dir=str(self.run_dir),
+                      id=self.run_id, resume="allow" if self.run_id else None)
         settings = wandb.Settings(silent=True, console="off")
         try:
             self.run = wandb.init(mode=mode, settings=settings, **kwargs)
         except Exception as e:
             if mode != "online":
                 raise
-            print(f"sam-run: W&B online init failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                  "logging offline, sync later with `wandb sync`", file=sys.stderr)
+            print(f"sam-run: W&B online init failed ({one_line(e)}); logging offline, sync later with `wandb sync`",
+                  file=sys.stderr)
             self.run = wandb.init(mode="offline", settings=settings, **kwargs)
         self.run_id = None if mode == "disabled" else self.run.id
         self.run.define_metric("epoch")
         self.run.define_metric("*", step_metric="epoch")
-        self._finished = False
 
     def log(self, row: dict) -> None:
         step = int(row.get("step", 0))
@@ -129,10 +138,11 @@ class WandbLogger:
 
     def summary(self, summary: dict) -> None:
         # curvature, calibration, status and error: the final values, not the last logged ones
-        self.run.summary.update({k: v for k, v in summary.items() if _loggable(v)})
+        if self.run is not None:
+            self.run.summary.update({k: v for k, v in summary.items() if _loggable(v)})
 
     def finish(self, status: str) -> None:
-        if self._finished:
+        if self._finished or self.run is None:  # never started: a run that failed before its first line
             return
         self._finished = True
         self.run.summary["status"] = status
@@ -141,5 +151,6 @@ class WandbLogger:
         self.run.finish(exit_code=0 if status == "completed" else 1)
 
 
-def build(cfg, run_dir, full_cfg, run_id=None) -> WandbLogger:
-    return WandbLogger(cfg, run_dir, full_cfg, run_id)
+@LOGGERS.register("wandb", "Weights & Biases: one run per job, grouped by sweep (logger.mode=offline works offline)")
+def build(cfg, run_dir, full_cfg) -> WandbLogger:
+    return WandbLogger(cfg, run_dir, full_cfg)

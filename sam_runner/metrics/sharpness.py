@@ -1,5 +1,5 @@
 """Sharpness measures beyond the Hessian spectrum, on an ``Objective`` (mean loss over fixed
-batches, see hessian.py). Every measure restores the parameters it moves.
+batches, see objective.py). Every measure restores the parameters it moves.
 
 - ``worst_case_sharpness``: max_{‖ε‖≤ρ} L(θ+ε) − L(θ), approximated by ``steps``
   normalized ascent steps ε ← ρ·g(θ+ε)/‖g(θ+ε)‖ (the first is SAM's ε; from a seeded
@@ -31,7 +31,10 @@ import math
 
 import torch
 
-from .hessian import HessianOperator, Objective, modes_restored
+from ..module_state import modes_restored
+from .hvp import HessianOperator
+from .objective import Objective
+from .solvers import hutchinson
 
 
 def _positive(name, value):
@@ -176,13 +179,4 @@ def _fisher_diagonal(obj: Objective, chunk: int = 256) -> torch.Tensor:
 def fisher_rao_sharpness(op: HessianOperator, num_probes: int = 20, damping: float = 1e-8, seed: int = 0):
     """Hutchinson estimate of tr((F + δ)⁻¹ H): (mean, standard error)."""
     _positive("damping", damping)
-    if not (isinstance(num_probes, int) and num_probes >= 2):
-        raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
-    inv = 1.0 / (_fisher_diagonal(op) + damping)
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for _ in range(num_probes):
-        v = (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).to(op.device, op.dtype)
-        samples.append(torch.dot(inv * v, op(v)))
-    s = torch.stack(samples).double().cpu()
-    return float(s.mean()), float(s.std() / math.sqrt(num_probes))
+    return hutchinson(op, num_probes, seed, weight=1.0 / (_fisher_diagonal(op) + damping))

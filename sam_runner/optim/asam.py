@@ -10,8 +10,10 @@ Defaults η = 0.01, ρ = 0.5 (the paper's scale, about 10× SAM's).
 import torch
 
 from .engine import SharpnessAware, _check
+from ..registry import VARIANTS
 
 
+@VARIANTS.register("asam", "ε = ρ T²g/‖Tg‖ with T = |θ| + η on weights (Kwon et al. 2021)")
 class ASAM(SharpnessAware):
     variant_options = {"eta": 0.01}
 

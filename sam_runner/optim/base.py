@@ -1,9 +1,12 @@
 """No perturbation: one pass and the base optimizer's step (the baseline of every study)."""
 from .engine import SharpnessAware
+from ..registry import VARIANTS
 
 
+@VARIANTS.register("base", "no perturbation: one pass and the base optimizer's step (the baseline)")
 class Base(SharpnessAware):
     passes = 1
+    has_rho = False  # a swept optimizer.rho is accepted and ignored (see __init__)
 
     def __init__(self, params, base_optimizer, rho=None, **kwargs):
         # rho (None or a number) is ignored, not an error: the study presets sweep base beside

@@ -1,4 +1,4 @@
-"""From config to optimizer: parameter groups, the base optimizer class, the variant.
+"""From config to optimizer: parameter groups, the base optimizer, the variant.
 
 The runner builds one parameter group per (functional block, kind): the block is the
 model's top-level child that owns the parameter (normalisation layers sit in their
@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import nn
 
-from ..errors import require
-from . import VARIANTS
+from ..errors import UserError, integer, number, require
+from ..registry import BASE_OPTIMIZERS, VARIANTS
 from .blocks import hidden_weights, top_level_blocks
-from .muon import MuonWithAdamW
-
-BASE_OPTIMIZERS = ("sgd", "adamw", "muon")
-ENGINE_KEYS = ("rho", "rho_schedule", "interval", "sync_perturbation", "perturb_with_weight_decay")
 
 
 def parameter_groups(model: nn.Module) -> list[dict]:
@@ -39,42 +34,26 @@ def parameter_groups(model: nn.Module) -> list[dict]:
     return [dict(params=by_key[k], block=k[0], kind=k[1], hidden=k[2], use_muon=k[3]) for k in order]
 
 
-def base_optimizer_class(cfg):
-    """(class, kwargs) for ``base_optimizer`` config."""
-    name = cfg.name
-    require(name in BASE_OPTIMIZERS, f"base_optimizer={name!r} is unknown; choose one of {', '.join(BASE_OPTIMIZERS)}")
-    lr = cfg.lr
-    require(isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0,
-            f"base_optimizer.lr={lr} must be a finite number > 0")
-    wd = float(cfg.get("weight_decay", 0.0))
-    require(wd >= 0, f"base_optimizer.weight_decay={wd} must be >= 0")
-    if name == "sgd":
-        return torch.optim.SGD, dict(lr=lr, momentum=float(cfg.get("momentum", 0.0)),
-                                     nesterov=bool(cfg.get("nesterov", False)), weight_decay=wd)
-    if name == "adamw":
-        return torch.optim.AdamW, dict(lr=lr, betas=tuple(cfg.get("betas", (0.9, 0.999))), weight_decay=wd)
-    return MuonWithAdamW, dict(lr=lr, momentum=float(cfg.get("momentum", 0.95)),
-                               betas=tuple(cfg.get("betas", (0.9, 0.999))), weight_decay=wd)
+def variant_kwargs(cfg) -> tuple[type, dict]:
+    """(variant class, its keyword arguments from the ``optimizer`` group), checked."""
+    opt_cfg = dict(cfg.optimizer)
+    entry = VARIANTS.entry(opt_cfg.pop("name"))
+    rho = opt_cfg.get("rho")
+    if entry.rho_refused:
+        # no fixed radius (le_sam): a swept optimizer.rho would silently mean nothing for these jobs
+        require(rho is None, f"optimizer.rho={rho} does not apply to {entry.name}; {entry.rho_refused}")
+        opt_cfg.pop("rho", None)
+    if rho is not None:
+        number("optimizer.rho", rho, "a finite number >= 0", lambda r: 0 <= r < math.inf)
+    integer("optimizer.interval", opt_cfg.get("interval", 1), "an integer >= 1", lambda n: n >= 1)
+    return entry.target, opt_cfg
 
 
 def build_optimizer(cfg, model: nn.Module, total_steps: int):
     """The SAM variant named by ``cfg.optimizer.name`` around the configured base optimizer."""
-    opt_cfg = dict(cfg.optimizer)
-    name = opt_cfg.pop("name")
-    require(name in VARIANTS, f"optimizer={name!r} is unknown; choose one of {', '.join(VARIANTS)}")
-    cls = VARIANTS[name]
-    rho = opt_cfg.get("rho", 0.0)
-    if cls.no_rho_hint:
-        # no fixed radius (le_sam): a swept optimizer.rho would silently mean nothing for these jobs
-        require(rho is None, f"optimizer.rho={rho} does not apply to {name}; {cls.no_rho_hint}")
-        opt_cfg.pop("rho", None)
-    require(rho is None or (isinstance(rho, (int, float)) and math.isfinite(rho) and rho >= 0),
-            f"optimizer.rho={rho} must be a finite number >= 0")
-    interval = opt_cfg.get("interval", 1)
-    require(isinstance(interval, int) and interval >= 1, f"optimizer.interval={interval} must be an integer >= 1")
-    base_cls, base_kwargs = base_optimizer_class(cfg.base_optimizer)
+    cls, kwargs = variant_kwargs(cfg)
+    base_cls, base_kwargs = BASE_OPTIMIZERS.build(cfg.base_optimizer.name, cfg.base_optimizer)
     try:
-        return cls(parameter_groups(model), base_cls, total_steps=total_steps, **opt_cfg, **base_kwargs)
+        return cls(parameter_groups(model), base_cls, total_steps=total_steps, **kwargs, **base_kwargs)
     except (ValueError, TypeError) as e:
-        from ..errors import UserError
-        raise UserError(f"optimizer={name}: {e}") from None
+        raise UserError(f"optimizer={cfg.optimizer.name}: {e}") from None

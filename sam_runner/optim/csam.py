@@ -26,8 +26,10 @@ import torch
 
 from .engine import _check
 from .sam import SAM
+from ..registry import VARIANTS
 
 
+@VARIANTS.register("csam", "SAM's ε; descent loss per sample weighted by (1 − p_y)^γ (CSAM)")
 class CSAM(SAM):
     variant_options = {"gamma": 1.0}
 

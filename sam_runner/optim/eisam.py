@@ -16,8 +16,10 @@ import torch
 
 from .engine import _check
 from .sam import SAM
+from ..registry import VARIANTS
 
 
+@VARIANTS.register("eisam", "extragradient: ε from the gradient at θ − ηg; three passes (EISAM)")
 class EISAM(SAM):
     passes = 3
     variant_options = {"predict_lr": None}
@@ -45,9 +47,5 @@ class EISAM(SAM):
         self.g_norm = self.global_norm(g_hat)
         self.compute_perturbation(params, g_hat, c["eps"])   # ε = ρ ĝ / ‖ĝ‖
         torch._foreach_add_(params, c["eps"])                # θ̃ + ε
-        perturbed_loss = self.run_pass(closure, 2, sync=True)
-        torch._foreach_copy_(params, c["theta"])
-        self._unscale(self._lists()[1])
-        self.descent_loss = perturbed_loss
-        self.after_second_pass(loss, perturbed_loss)
+        self.descend(closure, 2, loss)
         return loss

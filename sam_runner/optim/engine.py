@@ -15,6 +15,8 @@ from typing import Callable
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..module_state import frozen_running_stats
+
 RHO_SCHEDULES = ("constant", "lr", "cosine")
 
 
@@ -45,10 +47,12 @@ class SharpnessAware(torch.optim.Optimizer):
     DDP's gradient synchronisation and handle fp16 scaling.
     """
 
-    passes = 2  # forward-backward passes on a perturbing step
-    variant_options: dict = {}  # the variant's own keywords and defaults
-    no_rho_hint: str | None = None  # set by variants without a fixed radius: what to set instead of rho
-    replaces_lr = False  # True where the variant computes its own step size (the lr is not the step)
+    # What a variant is (also the registry's metadata, read off the class): ...
+    passes = 2                  # forward-backward passes on a perturbing step
+    has_rho = True              # whether ``rho`` is a perturbation radius (logged as ``rho``)
+    rho_refused: str | None = None  # without a fixed radius: why ``rho`` is refused, what to set instead
+    replaces_lr = False         # True where the variant computes its own step size (the lr is not the step)
+    variant_options: dict = {}  # ... and its own keywords with their defaults
 
     def __init__(self, params, base_optimizer, rho: float = 0.05, rho_schedule: str = "constant",
                  interval: int = 1, sync_perturbation: bool = False,
@@ -73,7 +77,6 @@ class SharpnessAware(torch.optim.Optimizer):
         self.sync_perturbation = bool(sync_perturbation)
         self.perturb_with_weight_decay = bool(perturb_with_weight_decay)
         self.total_steps = total_steps
-        self.options = own
         for k, v in own.items():
             setattr(self, k, v)
         self.lr0 = self.param_groups[0]["lr"]
@@ -131,24 +134,13 @@ class SharpnessAware(torch.optim.Optimizer):
         return self.rho
 
     # ------------------------------------------------------------------ passes
-    @contextlib.contextmanager
-    def _frozen_bn(self):
-        """Later passes normalise with batch statistics but leave running statistics alone."""
-        tracked = [m for m in self._bn if m.track_running_stats]
-        for m in tracked:
-            m.track_running_stats = False
-        try:
-            yield
-        finally:
-            for m in tracked:
-                m.track_running_stats = True
-
     def run_pass(self, closure: Callable, index: int, sync: bool = True):
         """One forward-backward. Unsynchronised passes run forward and backward under no_sync."""
         self.pass_index, self.pass_syncs = index, sync
         no_sync = getattr(self.model, "no_sync", None)
         ctx = no_sync() if (not sync and no_sync is not None) else contextlib.nullcontext()
-        frozen = self._frozen_bn() if index > 0 else contextlib.nullcontext()
+        # later passes normalise with batch statistics but leave running statistics alone
+        frozen = frozen_running_stats(self._bn) if index > 0 else contextlib.nullcontext()
         with ctx, frozen, torch.enable_grad():
             return closure()
 
@@ -237,12 +229,17 @@ class SharpnessAware(torch.optim.Optimizer):
         self.compute_perturbation(params, pgrads, c["eps"])
         torch._foreach_copy_(c["theta"], params)
         torch._foreach_add_(params, c["eps"])
-        perturbed_loss = self.run_pass(closure, 1, sync=True)
-        torch._foreach_copy_(params, c["theta"])
+        self.descend(closure, 1, loss)
+        return loss
+
+    def descend(self, closure, index: int, loss) -> None:
+        """The descent pass at the perturbed point: its gradient stays, θ is restored, then the
+        variant's ``after_second_pass`` sees L(θ) and L(θ+ε)."""
+        perturbed_loss = self.run_pass(closure, index, sync=True)
+        torch._foreach_copy_(self._cache["params"], self._cache["theta"])
         self._unscale(self._lists()[1])
         self.descent_loss = perturbed_loss
         self.after_second_pass(loss, perturbed_loss)
-        return loss
 
     def prepare_perturbation(self, params, grads):
         """Track the first-pass ‖g‖; return the gradients ε is built from, with their norm in ``self.g_norm``."""

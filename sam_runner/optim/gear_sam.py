@@ -33,10 +33,12 @@ import torch
 
 from .blocks import top_level_blocks
 from .engine import SharpnessAware, _check
+from ..registry import VARIANTS
 
 BLOCKS = ("group", "tensor", "layer")
 
 
+@VARIANTS.register("gear_sam", "SAM's radius split over functional blocks by an EMA of their gradient energy (GEAR-SAM)")
 class GEARSAM(SharpnessAware):
     variant_options = {"beta": 0.9, "blocks": "group"}
 

@@ -11,8 +11,10 @@ import torch
 
 from .engine import _check
 from .sam import SAM
+from ..registry import VARIANTS
 
 
+@VARIANTS.register("gsam", "descent ∇L(θ+ε) − α g⊥, ρ following the lr schedule (Zhuang et al. 2022)")
 class GSAM(SAM):
     variant_options = {"alpha": 0.1}
 

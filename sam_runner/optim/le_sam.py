@@ -15,13 +15,16 @@ import math
 import torch
 
 from .engine import SharpnessAware, _check, cosine_factor
+from ..registry import VARIANTS
 
 SIGMA_SCHEDULES = ("constant", "cosine")
 
 
+@VARIANTS.register("le_sam", "a loss budget σ instead of a radius: ε = σ g/(‖g‖² + δ), ‖ε‖ ≤ ρ_max (LE-SAM)")
 class LESAM(SharpnessAware):
     variant_options = {"sigma": 0.01, "rho_max": 1.0, "sigma_schedule": "constant", "delta": 1e-12}
-    no_rho_hint = ("it has no fixed radius: set optimizer.sigma (the loss budget) "
+    has_rho = False
+    rho_refused = ("it has no fixed radius: set optimizer.sigma (the loss budget) "
                    "or optimizer.rho_max (the cap on ||eps||)")
 
     def __init__(self, params, base_optimizer, **kwargs):

@@ -23,8 +23,10 @@ import torch
 
 from .engine import _check
 from .sam import SAM
+from ..registry import VARIANTS
 
 
+@VARIANTS.register("precond_sam", "SAM under a slow diagonal preconditioner (in the spirit of LLQR+SAM)")
 class PrecondSAM(SAM):
     variant_options = {"refresh_every": 100, "beta": 0.95, "delta": 1e-8}
 

@@ -5,8 +5,10 @@
 import torch
 
 from .engine import SharpnessAware
+from ..registry import VARIANTS
 
 
+@VARIANTS.register("sam", "ε = ρ g/‖g‖ (Foret et al. 2021)")
 class SAM(SharpnessAware):
     def compute_perturbation(self, params, grads, eps):
         scale = self.current_rho / (self.g_norm + 1e-12)

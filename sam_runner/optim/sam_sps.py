@@ -17,8 +17,10 @@ import torch
 
 from .engine import _check
 from .sam import SAM
+from ..registry import VARIANTS
 
 
+@VARIANTS.register("sam_sps", "SAM with a Polyak step size in place of the learning rate (SAM-SPS)")
 class SAMSPS(SAM):
     variant_options = {"lam": 1.0, "loss_floor": 0.0, "gamma_max": 1.0}
     replaces_lr = True

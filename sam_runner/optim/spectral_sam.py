@@ -25,6 +25,7 @@ from torch.optim import _muon
 from .blocks import hidden_weights
 from .engine import _check
 from .sam import SAM
+from ..registry import VARIANTS
 
 NS_COEFFICIENTS = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
 NS_STEPS = _muon.DEFAULT_NS_STEPS
@@ -112,6 +113,7 @@ def symmetric_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@VARIANTS.register("spectral_sam", "ρ_s·msign(G) on hidden matrices, SAM on the rest (matrix-aware SAM)")
 class SpectralSAM(SAM):
     variant_options = {"rho_spectral": 0.05}
 

@@ -18,8 +18,10 @@ import math
 import torch
 
 from .engine import SharpnessAware, _check
+from ..registry import VARIANTS
 
 
+@VARIANTS.register("tlc_sam", "ρ steered by the observed Taylor error of the loss rise (TLC-SAM)")
 class TLCSAM(SharpnessAware):
     variant_options = {"tau_target": 0.2, "kappa": 0.05, "rho_min": 0.01, "rho_max": 0.5,
                        "tau_beta": 0.9, "delta": 1e-12}

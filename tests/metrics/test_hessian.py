@@ -5,7 +5,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sam_runner.metrics import HessianOperator, hessian_eigenpairs, hessian_trace, spectral_density, top_hessian_eigenvalues
-from sam_runner.metrics.hessian import Objective, _method_choice, lanczos
+from sam_runner.metrics.hvp import _method_choice
+from sam_runner.metrics.objective import Objective
+from sam_runner.metrics.solvers import lanczos
 
 from metrics_helpers import dense_hessian
 

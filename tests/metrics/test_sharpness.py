@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from sam_runner.metrics import sharpness as S
-from sam_runner.metrics.hessian import HessianOperator, Objective
+from sam_runner.metrics.hvp import HessianOperator
+from sam_runner.metrics.objective import Objective
 
 
 class Linear(nn.Module):

@@ -12,11 +12,21 @@ from torch import nn
 from sam_runner.data import Data
 from sam_runner.errors import UserError
 from sam_runner.metrics import top_hessian_eigenvalues
-from sam_runner.metrics.tracker import CurvatureTracker, stability_threshold
+from sam_runner.metrics.stability import stability_threshold
+from sam_runner.metrics.tracker import CurvatureTracker
 from sam_runner.optim import SAM, SAMSPS
 
 from conftest import compose
 from metrics_helpers import dense_hessian
+
+
+def measured(tracker, epoch, step, final=False, within_epoch=False):
+    """What the tracker logs at that point of training: within an epoch (every_n_steps) or at the
+    end of one (every_n_epochs, and the last epoch: ``final``)."""
+    clock = tracker.clock
+    clock.epoch, clock.step, clock.within_epoch = epoch, step, within_epoch
+    clock.epochs = epoch if final else epoch + 1
+    return tracker.log_values()
 
 
 def setup(**hessian):
@@ -33,8 +43,8 @@ def setup(**hessian):
 
 def test_end_measurement_equals_lambda_max_on_the_seeded_subset_in_eval_mode():
     tracker, model, data = setup()
-    assert tracker.on_step(1, 1, model) is None and tracker.on_epoch_end(1, 10, model, final=False) == {}
-    row = tracker.on_epoch_end(2, 20, model, final=True)
+    assert measured(tracker, 1, 1, within_epoch=True) == {} and measured(tracker, 1, 10, final=False) == {}
+    row = measured(tracker, 2, 20, final=True)
     assert model.training  # mode restored
     x, y = data.train_subset(64, 0)
     model.eval()
@@ -47,7 +57,7 @@ def test_end_measurement_equals_lambda_max_on_the_seeded_subset_in_eval_mode():
 
 def test_presolve_on_the_first_batch_gives_the_same_lambda_max():
     tracker, model, data = setup(presolve_batches=1)
-    row = tracker.on_epoch_end(2, 20, model, final=True)
+    row = measured(tracker, 2, 20, final=True)
     x, y = data.train_subset(64, 0)
     model.eval()
     expected = top_hessian_eigenvalues(model, F.cross_entropy, [(x, y)], tol=1e-6)[0]
@@ -59,12 +69,12 @@ def test_presolve_on_the_first_batch_gives_the_same_lambda_max():
 
 def test_every_n_steps_warm_starts_and_bn_train_mode_differs():
     tracker, model, _ = setup(every_n_steps=5, bn_mode="train")
-    first = tracker.on_step(1, 5, model)
-    second = tracker.on_step(1, 10, model)
-    assert tracker.on_step(1, 7, model) is None
+    first = measured(tracker, 1, 5, within_epoch=True)
+    second = measured(tracker, 1, 10, within_epoch=True)
+    assert measured(tracker, 1, 7, within_epoch=True) == {}
     assert second["hessian_hvps"] < first["hessian_hvps"]  # warm start from the previous vector
     eval_tracker, m2, _ = setup()
-    assert abs(eval_tracker.on_epoch_end(1, 1, m2, True)["lambda_max"] - second["lambda_max"]) > 1e-3 * second["lambda_max"]
+    assert abs(measured(eval_tracker, 1, 1, final=True)["lambda_max"] - second["lambda_max"]) > 1e-3 * second["lambda_max"]
 
 
 def test_bn_train_mode_switches_only_batchnorm_and_restores_every_module():
@@ -80,7 +90,7 @@ def test_bn_train_mode_switches_only_batchnorm_and_restores_every_module():
     tracker = CurvatureTracker(cfg, model, data, opt, seed=0)
     model.train()
     model[0].eval()  # a module in its own mode must stay so
-    row = tracker.on_epoch_end(1, 1, model, final=True)
+    row = measured(tracker, 1, 1, final=True)
     assert [m.training for m in model] == [False, True, True, True, True, True]
     xs, ys = data.train_subset(64, 0)
     model[3].eval()  # the expected value: dropout off, BatchNorm on batch statistics
@@ -90,7 +100,7 @@ def test_bn_train_mode_switches_only_batchnorm_and_restores_every_module():
 
 def test_state_round_trips_through_weights_only_checkpoint():
     tracker, model, _ = setup(k=2)
-    row = tracker.on_epoch_end(1, 1, model, True)
+    row = measured(tracker, 1, 1, final=True)
     assert "lambda_2" in row and row["lambda_2"] <= row["lambda_max"]
     buf = io.BytesIO()
     torch.save(tracker.state_dict(), buf)
@@ -124,7 +134,7 @@ def test_full_measurement_gives_finite_values_and_restores_the_model_exactly(bn_
     tracker = CurvatureTracker(full_metrics(bn_mode=bn_mode), model, data, opt, seed=0)
     state = {k: v.clone() for k, v in model.state_dict().items()}  # parameters and BatchNorm buffers
     modes = [m.training for m in model.modules()]
-    row = tracker.on_epoch_end(5, 50, model, final=True)
+    row = measured(tracker, 5, 50, final=True)
     for key in ("lambda_max", "lambda_2", "lambda_3", "eos_ratio", "hessian_trace", "hessian_trace_se",
                 "sharpness_worst", "sharpness_avg", "sharpness_avg_se", "sharpness_dir", "sharpness_dir_max",
                 "armijo_alpha", "armijo_curvature", "fisher_rao", "fisher_rao_se"):
@@ -142,7 +152,7 @@ def test_fisher_rao_with_bn_train_uses_batch_statistics_in_h():
     tracker.cfg = OmegaConf.merge(tracker.cfg, {"sharpness": {"num_samples": 64, "fisher_rao": {
         "enabled": True, "num_probes": 6, "damping": 1e-3}}})
     ref = copy.deepcopy(model)  # the references below must not touch the tracked model's buffers
-    row = tracker.on_epoch_end(1, 1, model, final=True)
+    row = measured(tracker, 1, 1, final=True)
     xs, ys = data.train_subset(64, 0)
     ref.eval()
     params = [p for p in ref.parameters()]
@@ -161,7 +171,7 @@ def test_armijo_without_acceptance_is_nan_and_left_out_of_the_pearson():
     tracker, model, _ = setup()
     tracker.cfg = OmegaConf.merge(tracker.cfg, {"sharpness": {"armijo": {"enabled": True, "alpha0": 1e30,
                                                                          "max_steps": 3}}})
-    row = tracker.on_epoch_end(1, 1, model, final=True)
+    row = measured(tracker, 1, 1, final=True)
     assert math.isnan(row["armijo_alpha"]) and math.isnan(row["armijo_curvature"]) and row["armijo_accepted"] is False
     assert math.isnan(tracker.history["armijo_alpha"][-1])
     # a run's history (checkpointed) with one probe not accepted: the Pearson is over the other three
@@ -196,12 +206,12 @@ def test_stability_threshold_is_where_sgd_on_a_quadratic_starts_to_diverge(momen
 def test_eos_ratio_is_zero_at_lr_zero_and_absent_where_the_lr_is_not_the_step():
     tracker, model, _ = setup()
     tracker.optimizer.param_groups[0]["lr"] = 0.0  # the end of a cosine-to-0 schedule
-    assert tracker.on_epoch_end(1, 1, model, final=True)["eos_ratio"] == 0.0
+    assert measured(tracker, 1, 1, final=True)["eos_ratio"] == 0.0
     assert stability_threshold(tracker.optimizer) == math.inf
     sps = SAMSPS(model.parameters(), torch.optim.SGD, lr=0.1)  # its Polyak step replaces the lr
     assert stability_threshold(sps) is None
     tracker.optimizer = sps
-    assert "eos_ratio" not in tracker.on_epoch_end(2, 2, model, final=True)
+    assert "eos_ratio" not in measured(tracker, 2, 2, final=True)
 
 
 def test_stability_threshold_and_bad_config():

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sam_runner.data import TensorLoader
+from sam_runner.data.loaders import TensorLoader
 from sam_runner.distributed import free_port
 from sam_runner.errors import UserError
 from sam_runner.samplers import SGSSampler, build_sampler

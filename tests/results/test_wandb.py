@@ -26,7 +26,7 @@ def resumed(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("wandb_run")
     extra = ["metrics.hessian.every_n_steps=5", "metrics.hessian.num_samples=32", "metrics.hessian.max_iter=5"]
     first = train(compose(*TINY, *WANDB, *extra, "trainer.epochs=1"), run_dir)
-    first_id = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["logger_run_id"]
+    first_id = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["logger"]["run_id"]
     stopped_early_of(run_dir, 2)  # so the next call resumes from the checkpoint instead of returning
     summary = train(compose(*TINY, *WANDB, *extra, "trainer.epochs=2"), run_dir)
     return run_dir, first, summary, first_id
@@ -81,7 +81,7 @@ def test_a_resumed_job_continues_the_same_wandb_run(resumed):
     files = wandb_run_files(run_dir)
     assert len(files) == 2, files  # one offline file per process, both for the same run id
     assert {f.name for f in files} == {f"run-{first_id}.wandb"}
-    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["logger_run_id"] == first_id
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["logger"]["run_id"] == first_id
     assert [r.run_id for r in wandb_content(run_dir)["runs"]] == [first_id, first_id]
 
 
@@ -120,6 +120,7 @@ def test_a_diverged_run_is_finished_as_failed_with_its_status(tmp_path):
 def test_an_interrupted_or_requeued_run_is_marked_preempting_not_just_failed(tmp_path, status):
     cfg = compose(*WANDB)
     logger = build_logger(cfg.logger, tmp_path, cfg)
+    logger.start()
     logger.log({"epoch": 1, "step": 3, "train_loss": 0.5})
     logger.finish(status)
     content = finished_wandb_content(tmp_path)
@@ -133,6 +134,7 @@ def test_online_without_credentials_falls_back_to_offline_with_one_line(tmp_path
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = compose("logger=wandb", "logger.mode=online")
     logger = build_logger(cfg.logger, tmp_path / "run", cfg)
+    logger.start()
     logger.log({"epoch": 1, "step": 3, "train_loss": 0.5})
     logger.finish("completed")
     err = capsys.readouterr().err.strip().splitlines()
@@ -143,6 +145,7 @@ def test_online_without_credentials_falls_back_to_offline_with_one_line(tmp_path
 def test_disabled_mode_writes_nothing_and_has_no_run_id(tmp_path):
     cfg = compose("logger=wandb", "logger.mode=disabled")
     logger = build_logger(cfg.logger, tmp_path, cfg)
+    logger.start()
     logger.log({"epoch": 1, "step": 1, "train_loss": 0.5})
     logger.finish("completed")
     assert logger.run_id is None

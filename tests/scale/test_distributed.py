@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch import nn
 
+from sam_runner.sweep.jobs import run_parallel
 from sam_runner import distributed
 from sam_runner.errors import UserError
 from sam_runner.optim import SAM
@@ -272,14 +273,13 @@ def test_the_earliest_failure_is_raised_and_recorded_not_its_echo(tmp_path, monk
     """Process 1 fails; process 0 fails after it ("Connection closed by peer") and writes its own
     summary.json. The error raised, and the one in summary.json, are process 1's."""
     import sam_runner.train
-    from sam_runner import sweep
     cfg = compose_cfg("model=mlp", "dataset.num_samples=600", "dataset.batch_size=64", "trainer.epochs=1",
                       "trainer.device=cpu", "trainer.progress=none", "metrics.hessian.enabled=false",
                       "trainer.devices=2")
     # run_parallel starts sam_runner.train.train in each process; here, the wrapper above
     monkeypatch.setattr(sam_runner.train, "train", _train_failing_on_rank1)
     with pytest.raises(RuntimeError, match=r"^data-parallel process 1 failed: RuntimeError: boom on rank 1$"):
-        sweep.run_parallel(cfg, tmp_path, ["x=1"])
+        run_parallel(cfg, tmp_path, ["x=1"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == {"status": "failed", "error": "data-parallel process 1 failed: RuntimeError: boom on rank 1",
                        "overrides": ["x=1"]}
@@ -288,14 +288,13 @@ def test_the_earliest_failure_is_raised_and_recorded_not_its_echo(tmp_path, monk
 def test_a_requeue_signal_to_the_launcher_is_an_interruption_not_a_failure(tmp_path):
     """submitit requeues on SIGUSR2, then sys.exit()s: the processes are ended, and no failed
     summary.json is written (the requeued job resumes from the checkpoint)."""
-    from sam_runner import sweep
     from test_train import requeue_signal_once
     cfg = compose_cfg("model=mlp", "dataset.num_samples=600", "dataset.batch_size=64", "trainer.epochs=50",
                       "trainer.device=cpu", "trainer.progress=none", "metrics.hessian.enabled=false",
                       "trainer.devices=2")
     ckpt = tmp_path / "checkpoints" / "last.pt"
     with requeue_signal_once(ckpt), pytest.raises(SystemExit):
-        sweep.run_parallel(cfg, tmp_path, ["x=1"])
+        run_parallel(cfg, tmp_path, ["x=1"])
     assert ckpt.exists() and not (tmp_path / "summary.json").exists()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sam_runner import sweep
+from sam_runner.sweep.lines import lines_main
 
 # Minutes on a busy 2-core machine (each job imports torch), hence slow as well:
 # CI runs them with `source .ci/slurm.sh && pytest -m slurm`.
@@ -106,7 +106,7 @@ def test_submitit_launcher_runs_a_sweep_as_a_job_array(slurm, tmp_path):
 
 def test_sbatch_array_runs_one_line_per_task_in_the_sweep_layout(slurm, tmp_path, capsys):
     sweep_dir, lines = tmp_path / "sweep", tmp_path / "lines.txt"
-    sweep.lines_main([*TINY, "trainer.epochs=1", "seed=0,1,2"])
+    lines_main([*TINY, "trainer.epochs=1", "seed=0,1,2"])
     lines.write_text(capsys.readouterr().out)
     job = sbatch("--array=0-2", "--cpus-per-task=1", f"--output={tmp_path}/slurm-%A_%a.out",
                  str(REPO / "scripts" / "slurm_array.sbatch"), str(lines), str(sweep_dir))
@@ -123,7 +123,7 @@ def test_sbatch_array_runs_one_line_per_task_in_the_sweep_layout(slurm, tmp_path
 
 def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path, capsys):
     sweep_dir, lines = tmp_path / "sweep", tmp_path / "lines.txt"
-    sweep.lines_main([*TINY, "dataset.num_samples=4000", "trainer.epochs=6", "seed=0"])
+    lines_main([*TINY, "dataset.num_samples=4000", "trainer.epochs=6", "seed=0"])
     lines.write_text(capsys.readouterr().out)
     log = tmp_path / "task.out"
     job = sbatch("--array=0-0", "--cpus-per-task=1", f"--output={log}", "--open-mode=append",

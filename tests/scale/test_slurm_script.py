@@ -52,7 +52,7 @@ def test_the_launcher_preset_makes_srun_end_every_task_when_one_fails(tmp_path):
     slurm = pytest.importorskip("submitit.slurm.slurm")
     from omegaconf import OmegaConf
 
-    from sam_runner.sweep import compose
+    from sam_runner.sweep.plan import compose
     launcher = compose(["hydra/launcher=slurm"]).hydra.launcher
     sbatch = slurm._make_sbatch_string(command="true", folder=str(tmp_path),
                                        additional_parameters=OmegaConf.to_container(launcher.additional_parameters))

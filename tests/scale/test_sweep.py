@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sam_runner import sweep
+from sam_runner.sweep.callback import report
+from sam_runner.sweep.lines import lines_main
+from sam_runner.sweep.plan import check_folder, check_run_folder, expand
 from sam_runner.errors import UserError
 from sam_runner.runfiles import write_json
 
@@ -35,68 +37,68 @@ def rows(job_dir: Path) -> list[dict]:
 
 # ---------------------------------------------------------------- expansion and folder rules (in-process)
 def test_expand_numbers_jobs_as_hydra_basic_sweeper_does():
-    jobs = sweep.expand(["optimizer=sam,base", "seed=0,1", "trainer.epochs=2"])
+    jobs = expand(["optimizer=sam,base", "seed=0,1", "trainer.epochs=2"])
     assert jobs == [["optimizer=sam", "seed=0", "trainer.epochs=2"], ["optimizer=sam", "seed=1", "trainer.epochs=2"],
                     ["optimizer=base", "seed=0", "trainer.epochs=2"], ["optimizer=base", "seed=1", "trainer.epochs=2"]]
     # sweeper params (an experiment preset's) come first, as in BasicSweeper.sweep
-    assert sweep.expand(["seed=range(0,2)"], {"optimizer": "base,sam"})[1] == ["optimizer=base", "seed=1"]
+    assert expand(["seed=range(0,2)"], {"optimizer": "base,sam"})[1] == ["optimizer=base", "seed=1"]
 
 
 def test_sweep_lines_prints_one_shell_quoted_line_per_job(capsys):
-    sweep.lines_main(["seed=0,1,2", 'dataset.data_dir="/a b"'])
+    lines_main(["seed=0,1,2", 'dataset.data_dir="/a b"'])
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"seed={i} 'dataset.data_dir=\"/a b\"'" for i in range(3)]
-    sweep.lines_main(["experiment=example"])  # the preset sweeps optimizer x seed in hydra.sweeper.params
+    lines_main(["experiment=example"])  # the preset sweeps optimizer x seed in hydra.sweeper.params
     assert capsys.readouterr().out.splitlines() == [
         "optimizer=base seed=0 experiment=example", "optimizer=base seed=1 experiment=example",
         "optimizer=sam seed=0 experiment=example", "optimizer=sam seed=1 experiment=example"]
     with pytest.raises(SystemExit) as e:
-        sweep.lines_main(["seed=0,,"])
+        lines_main(["seed=0,,"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("sam-sweep-lines: error: cannot expand seed=0,,") and "\n" not in err
 
 
 def test_a_folder_of_a_different_sweep_is_refused(tmp_path):
-    jobs = sweep.expand(["seed=0,1", "optimizer.rho=0.1"])
+    jobs = expand(["seed=0,1", "optimizer.rho=0.1"])
     (tmp_path / "1" / ".hydra").mkdir(parents=True)
     (tmp_path / "1" / ".hydra" / "overrides.yaml").write_text("- seed=1\n- optimizer.rho=0.1\n- trainer.device=cpu\n")
-    sweep.check_folder(tmp_path, jobs)  # same job (how-to-run keys aside): accepted
+    check_folder(tmp_path, jobs)  # same job (how-to-run keys aside): accepted
     (tmp_path / "1" / ".hydra" / "overrides.yaml").write_text("- seed=1\n- optimizer.rho=0.2\n")
     with pytest.raises(UserError, match=r"holds jobs of a different sweep: job 1 was run with seed=1 optimizer.rho=0.2"):
-        sweep.check_folder(tmp_path, jobs)
+        check_folder(tmp_path, jobs)
     # summary.json alone (no .hydra) identifies a job too
     write_json(tmp_path / "0" / "summary.json", {"status": "completed", "overrides": ["seed=5", "optimizer.rho=0.1"]})
     with pytest.raises(UserError, match="job 0"):
-        sweep.check_folder(tmp_path, jobs)
+        check_folder(tmp_path, jobs)
 
 
 def test_report_has_one_line_per_job_and_names_what_did_not_complete(tmp_path):
     write_json(tmp_path / "0" / "summary.json", {"status": "completed", "test_acc": 0.5, "overrides": ["a=1", "s=0"]})
     write_json(tmp_path / "1" / "summary.json", {"status": "failed", "error": "boom", "overrides": ["a=1", "s=1"]})
-    lines, failed = sweep.report(tmp_path, n_jobs=3)
+    lines, failed = report(tmp_path, n_jobs=3)
     assert len(lines) == 3
     assert lines[0].split() == ["#0", "completed", "test_acc=0.5000", "s=0"]
     assert lines[1].split()[:4] == ["#1", "failed", "test_acc=-", "s=1"] and lines[1].endswith("[boom]")
     assert lines[2].split()[:2] == ["#2", "missing"] and lines[2].endswith("(overrides unknown)")
     assert failed == ["#1 (failed: s=1)", "#2 (missing: overrides unknown)"]
     write_json(tmp_path / "2" / "summary.json", {"status": "completed", "test_acc": 0.5, "overrides": []})
-    assert sweep.report(tmp_path, n_jobs=3)[0][2].endswith("(defaults)")  # known to be none
+    assert report(tmp_path, n_jobs=3)[0][2].endswith("(defaults)")  # known to be none
 
 
 def test_a_run_folder_refuses_other_overrides_only_when_it_holds_a_run_to_continue(tmp_path):
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "overrides.yaml").write_text("- optimizer.rho=-1\n- trainer.epochs=3\n")
     write_json(tmp_path / "summary.json", {"status": "failed", "error": "bad rho"})
-    sweep.check_run_folder(tmp_path, ["optimizer.rho=0.1", "trainer.epochs=3"])  # nothing to continue: free
+    check_run_folder(tmp_path, ["optimizer.rho=0.1", "trainer.epochs=3"])  # nothing to continue: free
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.pt").write_bytes(b"")
     with pytest.raises(UserError, match=r"run folder .* holds a run made with other settings \(optimizer.rho -1 "
                                         r"-> 0.1, seed \(default\) -> 2\); use another folder \(hydra.run.dir=...\), "
                                         r"or delete"):
-        sweep.check_run_folder(tmp_path, ["optimizer.rho=0.1", "trainer.epochs=3", "seed=2"])
+        check_run_folder(tmp_path, ["optimizer.rho=0.1", "trainer.epochs=3", "seed=2"])
     # how a run runs (device, progress, logger, launcher) is not a different run
-    sweep.check_run_folder(tmp_path, ["optimizer.rho=-1", "trainer.epochs=3", "trainer.device=cpu", "logger=wandb",
+    check_run_folder(tmp_path, ["optimizer.rho=-1", "trainer.epochs=3", "trainer.device=cpu", "logger=wandb",
                                       "logger.project=p", "hydra/launcher=slurm", "dataset.data_dir=/d"])
 
 

@@ -1,0 +1,82 @@
+"""Datasets (``dataset=<name>``, registered in sources.py) and what a run gets from them.
+
+Small datasets (MNIST-1D, digits, CIFAR) live as tensors on the training device and go
+through a ``TensorLoader``; image folders go through a torchvision DataLoader with workers
+(loaders.py). Long-tail cuts and label noise are applied to the training labels (labels.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import integer, number
+from ..registry import DATASETS
+from .labels import training_labels
+from .loaders import Normalize, TensorLoader
+
+
+@dataclass
+class Data:
+    train: object            # iterable of (x, y, idx) batches, with set_epoch(epoch) and len()
+    test: object             # iterable of (x, y, idx) batches
+    num_classes: int
+    input_shape: tuple
+    train_size: int
+    train_tensors: tuple | None = None   # (x, y) as stored (uint8 images stay uint8)
+    prepare: object = None               # x -> model input, without augmentation
+    class_counts: list = field(default_factory=list)
+
+    def train_subset(self, n: int, seed: int):
+        """A fixed, seeded subset of the training set as model-ready tensors (for curvature)."""
+        x, y = self.train_tensors
+        g = torch.Generator().manual_seed(seed + 104729)
+        idx = torch.randperm(len(y), generator=g)[:min(n, len(y))].to(y.device)
+        xs = x[idx]
+        return (self.prepare(xs, None) if self.prepare is not None else xs), y[idx]
+
+
+@dataclass
+class Arrays:
+    """A dataset in memory, as a source returns it: inputs and labels of both splits, the class
+    count, and the per-channel (mean, std) of uint8 images (None: the inputs are already floats)."""
+    x: torch.Tensor
+    y: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    stats: tuple | None = None
+
+
+def validate(cfg) -> None:
+    entry = DATASETS.entry(cfg.name)
+    integer("dataset.batch_size", cfg.batch_size, "a positive integer", lambda b: b > 0)
+    number("dataset.label_noise", cfg.get("label_noise", 0.0), "a fraction in [0, 1)", lambda f: 0 <= f < 1)
+    if entry.meta.get("check"):
+        entry.check(cfg)
+
+
+def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
+    validate(cfg)
+    entry = DATASETS.entry(cfg.name)
+    if not entry.tensors:  # a source that makes its own loaders (image folders)
+        return entry.target(cfg, seed, rank, world)
+    return tensor_data(entry.target(cfg), cfg, device, seed, rank, world)
+
+
+def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
+    """In-memory loaders over a source's arrays: the training labels as the study sets them, the
+    tensors on the training device (no host-to-device copy per batch on a GPU)."""
+    keep, y, counts = training_labels(cfg, a.y, a.num_classes, seed, world)
+    x, n = a.x[keep], len(y)
+    x, y, xt, yt = (t.to(device) for t in (x, y, a.x_test, a.y_test))
+    if a.stats is not None:
+        train_tf = Normalize(*a.stats, augment=bool(cfg.get("augment", True)))
+        test_tf = Normalize(*a.stats, augment=False)
+    else:
+        train_tf = test_tf = None
+    train = TensorLoader(x, y, cfg.batch_size, shuffle=True, seed=seed, drop_last=True, transform=train_tf,
+                         rank=rank, world=world)
+    test = TensorLoader(xt, yt, max(cfg.batch_size, 512), shuffle=False, transform=test_tf, rank=rank, world=world)
+    return Data(train, test, a.num_classes, tuple(x.shape[1:]), n, train_tensors=(x, y), class_counts=counts,
+                prepare=test_tf)

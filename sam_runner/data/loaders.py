@@ -1,0 +1,148 @@
+"""Loaders of training and test batches ``(x, y, idx)``.
+
+``TensorLoader``: an in-memory dataset (on the training device), shuffled with its own seeded
+generator (one per epoch, so a resumed epoch sees the same batches) and augmented per batch on
+tensors. ``FolderLoader``: a torchvision DataLoader with workers over an image folder.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class TensorLoader:
+    """Batches of an in-memory (x, y) pair; ``x`` may be uint8 images, normalised per batch.
+
+    Shuffling and augmentation draw from ``torch.Generator(seed * 100003 + epoch)``: the
+    batches of an epoch depend on (seed, epoch) alone. Under data parallelism each of
+    ``world`` processes takes its ``rank``-th slice of every global batch, and the
+    augmentation is drawn for the whole global batch and sliced alike: the processes of
+    an epoch together see exactly the augmented batches of one process.
+    """
+
+    def __init__(self, x, y, batch_size, *, shuffle, seed=0, drop_last=False, transform=None,
+                 rank=0, world=1):
+        self.x, self.y = x, y
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.transform = transform
+        self.rank, self.world = rank, world
+        self.epoch = 0
+        self.weights = None  # per-example sampling weights (a sampler such as sgs sets them)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        n = len(self.y)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def generator(self):
+        g = torch.Generator(device="cpu")
+        g.manual_seed(self.seed * 100003 + self.epoch)
+        return g
+
+    def __iter__(self):
+        n, g = len(self.y), self.generator()
+        if self.weights is not None:
+            # on the CPU with the CPU generator: CUDA multinomial refuses it, and CPU and GPU runs draw alike
+            order = torch.multinomial(self.weights.cpu(), n, replacement=True, generator=g)
+        elif self.shuffle:
+            order = torch.randperm(n, generator=g)
+        else:
+            order = torch.arange(n)
+        order = order.to(self.y.device)
+        for i in range(len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            batch = None
+            if self.world > 1:
+                # strided: equal shares of a full batch, and a short last batch (test set) loses nothing
+                batch = (len(idx), slice(self.rank, None, self.world))
+                idx = idx[batch[1]]
+            x = self.x[idx]
+            if self.transform is not None:
+                x = self.transform(x, g, batch)
+            yield x, self.y[idx], idx
+
+
+class Normalize:
+    """uint8 (or float) images → float, optional crop-and-flip, per-channel normalisation."""
+
+    def __init__(self, mean, std, augment=False, pad=4, scale=255.0):
+        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
+        self.std = torch.tensor(std).view(1, -1, 1, 1)
+        self.augment, self.pad, self.scale = augment, pad, scale
+
+    def __call__(self, x, g, batch=None):
+        """``batch`` = (size, share): ``x`` is the ``share`` (a slice) of a global batch of ``size``."""
+        x = x.float().div_(self.scale)
+        if self.augment:
+            x = random_crop_flip(x, self.pad, g, batch)
+        mean, std = self.mean.to(x.device), self.std.to(x.device)
+        return (x - mean) / std
+
+
+def random_crop_flip(x, pad, g, batch=None):
+    """Per-sample random crop with zero padding and horizontal flip, on a whole batch.
+
+    With ``batch`` = (size, share), ``x`` is one process's share of a global batch: the crops
+    and flips are drawn for all ``size`` samples and this share's are kept."""
+    n, c, h, w = x.shape
+    size, share = batch if batch is not None else (n, slice(None))
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    oy = torch.randint(0, 2 * pad + 1, (size,), generator=g)[share].to(x.device)
+    ox = torch.randint(0, 2 * pad + 1, (size,), generator=g)[share].to(x.device)
+    flip = (torch.rand(size, generator=g)[share] < 0.5).to(x.device)
+    rows = (oy[:, None] + torch.arange(h, device=x.device))[:, :, None]
+    cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, :]
+    cols = torch.where(flip[:, None, None], cols.flip(2), cols)
+    return padded.permute(0, 2, 3, 1)[torch.arange(n, device=x.device)[:, None, None], rows, cols].permute(0, 3, 1, 2)
+
+
+
+
+class Indexed(torch.utils.data.Dataset):
+    """Wraps an ImageFolder so batches carry example indices like TensorLoader's."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        x, y = self.ds[i]
+        return x, y, i
+
+
+class FolderLoader:
+    def __init__(self, ds, batch_size, shuffle, seed, workers, drop_last, rank=0, world=1):
+        self.ds, self.shuffle, self.seed, self.epoch, self.rank = ds, shuffle, seed, 0, rank
+        self.sampler = None
+        if world > 1 and drop_last:
+            self.sampler = torch.utils.data.DistributedSampler(ds, world, rank, shuffle=shuffle, seed=seed,
+                                                               drop_last=drop_last)
+        elif world > 1:  # evaluation: every example exactly once over the processes (no padding)
+            self.sampler = list(range(rank, len(ds), world))
+        self.kw = dict(batch_size=batch_size // world, num_workers=workers, drop_last=drop_last,
+                       persistent_workers=workers > 0, pin_memory=torch.cuda.is_available())
+        self.loader = None
+        self.weights = None
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def _make(self):
+        g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        if self.sampler is not None:
+            # the generator seeds the workers' augmentation: one per process, else every process
+            # draws the same crops (and from the global RNG, which a resume does not restore per process)
+            g.manual_seed((self.seed * 100003 + self.epoch) * 1_000_003 + self.rank + 1)
+            return torch.utils.data.DataLoader(self.ds, sampler=self.sampler, generator=g, **self.kw)
+        return torch.utils.data.DataLoader(self.ds, shuffle=self.shuffle, generator=g, **self.kw)
+
+    def __len__(self):
+        return len(self._make())
+
+    def __iter__(self):
+        return iter(self._make())

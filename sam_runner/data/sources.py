@@ -1,0 +1,145 @@
+"""The datasets a config can name (``dataset=<name>``), each registered here with its description.
+
+A source of in-memory data returns ``Arrays`` (the runner builds the loaders); a source with
+``tensors=False`` builds its own loaders and returns ``Data``.
+"""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError, integer, require
+from ..registry import DATASETS
+from ..runfiles import atomic_write
+from . import Arrays, Data
+from .labels import training_labels
+from .loaders import FolderLoader, Indexed
+
+CIFAR_STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+def _mnist1d_keys(cfg) -> None:
+    # the generator makes num_samples // 10 per class, then splits 80/20
+    integer("dataset.num_samples", cfg.get("num_samples", 5000), "an integer >= 10 (MNIST-1D makes num_samples // 10 "
+            "examples per class and keeps 80% for training)", lambda n: n >= 10)
+
+
+@DATASETS.register("mnist1d", "MNIST-1D (Greydanus 2020), generated locally by the mnist1d package",
+                   check=_mnist1d_keys)
+def mnist1d(cfg) -> Arrays:
+    root = Path(cfg.data_dir)
+    path = root / f"mnist1d_{int(cfg.get('num_samples', 5000))}.pkl"
+    if path.exists():
+        with open(path, "rb") as f:
+            d = pickle.load(f)
+    else:
+        from mnist1d.data import get_dataset_args, make_dataset
+        args = get_dataset_args()
+        args.num_samples = int(cfg.get("num_samples", 5000))
+        d = make_dataset(args)
+        d = {k: d[k] for k in ("x", "y", "x_test", "y_test")}
+        try:
+            atomic_write(path, lambda f: pickle.dump(d, f))
+        except OSError:
+            pass  # caching is an optimisation; an unwritable cache folder only costs regeneration
+    to = lambda a, dt: torch.as_tensor(a, dtype=dt)
+    x, xt = to(d["x"], torch.float32)[:, None, :], to(d["x_test"], torch.float32)[:, None, :]
+    mean, std = x.mean(), x.std()
+    return Arrays((x - mean) / std, to(d["y"], torch.long), (xt - mean) / std, to(d["y_test"], torch.long), 10)
+
+
+@DATASETS.register("digits", "scikit-learn's 8×8 handwritten digits, a fixed 80/20 split")
+def digits(_cfg) -> Arrays:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    d = load_digits()
+    x = torch.as_tensor(d.images, dtype=torch.float32)[:, None] / 16.0
+    y = torch.as_tensor(d.target, dtype=torch.long)
+    # a fixed split (not the run's seed): every seed is evaluated on the same test set
+    tr, te = train_test_split(torch.arange(len(y)).numpy(), test_size=0.2, random_state=0, stratify=y.numpy())
+    mean, std = x[tr].mean(), x[tr].std()
+    x = (x - mean) / std
+    return Arrays(x[tr], y[tr], x[te], y[te], 10)
+
+
+def _cifar(cfg, name) -> Arrays:
+    from torchvision import datasets
+    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    base = "cifar10" if name == "cifar10" else "cifar100"
+    archive = {"cifar10": "cifar-10-python.tar.gz (or its cifar-10-batches-py/ folder)",
+               "cifar100": "cifar-100-python.tar.gz (or its cifar-100-python/ folder)"}[base]
+    root = str(cfg.data_dir)
+    if not cfg.download:
+        _extract_local_archive(cls, Path(root))
+    try:
+        train = cls(root, train=True, download=bool(cfg.download))
+        test = cls(root, train=False, download=bool(cfg.download))
+    except Exception as e:  # torchvision raises RuntimeError when missing, URLError etc. offline
+        why = f" and could not be downloaded ({type(e).__name__})" if cfg.download else ""
+        hint = "" if cfg.download else ", or set dataset.download=true"
+        raise UserError(f"dataset {name}: files not found under dataset.data_dir={root}{why}; "
+                        f"put {archive} there{hint}") from None
+    to_x = lambda d: torch.as_tensor(d.data).permute(0, 3, 1, 2).contiguous()  # uint8 NCHW
+    return Arrays(to_x(train), torch.as_tensor(train.targets), to_x(test), torch.as_tensor(test.targets),
+                  len(train.classes), CIFAR_STATS[base])
+
+
+@DATASETS.register("cifar10", "CIFAR-10 (torchvision; crop and flip on tensors)")
+def cifar10(cfg) -> Arrays:
+    return _cifar(cfg, "cifar10")
+
+
+@DATASETS.register("cifar100", "CIFAR-100 (torchvision; crop and flip on tensors)")
+def cifar100(cfg) -> Arrays:
+    return _cifar(cfg, "cifar100")
+
+
+@DATASETS.register("cifar100_lt", "CIFAR-100 with a long-tailed training set (imbalance_ratio 100)")
+def cifar100_lt(cfg) -> Arrays:
+    return _cifar(cfg, "cifar100")
+
+
+
+
+def _extract_local_archive(cls, root: Path) -> None:
+    """Unpack torchvision's own archive when only it is present: what download=true does with a
+    file already there, without the network. Only a file with the official checksum is opened."""
+    from torchvision.datasets.utils import check_integrity, extract_archive
+    tarball = root / cls.filename
+    if not (root / cls.base_folder).is_dir() and check_integrity(str(tarball), cls.tgz_md5):
+        extract_archive(str(tarball), str(root))
+
+
+
+
+@DATASETS.register("image_folder", "any <root>/train, <root>/val class-folder tree, through a DataLoader",
+                   tensors=False)
+def image_folder(cfg, seed, rank, world):
+    from torchvision import datasets, transforms as T
+    root = cfg.get("root")
+    require(root not in (None, "???"), "dataset=image_folder needs dataset.root=<folder with train/ and val/>")
+    root = Path(str(root))
+    for split in ("train", "val"):
+        require((root / split).is_dir(), f"dataset.root={root}: missing folder {root / split} "
+                                         "(expected <root>/train/<class>/*.jpg and <root>/val/<class>/*.jpg)")
+    size = int(cfg.get("image_size", 224))
+    norm = T.Normalize(*IMAGENET_STATS)
+    train_tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), norm]) \
+        if cfg.get("augment", True) else T.Compose([T.Resize(size), T.CenterCrop(size), T.ToTensor(), norm])
+    test_tf = T.Compose([T.Resize(int(size * 8 / 7)), T.CenterCrop(size), T.ToTensor(), norm])
+    train, test = datasets.ImageFolder(root / "train", train_tf), datasets.ImageFolder(root / "val", test_tf)
+    c = len(train.classes)
+    keep, targets, counts = training_labels(cfg, torch.as_tensor(train.targets), c, seed, world)
+    train.samples = train.imgs = [(train.samples[i][0], int(t)) for i, t in zip(keep.tolist(), targets)]
+    train.targets = targets.tolist()
+    n = len(train)
+    workers = int(cfg.get("num_workers", 4))
+    tl = FolderLoader(Indexed(train), cfg.batch_size, True, seed, workers, True, rank, world)
+    vl = FolderLoader(Indexed(test), cfg.batch_size, False, seed, workers, False, rank, world)
+    return Data(tl, vl, c, (3, size, size), n, class_counts=counts)

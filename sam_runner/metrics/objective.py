@@ -1,0 +1,100 @@
+"""The mean loss over fixed batches as a function of the flattened trainable parameters.
+
+Each batch's mean loss is weighted by its share of the samples, so the value is the mean over
+all samples. While an ``Objective`` is open, BatchNorm running statistics never change (in train
+mode BatchNorm normalises with batch statistics, which are part of the function) and the
+forward replacements of fast_forwards.py are in place.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from ..module_state import frozen_running_stats
+from .fast_forwards import affine_eval_batchnorm, matmul_conv1d
+
+
+def mean_loss(loss: torch.Tensor) -> torch.Tensor:
+    return loss.mean() if loss.dim() > 0 else loss
+
+
+def grad_or_zero(outputs, params, **kwargs):
+    """``autograd.grad`` with zeros for trainable parameters the loss does not use (their Hessian
+    rows are zero), instead of autograd's error."""
+    return torch.autograd.grad(outputs, params, allow_unused=True, materialize_grads=True, **kwargs)
+
+
+class Objective:
+    """The mean loss over ``batches`` as a function of the flattened trainable parameters:
+    its value and gradient, and in-place moves of the parameters (for sharpness probes)."""
+
+    def __init__(self, model, loss_fn, batches):
+        self.model, self.loss_fn = model, loss_fn
+        self.batches = [(x, y) for x, y in batches]
+        if not self.batches:
+            raise ValueError("batches is empty: the Hessian needs at least one (inputs, targets) batch")
+        empty = [i for i, (_, y) in enumerate(self.batches) if len(y) == 0]
+        if empty:  # its weight would be 0/0
+            raise ValueError(f"batch {empty[0]} of batches is empty: every batch needs at least one sample")
+        total = sum(len(y) for _, y in self.batches)
+        self.weights = [len(y) / total for _, y in self.batches]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names, self.params = [n for n, _ in named], [p for _, p in named]
+        self.shapes = [p.shape for p in self.params]
+        self.numel = sum(p.numel() for p in self.params)
+        self.device, self.dtype = self.params[0].device, self.params[0].dtype
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(frozen_running_stats(model.modules()))
+        self._stack.enter_context(affine_eval_batchnorm(model))
+        self._stack.enter_context(matmul_conv1d(model))
+        self._stack.enter_context(torch.enable_grad())
+
+    def flat(self, ts) -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in ts])
+
+    def unflat(self, v: torch.Tensor) -> list:
+        return [c.view(s) for c, s in zip(v.split([math.prod(s) for s in self.shapes]), self.shapes)]
+
+    def close(self):
+        self._stack.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def batch_loss(self, i, params=None):
+        x, y = self.batches[i]
+        if params is None:
+            out = self.model(x)
+        else:
+            out = torch.func.functional_call(self.model, dict(zip(self.names, params)), (x,))
+        return mean_loss(self.loss_fn(out, y)) * self.weights[i]
+
+    @torch.no_grad()
+    def loss(self) -> torch.Tensor:
+        return sum(self.batch_loss(i).detach() for i in range(len(self.batches)))
+
+    def gradient(self) -> torch.Tensor:
+        g = torch.zeros(self.numel, device=self.device, dtype=self.dtype)
+        for i in range(len(self.batches)):
+            g += self.flat(grad_or_zero(self.batch_loss(i), self.params))
+        return g
+
+    @contextlib.contextmanager
+    def restoring(self):
+        """Put the parameters back bit for bit afterwards (additions and subtractions round)."""
+        saved = [p.detach().clone() for p in self.params]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, saved)
+
+    @torch.no_grad()
+    def shift(self, delta: torch.Tensor, scale: float = 1.0) -> None:
+        """θ ← θ + scale·delta (flat ``delta``)."""
+        torch._foreach_add_(self.params, self.unflat(delta.to(self.dtype)), alpha=scale)

@@ -1,0 +1,234 @@
+"""Solvers on a Hessian operator: top eigenpairs (Lanczos), the trace (Hutchinson) and the
+spectral density (stochastic Lanczos quadrature).
+
+Lanczos (``lanczos``): full reorthogonalization (classical Gram–Schmidt applied twice) against
+every previous vector; stops when each of the top-k Ritz pairs (θ_i, y_i) has residual
+‖H y_i − θ_i y_i‖ = |β_m s_{m,i}| ≤ tol·|θ_i|, which bounds the distance from θ_i to an
+eigenvalue of H by tol·|θ_i| (a rigorous bound, unlike the change between two estimates).
+Vectors are stored in float32 when tol ≥ 1e-5 (the reorthogonalization keeps them orthogonal
+to ~1e-6, far below the tolerance) and float64 otherwise; the tridiagonal problem is solved in
+float64. On an invariant subspace (β ≈ 0) it restarts from a fresh random vector orthogonal
+to the basis.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .hvp import HessianOperator
+
+
+@dataclass
+class LanczosResult:
+    values: list                     # top-k Ritz values, largest first
+    vectors: torch.Tensor            # [k, n] their Ritz vectors (unit norm)
+    hvps: int                        # operator applications used
+    residuals: list                  # ‖H y − θ y‖ of each returned pair
+    converged: bool
+    nodes: list = field(default_factory=list)    # all Ritz values (for quadrature)
+    weights: list = field(default_factory=list)  # squared first components of their vectors
+    alphas: list = field(default_factory=list)   # the tridiagonal: its diagonal ...
+    betas: list = field(default_factory=list)    # ... and off-diagonal (its leading j×j block is step j's)
+
+
+def _random_unit(n, generator, device, dtype):
+    v = torch.randn(n, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
+    return v / v.norm()
+
+
+class _Basis:
+    """Lanczos vectors as rows, in blocks of ``BLOCK`` allocated as needed: memory follows the
+    iterations taken, not ``max_iter`` (100 vectors of a 36M-parameter WRN are 14 GB)."""
+
+    BLOCK = 16
+
+    def __init__(self, n, device, dtype):
+        self.n, self.device, self.dtype, self.blocks = n, device, dtype, []
+
+    def __getitem__(self, i):
+        return self.blocks[i // self.BLOCK][i % self.BLOCK]
+
+    def __setitem__(self, i, v):
+        while i >= len(self.blocks) * self.BLOCK:
+            self.blocks.append(torch.zeros(self.BLOCK, self.n, device=self.device, dtype=self.dtype))
+        self.blocks[i // self.BLOCK][i % self.BLOCK] = v
+
+    def _rows(self, count):
+        for b, block in enumerate(self.blocks):
+            rows = min(self.BLOCK, count - b * self.BLOCK)
+            if rows <= 0:
+                break
+            yield block[:rows]
+
+    def orthogonalize(self, w, count):
+        """w minus its projection on the first ``count`` vectors, Gram–Schmidt applied twice
+        ("twice is enough", Kahan–Parlett), block by block."""
+        for _ in range(2):
+            for rows in self._rows(count):
+                w = w - rows.T @ (rows @ w)
+        return w
+
+    def combine(self, coeffs, count):
+        """Rows Σ_i coeffs[i, c] q_i, one per column of ``coeffs`` [count, m]."""
+        out = torch.zeros(coeffs.shape[1], self.n, device=self.device, dtype=self.dtype)
+        for b, rows in enumerate(self._rows(count)):
+            out += coeffs[b * self.BLOCK:b * self.BLOCK + len(rows)].T @ rows
+        return out
+
+
+def tridiagonal(alphas, betas) -> torch.Tensor:
+    """Lanczos' T (float64) from its diagonal and its first len(alphas) − 1 off-diagonal entries."""
+    T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+    if len(alphas) > 1:
+        off = torch.tensor(betas[:len(alphas) - 1], dtype=torch.float64)
+        T += torch.diag(off, 1) + torch.diag(off, -1)
+    return T
+
+
+def lanczos(matvec, n: int, k: int = 1, tol: float = 1e-3, max_iter: int = 100, init=None,
+            generator=None, device="cpu", dtype=None, stop: bool = True) -> LanczosResult:
+    """Top-k eigenpairs of the symmetric operator ``matvec`` (flat vectors of length ``n``).
+
+    ``stop=False`` runs exactly ``max_iter`` steps (stochastic Lanczos quadrature).
+    """
+    if not (isinstance(k, int) and k >= 1):
+        raise ValueError(f"k={k!r} must be an integer >= 1")
+    if not tol > 0:
+        raise ValueError(f"tol={tol!r} must be > 0")
+    if not (isinstance(max_iter, int) and max_iter >= k):
+        raise ValueError(f"max_iter={max_iter!r} must be an integer >= k={k}")
+    dtype = dtype or (torch.float32 if tol >= 1e-5 else torch.float64)
+    steps = min(max_iter, n)
+    Q = _Basis(n, device, dtype)
+    if init is not None and float(init.norm()) > 0:
+        q = init.to(device=device, dtype=dtype).reshape(-1)
+        Q[0] = q / q.norm()
+    else:
+        Q[0] = _random_unit(n, generator, device, dtype)
+    alphas, betas = [], []
+    evals = evecs = None
+    converged, hvps, beta = False, 0, 0.0
+    for j in range(steps):
+        w = matvec(Q[j])
+        hvps += 1
+        alphas.append(float(torch.dot(w, Q[j])))
+        w = Q.orthogonalize(w, j + 1)
+        beta = float(w.norm())
+        evals, evecs = torch.linalg.eigh(tridiagonal(alphas, betas))
+        evals, evecs = evals.flip(0), evecs.flip(1)  # largest first
+        m = min(k, j + 1)
+        res = (beta * evecs[-1, :m]).abs()
+        if stop and j + 1 >= k and bool((res <= tol * evals[:m].abs()).all()):
+            converged = True
+            break
+        if j + 1 == steps:
+            break
+        scale = max(abs(float(evals[0])), abs(float(evals[-1])), 1e-30)
+        if beta <= 1e-7 * scale:  # invariant subspace: continue from a fresh orthogonal direction
+            w = Q.orthogonalize(_random_unit(n, generator, device, dtype), j + 1)
+            betas.append(0.0)
+            Q[j + 1] = w / w.norm()
+        else:
+            betas.append(beta)
+            Q[j + 1] = w / beta
+    m = min(k, len(alphas))
+    coeffs = evecs[:, :m].to(device=device, dtype=dtype)
+    vectors = Q.combine(coeffs, len(alphas))
+    vectors = vectors / vectors.norm(dim=1, keepdim=True)
+    res = (beta * evecs[-1, :m]).abs()
+    if len(alphas) == n:
+        res = torch.zeros_like(res)  # the Krylov space is the whole space: Ritz pairs are exact
+        converged = True
+    return LanczosResult([float(v) for v in evals[:m]], vectors, hvps, [float(r) for r in res], converged,
+                         [float(v) for v in evals], [float(w) for w in evecs[0] ** 2], alphas, betas + [beta])
+
+
+@dataclass
+class EigenResult:
+    values: list          # largest first
+    vectors: list         # top eigenvector per parameter (list of tensors shaped like the parameters)
+    hvps: int             # HVPs on all of ``batches``
+    method: str
+    converged: bool
+    residuals: list
+    presolve_hvps: int = 0  # HVPs on the leading ``presolve_batches`` batches only
+
+
+def hessian_eigenpairs(model, loss_fn, batches, k: int = 1, *, tol: float = 1e-3, max_iter: int = 100,
+                       method: str = "auto", init=None, seed: int = 0, graph_cache_mb: float = 1024,
+                       presolve_batches: int = 0, presolve_tol: float = 3e-2,
+                       operator: HessianOperator | None = None) -> EigenResult:
+    """Top-k eigenvalues with the top eigenvector, the HVP count and the HVP method used.
+
+    ``init``: a start vector (flat, or a list shaped like the parameters), e.g. the previous
+    top eigenvector for a warm start.
+    ``presolve_batches``: when > 0 and fewer than all batches, first run Lanczos to the loose
+    ``presolve_tol`` on the Hessian of just the leading ``presolve_batches`` batches (HVPs that
+    cost that fraction of a full one), and start the full run from the sum of its top-k Ritz
+    vectors (every one of the k directions present). The full run still stops on its own
+    residual rule, so the answer is as certified as without it; it only starts closer. Our
+    choice (a coarse-to-fine start), not from a paper: about 25% fewer full-HVP equivalents
+    on the default model.
+    """
+    op = operator or HessianOperator(model, loss_fn, batches, method, graph_cache_mb)
+    try:
+        if isinstance(init, (list, tuple)):
+            init = op.flat([t.to(op.device) for t in init])
+        g = torch.Generator().manual_seed(seed)
+        presolve_hvps = 0
+        if 0 < presolve_batches < len(op.batches):
+            def partial(v):
+                return op.flat(op.hvp_list(op.unflat(v.to(op.dtype)), n_batches=presolve_batches)).to(v.dtype)
+            # capped: a presolve that does not settle quickly is not worth its HVPs
+            pre = lanczos(partial, op.numel, k, presolve_tol, min(max_iter, max(30, 2 * k)), init, g, op.device)
+            init, presolve_hvps = pre.vectors.sum(0), pre.hvps
+        start = op.hvps
+        r = lanczos(op, op.numel, k, tol, max_iter, init, g, op.device)
+        return EigenResult(r.values, op.unflat(r.vectors[0].to(op.dtype)), op.hvps - start, op.method,
+                           r.converged, r.residuals, presolve_hvps)
+    finally:
+        if operator is None:
+            op.close()
+
+
+def top_hessian_eigenvalues(model, loss_fn, batches, k: int = 1, **kwargs) -> list[float]:
+    """The k largest eigenvalues, largest first, of the Hessian of the mean loss over all
+    samples in ``batches`` (iterable of ``(inputs, targets)``), in the model's current mode.
+    Keyword arguments as ``hessian_eigenpairs`` (tol=1e-3 relative, max_iter=100, method)."""
+    return hessian_eigenpairs(model, loss_fn, batches, k, **kwargs).values
+
+
+def hutchinson(op: HessianOperator, num_probes: int = 100, seed: int = 0, weight=None) -> tuple[float, float]:
+    """Hutchinson's estimate of tr(diag(w) H) (tr(H) without ``weight``) with Rademacher probes v:
+    the mean of (w ⊙ v)ᵀ H v and its standard error."""
+    if not (isinstance(num_probes, int) and num_probes >= 2):
+        raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(num_probes):
+        v = (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).to(op.device, op.dtype)
+        samples.append(torch.dot(v if weight is None else weight * v, op(v)))
+    s = torch.stack(samples).double().cpu()
+    return float(s.mean()), float(s.std() / math.sqrt(num_probes))
+
+
+def hessian_trace(op: HessianOperator, num_probes: int = 100, seed: int = 0) -> tuple[float, float]:
+    """Hutchinson's estimate of tr(H): (mean of vᵀHv over Rademacher probes, its standard error)."""
+    return hutchinson(op, num_probes, seed)
+
+
+def spectral_density(op: HessianOperator, num_runs: int = 3, num_steps: int = 80, seed: int = 0) -> dict:
+    """Stochastic Lanczos quadrature (Ghorbani et al. 2019): for each of ``num_runs`` Rademacher
+    start vectors, the nodes (Ritz values) and weights (squared first eigenvector components)
+    of a ``num_steps``-step Lanczos run. The spectral density is the average over runs of
+    Σ_i w_i δ(λ − node_i); smooth it with a Gaussian to plot."""
+    g = torch.Generator().manual_seed(seed)
+    nodes, weights = [], []
+    for _ in range(num_runs):
+        v = (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).double()
+        r = lanczos(op, op.numel, 1, 1e-3, min(num_steps, op.numel), v, g, op.device, torch.float32, stop=False)
+        nodes.append(r.nodes)
+        weights.append(r.weights)
+    return {"nodes": nodes, "weights": weights}

@@ -1,0 +1,109 @@
+"""The Hydra callback of every ``sam-run``: checks before anything runs, a report at the end.
+
+``SweepCallback`` (registered in conf/config.yaml ``hydra.callbacks``): before any job of a
+sweep runs it refuses a sweep folder that holds jobs of a different sweep, and the SLURM
+launcher without ``sbatch``; before a single run, a run folder holding a run made with other
+overrides (before Hydra rewrites its .hydra/); after the last job it prints one line per job
+(number, status, test accuracy, overrides) and exits non-zero naming failed jobs.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
+
+from ..errors import UserError
+from ..runfiles import read_json
+from .plan import DEFAULT_EXCLUDE, check_folder, check_job, check_run_folder, expand, expected_jobs, job_dirs, \
+    saved_overrides
+
+
+def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
+    """One line per job (number, status, test accuracy, overrides), and the failed jobs' descriptions."""
+    dirs = {int(p.name): p for p in job_dirs(sweep_dir) if p.parent == Path(sweep_dir) and p.name.isdigit()}
+    if n_jobs is None:  # as many as the sweep calls for, when its multirun.yaml says
+        expected = expected_jobs(sweep_dir)
+        n_jobs = len(expected) if expected is not None else None
+    numbers = range(max(n_jobs, max(dirs, default=-1) + 1)) if n_jobs is not None else sorted(dirs)
+    jobs = []
+    for num in numbers:
+        d = dirs.get(num, Path(sweep_dir) / str(num))
+        summary = read_json(d / "summary.json") or {}
+        overrides = summary.get("overrides")
+        jobs.append((num, d, summary, saved_overrides(d) if overrides is None else overrides))
+    # show what varies between jobs; the overrides every job shares are noise here
+    known = [set(j[3]) for j in jobs if j[3]]
+    shared = set.intersection(*known) if len(known) > 1 else set()
+    lines, failed = [], []
+    for num, d, summary, overrides in jobs:
+        varying = None if overrides is None else " ".join(o for o in overrides if o not in shared)
+        # None: the job left nothing to read its overrides from, which is not "no overrides"
+        label = varying or ("overrides unknown" if overrides is None else "defaults")
+        status = summary.get("status") or ("missing" if not d.exists() else "incomplete")
+        acc = summary.get("test_acc")
+        acc = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
+        line = f"#{num:<3} {status:<10} test_acc={acc:<7} {varying or f'({label})'}"
+        if summary.get("error"):
+            line += f"  [{summary['error']}]"
+        lines.append(line)
+        if status not in ("completed", "diverged"):  # a divergence is a result, not a failure
+            failed.append(f"#{num} ({status}: {label})")
+    return lines, failed
+
+
+def fail(message: str, code: int = 2, prog: str = "sam-run"):
+    # a callback's exceptions are only warnings to Hydra; SystemExit is not an Exception
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+class SweepCallback(Callback):
+    """Checks a sweep before it starts and reports it when it ends (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[list[str]] | None = None
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        if launcher.endswith("SlurmLauncher") and shutil.which("sbatch") is None:
+            fail("hydra/launcher=slurm needs SLURM's sbatch on PATH, and it is not; run on a SLURM login node "
+                  "or use the local launcher (drop hydra/launcher=slurm)")
+        if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
+            return  # job numbers of other sweepers are not known in advance
+        arguments = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+        params = OmegaConf.select(config, "hydra.sweeper.params")
+        params = OmegaConf.to_container(params, resolve=False) if params else {}
+        try:
+            self.jobs = expand(arguments, params)
+            check_folder(config.hydra.sweep.dir, self.jobs, _exclude(config))
+        except UserError as e:
+            fail(str(e))
+
+    def on_run_start(self, config, **kwargs) -> None:
+        # before Hydra rewrites <run dir>/.hydra/ with this run's config
+        run_dir = Path(str(config.hydra.run.dir))
+        overrides = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+        try:
+            if run_dir.name.isdigit():  # a job of an sbatch array (scripts/slurm_array.sbatch): <sweep dir>/<number>
+                check_job(run_dir, overrides, _exclude(config), run_dir.parent)
+            else:
+                check_run_folder(run_dir, overrides, _exclude(config))
+        except UserError as e:
+            fail(str(e))
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = str(config.hydra.sweep.dir)
+        lines, failed = report(sweep_dir, len(self.jobs) if self.jobs is not None else None)
+        print(f"sweep {sweep_dir}: {len(lines)} job(s), {len(lines) - len(failed)} completed", flush=True)
+        for line in lines:
+            print("  " + line, flush=True)
+        if failed:
+            fail(f"{len(failed)} of {len(lines)} job(s) failed or did not finish: {'; '.join(failed)}", code=1)
+
+
+def _exclude(config) -> tuple:
+    keys = OmegaConf.select(config, "hydra.job.config.override_dirname.exclude_keys")
+    return tuple(str(k) for k in keys) if keys is not None else DEFAULT_EXCLUDE
