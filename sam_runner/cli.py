@@ -1,4 +1,5 @@
 """``sam-run``: the Hydra entry point around ``train(cfg)``."""
+
 from __future__ import annotations
 
 import difflib
@@ -33,6 +34,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("run_name", run_name)
     if not OmegaConf.has_resolver("sam_runner_groups"):
         from .help import config_groups
+
         OmegaConf.register_new_resolver("sam_runner_groups", config_groups)
 
 
@@ -45,6 +47,7 @@ def run_job(cfg: DictConfig):
     from hydra.types import RunMode
 
     from .sweep.jobs import record_failure, run_parallel
+
     hc = HydraConfig.get()
     run_dir, overrides = hc.runtime.output_dir, list(hc.overrides.task)
     sweeping = hc.mode == RunMode.MULTIRUN
@@ -54,13 +57,15 @@ def run_job(cfg: DictConfig):
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"sam-run: error: {e}", file=sys.stderr)
-        if sweeping and not isinstance(e, RunFolderConflict):  # another run's folder stops the sweep, untouched
+        # another run's folder stops the sweep, untouched
+        if sweeping and not isinstance(e, RunFolderConflict):
             return record_failure(run_dir, overrides, str(e))
         sys.exit(2)
     except Exception as e:
         if not sweeping:
             raise
         import traceback
+
         traceback.print_exc()  # a bug, not bad input: the whole story, then the sweep goes on
         msg = one_line(e)
         print(f"sam-run: job {hc.job.num} failed: {msg}", file=sys.stderr)
@@ -76,17 +81,23 @@ def _main(cfg: DictConfig):
 
 
 def check_output_folder(argv: list[str]) -> None:
-    """Fail in one line, before Hydra tries to create it, when the run/sweep folder can't be written."""
+    """Fail in one line, before Hydra tries to create it, when the run/sweep folder can't be
+    written.
+    """
     multirun = "-m" in argv or "--multirun" in argv
     key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
-    folder = next((a[len(key):] for a in argv if a.startswith(key)), "multirun" if multirun else "outputs")
+    folder = next(
+        (a[len(key) :] for a in argv if a.startswith(key)), "multirun" if multirun else "outputs"
+    )
     path = Path(folder).absolute()
     while not path.exists() and path != path.parent:
         path = path.parent
     if not path.is_dir() or not os.access(path, os.W_OK):
-        print(f"sam-run: error: {key[:-1]}={folder} cannot be created or written ({path} is "
-              f"{'not a folder' if not path.is_dir() else 'not writable'}); choose a writable folder",
-              file=sys.stderr)
+        print(
+            f"sam-run: error: {key[:-1]}={folder} cannot be created or written ({path} is "
+            f"{'not a folder' if not path.is_dir() else 'not writable'}); choose a writable folder",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 
@@ -106,6 +117,7 @@ def _unknown_key(key: str, job: list[str]) -> str:
     """``trainer.epoch is not a key; did you mean trainer.epochs?``: the nearest key where the
     config without this override has one, else the keys it has there."""
     from .sweep.plan import compose
+
     try:
         cfg = compose([o for o in job if override_key(o) != key])
     except Exception:
@@ -117,7 +129,9 @@ def _unknown_key(key: str, job: list[str]) -> str:
     if not isinstance(node, dict):  # the parent is no section either: match the whole key
         paths = [p for p in _paths(tree) if not p.startswith("hydra.") or key.startswith("hydra.")]
         near = difflib.get_close_matches(key, paths, n=1)
-        return f"{key} is not a key; " + (f"did you mean {near[0]}?" if near else "`sam-run --cfg job` lists the keys")
+        return f"{key} is not a key; " + (
+            f"did you mean {near[0]}?" if near else "`sam-run --cfg job` lists the keys"
+        )
     keys = [str(k) for k in node if parent or k != "hydra"]
     choice = cfg.hydra.runtime.choices.get(parent)
     where = f" of {parent}={choice}" if choice is not None else ""
@@ -141,6 +155,7 @@ def _jobs(args) -> list[list[str]]:
     if not args.multirun:
         return [args.overrides]
     from .sweep.plan import expand, fixed_config, sweeper_params
+
     fixed = fixed_config(args.overrides)
     groups = set(fixed.hydra.runtime.choices)
     distinct = {}
@@ -154,21 +169,36 @@ def check_overrides(argv: list[str]) -> None:
     so that an unknown option or key is one line with exit 2, not Hydra's report of ~20 lines with
     exit 1. Errors of other kinds are left to Hydra; HYDRA_FULL_ERROR=1 leaves all of them to it."""
     from hydra._internal.utils import get_args_parser
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     from .sweep.plan import compose
+
     args = get_args_parser().parse_args(argv)
-    if (os.environ.get("HYDRA_FULL_ERROR") == "1" or args.help or args.hydra_help or args.shell_completion
-            or args.config_path or args.config_name or args.config_dir or args.experimental_rerun):
+    if (
+        os.environ.get("HYDRA_FULL_ERROR") == "1"
+        or args.help
+        or args.hydra_help
+        or args.shell_completion
+        or args.config_path
+        or args.config_name
+        or args.config_dir
+        or args.experimental_rerun
+    ):
         return
     job, message = args.overrides, None
     try:
         for job in _jobs(args):
             compose(job)
     except OverrideParseException as e:
-        message = (f"{e.override} is not a valid override ({first_line(e.message)}); see "
-                   "https://hydra.cc/docs/advanced/override_grammar/basic/")
+        message = (
+            f"{e.override} is not a valid override ({first_line(e.message)}); see "
+            "https://hydra.cc/docs/advanced/override_grammar/basic/"
+        )
     except MissingConfigException as e:
         message = _unknown_option(e)
     except ConfigCompositionException as e:
@@ -189,7 +219,8 @@ def main() -> None:
         print(f"sam-runner {__version__}")
         return
     if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
-        # Hydra refuses -m with --cfg; `sam-run -m experiment=X --cfg job` prints the preset's config
+        # Hydra refuses -m with --cfg; `sam-run -m experiment=X --cfg job` prints the preset's
+        # config
         sys.argv[1:] = argv = [a for a in argv if a not in ("-m", "--multirun")]
     check_overrides(argv)
     check_output_folder(argv)
@@ -198,8 +229,12 @@ def main() -> None:
     except KeyboardInterrupt as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        # train() leaves its last checkpoint and metrics resumable (errors.Interrupted says where it was)
-        print(f"sam-run: {str(e) or 'interrupted'}; run the same command again to resume", file=sys.stderr)
+        # train() leaves its last checkpoint and metrics resumable (errors.Interrupted says where it
+        # was)
+        print(
+            f"sam-run: {str(e) or 'interrupted'}; run the same command again to resume",
+            file=sys.stderr,
+        )
         sys.exit(130)
 
 

@@ -1,4 +1,5 @@
 """Where a run is: its epoch and step, its wall time, and whether it is inside an epoch."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,12 +9,12 @@ SAVED = ("epoch", "step", "elapsed", "train_time")
 
 @dataclass
 class Clock:
-    epochs: int = 1              # the run's length (from its config; not saved)
-    epoch: int = 0               # the epoch running, or the last one finished
-    step: int = 0                # optimizer steps taken
-    elapsed: float = 0.0         # wall seconds since the start, across resumes (as of the last checkpoint)
-    train_time: float = 0.0      # of which training (evaluation and curvature measurements excluded)
-    within_epoch: bool = False   # between an epoch's first and last step (not saved)
+    epochs: int = 1  # the run's length (from its config; not saved)
+    epoch: int = 0  # the epoch running, or the last one finished
+    step: int = 0  # optimizer steps taken
+    elapsed: float = 0.0  # wall seconds since the start, across resumes (as of the last checkpoint)
+    train_time: float = 0.0  # of which training (evaluation and curvature measurements excluded)
+    within_epoch: bool = False  # between an epoch's first and last step (not saved)
 
     @property
     def final(self) -> bool:

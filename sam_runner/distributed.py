@@ -40,6 +40,7 @@ How ``launch`` starts and ends its processes (ours):
   process first): a process that fails makes its peers fail too ("Connection reset by
   peer"), and that noise comes later.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -63,7 +64,7 @@ from .errors import UserError, one_line, require
 class Topology:
     rank: int = 0
     world: int = 1
-    device: torch.device | None = None   # set by the launcher of a data-parallel run
+    device: torch.device | None = None  # set by the launcher of a data-parallel run
     local_rank: int = 0
     _ddp: object = field(default=None, repr=False)
 
@@ -80,13 +81,18 @@ class Topology:
         if not self.parallel:
             return model
         from torch.nn.parallel import DistributedDataParallel
+
         if cfg.trainer.get("sync_batchnorm", False):
-            require(self.device is not None and self.device.type == "cuda",
-                    "trainer.sync_batchnorm=true needs GPUs (PyTorch's SyncBatchNorm is CUDA-only); "
-                    "use trainer.sync_batchnorm=false on the CPU")
+            require(
+                self.device is not None and self.device.type == "cuda",
+                "trainer.sync_batchnorm=true needs GPUs (PyTorch's SyncBatchNorm is CUDA-only); "
+                "use trainer.sync_batchnorm=false on the CPU",
+            )
             # replaces BatchNorm modules in place; the parameters (and so the optimizer) are kept
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        device_ids = [self.device] if self.device is not None and self.device.type == "cuda" else None
+        device_ids = (
+            [self.device] if self.device is not None and self.device.type == "cuda" else None
+        )
         self._ddp = DistributedDataParallel(model, device_ids=device_ids)
         return self._ddp
 
@@ -115,7 +121,7 @@ class Topology:
         tdist.all_gather(sizes, n)
         sizes = [int(s) for s in sizes]  # evaluation only: a host sync is fine here
         padded = tensor.new_zeros((max(sizes),) + tuple(tensor.shape[1:]))
-        padded[:tensor.shape[0]] = tensor
+        padded[: tensor.shape[0]] = tensor
         parts = [torch.empty_like(padded) for _ in range(self.world)]
         tdist.all_gather(parts, padded)
         return torch.cat([p[:s] for p, s in zip(parts, sizes)])
@@ -125,7 +131,8 @@ class Topology:
             torch.distributed.barrier()
 
     def shutdown(self) -> None:
-        """Barrier, drop the DDP module, destroy the group (in that order: gloo aborts otherwise)."""
+        """Barrier, drop the DDP module, destroy the group (in that order: gloo aborts
+        otherwise)."""
         if not torch.distributed.is_initialized():
             return
         try:
@@ -154,9 +161,14 @@ def from_env(env=None) -> tuple[int, int, int] | None:
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env and int(env["WORLD_SIZE"]) > 1:  # torchrun
         return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0))
-    # an srun step with several tasks (not the batch script itself, whose SLURM_NTASKS is the allocation's)
+    # an srun step with several tasks (not the batch script itself, whose SLURM_NTASKS is the
+    # allocation's)
     if int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1) > 1 and "SLURM_PROCID" in env:
-        return int(env["SLURM_PROCID"]), int(env["SLURM_STEP_NUM_TASKS"]), int(env.get("SLURM_LOCALID", 0))
+        return (
+            int(env["SLURM_PROCID"]),
+            int(env["SLURM_STEP_NUM_TASKS"]),
+            int(env.get("SLURM_LOCALID", 0)),
+        )
     return None
 
 
@@ -165,8 +177,9 @@ def _slurm_rendezvous(env) -> None:
     if "MASTER_ADDR" not in env:
         nodes = env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", ""))
         try:
-            first = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
-                                   text=True, check=True).stdout.split()[0]
+            first = subprocess.run(
+                ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True
+            ).stdout.split()[0]
         except (OSError, subprocess.CalledProcessError, IndexError):
             first = "127.0.0.1"
         env["MASTER_ADDR"] = first
@@ -182,15 +195,37 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """The device ``trainer.device`` names for one process: ``auto`` is CUDA when there is a GPU,
     ``cuda`` is the process's GPU (``cuda:<local rank>``), ``cuda:N`` that GPU; one-line errors."""
     name = str(name)
-    require(name in ("auto", "cpu", "cuda") or name.startswith("cuda:"),
-            f"trainer.device={name!r} is unknown; choose auto, cpu or cuda")
+    require(
+        name in ("auto", "cpu", "cuda") or name.startswith("cuda:"),
+        f"trainer.device={name!r} is unknown; choose auto, cpu or cuda",
+    )
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cpu":
         return torch.device("cpu")
-    require(torch.cuda.is_available(), f"trainer.device={name} but CUDA is not available here; "
-                                       "use trainer.device=cpu or auto")
-    return torch.device(name) if ":" in name else torch.device("cuda", local_rank % torch.cuda.device_count())
+    require(
+        torch.cuda.is_available(),
+        f"trainer.device={name} but CUDA is not available here; use trainer.device=cpu or auto",
+    )
+    return (
+        torch.device(name)
+        if ":" in name
+        else torch.device("cuda", local_rank % torch.cuda.device_count())
+    )
+
+
+def join_group(rank: int, world: int, device, local_rank: int, init_method: str) -> Topology:
+    """Join the process group (NCCL on GPUs, gloo on CPUs); this process's topology is current."""
+    torch.distributed.init_process_group(
+        backend_for(device),
+        init_method=init_method,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(minutes=30),
+    )
+    topo = Topology(rank, world, device, local_rank)
+    set_current(topo)
+    return topo
 
 
 def init_from_env(device_name: str) -> Topology:
@@ -202,23 +237,24 @@ def init_from_env(device_name: str) -> Topology:
     device = resolve_device(device_name, local)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch.distributed.init_process_group(backend_for(device), init_method="env://", rank=rank, world_size=world,
-                                         timeout=datetime.timedelta(minutes=30))
-    topo = Topology(rank, world, device, local)
-    set_current(topo)
-    return topo
+    return join_group(rank, world, device, local, "env://")
 
 
 # ---------------------------------------------------------------------------- trainer.devices=N
 def check_devices(devices, device_name: str) -> torch.device:
     """Validate trainer.devices against the machine; returns the device type to use."""
-    require(isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1,
-            f"trainer.devices={devices!r} must be an integer >= 1")
+    require(
+        isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1,
+        f"trainer.devices={devices!r} must be an integer >= 1",
+    )
     device = resolve_device(device_name)
     if device.type == "cuda":
         have = torch.cuda.device_count()
-        require(devices <= have, f"trainer.devices={devices} but this machine has {have} GPU(s); "
-                                 f"use trainer.devices<={have} (or trainer.device=cpu for gloo processes)")
+        require(
+            devices <= have,
+            f"trainer.devices={devices} but this machine has {have} GPU(s); use "
+            f"trainer.devices<={have} (or trainer.device=cpu for gloo processes)",
+        )
     return torch.device(device.type)
 
 
@@ -233,7 +269,8 @@ FORKSERVER_PRELOAD = ("torch", "sam_runner.train")
 
 
 def cpu_threads(world: int) -> int:
-    """Threads per process: this process's CPUs (its affinity: cgroups, SLURM) shared by ``world``."""
+    """Threads per process: this process's CPUs (its affinity: cgroups, SLURM) shared by
+    ``world``."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
@@ -251,6 +288,7 @@ def _die_with_parent(parent_alive) -> None:
     if sys.platform.startswith("linux"):
         try:
             import ctypes
+
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
@@ -263,6 +301,7 @@ def _die_with_parent(parent_alive) -> None:
         except OSError:
             pass
         os._exit(1)
+
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
@@ -270,7 +309,8 @@ def _worker(rank, world, device_type, port, fn, args, results, env=None, parent_
     """One started process: join the group, run ``fn(*args)``, report, shut down cleanly."""
     _die_with_parent(parent_alive)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if hasattr(signal, "SIGUSR2"):  # submitit's requeue signal: the launching process acts on it alone
+    # submitit's requeue signal: the launching process acts on it alone
+    if hasattr(signal, "SIGUSR2"):
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     if env is not None:  # the launcher's environment now, not the forkserver's when it started
         os.environ.clear()
@@ -280,10 +320,7 @@ def _worker(rank, world, device_type, port, fn, args, results, env=None, parent_
         torch.set_num_threads(cpu_threads(world))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch.distributed.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{port}",
-                                         rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30))
-    topo = Topology(rank, world, device, rank)
-    set_current(topo)
+    topo = join_group(rank, world, device, rank, f"tcp://127.0.0.1:{port}")
     try:
         out = fn(*args)
         topo.shutdown()
@@ -301,10 +338,14 @@ def _worker(rank, world, device_type, port, fn, args, results, env=None, parent_
 
 def _context(device: torch.device, start_method=None):
     import multiprocessing as mp
+
     if start_method is None:
         # a forkserver for CPU processes (see the module docstring); CUDA cannot be forked: spawn
-        start_method = "forkserver" if device.type == "cpu" and "forkserver" in mp.get_all_start_methods() \
+        start_method = (
+            "forkserver"
+            if device.type == "cpu" and "forkserver" in mp.get_all_start_methods()
             else "spawn"
+        )
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
@@ -315,12 +356,14 @@ class _Terminated(BaseException):
     """SIGTERM reached the launching process."""
 
 
-def _on_sigterm(signum, frame):
+def _on_sigterm(_signum, _frame):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the launcher at once
     raise _Terminated()
 
 
-def launch(fn, args: tuple, world: int, device: torch.device, grace_s: float = 10.0, start_method=None):
+def launch(
+    fn, args: tuple, world: int, device: torch.device, grace_s: float = 10.0, start_method=None
+):
     """Run ``fn(*args)`` in ``world`` started processes, each a rank of one process group.
 
     Returns rank 0's return value. When a process fails, the others are ended after
@@ -330,13 +373,24 @@ def launch(fn, args: tuple, world: int, device: torch.device, grace_s: float = 1
     ctx = _context(device, start_method)
     results = ctx.SimpleQueue()
     port = free_port()
-    # the watchdog's pipe: a forked child would inherit the write end too, so fork relies on PDEATHSIG
-    parent_alive, alive = ctx.Pipe(duplex=False) if ctx.get_start_method() != "fork" else (None, None)
-    procs = [ctx.Process(target=_worker, daemon=False,
-                         args=(r, world, device.type, port, fn, args, results, dict(os.environ), parent_alive))
-             for r in range(world)]
-    on_term = threading.current_thread() is threading.main_thread() and \
-        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # leave a handler someone else set (submitit's)
+    # the watchdog's pipe: a forked child would inherit the write end too, so fork relies on
+    # PDEATHSIG
+    parent_alive, alive = (
+        ctx.Pipe(duplex=False) if ctx.get_start_method() != "fork" else (None, None)
+    )
+    procs = [
+        ctx.Process(
+            target=_worker,
+            daemon=False,
+            args=(r, world, device.type, port, fn, args, results, dict(os.environ), parent_alive),
+        )
+        for r in range(world)
+    ]
+    # leave a handler someone else set (submitit's)
+    on_term = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    )
     if on_term:
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -345,7 +399,8 @@ def launch(fn, args: tuple, world: int, device: torch.device, grace_s: float = 1
         reports = _collect(procs, results, world, grace_s)
     except _Terminated:
         _end(procs)
-        os.kill(os.getpid(), signal.SIGTERM)  # the default action now: exit as a SIGTERM'd process does
+        # the default action now: exit as a SIGTERM'd process does
+        os.kill(os.getpid(), signal.SIGTERM)
         raise
     finally:
         _end(procs)
@@ -381,15 +436,25 @@ def _collect(procs, results, world: int, grace_s: float) -> dict:
         if not results.empty():  # a report may be on its way from a process that just exited
             continue
         for r in dead:
-            reports[r] = ("error", f"process {r} died ({_exit_reason(procs[r].exitcode)})", seen_alive_at)
+            reports[r] = (
+                "error",
+                f"process {r} died ({_exit_reason(procs[r].exitcode)})",
+                seen_alive_at,
+            )
             failed_at = failed_at or time.monotonic()
         seen_alive_at = now
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
             break
         if all(p.exitcode is not None for p in procs) and results.empty():
             for r, p in enumerate(procs):
-                reports.setdefault(r, ("error", f"process {r} exited ({_exit_reason(p.exitcode)}) without a result",
-                                       time.time()))
+                reports.setdefault(
+                    r,
+                    (
+                        "error",
+                        f"process {r} exited ({_exit_reason(p.exitcode)}) without a result",
+                        time.time(),
+                    ),
+                )
             break
         time.sleep(0.02)
     return reports

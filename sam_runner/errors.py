@@ -6,7 +6,8 @@ class UserError(Exception):
 
 
 class RunFolderConflict(UserError):
-    """The run folder holds a run made with other settings. Nothing in it is written: it is another run's."""
+    """The run folder holds a run made with other settings. Nothing in it is written: it is another
+    run's."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -16,7 +17,9 @@ class Interrupted(KeyboardInterrupt):
         if not in_epoch:
             message = "interrupted before training"
         elif epoch:
-            message = f"interrupted in epoch {in_epoch}; the checkpoint holds epoch {epoch} (step {step})"
+            message = (
+                f"interrupted in epoch {in_epoch}; the checkpoint holds epoch {epoch} (step {step})"
+            )
         else:
             message = f"interrupted in epoch {in_epoch}, before the first checkpoint"
         super().__init__(message)
@@ -29,7 +32,9 @@ def require(ok: bool, message: str) -> None:
 
 
 def number(key: str, value, accepted: str, ok) -> float:
-    """``value`` as a float if it is a number (not a bool) that passes ``ok``; else a one-line error."""
+    """``value`` as a float if it is a number (not a bool) that passes ``ok``; else a one-line
+    error.
+    """
     try:
         x = None if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
@@ -38,9 +43,12 @@ def number(key: str, value, accepted: str, ok) -> float:
     return x
 
 
-def integer(key: str, value, accepted: str, ok=lambda n: True) -> int:
+def integer(key: str, value, accepted: str, ok=None) -> int:
     """``value`` if it is an int (not a bool) that passes ``ok``; else a one-line error."""
-    require(isinstance(value, int) and not isinstance(value, bool) and ok(value), f"{key}={value!r} must be {accepted}")
+    require(
+        isinstance(value, int) and not isinstance(value, bool) and (ok is None or ok(value)),
+        f"{key}={value!r} must be {accepted}",
+    )
     return value
 
 

@@ -1,5 +1,6 @@
 """``sam-run --help``: the config groups and their options, read from the registries (the groups
 that choose a Python object) and from the config tree (the others: presets and settings)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,6 +15,7 @@ CONFIG_GROUPS = ("trainer", "metrics", "experiment", "hydra/launcher")
 def _defaults() -> dict:
     """The default option of each group, from conf/config.yaml's defaults list."""
     import yaml
+
     tree = yaml.safe_load((Path(config_dir()) / "config.yaml").read_text())
     out = {}
     for item in tree.get("defaults", []):
@@ -32,7 +34,10 @@ def _first_comment(path: Path) -> str:
 
 def _lines(options: list[tuple[str, str]], default) -> list[str]:
     width = max((len(n) for n, _ in options), default=0) + 1
-    return [f"  {name + ('*' if name == default else ''):<{width}}  {text}".rstrip() for name, text in options]
+    return [
+        f"  {name + ('*' if name == default else ''):<{width}}  {text}".rstrip()
+        for name, text in options
+    ]
 
 
 def config_groups() -> str:
@@ -42,11 +47,19 @@ def config_groups() -> str:
     for key, registry in ALL.items():
         if key == SAMPLERS.key:
             continue
-        out += [f"{key}:", *_lines([(e.name, e.description) for e in registry.entries()], defaults.get(key))]
-    out += [f"{SAMPLERS.key} (a key of every dataset):",
-            *_lines([(e.name, e.description) for e in SAMPLERS.entries()], "uniform")]
+        out += [
+            f"{key}:",
+            *_lines([(e.name, e.description) for e in registry.entries()], defaults.get(key)),
+        ]
+    out += [
+        f"{SAMPLERS.key} (a key of every dataset):",
+        *_lines([(e.name, e.description) for e in SAMPLERS.entries()], "uniform"),
+    ]
     root = Path(config_dir())
     for group in CONFIG_GROUPS:
         files = sorted((root / group).glob("*.yaml"))
-        out += [f"{group}:", *_lines([(f.stem, _first_comment(f)) for f in files], defaults.get(group))]
+        out += [
+            f"{group}:",
+            *_lines([(f.stem, _first_comment(f)) for f in files], defaults.get(group)),
+        ]
     return "\n".join(out)

@@ -4,6 +4,7 @@ Each model's top-level children are its functional blocks (stem, stages, head), 
 normalisation layers inside the block of the layer they follow: the optimizer's
 parameter groups (and GEAR-SAM's blocks) are read off this structure.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -17,7 +18,16 @@ from .registry import MODELS
 INPUTS = {"1d": "1-D signals (channels, length)", "image": "images (channels, height, width)"}
 
 
-class MLP(nn.Module):
+class Blocks(nn.Module):
+    """A model that is its top-level children applied in order (its functional blocks)."""
+
+    def forward(self, x):
+        for block in self.children():
+            x = block(x)
+        return x
+
+
+class MLP(Blocks):
     """Flatten, one block per hidden Linear-ReLU layer (fc1, fc2, ...), a linear head."""
 
     def __init__(self, in_features, num_classes, hidden=(256, 256)):
@@ -28,15 +38,12 @@ class MLP(nn.Module):
             self.add_module(f"fc{i}", nn.Sequential(nn.Linear(a, b), nn.ReLU()))
         self.head = nn.Linear(dims[-1], num_classes)
 
-    def forward(self, x):
-        for block in self.children():
-            x = block(x)
-        return x
-
 
 def _conv_bn(dim, cin, cout, k=3, stride=1):
     conv, bn = (nn.Conv1d, nn.BatchNorm1d) if dim == 1 else (nn.Conv2d, nn.BatchNorm2d)
-    return nn.Sequential(conv(cin, cout, k, stride, k // 2, bias=False), bn(cout), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        conv(cin, cout, k, stride, k // 2, bias=False), bn(cout), nn.ReLU(inplace=True)
+    )
 
 
 class SmallCNN(nn.Module):
@@ -64,7 +71,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.shortcut = nn.Sequential()
         if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x):
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -76,7 +85,9 @@ class ResNet(nn.Module):
 
     def __init__(self, depths, in_channels, num_classes):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
+        )
         stages, cin = [], 64
         for i, (n, cout) in enumerate(zip(depths, (64, 128, 256, 512))):
             blocks = []
@@ -85,7 +96,9 @@ class ResNet(nn.Module):
                 cin = cout
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)
+        )
 
     def forward(self, x):
         return self.head(self.layer4(self.layer3(self.layer2(self.layer1(self.stem(x))))))
@@ -99,7 +112,9 @@ class WideBlock(nn.Module):
         self.bn1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn2, self.conv2 = nn.BatchNorm2d(cout), nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.shortcut = None if (stride == 1 and cin == cout) else nn.Conv2d(cin, cout, 1, stride, bias=False)
+        self.shortcut = (
+            None if (stride == 1 and cin == cout) else nn.Conv2d(cin, cout, 1, stride, bias=False)
+        )
 
     def forward(self, x):
         o = torch.relu(self.bn1(x))
@@ -119,26 +134,44 @@ class WideResNet(nn.Module):
         self.stem = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
         cin, stages = 16, []
         for i, cout in enumerate(widths):
-            stages.append(nn.Sequential(*[WideBlock(cin if j == 0 else cout, cout, (1 if i == 0 else 2) if j == 0 else 1,
-                                                    dropout) for j in range(n)]))
+            stages.append(
+                nn.Sequential(
+                    *[
+                        WideBlock(
+                            cin if j == 0 else cout,
+                            cout,
+                            (1 if i == 0 else 2) if j == 0 else 1,
+                            dropout,
+                        )
+                        for j in range(n)
+                    ]
+                )
+            )
             cin = cout
         self.layer1, self.layer2, self.layer3 = stages
-        self.head = nn.Sequential(nn.BatchNorm2d(cin), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                                  nn.Linear(cin, num_classes))
+        self.head = nn.Sequential(
+            nn.BatchNorm2d(cin),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(cin, num_classes),
+        )
 
     def forward(self, x):
         return self.head(self.layer3(self.layer2(self.layer1(self.stem(x)))))
 
 
+# channels per conv layer, "M" a max-pool (the end of a stage)
 VGG_CFG = {
-    "vgg16_bn": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
-    "vgg19_bn": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
-                 512, 512, 512, 512, "M"],
+    "vgg16_bn": "64 64 M 128 128 M 256 256 256 M 512 512 512 M 512 512 512 M".split(),
+    "vgg19_bn": "64 64 M 128 128 M 256 256 256 256 M 512 512 512 512 M 512 512 512 512 M".split(),
 }
 
 
-class VGG(nn.Module):
-    """CIFAR-style VGG with BatchNorm: one block per pooling stage (stage1..stage5), one linear head."""
+class VGG(Blocks):
+    """CIFAR-style VGG with BatchNorm: one block per pooling stage (stage1..stage5), one linear
+    head.
+    """
 
     def __init__(self, arch, in_channels, num_classes, spatial):
         super().__init__()
@@ -152,14 +185,16 @@ class VGG(nn.Module):
                 self.add_module(f"stage{stage}", nn.Sequential(*layers))
                 layers = []
             else:
-                layers += [nn.Conv2d(cin, v, 3, padding=1, bias=False), nn.BatchNorm2d(v), nn.ReLU(inplace=True)]
+                v = int(v)
+                layers += [
+                    nn.Conv2d(cin, v, 3, padding=1, bias=False),
+                    nn.BatchNorm2d(v),
+                    nn.ReLU(inplace=True),
+                ]
                 cin = v
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))
-
-    def forward(self, x):
-        for block in self.children():
-            x = block(x)
-        return x
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)
+        )
 
 
 def auto_arch(input_shape: tuple) -> str:
@@ -169,14 +204,18 @@ def auto_arch(input_shape: tuple) -> str:
     return "cnn" if min(input_shape[1:]) < 32 else "resnet18"
 
 
-@MODELS.register("mlp", "flatten, hidden Linear-ReLU layers (model.hidden), linear head", inputs=None)
+@MODELS.register(
+    "mlp", "flatten, hidden Linear-ReLU layers (model.hidden), linear head", inputs=None
+)
 def mlp(cfg, input_shape, num_classes):
     n = 1
     for d in input_shape:
         n *= d
     hidden = tuple(cfg.get("hidden", (256, 256)))
-    require(all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden),
-            f"model.hidden={list(hidden)} must be a list of layer widths >= 1, e.g. [256,256]")
+    require(
+        all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden),
+        f"model.hidden={list(hidden)} must be a list of layer widths >= 1, e.g. [256,256]",
+    )
     return MLP(n, num_classes, hidden)
 
 
@@ -205,7 +244,9 @@ def resnet34(_cfg, input_shape, num_classes):
 
 
 def _dropout(cfg) -> float:
-    return number("model.dropout", cfg.get("dropout", 0.0), "a probability in [0, 1)", lambda p: 0 <= p < 1)
+    return number(
+        "model.dropout", cfg.get("dropout", 0.0), "a probability in [0, 1)", lambda p: 0 <= p < 1
+    )
 
 
 @MODELS.register("wrn28_10", "Wide ResNet 28-10 (model.dropout)", inputs="image")
@@ -231,28 +272,50 @@ def vgg19_bn(_cfg, input_shape, num_classes):
 @MODELS.register("vit_tiny", "ViT-Tiny (timm; model.patch_size, default 4)", inputs="image")
 def vit_tiny(cfg, input_shape, num_classes):
     from timm.models.vision_transformer import VisionTransformer
-    patch = integer("model.patch_size", cfg.get("patch_size", 4), "an integer >= 1", lambda p: p >= 1)
-    require(input_shape[1] % patch == 0, f"model.patch_size={patch} must divide the image size {input_shape[1]}")
-    return VisionTransformer(img_size=input_shape[1], patch_size=patch, in_chans=input_shape[0],
-                             num_classes=num_classes, embed_dim=192, depth=12, num_heads=3)
+
+    patch = integer(
+        "model.patch_size", cfg.get("patch_size", 4), "an integer >= 1", lambda p: p >= 1
+    )
+    require(
+        input_shape[1] % patch == 0,
+        f"model.patch_size={patch} must divide the image size {input_shape[1]}",
+    )
+    return VisionTransformer(
+        img_size=input_shape[1],
+        patch_size=patch,
+        in_chans=input_shape[0],
+        num_classes=num_classes,
+        embed_dim=192,
+        depth=12,
+        num_heads=3,
+    )
 
 
 @MODELS.register("timm", "any timm model (model.name=..., model.pretrained=false)", inputs="image")
 def timm_model(cfg, input_shape, num_classes):
     import timm
+
     name = cfg.get("name")
     if name in (None, "???") or not timm.is_model(name):
         close = difflib.get_close_matches(str(name), timm.list_models(), n=5, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
         raise UserError(f"model.name={name!r} is not a timm model{hint}")
     try:
-        return timm.create_model(name, pretrained=bool(cfg.get("pretrained", False)), num_classes=num_classes,
-                                 in_chans=input_shape[0])
+        return timm.create_model(
+            name,
+            pretrained=bool(cfg.get("pretrained", False)),
+            num_classes=num_classes,
+            in_chans=input_shape[0],
+        )
     except Exception as e:
-        raise UserError(f"model=timm model.name={name}: could not be built ({one_line(e)})") from None
+        raise UserError(
+            f"model=timm model.name={name}: could not be built ({one_line(e)})"
+        ) from None
 
 
-@MODELS.register("auto", "cnn1d for 1-D data, cnn for images under 32×32, resnet18 otherwise", inputs=None)
+@MODELS.register(
+    "auto", "cnn1d for 1-D data, cnn for images under 32×32, resnet18 otherwise", inputs=None
+)
 def auto(cfg, input_shape, num_classes):
     return build_model(cfg, input_shape, num_classes, auto_arch(tuple(input_shape)))
 
@@ -263,6 +326,8 @@ def build_model(cfg, input_shape: tuple, num_classes: int, arch: str | None = No
     kind = {2: "1d", 3: "image"}.get(len(input_shape))
     if entry.inputs is not None and entry.inputs != kind:
         other = "model=mlp or model=cnn1d" if kind == "1d" else "an image model"
-        raise UserError(f"model={entry.name} needs {INPUTS[entry.inputs]}, got shape {tuple(input_shape)}; "
-                        f"use {other}")
+        raise UserError(
+            f"model={entry.name} needs {INPUTS[entry.inputs]}, got shape {tuple(input_shape)}; use "
+            f"{other}"
+        )
     return entry.target(cfg, tuple(input_shape), num_classes)

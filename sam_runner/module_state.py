@@ -1,4 +1,7 @@
-"""Context managers over a model's modules: their train/eval flags, and BatchNorm running statistics."""
+"""Context managers over a model's modules: their train/eval flags, and BatchNorm running
+statistics.
+"""
+
 from __future__ import annotations
 
 import contextlib
@@ -8,7 +11,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 @contextlib.contextmanager
 def modes_restored(model):
-    """Every module's own train/eval flag back afterwards (``model.train(was)`` would set all alike)."""
+    """Every module's own train/eval flag back afterwards (``model.train(was)`` would set all
+    alike).
+    """
     modes = [(m, m.training) for m in model.modules()]
     try:
         yield

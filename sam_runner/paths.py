@@ -1,4 +1,5 @@
 """Where the Hydra config tree is: inside the package in a wheel, top-level conf/ in a checkout."""
+
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent

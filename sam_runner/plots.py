@@ -8,19 +8,25 @@ Choices of ours: on the run's curves, a mid-epoch curvature row (logged at optim
 step s) is drawn at the fractional epoch s / (steps per epoch), the steps per epoch
 being read off the epoch rows; diverged (non-finite) values are left out of the lines.
 """
+
 from __future__ import annotations
 
 import io
-import math
 import re
 from pathlib import Path
 
-from .runfiles import atomic_write_bytes, finite, read_json, read_rows  # torch-free: sam-report stays light
+from .runfiles import (  # torch-free: sam-report stays light
+    atomic_write_bytes,
+    finite,
+    read_json,
+    read_rows,
+)
 
 
 def _figure(nrows=1, ncols=1, size=(6.0, 4.0)):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
     fig = Figure(figsize=size, dpi=100)
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False)
@@ -40,6 +46,7 @@ def log_scale(ax, which: str, values) -> None:
     """Log scale on the ``which`` ("x"/"y") axis; over less than a decade, a few plain-number
     ticks (log ticks would be unreadable there)."""
     from matplotlib import ticker
+
     getattr(ax, f"set_{which}scale")("log")
     axis = getattr(ax, f"{which}axis")
     pos = [v for v in values if finite(v) and v > 0]
@@ -57,9 +64,20 @@ def natural_key(text: str) -> list:
 
 
 def _epoch_axis(rows: list[dict]):
-    """x (in epochs) for each row: its epoch on epoch rows, step / steps-per-epoch on mid-epoch ones."""
-    spe = next((r["step"] / r["epoch"] for r in rows
-                if "train_loss" in r and finite(r.get("step")) and finite(r.get("epoch")) and r["epoch"] > 0), None)
+    """x (in epochs) for each row: its epoch on epoch rows, step / steps-per-epoch on mid-epoch
+    ones.
+    """
+    spe = next(
+        (
+            r["step"] / r["epoch"]
+            for r in rows
+            if "train_loss" in r
+            and finite(r.get("step"))
+            and finite(r.get("epoch"))
+            and r["epoch"] > 0
+        ),
+        None,
+    )
     xs = []
     for r in rows:
         if "train_loss" in r or not spe or not finite(r.get("step")):
@@ -78,10 +96,12 @@ def plot_curves(rows: list[dict], title: str = ""):
     """2×2: loss, accuracy, ECE, λ_max over epochs (train and test where both are logged)."""
     fig, axes = _figure(2, 2, size=(10.0, 7.0))
     xs = _epoch_axis(rows)
-    panels = [("loss", [("train_loss", "train"), ("test_loss", "test")], False),
-              ("accuracy", [("train_acc", "train"), ("test_acc", "test")], False),
-              ("ECE (test)", [("test_ece", "test")], False),
-              ("λ_max (top Hessian eigenvalue)", [("lambda_max", "λ_max")], True)]
+    panels = [
+        ("loss", [("train_loss", "train"), ("test_loss", "test")], False),
+        ("accuracy", [("train_acc", "train"), ("test_acc", "test")], False),
+        ("ECE (test)", [("test_ece", "test")], False),
+        ("λ_max (top Hessian eigenvalue)", [("lambda_max", "λ_max")], True),
+    ]
     for ax, (name, keys, logy) in zip(axes.flat, panels):
         drawn = False
         for key, label in keys:
@@ -97,7 +117,15 @@ def plot_curves(rows: list[dict], title: str = ""):
         if drawn and len(keys) > 1:
             ax.legend()
         if not drawn:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+            ax.text(
+                0.5,
+                0.5,
+                "not logged",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="gray",
+            )
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
@@ -107,8 +135,12 @@ def plot_curves(rows: list[dict], title: str = ""):
 def find_reliability(summary: dict) -> dict | None:
     """The reliability bins in a summary: a dict with confidence/accuracy/count lists, at top
     level or one level down (the key name is the metrics code's choice, so it is not assumed)."""
+
     def fits(d):
-        return isinstance(d, dict) and all(isinstance(d.get(k), list) for k in ("confidence", "accuracy", "count"))
+        return isinstance(d, dict) and all(
+            isinstance(d.get(k), list) for k in ("confidence", "accuracy", "count")
+        )
+
     for v in summary.values():
         if fits(v):
             return v
@@ -120,7 +152,8 @@ def find_reliability(summary: dict) -> dict | None:
 
 
 def plot_reliability(bins: dict, title: str = ""):
-    """Accuracy per confidence bin against the diagonal; bar width = bin width, empty bins left out."""
+    """Accuracy per confidence bin against the diagonal; bar width = bin width, empty bins left
+    out."""
     conf, acc, count = bins["confidence"], bins["accuracy"], bins["count"]
     n = len(count)
     fig, axes = _figure(1, 1, size=(5.0, 5.0))
@@ -128,10 +161,26 @@ def plot_reliability(bins: dict, title: str = ""):
     width = 1.0 / max(n, 1)
     left = [i * width for i in range(n)]
     keep = [i for i in range(n) if count[i] and finite(acc[i]) and finite(conf[i])]
-    ax.bar([left[i] for i in keep], [acc[i] for i in keep], width=width, align="edge",
-           edgecolor="black", alpha=0.7, label="accuracy")
-    ax.bar([left[i] for i in keep], [abs(conf[i] - acc[i]) for i in keep], bottom=[min(conf[i], acc[i]) for i in keep],
-           width=width, align="edge", color="red", alpha=0.3, hatch="//", label="gap to mean confidence")
+    ax.bar(
+        [left[i] for i in keep],
+        [acc[i] for i in keep],
+        width=width,
+        align="edge",
+        edgecolor="black",
+        alpha=0.7,
+        label="accuracy",
+    )
+    ax.bar(
+        [left[i] for i in keep],
+        [abs(conf[i] - acc[i]) for i in keep],
+        bottom=[min(conf[i], acc[i]) for i in keep],
+        width=width,
+        align="edge",
+        color="red",
+        alpha=0.3,
+        hatch="//",
+        label="gap to mean confidence",
+    )
     ax.plot([0, 1], [0, 1], "k--", label="perfect calibration")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
@@ -143,7 +192,9 @@ def plot_reliability(bins: dict, title: str = ""):
 
 
 def write_run_plots(run_dir) -> list[Path]:
-    """Write curves.png (and reliability.png when the run logged reliability bins) into the run folder."""
+    """Write curves.png (and reliability.png when the run logged reliability bins) into the run
+    folder.
+    """
     run_dir = Path(run_dir)
     written = []
     rows = read_rows(run_dir / "metrics.jsonl")
@@ -151,30 +202,42 @@ def write_run_plots(run_dir) -> list[Path]:
     title = f"{run_dir.name}  ({summary.get('status', 'no summary')})"
     if rows:
         written.append(save_png(plot_curves(rows, title), run_dir / "curves.png"))
-    # the final bins: in the summary if the metrics code puts them there, else on the last evaluated row
-    bins = find_reliability(summary) or next((b for b in map(find_reliability, reversed(rows)) if b), None)
+    # the final bins: in the summary if the metrics code puts them there, else on the last evaluated
+    # row
+    bins = find_reliability(summary) or next(
+        (b for b in map(find_reliability, reversed(rows)) if b), None
+    )
     if bins:
         ece = summary.get("test_ece")
-        written.append(save_png(plot_reliability(bins, f"reliability, ECE {ece:.4f}" if finite(ece) else ""),
-                                run_dir / "reliability.png"))
+        written.append(
+            save_png(
+                plot_reliability(bins, f"reliability, ECE {ece:.4f}" if finite(ece) else ""),
+                run_dir / "reliability.png",
+            )
+        )
     return written
 
 
 # ---- sweep figures (sam-report) ------------------------------------------------------
 
+
 def _rho_axis(ax, rhos):
     pos = [r for r in rhos if finite(r) and r > 0]
     if pos and max(pos) / min(pos) >= 10:
-        if any(r == 0 for r in rhos):  # ρ = 0 has no place on a log axis: linear below the smallest ρ
+        # ρ = 0 has no place on a log axis: linear below the smallest ρ
+        if any(r == 0 for r in rhos):
             ax.set_xscale("symlog", linthresh=min(pos))
-            ax.set_xlim(-0.5 * min(pos), 1.5 * max(pos))  # autoscale would run to -linthresh and end on max ρ
+            # autoscale would run to -linthresh and end on max ρ
+            ax.set_xlim(-0.5 * min(pos), 1.5 * max(pos))
         else:
             log_scale(ax, "x", pos)
     ax.set_xlabel("ρ (optimizer.rho)")
     ax.grid(alpha=0.3)
 
 
-def plot_metric_vs_rho(groups: list[dict], metric: str, ylabel: str, logy: bool = False, bounds=None):
+def plot_metric_vs_rho(
+    groups: list[dict], metric: str, ylabel: str, logy: bool = False, bounds=None
+):
     """Mean ± std of ``metric`` per group against ρ, one line per series (a variant and the
     sweep's other non-ρ overrides). A series without ρ (``base``) is drawn as a horizontal
     level with its ±std band. ``bounds``: optional {series: [(rho, bound), ...]} drawn
@@ -185,46 +248,80 @@ def plot_metric_vs_rho(groups: list[dict], metric: str, ylabel: str, logy: bool 
     by_series: dict = {}
     for g in groups:
         by_series.setdefault(g["series"], []).append(g)
-    rhos = [g["rho"] for g in groups if finite(g.get("rho"))]
     colors, drawn = {}, []
     for series, gs in sorted(by_series.items(), key=lambda kv: natural_key(kv[0])):
         stats = [(g.get("rho"), g["stats"].get(metric)) for g in gs]
-        stats = [(r, s) for r, s in stats if s and finite(s["mean"]) and (not logy or s["mean"] > 0)]
-        if not stats:
-            continue
-        with_rho = sorted(((r, s) for r, s in stats if finite(r)), key=lambda t: t[0])  # ties: never compare dicts
-        drawn += [s["mean"] for _, s in stats]
-        if with_rho:
-            line = ax.errorbar([r for r, _ in with_rho], [s["mean"] for _, s in with_rho],
-                               yerr=[s["std"] if finite(s["std"]) else 0 for _, s in with_rho],
-                               marker="o", capsize=3, label=series)
-            colors[series] = line[0].get_color()
-        else:  # no ρ: a reference level across the plot
-            mean = sum(s["mean"] for _, s in stats) / len(stats)
-            std = max((s["std"] for _, s in stats if finite(s["std"])), default=0.0)
-            line = ax.axhline(mean, linestyle=":", color="black" if gs[0]["variant"] == "base" else None,
-                              label=series)
-            colors[series] = line.get_color()
-            if std > 0:
-                ax.axhspan(mean - std, mean + std, color=line.get_color(), alpha=0.1)
-    label = "stability bound (bΓ/(2ρη²))^(1/3), dashed"
-    for series, pts in sorted((bounds or {}).items()):
+        stats = [
+            (r, s) for r, s in stats if s and finite(s["mean"]) and (not logy or s["mean"] > 0)
+        ]
+        if stats:
+            drawn += [s["mean"] for _, s in stats]
+            colors[series] = _draw_series(ax, series, stats, gs[0]["variant"] == "base")
+    drawn += _draw_bounds(ax, bounds or {}, colors)
+    if logy:
+        log_scale(ax, "y", drawn)
+    _rho_axis(ax, [g["rho"] for g in groups if finite(g.get("rho"))])
+    ax.set_ylabel(ylabel)
+    _legend_or_note(ax, "no completed job logged this")
+    return fig
+
+
+def _draw_series(ax, series: str, stats: list, is_base: bool) -> str:
+    """One series: mean ± std against ρ, or a level across the plot when it has no ρ; its colour."""
+    with_rho = sorted(
+        ((r, s) for r, s in stats if finite(r)), key=lambda t: t[0]
+    )  # never compare dicts
+    if with_rho:
+        line = ax.errorbar(
+            [r for r, _ in with_rho],
+            [s["mean"] for _, s in with_rho],
+            yerr=[s["std"] if finite(s["std"]) else 0 for _, s in with_rho],
+            marker="o",
+            capsize=3,
+            label=series,
+        )
+        return line[0].get_color()
+    mean = sum(s["mean"] for _, s in stats) / len(stats)
+    std = max((s["std"] for _, s in stats if finite(s["std"])), default=0.0)
+    line = ax.axhline(mean, linestyle=":", color="black" if is_base else None, label=series)
+    if std > 0:
+        ax.axhspan(mean - std, mean + std, color=line.get_color(), alpha=0.1)
+    return line.get_color()
+
+
+def _draw_bounds(ax, bounds: dict, colors: dict) -> list:
+    """The stability bounds, dashed in their series' colour, one legend entry for all; returns
+    the values drawn."""
+    label, drawn = "stability bound (bΓ/(2ρη²))^(1/3), dashed", []
+    for series, pts in sorted(bounds.items()):
         pts = sorted(p for p in pts if finite(p[0]) and finite(p[1]) and p[1] > 0)
         if pts:
             drawn += [p[1] for p in pts]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="--", marker="x",
-                    color=colors.get(series), label=label)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                linestyle="--",
+                marker="x",
+                color=colors.get(series),
+                label=label,
+            )
             label = "_nolegend_"
-    if logy:
-        log_scale(ax, "y", drawn)
-    _rho_axis(ax, rhos)
-    ax.set_ylabel(ylabel)
-    if ax.get_legend_handles_labels()[0]:
-        n = len(ax.get_legend_handles_labels()[0])
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, ncol=1 + n // 25)
+    return drawn
+
+
+def _legend_or_note(ax, note: str) -> None:
+    """A legend right of the axes (in columns of 25), or ``note`` when nothing was drawn."""
+    handles = ax.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+            borderaxespad=0.0,
+            ncol=1 + len(handles) // 25,
+        )
     else:
-        ax.text(0.5, 0.5, "no completed job logged this", ha="center", va="center", transform=ax.transAxes)
-    return fig
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
 
 
 def plot_acc_vs_lambda(points):
@@ -241,7 +338,14 @@ def plot_acc_vs_lambda(points):
         log_scale(ax, "x", [p[0] for pts in by_variant.values() for p in pts])
         ax.legend(fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no completed job logged λ_max", ha="center", va="center", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "no completed job logged λ_max",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
     ax.set_xlabel("λ_max (top Hessian eigenvalue, log scale)")
     ax.set_ylabel("test accuracy")
     ax.grid(alpha=0.3)

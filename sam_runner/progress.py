@@ -1,4 +1,5 @@
 """Progress output: a tqdm bar per epoch on a terminal, one line per epoch otherwise."""
+
 from __future__ import annotations
 
 import sys
@@ -24,14 +25,23 @@ class _Bar:
 
     def __init__(self, epoch, epochs, steps):
         from tqdm import tqdm
-        self.bar = tqdm(total=steps, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True, file=sys.stderr)
+
+        self.bar = tqdm(
+            total=steps,
+            desc=f"epoch {epoch}/{epochs}",
+            leave=False,
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
         self.n = 0
 
     def update(self, loss_sum, correct, seen):
         self.n += 1
         self.bar.update(1)
         if self.n % 20 == 0:
-            self.bar.set_postfix(loss=f"{float(loss_sum) / seen:.4f}", acc=f"{float(correct) / seen:.3f}")
+            self.bar.set_postfix(
+                loss=f"{float(loss_sum) / seen:.4f}", acc=f"{float(correct) / seen:.3f}"
+            )
 
     def close(self):
         self.bar.close()
@@ -48,9 +58,13 @@ class Progress:
     def epoch_line(self, row: dict) -> None:
         if self.mode == "none":
             return
-        parts = [f"epoch {row['epoch']}/{self.epochs}", f"train_loss {row['train_loss']:.4f}",
-                 f"train_acc {row['train_acc']:.4f}", f"test_acc {row['test_acc']:.4f}",
-                 f"test_ece {row['test_ece']:.4f}"]
+        parts = [
+            f"epoch {row['epoch']}/{self.epochs}",
+            f"train_loss {row['train_loss']:.4f}",
+            f"train_acc {row['train_acc']:.4f}",
+            f"test_acc {row['test_acc']:.4f}",
+            f"test_ece {row['test_ece']:.4f}",
+        ]
         if row.get("lambda_max") is not None:
             parts.append(f"lambda_max {row['lambda_max']:.4g}")
         parts.append(f"{row['time_s']:.1f}s")
@@ -63,8 +77,11 @@ def _fmt(v, spec):
 
 def print_final(summary: dict, run_dir, already: bool = False) -> None:
     head = "already completed" if already else summary.get("status", "?")
-    line = (f"{head}: test_acc={_fmt(summary.get('test_acc'), '.4f')} test_ece={_fmt(summary.get('test_ece'), '.4f')} "
-            f"lambda_max={_fmt(summary.get('lambda_max'), '.4g')}  ({run_dir})")
+    line = (
+        f"{head}: test_acc={_fmt(summary.get('test_acc'), '.4f')} "
+        f"test_ece={_fmt(summary.get('test_ece'), '.4f')} "
+        f"lambda_max={_fmt(summary.get('lambda_max'), '.4g')}  ({run_dir})"
+    )
     if summary.get("error"):
         line += f"\n  {summary['error']}"
     print(line, flush=True)

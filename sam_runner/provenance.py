@@ -1,4 +1,5 @@
 """What a run was: the model actually built, the versions, the device, the code's git commit."""
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,12 @@ from .paths import PACKAGE_DIR
 def git_commit() -> str | None:
     """The commit of the checkout sam_runner runs from (``+dirty`` with uncommitted changes);
     None when it is installed from a wheel or git is absent."""
+
     def git(*args):
-        return subprocess.run(["git", "-C", str(PACKAGE_DIR), *args], capture_output=True, text=True, timeout=10)
+        return subprocess.run(
+            ["git", "-C", str(PACKAGE_DIR), *args], capture_output=True, text=True, timeout=10
+        )
+
     try:
         head = git("rev-parse", "HEAD")
         if head.returncode != 0:
@@ -43,10 +48,16 @@ def describe_device(device) -> str:
 
 
 def provenance(model, model_cfg, input_shape, device) -> dict:
-    out = {"model_built": built_model(model_cfg, input_shape),
-           "parameters": int(sum(p.numel() for p in model.parameters())),
-           "versions": {"sam_runner": __version__, "torch": torch.__version__, "python": platform.python_version()},
-           "device": describe_device(device)}
+    out = {
+        "model_built": built_model(model_cfg, input_shape),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "versions": {
+            "sam_runner": __version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "device": describe_device(device),
+    }
     commit = git_commit()
     if commit:
         out["git_commit"] = commit

@@ -15,6 +15,7 @@ option table of the README (checked against them by a test).
 
 This module imports nothing heavy: ``sam-report`` reads the registries without building models.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -29,8 +30,8 @@ from .errors import UserError
 @dataclass(frozen=True)
 class Entry:
     name: str
-    target: object          # the class or function the name builds
-    description: str        # one line, for --help and the README
+    target: object  # the class or function the name builds
+    description: str  # one line, for --help and the README
     meta: dict = field(default_factory=dict)
 
     def __getattr__(self, key):  # entry.has_rho: the metadata, read like attributes
@@ -56,13 +57,16 @@ class Registry(Mapping):
         self._loaded = False
 
     def register(self, name: str, description: str, target=None, **meta):
-        """Register ``target`` under ``name``; used bare it decorates the class or function below."""
+        """Register ``target`` under ``name``; used bare it decorates the class or function
+        below."""
+
         def add(obj):
             if name in self._entries and self._entries[name].target is not obj:
                 raise ValueError(f"{self.key}={name} is registered twice")
             own = {k: getattr(obj, k) for k in self.attributes}
             self._entries[name] = Entry(name, obj, description, {**self.defaults, **own, **meta})
             return obj
+
         return add if target is None else add(target)
 
     def _load(self) -> None:
@@ -80,7 +84,10 @@ class Registry(Mapping):
             return self._entries[name]
         near = difflib.get_close_matches(str(name), list(self._entries), n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
-        raise UserError(f"{self.key}={name!r} is unknown{hint}; choose one of {', '.join(sorted(self._entries))}")
+        raise UserError(
+            f"{self.key}={name!r} is unknown{hint}; choose one of "
+            f"{', '.join(sorted(self._entries))}"
+        )
 
     def entry_of(self, target) -> Entry | None:
         """The entry registered for ``target`` (a class or function), or None."""
@@ -117,7 +124,9 @@ class Registry(Mapping):
 
 
 # Every registry of the project, by the config key that chooses from it.
-VARIANTS = Registry("optimizer", "sam_runner.optim", attributes=("passes", "has_rho", "rho_refused", "replaces_lr"))
+VARIANTS = Registry(
+    "optimizer", "sam_runner.optim", attributes=("passes", "has_rho", "rho_refused", "replaces_lr")
+)
 BASE_OPTIMIZERS = Registry("base_optimizer", "sam_runner.optim.base_optimizers")
 SCHEDULERS = Registry("scheduler", "sam_runner.schedulers")
 MODELS = Registry("model", "sam_runner.models")
@@ -126,4 +135,6 @@ SAMPLERS = Registry("dataset.sampler", "sam_runner.samplers")
 LOGGERS = Registry("logger", "sam_runner.loggers")
 MEASURES = Registry("metrics", "sam_runner.metrics.measures")
 
-ALL = {r.key: r for r in (DATASETS, MODELS, BASE_OPTIMIZERS, VARIANTS, SCHEDULERS, LOGGERS, SAMPLERS)}
+ALL = {
+    r.key: r for r in (DATASETS, MODELS, BASE_OPTIMIZERS, VARIANTS, SCHEDULERS, LOGGERS, SAMPLERS)
+}

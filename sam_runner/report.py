@@ -34,6 +34,7 @@ Choices of ours (documented in report.md too):
   and have ρ > 0; each group's bound and λ_max/bound (mean ± std) and how many jobs exceed it
   are in the table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,16 +56,25 @@ from .sweep.plan import expected_jobs, job_dirs
 
 DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
 BOUND_STATS = ("bound", "lambda_max_over_bound")  # per group, over jobs with both λ_max and a bound
-LABELS = {"test_acc": "test accuracy", "test_ece": "ECE", "test_nll": "NLL", "lambda_max": "λ_max",
-          "bound": "bound", "lambda_max_over_bound": "λ_max/bound"}
+LABELS = {
+    "test_acc": "test accuracy",
+    "test_ece": "ECE",
+    "test_nll": "NLL",
+    "lambda_max": "λ_max",
+    "bound": "bound",
+    "lambda_max_over_bound": "λ_max/bound",
+}
 STATUSES = ("completed", "diverged", "failed", "missing")
 SPLIT_METRICS = ("test_acc_many", "test_acc_medium", "test_acc_few")
 NEAR_END = 0.1  # Γ: the last 10% of the logged epochs
 
 
 def group_overrides(overrides, ignore=()) -> tuple:
-    """The overrides that define a job's group: all but seed and the ones that don't change the experiment."""
-    return tuple(o for o in experiment_overrides(overrides) if override_key(o) not in ("seed", *ignore))
+    """The overrides that define a job's group: all but seed and the ones that don't change the
+    experiment."""
+    return tuple(
+        o for o in experiment_overrides(overrides) if override_key(o) not in ("seed", *ignore)
+    )
 
 
 def experiment_overrides(overrides) -> tuple:
@@ -76,7 +86,7 @@ def tlc_bound(batch_size, gamma, rho, lr):
     """(b Γ / (2 ρ η²))^(1/3): the λ_max that SAM-type dynamics stay under (TLC-SAM abstract)."""
     if not all(finite(v) and v > 0 for v in (batch_size, gamma, rho, lr)):
         return None
-    return (batch_size * gamma / (2 * rho * lr ** 2)) ** (1 / 3)
+    return (batch_size * gamma / (2 * rho * lr**2)) ** (1 / 3)
 
 
 def near_end(rows, key, reduce=max, fraction=NEAR_END):
@@ -86,7 +96,11 @@ def near_end(rows, key, reduce=max, fraction=NEAR_END):
     if last is None:
         return None
     window = max(1, math.ceil(fraction * last))
-    vals = [r[key] for r in rows if finite(r.get(key)) and finite(r.get("epoch")) and r["epoch"] > last - window]
+    vals = [
+        r[key]
+        for r in rows
+        if finite(r.get(key)) and finite(r.get("epoch")) and r["epoch"] > last - window
+    ]
     return reduce(vals) if vals else None
 
 
@@ -94,7 +108,11 @@ def stats(values) -> dict:
     vals = [v for v in values if finite(v)]
     if not vals:
         return {"mean": None, "std": None, "n": 0}
-    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None, "n": len(vals)}
+    return {
+        "mean": statistics.fmean(vals),
+        "std": statistics.stdev(vals) if len(vals) > 1 else None,
+        "n": len(vals),
+    }
 
 
 def _num(v):
@@ -131,6 +149,7 @@ class Report:
 
 def _read_yaml(path: Path):
     import yaml
+
     try:
         return yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
@@ -164,7 +183,10 @@ def load_job(path: Path, metrics) -> Job:
     job.variant = str(name)
     job.study = _get(cfg, "study")
     job.rho = _num(_get(cfg, "optimizer.rho")) if has_rho(job.variant) else None
-    job.batch_size, job.lr = _num(_get(cfg, "dataset.batch_size")), _num(_get(cfg, "base_optimizer.lr"))
+    job.batch_size, job.lr = (
+        _num(_get(cfg, "dataset.batch_size")),
+        _num(_get(cfg, "base_optimizer.lr")),
+    )
     if summary is None or summary.get("status") not in ("completed", "diverged", "failed"):
         rows = read_rows(path / "metrics.jsonl")
         epoch = max((r.get("epoch", 0) for r in rows), default=0)
@@ -177,13 +199,19 @@ def load_job(path: Path, metrics) -> Job:
     if any(job.metrics[m] is None and m not in summary for m in metrics) or job.rho:
         rows = read_rows(path / "metrics.jsonl")
         for m in metrics:
-            if job.metrics[m] is None and m not in summary:  # asked with --metric: its last logged value
+            # asked with --metric: its last logged value
+            if job.metrics[m] is None and m not in summary:
                 job.metrics[m] = next((_num(r[m]) for r in reversed(rows) if m in r), None)
-        # ρ over Γ's window: TLC-SAM's controller moves it away from the configured start. η is our choice
-        # (the abstract says only "the learning rate"): the peak, the sweeps' η axis; the lr logged in that
-        # window is ~0 under the presets' cosine schedule (0 on the last line), which makes the bound vacuous.
+        # ρ over Γ's window: TLC-SAM's controller moves it away from the configured start. η is our
+        # choice
+        # (the abstract says only "the learning rate"): the peak, the sweeps' η axis; the lr logged
+        # in that
+        # window is ~0 under the presets' cosine schedule (0 on the last line), which makes the
+        # bound vacuous.
         rho = near_end(rows, "rho", statistics.fmean)
-        job.bound = tlc_bound(job.batch_size, near_end(rows, "grad_norm_max"), job.rho if rho is None else rho, job.lr)
+        job.bound = tlc_bound(
+            job.batch_size, near_end(rows, "grad_norm_max"), job.rho if rho is None else rho, job.lr
+        )
     return job
 
 
@@ -200,71 +228,124 @@ def _to_float(text):
 
 def _series(job: Job, key: tuple, common: set) -> str:
     """A plot line: the variant plus the group's varying overrides other than the variant and ρ."""
-    rest = [o for o in key if o not in common and override_key(o) not in ("optimizer", "optimizer.rho")]
+    rest = [
+        o for o in key if o not in common and override_key(o) not in ("optimizer", "optimizer.rho")
+    ]
     return " ".join([job.variant] + rest)
 
 
 def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
     sweep_dir = Path(sweep_dir)
-    require(sweep_dir.is_dir(), f"sweep folder {str(sweep_dir)!r} does not exist or is not a folder; "
-                                "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)")
+    require(
+        sweep_dir.is_dir(),
+        f"sweep folder {str(sweep_dir)!r} does not exist or is not a folder; "
+        "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)",
+    )
     dirs = job_dirs(sweep_dir)
-    # long-tail studies log per-split accuracies: report them without being asked (any job may be the first done)
+    # long-tail studies log per-split accuracies: report them without being asked (any job may be
+    # the first done)
     logged = set().union(*((read_json(d / "summary.json") or {}).keys() for d in dirs))
     splits = [k for k in SPLIT_METRICS if k in logged]
     metrics = tuple(dict.fromkeys(list(DEFAULT_METRICS) + splits + list(metrics)))
     expected = expected_jobs(sweep_dir)
-    require(dirs or expected, f"no jobs in {sweep_dir}: no job folder with a .hydra/ inside and no multirun.yaml; "
-                              "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)")
+    require(
+        dirs or expected,
+        f"no jobs in {sweep_dir}: no job folder with a .hydra/ inside and no "
+        "multirun.yaml; pass the folder a `sam-run -m` wrote (hydra.sweep.dir)",
+    )
     jobs = [load_job(d, metrics) for d in dirs]
     notes = []
     if expected is not None:
-        started = Counter(experiment_overrides(j.overrides) for j in jobs)
-        for ov in expected:
-            if started[experiment_overrides(ov)] > 0:
-                started[experiment_overrides(ov)] -= 1
-            else:
-                variant = _override_value(ov, "optimizer") or "unknown"
-                jobs.append(Job(path=None, overrides=list(ov), detail="not started (no job folder yet)", variant=variant,
-                                rho=_num(_to_float(_override_value(ov, "optimizer.rho"))) if has_rho(variant) else None))
+        jobs += not_started(jobs, expected)
     else:
-        notes.append("The sweep's job list could not be read from multirun.yaml (not Hydra's basic sweeper): "
-                     "jobs that have not started are not counted.")
+        notes.append(
+            "The sweep's job list could not be read from multirun.yaml (not Hydra's basic "
+            "sweeper): jobs that have not started are not counted."
+        )
+    rows, common = group_rows(jobs, metrics, ignore)
+    if common:
+        notes.insert(0, "Overrides common to all groups: " + " ".join(common))
+    n_bound = sum(len(g["bounds"]) for g in rows)
+    notes.append(
+        f"Stability bound λ_max ≤ (bΓ/(2ρη²))^(1/3) drawn for {n_bound} job(s)"
+        if n_bound
+        else "Stability bound not drawn: no completed job with ρ > 0 logged grad_norm_max."
+    )
+    study = next((j.study for j in jobs if isinstance(j.study, dict)), None)
+    return Report(sweep_dir, jobs, rows, metrics, notes, study)
 
+
+def not_started(jobs: list[Job], expected: list[list[str]]) -> list[Job]:
+    """The jobs a sweep calls for that no job folder answers (how-it-runs keys left out)."""
+    started = Counter(experiment_overrides(j.overrides) for j in jobs)
+    missing = []
+    for ov in expected:
+        if started[experiment_overrides(ov)] > 0:
+            started[experiment_overrides(ov)] -= 1
+            continue
+        variant = _override_value(ov, "optimizer") or "unknown"
+        rho = _num(_to_float(_override_value(ov, "optimizer.rho"))) if has_rho(variant) else None
+        missing.append(
+            Job(
+                path=None,
+                overrides=list(ov),
+                detail="not started (no job folder yet)",
+                variant=variant,
+                rho=rho,
+            )
+        )
+    return missing
+
+
+def group_rows(jobs: list[Job], metrics, ignore=()) -> tuple[list[dict], list[str]]:
+    """One row per group of jobs (statistics over its completed jobs), in display order, and the
+    overrides every group shares (said once, not on every row and plot label)."""
     groups: dict = {}
     for job in jobs:
-        key = group_overrides(job.overrides, ignore)
-        groups.setdefault(key, []).append(job)
-    # overrides every group shares are said once, not on every row and plot label
+        groups.setdefault(group_overrides(job.overrides, ignore), []).append(job)
     common = set.intersection(*(set(k) for k in groups)) if len(groups) > 1 else set()
-    rows = []
-    for key, members in groups.items():
-        done = [j for j in members if j.status == "completed"]
-        first = next((j for j in members if j.path is not None), members[0])
-        counts = Counter(j.status for j in members)
-        checked = [(j.metrics["lambda_max"], j.bound) for j in done
-                   if j.bound is not None and finite(j.metrics.get("lambda_max"))]
-        rows.append({"group": " ".join(key) or "(defaults)", "series": _series(first, key, common),
-                     "label": " ".join(o for o in key if o not in common) or "(defaults)", "variant": first.variant,
-                     "rho": first.rho, "jobs": len(members), **{s: counts.get(s, 0) for s in STATUSES},
-                     "stats": {m: stats([j.metrics.get(m) for j in done]) for m in metrics},
-                     "bounds": [(j.rho, j.bound) for j in done if j.bound is not None],
-                     "above_bound": sum(lam > b for lam, b in checked)})
-        rows[-1]["stats"].update(bound=stats([b for _, b in checked]),
-                                 lambda_max_over_bound=stats([lam / b for lam, b in checked]))
-    rows.sort(key=lambda g: (g["variant"] != "base", natural_key(g["series"]),
-                             g["rho"] if finite(g["rho"]) else -1, natural_key(g["group"])))
-    if common:
-        first_key = next(iter(groups))
-        notes.insert(0, "Overrides common to all groups: " + " ".join(o for o in first_key if o in common))
-    n_bound = sum(len(g["bounds"]) for g in rows)
-    notes.append(f"Stability bound λ_max ≤ (bΓ/(2ρη²))^(1/3) drawn for {n_bound} job(s)" if n_bound else
-                 "Stability bound not drawn: no completed job with ρ > 0 logged grad_norm_max.")
-    return Report(sweep_dir, jobs, rows, metrics, notes,
-                  next((j.study for j in jobs if isinstance(j.study, dict)), None))
+    rows = [_group_row(key, members, common, metrics) for key, members in groups.items()]
+    rows.sort(
+        key=lambda g: (
+            g["variant"] != "base",
+            natural_key(g["series"]),
+            g["rho"] if finite(g["rho"]) else -1,
+            natural_key(g["group"]),
+        )
+    )
+    return rows, [o for o in next(iter(groups), ()) if o in common]
+
+
+def _group_row(key: tuple, members: list[Job], common: set, metrics) -> dict:
+    done = [j for j in members if j.status == "completed"]
+    first = next((j for j in members if j.path is not None), members[0])
+    counts = Counter(j.status for j in members)
+    checked = [
+        (j.metrics["lambda_max"], j.bound)
+        for j in done
+        if j.bound is not None and finite(j.metrics.get("lambda_max"))
+    ]
+    row = {
+        "group": " ".join(key) or "(defaults)",
+        "series": _series(first, key, common),
+        "label": " ".join(o for o in key if o not in common) or "(defaults)",
+        "variant": first.variant,
+        "rho": first.rho,
+        "jobs": len(members),
+        **{s: counts.get(s, 0) for s in STATUSES},
+        "stats": {m: stats([j.metrics.get(m) for j in done]) for m in metrics},
+        "bounds": [(j.rho, j.bound) for j in done if j.bound is not None],
+        "above_bound": sum(lam > b for lam, b in checked),
+    }
+    row["stats"].update(
+        bound=stats([b for _, b in checked]),
+        lambda_max_over_bound=stats([lam / b for lam, b in checked]),
+    )
+    return row
 
 
 # ---- output ------------------------------------------------------------------------
+
 
 def _fmt(v, spec=".4g"):
     return "—" if v is None else format(v, spec)
@@ -281,86 +362,160 @@ def counts_line(report: Report) -> str:
     c = report.counts()
     missing = [j for j in report.jobs if j.status == "missing"]
     not_started = sum(1 for j in missing if j.path is None)
-    line = (f"{len(report.jobs)} jobs: {c['completed']} completed, {c['diverged']} diverged, "
-            f"{c['failed']} failed, {c['missing']} missing")
+    line = (
+        f"{len(report.jobs)} jobs: {c['completed']} completed, {c['diverged']} diverged, "
+        f"{c['failed']} failed, {c['missing']} missing"
+    )
     if missing:
         line += f" ({len(missing) - not_started} running or killed, {not_started} not started)"
     return line
 
 
 def _job_name(report: Report, job: Job) -> str:
-    return "(no folder)" if job.path is None else (str(job.path.relative_to(report.sweep_dir)) or ".")
+    return (
+        "(no folder)" if job.path is None else (str(job.path.relative_to(report.sweep_dir)) or ".")
+    )
 
 
 def render_markdown(report: Report, plots) -> str:
-    m = report.metrics
+    """report.md: one section after another (each a function of the report and its plots)."""
+    sections = (_head, _group_table, _unfinished, _plot_links, _job_table, _notes)
+    return "\n".join(line for section in sections for line in section(report, plots))
+
+
+def _head(report: Report, _plots) -> list[str]:
     out = [f"# Sweep report: {report.sweep_dir}", ""]
     if report.study:
-        out += [f"Study preset `{report.study.get('name')}`. Published reference: "
-                f"{report.study.get('reference') or 'none given'}.", ""]
-    out += [counts_line(report) + ".", ""]
-    bounded = any(g["stats"]["bound"]["n"] for g in report.groups)  # the bound's columns where it applies
-    cols = m + BOUND_STATS if bounded else m
+        out += [
+            f"Study preset `{report.study.get('name')}`. Published reference: "
+            f"{report.study.get('reference') or 'none given'}.",
+            "",
+        ]
+    return out + [counts_line(report) + ".", ""]
+
+
+def _group_table(report: Report, _plots) -> list[str]:
+    bounded = any(
+        g["stats"]["bound"]["n"] for g in report.groups
+    )  # the bound's columns where it applies
+    cols = report.metrics + BOUND_STATS if bounded else report.metrics
     head = ["group", "variant", "ρ", "n"] + [LABELS.get(k, k) for k in cols]
     head += ["λ_max > bound"] * bounded + list(STATUSES)
-    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in report.groups:
         cells = [g["label"], g["variant"], _fmt(g["rho"]), str(g["completed"])]
         cells += [_cell(g["stats"][k], g["completed"]) for k in cols]
         n_bound = g["stats"]["bound"]["n"]
-        cells += [f"{g['above_bound']}/{n_bound}" if n_bound else "—"] * bounded + [str(g[s]) for s in STATUSES]
+        cells += [f"{g['above_bound']}/{n_bound}" if n_bound else "—"] * bounded
+        cells += [str(g[s]) for s in STATUSES]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    out += ["", "Mean ± sample std (n − 1) over the completed jobs of each group; n = completed jobs "
-            "(\"(n=k)\" where fewer logged the metric). A group is the jobs' overrides without `seed`.", ""]
-    unfinished = [j for j in report.jobs if j.status != "completed"]
-    if unfinished:
-        out += ["## Not completed", ""]
-        out += [f"- `{_job_name(report, j)}` {' '.join(j.overrides)}: **{j.status}** — {j.detail}" for j in unfinished]
-        out.append("")
-    if plots:
-        out += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
-    out += ["## Jobs", "", "| job | overrides | status | test accuracy | λ_max |", "|---|---|---|---|---|"]
-    for j in report.jobs:
-        out.append(f"| {_job_name(report, j)} | {' '.join(j.overrides)} | {j.status} | "
-                   f"{_fmt(j.metrics.get('test_acc'))} | {_fmt(j.metrics.get('lambda_max'))} |")
-    out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes] + [
-        f"- Stability bound: b = dataset.batch_size; Γ = the largest grad_norm_max logged in the last {NEAR_END:.0%} "
-        "of the epochs; ρ = the mean ρ the job logged over that window (TLC-SAM's controller moves it; the "
-        "configured optimizer.rho if none was logged); η = base_optimizer.lr, the schedule's peak (a cosine "
-        "schedule ends at 0, where the bound is vacuous). `bound` and `λ_max/bound` are over the completed jobs "
-        "with both; `λ_max > bound` counts those above their bound. base has no ρ and no bound.", ""]
-    return "\n".join(out)
+    return out + [
+        "",
+        "Mean ± sample std (n − 1) over the completed jobs of each group; n = completed "
+        'jobs ("(n=k)" where fewer logged the metric). A group is the jobs\' overrides '
+        "without `seed`.",
+        "",
+    ]
+
+
+def _unfinished(report: Report, _plots) -> list[str]:
+    jobs = [j for j in report.jobs if j.status != "completed"]
+    if not jobs:
+        return []
+    return [
+        "## Not completed",
+        "",
+        *(
+            f"- `{_job_name(report, j)}` {' '.join(j.overrides)}: **{j.status}** — {j.detail}"
+            for j in jobs
+        ),
+        "",
+    ]
+
+
+def _plot_links(_report: Report, plots) -> list[str]:
+    return ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in plots), ""] if plots else []
+
+
+def _job_table(report: Report, _plots) -> list[str]:
+    out = [
+        "## Jobs",
+        "",
+        "| job | overrides | status | test accuracy | λ_max |",
+        "|---|---|---|---|---|",
+    ]
+    return out + [
+        f"| {_job_name(report, j)} | {' '.join(j.overrides)} | {j.status} | "
+        f"{_fmt(j.metrics.get('test_acc'))} | {_fmt(j.metrics.get('lambda_max'))} |"
+        for j in report.jobs
+    ]
+
+
+def _notes(report: Report, _plots) -> list[str]:
+    bound = (
+        "- Stability bound: b = dataset.batch_size; Γ = the largest grad_norm_max logged in "
+        f"the last {NEAR_END:.0%} of the epochs; ρ = the mean ρ the job logged over that "
+        "window (TLC-SAM's controller moves it; the configured optimizer.rho if none was "
+        "logged); η = base_optimizer.lr, the schedule's peak (a cosine schedule ends at 0, "
+        "where the bound is vacuous). `bound` and `λ_max/bound` are over the completed jobs "
+        "with both; `λ_max > bound` counts those above their bound. base has no ρ and no bound."
+    )
+    return ["", "## Notes", "", *(f"- {n}" for n in report.notes), bound, ""]
 
 
 def render_csv(report: Report) -> str:
     buf = io.StringIO()
     cols = ["group", "series", "variant", "rho", "jobs", *STATUSES]
-    cols += [f"{k}_{s}" for k in report.metrics + BOUND_STATS for s in ("mean", "std", "n")] + ["above_bound"]
+    cols += [f"{k}_{s}" for k in report.metrics + BOUND_STATS for s in ("mean", "std", "n")] + [
+        "above_bound"
+    ]
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(cols)
     for g in report.groups:
-        row = [g["group"], g["series"], g["variant"], "" if g["rho"] is None else repr(g["rho"]), g["jobs"]]
+        row = [
+            g["group"],
+            g["series"],
+            g["variant"],
+            "" if g["rho"] is None else repr(g["rho"]),
+            g["jobs"],
+        ]
         row += [g[s] for s in STATUSES]
         for k in report.metrics + BOUND_STATS:
             s = g["stats"][k]
-            row += ["" if s["mean"] is None else repr(s["mean"]), "" if s["std"] is None else repr(s["std"]), s["n"]]
+            row += [
+                "" if s["mean"] is None else repr(s["mean"]),
+                "" if s["std"] is None else repr(s["std"]),
+                s["n"],
+            ]
         w.writerow(row + [g["above_bound"]])
     return buf.getvalue()
 
 
 def write_plots(report: Report, out_dir: Path) -> list[Path]:
     from .plots import plot_acc_vs_lambda, plot_metric_vs_rho, save_png
+
     g = report.groups
     bounds = {}
     for group in g:
         bounds.setdefault(group["series"], []).extend(group["bounds"])
-    figures = [("acc_vs_rho.png", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
-               ("lambda_max_vs_rho.png", plot_metric_vs_rho(g, "lambda_max", "λ_max (log scale)", logy=True,
-                                                            bounds=bounds)),
-               ("ece_vs_rho.png", plot_metric_vs_rho(g, "test_ece", "ECE")),
-               ("acc_vs_lambda_max.png", plot_acc_vs_lambda(
-                   [(j.variant, j.metrics.get("lambda_max"), j.metrics.get("test_acc"))
-                    for j in report.jobs if j.status == "completed"]))]
+    figures = [
+        ("acc_vs_rho.png", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
+        (
+            "lambda_max_vs_rho.png",
+            plot_metric_vs_rho(g, "lambda_max", "λ_max (log scale)", logy=True, bounds=bounds),
+        ),
+        ("ece_vs_rho.png", plot_metric_vs_rho(g, "test_ece", "ECE")),
+        (
+            "acc_vs_lambda_max.png",
+            plot_acc_vs_lambda(
+                [
+                    (j.variant, j.metrics.get("lambda_max"), j.metrics.get("test_acc"))
+                    for j in report.jobs
+                    if j.status == "completed"
+                ]
+            ),
+        ),
+    ]
     return [save_png(fig, out_dir / name) for name, fig in figures]
 
 
@@ -372,18 +527,38 @@ def write_report(report: Report, out_dir=None) -> list[Path]:
         atomic_write_bytes(out_dir / "report.csv", render_csv(report).encode())
         atomic_write_bytes(out_dir / "report.md", render_markdown(report, plots).encode())
     except OSError as e:
-        raise UserError(f"cannot write the report into {out_dir} ({e.strerror or e}); choose another with --out") from None
+        raise UserError(
+            f"cannot write the report into {out_dir} ({e.strerror or e}); choose another with --out"
+        ) from None
     return [out_dir / "report.md", out_dir / "report.csv", *plots]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="sam-report", description="Tables and plots for a sam-run sweep folder.")
-    ap.add_argument("sweep_dir", type=Path, help="the sweep folder (hydra.sweep.dir of `sam-run -m`)")
-    ap.add_argument("--metric", action="append", default=[], metavar="KEY",
-                    help="another metric to tabulate (a summary.json key, else its last metrics.jsonl value); repeatable")
-    ap.add_argument("--ignore", action="append", default=[], metavar="KEY",
-                    help="an override key to pool over, like seed (e.g. --ignore dataset.batch_size); repeatable")
-    ap.add_argument("--out", type=Path, help="where to write the report (default: the sweep folder)")
+    ap = argparse.ArgumentParser(
+        prog="sam-report", description="Tables and plots for a sam-run sweep folder."
+    )
+    ap.add_argument(
+        "sweep_dir", type=Path, help="the sweep folder (hydra.sweep.dir of `sam-run -m`)"
+    )
+    ap.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="another metric to tabulate (a summary.json key, else its last metrics.jsonl value); "
+        "repeatable",
+    )
+    ap.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="an override key to pool over, like seed (e.g. --ignore dataset.batch_size); "
+        "repeatable",
+    )
+    ap.add_argument(
+        "--out", type=Path, help="where to write the report (default: the sweep folder)"
+    )
     args = ap.parse_args(argv)
     try:
         report = build_report(args.sweep_dir, args.metric, args.ignore)

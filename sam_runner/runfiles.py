@@ -4,6 +4,7 @@ Everything is written atomically (a temporary file, flushed to disk, then a rena
 at any moment leaves either the old file or the new one, never half of one. Nothing here
 imports torch at module level: ``sam-report`` and the plots read run files without it.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,8 @@ from pathlib import Path
 from .errors import UserError
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
-CHECKPOINT_FORMAT = 2  # 1: counters and logger id at the top level (before the run's parts had names)
+# 1: counters and logger id at the top level (before the run's parts had names)
+CHECKPOINT_FORMAT = 2
 
 
 def atomic_write(path: Path, write) -> None:
@@ -49,7 +51,9 @@ def _jsonable(v):
 
 
 def write_json(path: Path, obj: dict) -> None:
-    atomic_write_bytes(path, (json.dumps({k: _jsonable(v) for k, v in obj.items()}, indent=2) + "\n").encode())
+    atomic_write_bytes(
+        path, (json.dumps({k: _jsonable(v) for k, v in obj.items()}, indent=2) + "\n").encode()
+    )
 
 
 def read_json(path: Path) -> dict | None:
@@ -60,7 +64,8 @@ def read_json(path: Path) -> dict | None:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """metrics.jsonl rows; a line cut by a kill ends the list (it and anything after it are not trusted)."""
+    """metrics.jsonl rows; a line cut by a kill ends the list (it and anything after it are not
+    trusted)."""
     try:
         text = Path(path).read_text()
     except OSError:
@@ -78,7 +83,8 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def holds_results(run_dir) -> bool:
-    """Whether running in ``run_dir`` would continue a run there: a checkpoint to resume, or a completed summary."""
+    """Whether running in ``run_dir`` would continue a run there: a checkpoint to resume, or a
+    completed summary."""
     run_dir = Path(run_dir)
     summary = read_json(run_dir / "summary.json") or {}
     return (run_dir / CHECKPOINT).exists() or summary.get("status") == "completed"
@@ -114,25 +120,38 @@ class Checkpoint:
 
     def save(self, state: dict) -> None:
         import torch
+
         atomic_write(self.path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f))
 
     def load(self) -> dict | None:
         if not self.path.exists():
             return None
         import torch
+
         try:
             # weights_only: a checkpoint is data, never code
             state = torch.load(self.path, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise UserError(f"checkpoint {self.path} is unreadable ({type(e).__name__}); it may be truncated "
-                            "or corrupt: restore it, or delete it to start the run over") from None
-        if not isinstance(state, dict) or "model" not in state or not ("step" in state or "clock" in state):
-            raise UserError(f"checkpoint {self.path} is not a sam-run checkpoint; delete it to start the run over")
+            raise UserError(
+                f"checkpoint {self.path} is unreadable ({type(e).__name__}); it may be truncated "
+                "or corrupt: restore it, or delete it to start the run over"
+            ) from None
+        if (
+            not isinstance(state, dict)
+            or "model" not in state
+            or not ("step" in state or "clock" in state)
+        ):
+            raise UserError(
+                f"checkpoint {self.path} is not a sam-run checkpoint; delete it to start the run "
+                "over"
+            )
         return upgrade(state)
 
 
 def upgrade(state: dict) -> dict:
-    """A checkpoint in the current format: format 1 kept its counters and logger id at the top level."""
+    """A checkpoint in the current format: format 1 kept its counters and logger id at the top
+    level.
+    """
     if state.get("format", 1) == 1:
         state = dict(state)
         state["clock"] = {k: state.pop(k) for k in ("epoch", "step", "elapsed", "train_time")}

@@ -3,11 +3,13 @@
 A sampler sees the per-sample losses of every pass (``observe``) and may set the
 loader's per-example weights at the end of each epoch (``end_epoch``).
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
+from typing_extensions import override
 
 from .errors import number, require
 from .registry import DATASETS, SAMPLERS
@@ -32,7 +34,7 @@ class UniformSampler:
         return {}
 
 
-class SGSSampler:
+class SGSSampler(UniformSampler):
     """Sharpness-Guided Equilibrium Sampling (SGS-SAM; known from its abstract).
 
     From the per-sample losses of both passes of a step, Δ_c = mean over the step's samples
@@ -41,7 +43,7 @@ class SGSSampler:
     ẑ the z-score across classes, n_c the cumulative count of class c sampled so far. At
     the end of every epoch each example's sampling probability is set ∝ w_{y}; the
     loader then draws the next epoch's examples with replacement. No extra passes.
-    Defaults α = 0.5, λ = 0.5 (spec/variants.md).
+    Defaults α = 0.5, λ = 0.5 (docs/variants.md).
 
     From the abstract: raising the sampling probability of rarely sampled classes and
     lowering it for classes with large SAM-induced loss changes, from cumulative class
@@ -57,24 +59,28 @@ class SGSSampler:
     ``+dataset.sgs.alpha=...``, ``+dataset.sgs.lam=...``, ``+dataset.sgs.beta=...``.
     """
 
-    def __init__(self, num_classes: int, alpha: float = 0.5, lam: float = 0.5, beta: float = 0.9, loader=None):
+    def __init__(
+        self, num_classes: int, alpha: float = 0.5, lam: float = 0.5, beta: float = 0.9, loader=None
+    ):
         require(alpha >= 0, f"dataset.sgs.alpha={alpha} must be >= 0")
         require(lam >= 0, f"dataset.sgs.lam={lam} must be >= 0")
         require(0 <= beta < 1, f"dataset.sgs.beta={beta} must be in [0, 1)")
         self.num_classes, self.alpha, self.lam, self.beta = num_classes, alpha, lam, beta
         self.loader = loader
-        self.sharpness = None   # S_c
-        self.observed = None    # whether S_c has been set
-        self.counts = None      # n_c, cumulative
+        self.sharpness = None  # S_c
+        self.observed = None  # whether S_c has been set
+        self.counts = None  # n_c, cumulative
         self.class_weights = None
-        self._pass0 = []   # (per-class loss sums, per-class counts) of recent pass-0 micro-batches
-        self._later = {}   # pass index > 0 -> per-class loss sums of this step's micro-batches
-        self._steps = []   # this epoch's finished perturbing steps: [pass-0 sums, last-pass sums, counts]
-        self._new = None   # this epoch's pass-0 class counts, not yet in ``counts``
+        self._pass0 = []  # (per-class loss sums, per-class counts) of recent pass-0 micro-batches
+        self._later = {}  # pass index > 0 -> per-class loss sums of this step's micro-batches
+        # this epoch's finished perturbing steps: [pass-0 sums, last-pass sums, counts]
+        self._steps = []
+        self._new = None  # this epoch's pass-0 class counts, not yet in ``counts``
 
     def _zeros(self, device):
         return torch.zeros(self.num_classes, device=device)
 
+    @override
     def observe(self, pass_index, idx, targets, per_sample_loss) -> None:
         device = per_sample_loss.device
         if self.sharpness is None:
@@ -86,37 +92,54 @@ class SGSSampler:
             self._close_step()  # a new step begins: the previous one is complete
         sums = self._zeros(device).index_add_(0, targets, per_sample_loss.detach().float())
         if pass_index == 0:
-            counts = self._zeros(device).index_add_(0, targets, torch.ones(len(targets), device=device))
+            counts = self._zeros(device).index_add_(
+                0, targets, torch.ones(len(targets), device=device)
+            )
             self._new += counts
             self._pass0.append((sums, counts))
         else:
             self._later.setdefault(pass_index, []).append(sums)
 
     def _close_step(self) -> None:
-        """Record the finished step's per-class sums: pass 0 and its last pass, paired micro-batch by
+        """Record the finished step's per-class sums: pass 0 and its last pass, paired micro-batch
+        by
         micro-batch. Its pass-0 micro-batches are the last ones seen before its later passes (steps
         that did not perturb left pass-0 records only)."""
         last = self._later[max(self._later)]
-        first = self._pass0[-len(last):]
-        self._steps.append(torch.stack([torch.stack([s for s, _ in first]).sum(0), torch.stack(last).sum(0),
-                                        torch.stack([c for _, c in first]).sum(0)]))
+        first = self._pass0[-len(last) :]
+        self._steps.append(
+            torch.stack(
+                [
+                    torch.stack([s for s, _ in first]).sum(0),
+                    torch.stack(last).sum(0),
+                    torch.stack([c for _, c in first]).sum(0),
+                ]
+            )
+        )
         self._pass0, self._later = [], {}
 
     def _fold(self, loss0, loss1, count) -> None:
         """Fold one step's (global) class sums into S: Δ_c for the classes present."""
         delta = (loss1 - loss0) / count.clamp_min(1)
         present = (count > 0) & torch.isfinite(delta)  # an fp16 overflow step teaches nothing
-        ema = torch.where(self.observed, self.beta * self.sharpness + (1 - self.beta) * delta, delta)
+        ema = torch.where(
+            self.observed, self.beta * self.sharpness + (1 - self.beta) * delta, delta
+        )
         self.sharpness = torch.where(present, ema, self.sharpness)
         self.observed = self.observed | present
 
+    @override
     def end_epoch(self, loader) -> None:
         if self._new is None:  # nothing observed since the last epoch's end
             return
         if self._later:
             self._close_step()
         device = self._new.device
-        steps = torch.stack(self._steps) if self._steps else torch.zeros(0, 3, self.num_classes, device=device)
+        steps = (
+            torch.stack(self._steps)
+            if self._steps
+            else torch.zeros(0, 3, self.num_classes, device=device)
+        )
         steps, new = self._sum_over_processes(steps, self._new)
         for loss0, loss1, count in steps:  # in step order: the same EMA as folding step by step
             self._fold(loss0, loss1, count)
@@ -137,28 +160,38 @@ class SGSSampler:
     @staticmethod
     def _sum_over_processes(steps, new):
         """The epoch's per-step class sums and counts summed over all processes (one all-reduce):
-        S and n are then those of the global batches, the same on every process and in the checkpoint."""
+        S and n are then those of the global batches, the same on every process and in the
+        checkpoint."""
         import torch.distributed as dist
+
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return steps, new
         flat = torch.cat([steps.flatten(), new])
         dist.all_reduce(flat)  # every process runs the same steps, so the sizes agree
-        return flat[:-len(new)].view_as(steps), flat[-len(new):]
+        return flat[: -len(new)].view_as(steps), flat[-len(new) :]
 
+    @override
     def state_dict(self) -> dict:
-        return {"sharpness": self.sharpness, "observed": self.observed, "counts": self.counts,
-                "class_weights": self.class_weights}
+        return {
+            "sharpness": self.sharpness,
+            "observed": self.observed,
+            "counts": self.counts,
+            "class_weights": self.class_weights,
+        }
 
+    @override
     def load_state_dict(self, state: dict) -> None:
         if not state:
             return
-        # a checkpoint is read onto the CPU; the state lives where the loader's labels (and the losses) are
+        # a checkpoint is read onto the CPU; the state lives where the loader's labels (and the
+        # losses) are
         device = self.loader.y.device if self.loader is not None else None
         to = lambda t: t if t is None or device is None else t.to(device)
         self.sharpness, self.observed = to(state["sharpness"]), to(state["observed"])
         self.counts, self.class_weights = to(state["counts"]), to(state["class_weights"])
         self._apply(self.loader)
 
+    @override
     def log_values(self) -> dict:
         if self.class_weights is None:
             return {}
@@ -174,14 +207,22 @@ def uniform(_cfg, _data) -> UniformSampler:
 @SAMPLERS.register("sgs", "sharpness-guided equilibrium sampling for long tails (SGS-SAM)")
 def sgs(cfg, data) -> SGSSampler:
     from .data import TensorLoader
-    require(isinstance(data.train, TensorLoader),
-            f"dataset.sampler=sgs needs an in-memory dataset ({', '.join(DATASETS.names_where(tensors=True))}), "
-            f"not dataset={cfg.name}")
+
+    require(
+        isinstance(data.train, TensorLoader),
+        "dataset.sampler=sgs needs an in-memory dataset "
+        f"({', '.join(DATASETS.names_where(tensors=True))}), not dataset={cfg.name}",
+    )
     opts = dict(cfg.get("sgs") or {})
     unknown = set(opts) - {"alpha", "lam", "beta"}
-    require(not unknown, f"dataset.sgs has unknown keys {sorted(unknown)}; accepted: alpha, lam, beta")
-    return SGSSampler(data.num_classes, loader=data.train,
-                      **{k: number(f"dataset.sgs.{k}", v, "a number", math.isfinite) for k, v in opts.items()})
+    require(
+        not unknown, f"dataset.sgs has unknown keys {sorted(unknown)}; accepted: alpha, lam, beta"
+    )
+    return SGSSampler(
+        data.num_classes,
+        loader=data.train,
+        **{k: number(f"dataset.sgs.{k}", v, "a number", math.isfinite) for k, v in opts.items()},
+    )
 
 
 def build_sampler(cfg, data):

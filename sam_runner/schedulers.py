@@ -1,5 +1,6 @@
 """Learning-rate schedules (``scheduler=<name>``), stepped once per optimizer step: a linear
 warmup over ``warmup_epochs``, then the schedule's shape, as a factor of the base lr."""
+
 from __future__ import annotations
 
 import math
@@ -13,27 +14,40 @@ from .registry import SCHEDULERS
 
 
 def _cosine_keys(cfg) -> None:
-    number("scheduler.min_lr_ratio", cfg.get("min_lr_ratio", 0.0), "a fraction in [0, 1]", lambda r: 0 <= r <= 1)
+    number(
+        "scheduler.min_lr_ratio",
+        cfg.get("min_lr_ratio", 0.0),
+        "a fraction in [0, 1]",
+        lambda r: 0 <= r <= 1,
+    )
 
 
 def _multistep_keys(cfg) -> None:
-    number("scheduler.gamma", cfg.get("gamma", 0.1), "a finite number > 0", lambda g: 0 < g < math.inf)
+    number(
+        "scheduler.gamma", cfg.get("gamma", 0.1), "a finite number > 0", lambda g: 0 < g < math.inf
+    )
     ms = cfg.get("milestones", [])
-    ok = isinstance(ms, Sequence) and not isinstance(ms, str) and all(
-        isinstance(m, (int, float)) and not isinstance(m, bool) and m >= 0 for m in ms)
+    ok = (
+        isinstance(ms, Sequence)
+        and not isinstance(ms, str)
+        and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m >= 0 for m in ms)
+    )
     require(ok, f"scheduler.milestones={ms!r} must be a list of epochs >= 0, e.g. [60, 120, 160]")
 
 
 @dataclass(frozen=True)
 class Position:
     """Where training is: after ``step`` optimizer steps, with ``warmup`` warmup steps."""
+
     step: int
     warmup: int
     steps_per_epoch: int
     total_steps: int
 
 
-@SCHEDULERS.register("cosine", "cosine decay from lr to min_lr_ratio·lr over training", check=_cosine_keys)
+@SCHEDULERS.register(
+    "cosine", "cosine decay from lr to min_lr_ratio·lr over training", check=_cosine_keys
+)
 def cosine(cfg, at: Position) -> float:
     t = (at.step - at.warmup) / max(1, at.total_steps - at.warmup)
     floor = float(cfg.get("min_lr_ratio", 0.0))
@@ -62,8 +76,12 @@ def lr_factor(cfg, step: int, steps_per_epoch: int, total_steps: int) -> float:
 def validate(cfg) -> None:
     """One-line errors for the keys ``lr_factor`` reads (an absent key takes its default)."""
     entry = SCHEDULERS.entry(cfg.name)
-    number("scheduler.warmup_epochs", cfg.get("warmup_epochs", 0), "a number of epochs >= 0",
-           lambda e: 0 <= e < math.inf)
+    number(
+        "scheduler.warmup_epochs",
+        cfg.get("warmup_epochs", 0),
+        "a number of epochs >= 0",
+        lambda e: 0 <= e < math.inf,
+    )
     if entry.meta.get("check"):
         entry.check(cfg)
 
@@ -71,4 +89,5 @@ def validate(cfg) -> None:
 def build_scheduler(cfg, optimizer, steps_per_epoch: int, total_steps: int):
     validate(cfg)
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(cfg, step, steps_per_epoch, total_steps))
+        optimizer, lambda step: lr_factor(cfg, step, steps_per_epoch, total_steps)
+    )

@@ -1,17 +1,27 @@
-"""A run's settings as keys: override keys, the how-it-runs keys, and the settings a result depends on.
+"""A run's settings as keys: override keys, the how-it-runs keys, and the settings a result depends
+on.
 
 Two runs are the same run when their settings agree on every key but the how-it-runs ones
 (``RUN_ONLY_KEYS``: a resume on another device, with another logger or data folder is the
 same run). The sweep rule adds ``hydra.job.config.override_dirname.exclude_keys``.
 """
+
 from __future__ import annotations
 
 import json
 
 from .errors import RunFolderConflict
 
-RUN_ONLY_KEYS = ("hydra", "trainer.device", "trainer.progress", "trainer.compile", "trainer.channels_last",
-                 "logger", "dataset.data_dir", "dataset.download")
+RUN_ONLY_KEYS = (
+    "hydra",
+    "trainer.device",
+    "trainer.progress",
+    "trainer.compile",
+    "trainer.channels_last",
+    "logger",
+    "dataset.data_dir",
+    "dataset.download",
+)
 
 
 def override_key(override: str) -> str:
@@ -21,7 +31,9 @@ def override_key(override: str) -> str:
 
 
 def run_only(key: str, exclude=RUN_ONLY_KEYS) -> bool:
-    """Whether a config key or override key (``logger.project``, ``hydra/launcher``) is a how-it-runs key."""
+    """Whether a config key or override key (``logger.project``, ``hydra/launcher``) is a
+    how-it-runs
+    key."""
     key = override_key(key)
     return any(key == k or key.startswith((k + ".", k + "/")) for k in exclude)
 
@@ -38,8 +50,11 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def result_config(cfg) -> dict:
-    """What a run's results depend on: the resolved config as dotted keys, how-it-runs keys left out."""
+    """What a run's results depend on: the resolved config as dotted keys, how-it-runs keys left
+    out.
+    """
     from omegaconf import OmegaConf
+
     tree = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
     return {k: v for k, v in flatten(tree).items() if not run_only(k)}
 
@@ -49,7 +64,9 @@ def _show(value) -> str:
 
 
 def describe_changes(changes: list[str], limit: int = 3) -> str:
-    return ", ".join(changes[:limit]) + (f" and {len(changes) - limit} more" if len(changes) > limit else "")
+    return ", ".join(changes[:limit]) + (
+        f" and {len(changes) - limit} more" if len(changes) > limit else ""
+    )
 
 
 def require_same_config(saved: dict | None, now: dict, what: str, run_dir) -> None:
@@ -58,7 +75,13 @@ def require_same_config(saved: dict | None, now: dict, what: str, run_dir) -> No
     only one side has: options a newer or older version added or dropped, not another run."""
     if not saved:
         return
-    changes = [f"{k} {_show(saved[k])} -> {_show(v)}" for k, v in now.items() if k in saved and saved[k] != v]
+    changes = [
+        f"{k} {_show(saved[k])} -> {_show(v)}"
+        for k, v in now.items()
+        if k in saved and saved[k] != v
+    ]
     if changes:
-        raise RunFolderConflict(f"{what} belongs to a different run ({describe_changes(changes)}); use another "
-                                f"run folder, or delete {run_dir} to start over")
+        raise RunFolderConflict(
+            f"{what} belongs to a different run ({describe_changes(changes)}); use another run "
+            f"folder, or delete {run_dir} to start over"
+        )

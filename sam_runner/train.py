@@ -6,6 +6,7 @@ one epoch (the closure is ``forward_backward``), ``end_epoch`` evaluates and che
 ``finish`` writes the summary. Every stateful part is saved and restored through one mapping
 (``parts``), and every part that adds keys to a metrics line does so through ``log_values()``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,39 +43,66 @@ def validate(cfg) -> None:
     """The trainer's own keys (the other groups check theirs where they are built)."""
     t = cfg.trainer
     integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
-    require(t.precision in PRECISIONS, f"trainer.precision={t.precision!r} is unknown; choose fp32, bf16 or fp16")
+    require(
+        t.precision in PRECISIONS,
+        f"trainer.precision={t.precision!r} is unknown; choose fp32, bf16 or fp16",
+    )
     integer("trainer.accumulate", t.accumulate, "an integer >= 1", lambda a: a >= 1)
     bs = cfg.dataset.batch_size
-    require(not isinstance(bs, int) or bs <= 0 or bs % t.accumulate == 0,
-            f"dataset.batch_size={bs} must be divisible by trainer.accumulate={t.accumulate}")
+    require(
+        not isinstance(bs, int) or bs <= 0 or bs % t.accumulate == 0,
+        f"dataset.batch_size={bs} must be divisible by trainer.accumulate={t.accumulate}",
+    )
     clip = t.get("gradient_clip")
-    require(clip is None or (isinstance(clip, (int, float)) and clip > 0),
-            f"trainer.gradient_clip={clip} must be null or a number > 0")
-    number("trainer.label_smoothing", t.get("label_smoothing", 0.0), "a number in [0, 1]", lambda s: 0 <= s <= 1)
-    integer("trainer.eval_every_n_epochs", t.get("eval_every_n_epochs", 1), "an integer >= 1", lambda n: n >= 1)
+    require(
+        clip is None or (isinstance(clip, (int, float)) and clip > 0),
+        f"trainer.gradient_clip={clip} must be null or a number > 0",
+    )
+    number(
+        "trainer.label_smoothing",
+        t.get("label_smoothing", 0.0),
+        "a number in [0, 1]",
+        lambda s: 0 <= s <= 1,
+    )
+    integer(
+        "trainer.eval_every_n_epochs",
+        t.get("eval_every_n_epochs", 1),
+        "an integer >= 1",
+        lambda n: n >= 1,
+    )
     integer("seed", cfg.seed, "an integer")
 
 
 def fingerprint(cfg, model, world: int = 1) -> dict:
     """What a checkpoint must match to be resumed by this run: its structure, its settings and
     its number of data-parallel processes (per-process batches, ε and dropout depend on it)."""
-    return {"model": str(cfg.model.arch), "dataset": str(cfg.dataset.name), "optimizer": str(cfg.optimizer.name),
-            "base_optimizer": str(cfg.base_optimizer.name),
-            "parameters": int(sum(p.numel() for p in model.parameters())), "world_size": int(world),
-            "config": result_config(cfg)}
+    return {
+        "model": str(cfg.model.arch),
+        "dataset": str(cfg.dataset.name),
+        "optimizer": str(cfg.optimizer.name),
+        "base_optimizer": str(cfg.base_optimizer.name),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "world_size": int(world),
+        "config": result_config(cfg),
+    }
 
 
 def require_resumable(saved: dict, now: dict, path: Path, run_dir: Path) -> None:
     require_same_config(saved.get("config"), now["config"], f"checkpoint {path}", run_dir)
-    world = saved.get("world_size", now["world_size"])  # checkpoints from before it was recorded: accepted
+    # checkpoints from before it was recorded: accepted
+    world = saved.get("world_size", now["world_size"])
     if world != now["world_size"]:
-        raise RunFolderConflict(f"checkpoint {path} was written by {world} data-parallel process(es) and this run has "
-                                f"{now['world_size']}: resume with {world} (trainer.devices, torchrun or SLURM "
-                                "tasks), or use another run folder")
+        raise RunFolderConflict(
+            f"checkpoint {path} was written by {world} data-parallel process(es) and this run has "
+            f"{now['world_size']}: resume with {world} (trainer.devices, torchrun or SLURM tasks), "
+            "or use another run folder"
+        )
     structure = {k: v for k, v in now.items() if k not in ("config", "world_size")}
     if {k: saved.get(k) for k in structure} != structure:
-        raise RunFolderConflict(f"checkpoint {path} belongs to a different run ({saved}); this run is {structure}: "
-                                "use another run folder or delete the checkpoint")
+        raise RunFolderConflict(
+            f"checkpoint {path} belongs to a different run ({saved}); this run is {structure}: use "
+            "another run folder or delete the checkpoint"
+        )
 
 
 def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> dict:
@@ -82,7 +110,9 @@ def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> 
     run_dir = Path(run_dir)
     done = read_json(run_dir / "summary.json")
     if done and done.get("status") == "completed":
-        require_same_config(done.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir)
+        require_same_config(
+            done.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir
+        )
         print_final(done, run_dir, already=True)
         return done
     run = Run(cfg, run_dir, list(overrides))
@@ -97,14 +127,18 @@ def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> 
 
 
 class RNGState:
-    """The global RNG states a resumed run must continue from (dropout, and anything else drawing)."""
+    """The global RNG states a resumed run must continue from (dropout, and anything else
+    drawing)."""
 
     def __init__(self, device):
         self.device = device
 
     def state_dict(self) -> dict:
         cuda = self.device.type == "cuda"
-        return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device) if cuda else None}
+        return {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(self.device) if cuda else None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         torch.set_rng_state(state["torch"])
@@ -124,31 +158,39 @@ class EpochStats:
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
 
     def add(self, loss, correct, n: int, step: int) -> None:
-        self.first_bad = torch.where((self.first_bad < 0) & ~torch.isfinite(loss), step, self.first_bad)
+        self.first_bad = torch.where(
+            (self.first_bad < 0) & ~torch.isfinite(loss), step, self.first_bad
+        )
         self.loss_sum += loss.detach() * n
         self.correct += correct
         self.seen += n
 
     def diverged_at(self) -> int | None:
-        """The first non-finite step of any process, or None (an all-reduce: every process agrees)."""
+        """The first non-finite step of any process, or None (an all-reduce: every process
+        agrees)."""
         bad = int(self.dist.max(self.first_bad))
         return bad if bad >= 0 else None
 
     def log_values(self) -> dict:
         seen = self.seen * self.dist.world  # every process saw an equal share of each global batch
-        return {"train_loss": float(self.dist.sum(self.loss_sum) / seen),
-                "train_acc": float(self.dist.sum(self.correct) / seen)}
+        return {
+            "train_loss": float(self.dist.sum(self.loss_sum) / seen),
+            "train_acc": float(self.dist.sum(self.correct) / seen),
+        }
 
 
 class TestSet:
-    """The test-set keys of an evaluated metrics line (and the reliability bins, for summary.json)."""
+    """The test-set keys of an evaluated metrics line (and the reliability bins, for
+    summary.json)."""
 
     def __init__(self, run: Run):
         self.run, self.reliability = run, None
 
     def log_values(self) -> dict:
         r = self.run
-        row = evaluate(r.net, r.data.test, r.criterion, r.autocast, r.dist, r.cfg.metrics, r.data.class_counts)
+        row = evaluate(
+            r.net, r.data.test, r.criterion, r.autocast, r.dist, r.cfg.metrics, r.data.class_counts
+        )
         self.reliability = row.pop("reliability", None)  # diagram bins go to summary.json only
         return row
 
@@ -169,10 +211,14 @@ class Run:
         validate(cfg)
         self.device = device = self.dist.device or distributed.resolve_device(t.device)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        require(_writable(self.run_dir), f"run folder {self.run_dir} is not writable; choose another with "
-                                         "hydra.run.dir=...")
+        require(
+            _writable(self.run_dir),
+            f"run folder {self.run_dir} is not writable; choose another with hydra.run.dir=...",
+        )
         torch.manual_seed(cfg.seed)
-        self.data = data = build_data(cfg.dataset, device, cfg.seed, self.dist.rank, self.dist.world)
+        self.data = data = build_data(
+            cfg.dataset, device, cfg.seed, self.dist.rank, self.dist.world
+        )
         torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
         self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
         if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
@@ -180,16 +226,24 @@ class Run:
         self.steps_per_epoch = len(data.train)
         total_steps = self.steps_per_epoch * self.clock.epochs
         self.optimizer = build_optimizer(cfg, model, total_steps)
-        self.scheduler = build_scheduler(cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps)
+        self.scheduler = build_scheduler(
+            cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps
+        )
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
         self.net = self.dist.wrap(model, cfg)  # DDP when world > 1, then torch.compile when asked
         if t.compile and device.type == "cuda":
             self.net = torch.compile(self.net)
-        self.optimizer.bind(model=self.net, grad_scaler=self.scaler, clip_grad_norm=t.get("gradient_clip"))
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=float(t.label_smoothing), reduction="none")
+        self.optimizer.bind(
+            model=self.net, grad_scaler=self.scaler, clip_grad_norm=t.get("gradient_clip")
+        )
+        self.criterion = nn.CrossEntropyLoss(
+            label_smoothing=float(t.label_smoothing), reduction="none"
+        )
         self.autocast = _autocast(device, t.precision)
         self.sampler = build_sampler(cfg.dataset, data)
-        self.tracker = CurvatureTracker(cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock)
+        self.tracker = CurvatureTracker(
+            cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock
+        )
         self.test_set = TestSet(self)
         if self.dist.is_main:
             self.logger = build_logger(cfg.logger, self.run_dir, cfg)
@@ -197,41 +251,64 @@ class Run:
         self.fingerprint = fingerprint(cfg, model, self.dist.world)
         self.checkpoint = Checkpoint(self.run_dir / CHECKPOINT)
         self.log = MetricsLog(self.run_dir / "metrics.jsonl")
-        self.progress = Progress(t.get("progress", "auto"), self.clock.epochs, self.steps_per_epoch,
-                                 enabled=self.dist.is_main)
+        self.progress = Progress(
+            t.get("progress", "auto"),
+            self.clock.epochs,
+            self.steps_per_epoch,
+            enabled=self.dist.is_main,
+        )
 
     def parts(self) -> dict:
         """Every stateful part of the run, by its name in the checkpoint."""
-        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler,
-                "sampler": self.sampler, "curvature": self.tracker, "rng": self.rng, "clock": self.clock,
-                "logger": self.logger}
+        return {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "scaler": self.scaler,
+            "sampler": self.sampler,
+            "curvature": self.tracker,
+            "rng": self.rng,
+            "clock": self.clock,
+            "logger": self.logger,
+        }
 
     def resume(self) -> None:
-        """Continue from the checkpoint, if there is one; then start the logger and the wall clock."""
+        """Continue from the checkpoint, if there is one; then start the logger and the wall
+        clock."""
         state = self.checkpoint.load()
         if state is not None:
-            require_resumable(state.get("fingerprint") or {}, self.fingerprint, self.checkpoint.path, self.run_dir)
+            require_resumable(
+                state.get("fingerprint") or {}, self.fingerprint, self.checkpoint.path, self.run_dir
+            )
             for name, part in self.parts().items():
                 try:
                     part.load_state_dict(state[name])
                 except (RuntimeError, KeyError, ValueError) as e:
-                    raise UserError(f"checkpoint {self.checkpoint.path} does not fit this run's {name} "
-                                    f"({type(e).__name__}); use another run folder or delete it") from None
+                    raise UserError(
+                        f"checkpoint {self.checkpoint.path} does not fit this run's {name} "
+                        f"({type(e).__name__}); use another run folder or delete it"
+                    ) from None
             self.saved = (self.clock.epoch, self.clock.step)
         if self.dist.is_main:
-            self.log.truncate_after(self.clock.step)  # lines past the checkpoint are redone, never repeated
+            # lines past the checkpoint are redone, never repeated
+            self.log.truncate_after(self.clock.step)
         self.logger.start()
         if state is not None and self.dist.is_main:
-            print(f"resuming {self.run_dir} from epoch {self.clock.epoch} (step {self.clock.step})", file=sys.stderr)
+            print(
+                f"resuming {self.run_dir} from epoch {self.clock.epoch} (step {self.clock.step})",
+                file=sys.stderr,
+            )
         self.start = time.perf_counter() - self.clock.elapsed
 
     def train_epoch(self) -> bool:
-        """One pass over the training set; False when the loss became non-finite (the run diverged)."""
+        """One pass over the training set; False when the loss became non-finite (the run
+        diverged)."""
         clock, t = self.clock, self.cfg.trainer
         clock.epoch += 1
         clock.within_epoch = True
         epoch_start = time.perf_counter()
-        if self.dist.parallel:  # each process its own dropout masks; from (seed, epoch, rank): a resume draws alike
+        # each process its own dropout masks; from (seed, epoch, rank): a resume draws alike
+        if self.dist.parallel:
             torch.manual_seed(rank_seed(self.cfg.seed, clock.epoch, self.dist.rank))
         self.model.train()
         self.data.train.set_epoch(clock.epoch)
@@ -248,9 +325,11 @@ class Run:
             bar.update(stats.loss_sum, stats.correct, stats.seen)
             curvature = self.tracker.log_values()
             if curvature:
-                clock.train_time -= curvature.get("hessian_time_s", 0.0)  # measuring is not training
+                # measuring is not training
+                clock.train_time -= curvature.get("hessian_time_s", 0.0)
                 self.log_line({**curvature, "epoch": clock.epoch, "step": clock.step})
-            if clock.step % 50 == 0 and stats.diverged_at() is not None:  # all processes stop together
+            # all processes stop together
+            if clock.step % 50 == 0 and stats.diverged_at() is not None:
                 break
         bar.close()
         clock.within_epoch = False
@@ -259,7 +338,8 @@ class Run:
         bad = stats.diverged_at()
         if bad is not None or not math.isfinite(self.stats["train_loss"]):
             self.status = "diverged"
-            self.error = f"loss became non-finite at epoch {clock.epoch}, step {bad if bad is not None else clock.step}"
+            at = bad if bad is not None else clock.step
+            self.error = f"loss became non-finite at epoch {clock.epoch}, step {at}"
             return False
         self.sampler.end_epoch(self.data.train)
         return True
@@ -273,7 +353,7 @@ class Run:
         for i, (xm, ym, im) in enumerate(micro):
             # under DDP a synced pass all-reduces once, on its last micro-batch
             quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
-            with (net.no_sync() if quiet else contextlib.nullcontext()), self.autocast:
+            with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast:
                 out = net(xm)
             per_sample = self.criterion(out.float(), ym)
             loss = optimizer.reduce_loss(per_sample, out, ym) / len(micro)
@@ -285,16 +365,25 @@ class Run:
         return total
 
     def end_epoch(self) -> None:
-        """Evaluate and checkpoint on evaluation epochs (every ``eval_every_n_epochs``-th and the last);
+        """Evaluate and checkpoint on evaluation epochs (every ``eval_every_n_epochs``-th and the
+        last);
         on the others only a due curvature measurement is logged."""
         clock = self.clock
-        if not clock.final and clock.epoch % int(self.cfg.trainer.get("eval_every_n_epochs", 1)) != 0:
+        if (
+            not clock.final
+            and clock.epoch % int(self.cfg.trainer.get("eval_every_n_epochs", 1)) != 0
+        ):
             curvature = self.tracker.log_values()  # a curvature epoch measures all the same
             if curvature:
                 self.log_line({"epoch": clock.epoch, "step": clock.step, **curvature})
             return
-        row = {"epoch": clock.epoch, "step": clock.step, **self.stats, **self.test_set.log_values(),
-               "lr": self.optimizer.param_groups[0]["lr"]}
+        row = {
+            "epoch": clock.epoch,
+            "step": clock.step,
+            **self.stats,
+            **self.test_set.log_values(),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
         for part in (self.optimizer, self.sampler, self.tracker):
             row.update(part.log_values())
         self.log_line(row)
@@ -319,15 +408,25 @@ class Run:
     def finish(self) -> dict:
         """summary.json, the run's plots, the logger's summary, and the closing line."""
         last, clock = self.last, self.clock
-        summary = {"status": self.status, "test_acc": last.get("test_acc"), "test_ece": last.get("test_ece"),
-                   "test_nll": last.get("test_nll"), "lambda_max": last.get("lambda_max"),
-                   "epochs": clock.epoch, "step": clock.step, "train_time_s": clock.train_time,
-                   "overrides": self.overrides, "config": self.fingerprint["config"],
-                   **provenance(self.model, self.cfg.model, self.data.input_shape, self.device)}
+        summary = {
+            "status": self.status,
+            "test_acc": last.get("test_acc"),
+            "test_ece": last.get("test_ece"),
+            "test_nll": last.get("test_nll"),
+            "lambda_max": last.get("lambda_max"),
+            "epochs": clock.epoch,
+            "step": clock.step,
+            "train_time_s": clock.train_time,
+            "overrides": self.overrides,
+            "config": self.fingerprint["config"],
+            **provenance(self.model, self.cfg.model, self.data.input_shape, self.device),
+        }
         summary.update(self.tracker.summary_extras())
         if self.test_set.reliability is not None:
             summary["reliability"] = self.test_set.reliability
-        summary.update({k: v for k, v in last.items() if k.startswith("test_") and k not in summary})
+        summary.update(
+            {k: v for k, v in last.items() if k.startswith("test_") and k not in summary}
+        )
         if self.error:
             summary["error"] = self.error
         if self.dist.is_main:
@@ -348,12 +447,17 @@ class Run:
         except KeyboardInterrupt as e:
             self._close_logger(e)
             raise Interrupted(*self.saved, self.clock.epoch) from e
-        except SystemExit as e:  # submitit requeues on SIGUSR2, then sys.exit()s; the requeued job resumes
+        # submitit requeues on SIGUSR2, then sys.exit()s; the requeued job resumes
+        except SystemExit as e:
             self._close_logger(e)
             raise
         except BaseException as e:
-            if self.dist.is_main and not isinstance(e, RunFolderConflict):  # another run's folder stays as it is
-                _write_failure(self.run_dir, {"status": "failed", "error": one_line(e), "overrides": self.overrides})
+            # another run's folder stays as it is
+            if self.dist.is_main and not isinstance(e, RunFolderConflict):
+                _write_failure(
+                    self.run_dir,
+                    {"status": "failed", "error": one_line(e), "overrides": self.overrides},
+                )
             self._close_logger(e)
             raise
 
@@ -382,14 +486,18 @@ def _write_failure(run_dir: Path, summary: dict) -> None:
 def _write_plots(run_dir: Path) -> None:
     try:
         from .plots import write_run_plots
+
         write_run_plots(run_dir)
-    except Exception as e:  # plots are a view of the run's files: never fail a finished run over them
+    # plots are a view of the run's files: never fail a finished run over them
+    except Exception as e:
         print(f"sam-run: warning: run plots not written ({one_line(e)})", file=sys.stderr)
 
 
 def rank_seed(seed: int, epoch: int, rank: int) -> int:
-    """The global RNG's seed of one data-parallel process for one epoch (one process: never reseeded)."""
-    return ((int(seed) * 1_000_003 + int(epoch)) * 10_007 + int(rank) + 1) % (2 ** 63)
+    """The global RNG's seed of one data-parallel process for one epoch (one process: never
+    reseeded).
+    """
+    return ((int(seed) * 1_000_003 + int(epoch)) * 10_007 + int(rank) + 1) % (2**63)
 
 
 def _autocast(device, precision):
@@ -400,7 +508,8 @@ def _autocast(device, precision):
 
 
 def _writable(path: Path) -> bool:
-    probe = path / f".write_probe{os.getpid()}"  # per process: data-parallel ranks probe the same folder
+    # per process: data-parallel ranks probe the same folder
+    probe = path / f".write_probe{os.getpid()}"
     try:
         probe.write_text("")
         probe.unlink()

@@ -19,6 +19,7 @@
   median wall time is the steadier cross-check, ``metrics_hessian_s`` being the median of the
   on runs' own ``hessian_time_s`` (the measurement's wall time, logged by the run).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,19 +28,23 @@ import time
 
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
-
 from benchutil import interleaved_ratio
+from omegaconf import OmegaConf
 
 from sam_runner.metrics.hvp import HessianOperator
 from sam_runner.metrics.solvers import lanczos, tridiagonal
 from sam_runner.models import build_model
 
 
-def power_iteration(matvec, n, tol=1e-3, max_iter=1000, generator=None, device="cpu", reference=None):
+def power_iteration(
+    matvec, n, tol=1e-3, max_iter=1000, generator=None, device="cpu", reference=None
+):
     """Plain power iteration (for comparison): stops when |estimate − reference| ≤ tol·|reference|
-    (an oracle rule, generous to power iteration) or, without a reference, on the relative change."""
-    v = torch.randn(n, generator=generator, dtype=torch.float64).to(device=device, dtype=torch.float32)
+    (an oracle rule, generous to power iteration) or, without a reference, on the relative
+    change."""
+    v = torch.randn(n, generator=generator, dtype=torch.float64).to(
+        device=device, dtype=torch.float32
+    )
     v = v / v.norm()
     est, prev = 0.0, None
     for it in range(1, max_iter + 1):
@@ -60,11 +65,14 @@ def _hvp_ratio(model, x, y, repeats):
     with HessianOperator(model, F.cross_entropy, batches, "auto") as op:
         method = op.method
         v = torch.randn(op.numel)
-        cached = interleaved_ratio(lambda: op(v), lambda: torch.autograd.grad(F.cross_entropy(model(x), y), ps),
-                                   repeats)
-    with HessianOperator(model, F.cross_entropy, batches, method, graph_cache_mb=0) as op:  # no graph reuse
-        ratio = interleaved_ratio(lambda: op(v), lambda: torch.autograd.grad(F.cross_entropy(model(x), y), ps),
-                                  repeats)
+        cached = interleaved_ratio(
+            lambda: op(v), lambda: torch.autograd.grad(F.cross_entropy(model(x), y), ps), repeats
+        )
+    # no graph reuse
+    with HessianOperator(model, F.cross_entropy, batches, method, graph_cache_mb=0) as op:
+        ratio = interleaved_ratio(
+            lambda: op(v), lambda: torch.autograd.grad(F.cross_entropy(model(x), y), ps), repeats
+        )
     return method, ratio, cached
 
 
@@ -95,28 +103,44 @@ def _hvp_counts(model, batches, seeds, power_cap):
             oracle = None
             for tol in ([1e-3] if ref is not None else []) + [1e-5]:
                 if oracle is None:
-                    r = lanczos(op, op.numel, 1, tol, 150, generator=torch.Generator().manual_seed(seed))
+                    r = lanczos(
+                        op, op.numel, 1, tol, 150, generator=torch.Generator().manual_seed(seed)
+                    )
                     ref = r.values[0] if ref is None else ref
                     oracle, rule = _prefix_counts(r, ref)
-            _, p = power_iteration(op, op.numel, 1e-3, power_cap, torch.Generator().manual_seed(seed), reference=ref)
+            _, p = power_iteration(
+                op, op.numel, 1e-3, power_cap, torch.Generator().manual_seed(seed), reference=ref
+            )
             capped |= p >= power_cap
-            lanczos_oracle, lanczos_rule, power = lanczos_oracle + oracle, lanczos_rule + rule, power + p
+            lanczos_oracle, lanczos_rule, power = (
+                lanczos_oracle + oracle,
+                lanczos_rule + rule,
+                power + p,
+            )
     return lanczos_oracle, lanczos_rule, power, capped
 
 
 def _count_keys(name, counts) -> dict:
     oracle, rule, power, capped = counts
-    return {f"lanczos_hvps_{name}": oracle, f"lanczos_rule_hvps_{name}": rule, f"power_hvps_{name}": power,
-            f"lanczos_hvps_over_power_hvps_{name}": oracle / power,
-            f"lanczos_rule_hvps_over_power_hvps_{name}": rule / power, f"power_capped_{name}": capped}
+    return {
+        f"lanczos_hvps_{name}": oracle,
+        f"lanczos_rule_hvps_{name}": rule,
+        f"power_hvps_{name}": power,
+        f"lanczos_hvps_over_power_hvps_{name}": oracle / power,
+        f"lanczos_rule_hvps_over_power_hvps_{name}": rule / power,
+        f"power_capped_{name}": capped,
+    }
 
 
 def _default_run(quick, metrics):
-    from hydra import compose, initialize_config_dir
-    from pathlib import Path
     import tempfile
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
     from sam_runner.cli import register_resolvers
     from sam_runner.train import train
+
     register_resolvers()
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     over = [f"metrics={metrics}", "trainer.progress=none", "trainer.device=cpu"]
@@ -138,21 +162,46 @@ def run(args) -> dict:
     out = {}
     torch.manual_seed(0)
     from sam_runner.data import build_data
-    data_cfg = OmegaConf.create({"name": "mnist1d", "data_dir": str(__import__("os").path.expanduser(
-        "~/.cache/sam-runner")), "download": True, "batch_size": 128, "num_samples": 5000})
+
+    data_cfg = OmegaConf.create(
+        {
+            "name": "mnist1d",
+            "data_dir": str(__import__("os").path.expanduser("~/.cache/sam-runner")),
+            "download": True,
+            "batch_size": 128,
+            "num_samples": 5000,
+        }
+    )
     data = build_data(data_cfg, torch.device("cpu"), 0)
     x, y = data.train_subset(512 if quick else 4096, 0)
-    cnn = build_model(OmegaConf.create({"arch": "cnn1d", "channels": 32}), data.input_shape, 10).eval()
-    out.update(_count_keys("cnn1d", _hvp_counts(cnn, [(x[i:i + 1024], y[i:i + 1024]) for i in range(0, len(y), 1024)],
-                                                range(1 if quick else 5), 2000)))
+    cnn = build_model(
+        OmegaConf.create({"arch": "cnn1d", "channels": 32}), data.input_shape, 10
+    ).eval()
+    out.update(
+        _count_keys(
+            "cnn1d",
+            _hvp_counts(
+                cnn,
+                [(x[i : i + 1024], y[i : i + 1024]) for i in range(0, len(y), 1024)],
+                range(1 if quick else 5),
+                2000,
+            ),
+        )
+    )
     method, ratio, cached = _hvp_ratio(cnn, x[:1024], y[:1024], repeats)
     out.update(hvp_method=method, hvp_over_grad=ratio, hvp_cached_over_grad=cached)
 
-    n = 16 if quick else 32  # ResNet-18 HVPs cost ~1 s each on 2 CPU cores: power iteration needs hundreds
+    # ResNet-18 HVPs cost ~1 s each on 2 CPU cores: power iteration needs hundreds
+    n = 16 if quick else 32
     resnet = build_model(OmegaConf.create({"arch": "resnet18"}), (3, 32, 32), 10).eval()
     g = torch.Generator().manual_seed(0)
     xr, yr = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
-    out.update(_count_keys("resnet18", _hvp_counts(resnet, [(xr, yr)], range(1 if quick else 3), 100 if quick else 300)))
+    out.update(
+        _count_keys(
+            "resnet18",
+            _hvp_counts(resnet, [(xr, yr)], range(1 if quick else 3), 100 if quick else 300),
+        )
+    )
 
     # whole runs (~25 s each), alternated ABBA
     on, off = [], []
@@ -160,7 +209,11 @@ def run(args) -> dict:
         for metrics in ("default", "off") if i % 2 == 0 else ("off", "default"):
             (on if metrics == "default" else off).append(_default_run(quick, metrics))
     hessian_s, off_s = statistics.median(h for _, h in on), statistics.median(w for w, _ in off)
-    out.update(metrics_run_s=statistics.median(w for w, _ in on), metrics_off_run_s=off_s,
-               metrics_overhead=statistics.median(a[0] / b[0] for a, b in zip(on, off)),
-               metrics_hessian_s=hessian_s, metrics_overhead_parts=1 + hessian_s / off_s)
+    out.update(
+        metrics_run_s=statistics.median(w for w, _ in on),
+        metrics_off_run_s=off_s,
+        metrics_overhead=statistics.median(a[0] / b[0] for a, b in zip(on, off)),
+        metrics_hessian_s=hessian_s,
+        metrics_overhead_parts=1 + hessian_s / off_s,
+    )
     return out

@@ -10,6 +10,7 @@ momentum 0.9 and weight decay 5e-4; SAM-SPS without momentum).
 Keys: ``<variant>_over_sam_step_default`` / ``..._resnet18``, ``sam_over_base_step_*``,
 ``sam_over_naive_step_*``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,8 +18,8 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-
 from benchutil import median_time
+from typing_extensions import override
 
 from sam_runner.models import ResNet, SmallCNN
 from sam_runner.optim import VARIANTS
@@ -36,6 +37,7 @@ class NaiveSAM:
     def zero_grad(self, set_to_none=True):
         self.base.zero_grad(set_to_none=set_to_none)
 
+    @override
     def reduce_loss(self, per_sample, logits, targets):
         return per_sample.mean()
 
@@ -73,13 +75,16 @@ def _stepper(opt, model, x, y):
         loss = opt.reduce_loss(F.cross_entropy(out, y, reduction="none"), out, y)
         loss.backward()
         return loss.detach()
+
     return lambda: opt.step(closure)
 
 
 def _variant(name, model, x, y):
     model = copy.deepcopy(model)
     sgd = dict(lr=0.01, momentum=0.0 if name == "sam_sps" else 0.9, weight_decay=5e-4)
-    opt = VARIANTS[name](parameter_groups(model), torch.optim.SGD, total_steps=10**6, **sgd).bind(model=model)
+    opt = VARIANTS[name](parameter_groups(model), torch.optim.SGD, total_steps=10**6, **sgd).bind(
+        model=model
+    )
     return _stepper(opt, model, x, y)
 
 
@@ -122,7 +127,9 @@ def _run(args) -> dict:
         calls = 10 if kind == "default" else 3  # ResNet-18: ~4 s a step, 14 min for the section
         steps = {name: _variant(name, model, x, y) for name in VARIANTS}
         naive_model = copy.deepcopy(model)
-        steps["naive"] = _stepper(NaiveSAM(naive_model, lr=0.01, momentum=0.9, weight_decay=5e-4), naive_model, x, y)
+        steps["naive"] = _stepper(
+            NaiveSAM(naive_model, lr=0.01, momentum=0.9, weight_decay=5e-4), naive_model, x, y
+        )
         sam = steps.pop("sam")
         for name, r in _ratios(steps, sam, repeats, calls).items():
             if name == "base":

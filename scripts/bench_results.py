@@ -7,6 +7,7 @@
 - results.report_s / results.report_jobs: sam-report's build + write on a synthetic sweep
   (3 variants × 4 ρ × 3 seeds, plus base; 200 epochs each), in-process.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,17 +21,37 @@ from benchutil import median_time
 
 def _cfg(mode="offline"):
     from omegaconf import OmegaConf
-    return OmegaConf.create({"logger": {"name": "wandb", "mode": mode, "project": "bench", "tags": []},
-                             "optimizer": {"name": "sam", "rho": 0.05}, "seed": 0})
+
+    return OmegaConf.create(
+        {
+            "logger": {"name": "wandb", "mode": mode, "project": "bench", "tags": []},
+            "optimizer": {"name": "sam", "rho": 0.05},
+            "seed": 0,
+        }
+    )
 
 
 def _row(epoch, rng):
-    return {"epoch": epoch, "step": epoch * 100, "train_loss": rng.random(), "train_acc": rng.random(),
-            "test_loss": rng.random(), "test_acc": rng.random(), "test_ece": rng.random() / 10,
-            "test_nll": rng.random(), "lr": 0.1, "rho": 0.05, "grad_norm_max": 1 + rng.random(),
-            "lambda_max": 10 * rng.random() + 1, "time_s": float(epoch),
-            "reliability": {"confidence": [i / 15 for i in range(15)], "accuracy": [rng.random() for _ in range(15)],
-                            "count": [rng.randrange(100) for _ in range(15)]}}
+    return {
+        "epoch": epoch,
+        "step": epoch * 100,
+        "train_loss": rng.random(),
+        "train_acc": rng.random(),
+        "test_loss": rng.random(),
+        "test_acc": rng.random(),
+        "test_ece": rng.random() / 10,
+        "test_nll": rng.random(),
+        "lr": 0.1,
+        "rho": 0.05,
+        "grad_norm_max": 1 + rng.random(),
+        "lambda_max": 10 * rng.random() + 1,
+        "time_s": float(epoch),
+        "reliability": {
+            "confidence": [i / 15 for i in range(15)],
+            "accuracy": [rng.random() for _ in range(15)],
+            "count": [rng.randrange(100) for _ in range(15)],
+        },
+    }
 
 
 def _fake_job(job_dir: Path, overrides, cfg_yaml: str, epochs, rng):
@@ -40,19 +61,32 @@ def _fake_job(job_dir: Path, overrides, cfg_yaml: str, epochs, rng):
     rows = [_row(e, rng) for e in range(1, epochs + 1)]
     (job_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     last = rows[-1]
-    (job_dir / "summary.json").write_text(json.dumps(
-        {"status": "completed", "overrides": overrides, **{k: last[k] for k in
-                                                           ("test_acc", "test_ece", "test_nll", "lambda_max")}}))
+    (job_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "overrides": overrides,
+                **{k: last[k] for k in ("test_acc", "test_ece", "test_nll", "lambda_max")},
+            }
+        )
+    )
 
 
 def _fake_sweep(root: Path, epochs: int) -> int:
     rng, n = random.Random(0), 0
-    cells = [("base", None)] + [(v, r) for v in ("sam", "asam", "gear_sam") for r in (0.01, 0.05, 0.1, 0.2)]
+    cells = [("base", None)] + [
+        (v, r) for v in ("sam", "asam", "gear_sam") for r in (0.01, 0.05, 0.1, 0.2)
+    ]
     for variant, rho in cells:
         for seed in range(3):
-            overrides = [f"optimizer={variant}", f"seed={seed}"] + ([f"optimizer.rho={rho}"] if rho else [])
-            cfg = (f"optimizer:\n  name: {variant}\n" + (f"  rho: {rho}\n" if rho else "") +
-                   "dataset:\n  batch_size: 128\nbase_optimizer:\n  lr: 0.1\n")
+            overrides = [f"optimizer={variant}", f"seed={seed}"] + (
+                [f"optimizer.rho={rho}"] if rho else []
+            )
+            cfg = (
+                f"optimizer:\n  name: {variant}\n"
+                + (f"  rho: {rho}\n" if rho else "")
+                + "dataset:\n  batch_size: 128\nbase_optimizer:\n  lr: 0.1\n"
+            )
             _fake_job(root / str(n), overrides, cfg, epochs, rng)
             n += 1
     return n
@@ -62,6 +96,7 @@ def run(args) -> dict:
     from sam_runner.loggers import NullLogger, build_logger
     from sam_runner.plots import write_run_plots
     from sam_runner.report import build_report, write_report
+
     repeats = 2 if args.quick else max(3, args.repeats)
     epochs = 20 if args.quick else 200
     out = {}
@@ -77,25 +112,35 @@ def run(args) -> dict:
             row = dict(rows[state["i"] % len(rows)], step=state["i"] + 1)
             state["i"] += 1
             logger.log(row)
+
         out["results.wandb_log_row_ms"] = median_time(log_one, repeats, warmup=3, inner=20) * 1e3
         logger.finish("completed")
         null = NullLogger()
-        out["results.null_log_row_us"] = median_time(lambda: null.log(rows[0]), repeats, inner=1000) * 1e6
+        out["results.null_log_row_us"] = (
+            median_time(lambda: null.log(rows[0]), repeats, inner=1000) * 1e6
+        )
         n = {"i": 0}
 
         def init_finish():
             n["i"] += 1
             build_logger(cfg.logger, tmp / f"init{n['i']}", cfg).finish("completed")
+
         out["results.wandb_init_finish_s"] = median_time(init_finish, repeats, warmup=1)
 
         run_dir = tmp / "run"
         run_dir.mkdir()
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(_row(e, rng)) + "\n" for e in range(1, epochs + 1)))
-        out["results.run_plots_s"] = median_time(lambda: write_run_plots(run_dir), repeats, warmup=1)
+        (run_dir / "metrics.jsonl").write_text(
+            "".join(json.dumps(_row(e, rng)) + "\n" for e in range(1, epochs + 1))
+        )
+        out["results.run_plots_s"] = median_time(
+            lambda: write_run_plots(run_dir), repeats, warmup=1
+        )
 
         sweep = tmp / "sweep"
         out["results.report_jobs"] = _fake_sweep(sweep, epochs)
-        out["results.report_s"] = median_time(lambda: write_report(build_report(sweep)), repeats, warmup=1)
+        out["results.report_s"] = median_time(
+            lambda: write_report(build_report(sweep)), repeats, warmup=1
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

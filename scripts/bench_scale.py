@@ -3,6 +3,7 @@ job's overhead from its launch to its first training step.
 
     python scripts/bench.py --only scale [--quick]
 """
+
 from __future__ import annotations
 
 import os
@@ -26,11 +27,21 @@ def _epoch_seconds(world: int, epochs: int, samples: int) -> float:
     from sam_runner import distributed
     from sam_runner.paths import config_dir
     from sam_runner.train import train
+
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "model=mlp", f"dataset.num_samples={samples}", "dataset.batch_size=128", f"trainer.epochs={epochs}",
-            "trainer.device=cpu", "trainer.progress=none", "metrics.hessian.enabled=false",
-            "optimizer.sync_perturbation=true"])
+        cfg = compose(
+            "config",
+            overrides=[
+                "model=mlp",
+                f"dataset.num_samples={samples}",
+                "dataset.batch_size=128",
+                f"trainer.epochs={epochs}",
+                "trainer.device=cpu",
+                "trainer.progress=none",
+                "metrics.hessian.enabled=false",
+                "optimizer.sync_perturbation=true",
+            ],
+        )
     with tempfile.TemporaryDirectory() as d:
         if world == 1:
             # the thread budget per process the launcher gives 2 processes, so that the ratio
@@ -51,7 +62,8 @@ def _epoch_seconds(world: int, epochs: int, samples: int) -> float:
 # its first training step (the first optimizer step of the job) on stderr.
 _PROBE = r"""
 import sys, time
-from hydra.core import utils as hydra_utils  # the launcher imports run_job from here when Hydra loads it
+# the launcher imports run_job from here when Hydra loads it
+from hydra.core import utils as hydra_utils
 from sam_runner.optim.engine import SharpnessAware
 from sam_runner import cli
 
@@ -85,18 +97,35 @@ def sweep_overhead(jobs: int) -> dict:
     """
     with tempfile.TemporaryDirectory() as d:
         t0 = time.time()
-        out = subprocess.run([sys.executable, "-c", _PROBE, "-m", "model=mlp", "dataset.num_samples=2000",
-                              "trainer.epochs=1", "trainer.progress=none", "metrics.hessian.enabled=false",
-                              f"seed={','.join(str(i) for i in range(jobs))}", f"hydra.sweep.dir={d}"],
-                             capture_output=True, text=True, cwd=d, timeout=600)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _PROBE,
+                "-m",
+                "model=mlp",
+                "dataset.num_samples=2000",
+                "trainer.epochs=1",
+                "trainer.progress=none",
+                "metrics.hessian.enabled=false",
+                f"seed={','.join(str(i) for i in range(jobs))}",
+                f"hydra.sweep.dir={d}",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=d,
+            timeout=600,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"bench sweep failed: {out.stderr[-2000:]}")
     stamps = re.findall(r"^@@ (launch|step) ([0-9.]+)$", out.stderr, re.M)
     launches = [float(t) for w, t in stamps if w == "launch"]
     steps = [float(t) for w, t in stamps if w == "step"]
     assert len(launches) == len(steps) == jobs, stamps
-    return {"sweep_overhead_s": statistics.median(s - l for l, s in zip(launches, steps)),
-            "sweep_cold_start_s": steps[0] - t0}
+    return {
+        "sweep_overhead_s": statistics.median(s - l for l, s in zip(launches, steps)),
+        "sweep_cold_start_s": steps[0] - t0,
+    }
 
 
 def run(args) -> dict:
@@ -106,7 +135,10 @@ def run(args) -> dict:
     for _ in range(repeats):  # alternated, so that load on the machine hits both alike
         twos.append(_epoch_seconds(2, epochs, samples))
         ones.append(_epoch_seconds(1, epochs, samples))
-    out = {"ddp1_epoch_s": statistics.median(ones), "ddp2_epoch_s": statistics.median(twos),
-           "ddp2_over_ddp1_epoch": statistics.median(t / o for t, o in zip(twos, ones))}
+    out = {
+        "ddp1_epoch_s": statistics.median(ones),
+        "ddp2_epoch_s": statistics.median(twos),
+        "ddp2_over_ddp1_epoch": statistics.median(t / o for t, o in zip(twos, ones)),
+    }
     out.update(sweep_overhead(2 if args.quick else 4))
     return out

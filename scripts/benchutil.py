@@ -1,4 +1,5 @@
 """Shared timing helpers for the bench sections."""
+
 from __future__ import annotations
 
 import statistics
@@ -8,7 +9,8 @@ import torch
 
 
 def median_time(fn, repeats: int = 5, warmup: int = 1, inner: int = 1) -> float:
-    """Median wall seconds of ``fn()`` (called ``inner`` times per sample) over ``repeats`` samples."""
+    """Median wall seconds of ``fn()`` (called ``inner`` times per sample) over ``repeats``
+    samples."""
     for _ in range(warmup):
         fn()
     samples = []

@@ -1,4 +1,5 @@
 """sam-run as a user meets it: composition, help, and one-line errors on bad input."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,9 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-
-from conftest import ROOT, TINY, run_cli
+from conftest import ROOT, TINY, run_cli, wait_for
 
 
 def test_cfg_job_prints_the_composed_config(capsys):
@@ -24,27 +23,48 @@ def test_help_lists_the_groups(capsys):
     code, out, _ = run_cli(["--help"], capsys)
     assert code == 0
     assert out.startswith("sam-run is powered by Hydra")
-    for group in ("dataset", "model", "optimizer", "base_optimizer", "scheduler", "logger", "trainer", "experiment"):
+    for group in (
+        "dataset",
+        "model",
+        "optimizer",
+        "base_optimizer",
+        "scheduler",
+        "logger",
+        "trainer",
+        "experiment",
+    ):
         assert f"{group}:" in out
 
 
 UNKNOWN = [
-    (["optimizer=no_such_variant"], "optimizer=no_such_variant is unknown; choose one of asam, base, csam"),
+    (
+        ["optimizer=no_such_variant"],
+        "optimizer=no_such_variant is unknown; choose one of asam, base, csam",
+    ),
     (["optimizer=gearsam"], "optimizer=gearsam is unknown (did you mean gear_sam?)"),
-    (["trainer.epoch=1"], "trainer.epoch is not a key of trainer=default; did you mean trainer.epochs?"),
+    (
+        ["trainer.epoch=1"],
+        "trainer.epoch is not a key of trainer=default; did you mean trainer.epochs?",
+    ),
     (["optimizr=sam"], "optimizr is not a key; did you mean optimizer?"),
     (["-m", "optimizer=sam,nope", "trainer.epochs=1"], "optimizer=nope is unknown; choose one of"),
-    (["-m", "optimizer=base,sam", "optimizer.rhoo=0.1,0.2"], "optimizer.rhoo is not a key of optimizer=base; "
-                                                             "did you mean optimizer.rho?"),
+    (
+        ["-m", "optimizer=base,sam", "optimizer.rhoo=0.1,0.2"],
+        "optimizer.rhoo is not a key of optimizer=base; did you mean optimizer.rho?",
+    ),
     (["seed=0,,"], "seed=0,, is not a valid override"),
 ]
 
 
 @pytest.mark.parametrize("argv,message", UNKNOWN, ids=[u[1].split(" ")[0] for u in UNKNOWN])
-def test_unknown_option_or_key_is_one_line_exit_2_and_writes_nothing(argv, message, capsys, tmp_path):
+def test_unknown_option_or_key_is_one_line_exit_2_and_writes_nothing(
+    argv, message, capsys, tmp_path
+):
     """Checked with Hydra's own compose before Hydra runs: no run or sweep folder is made."""
-    code, out, err = run_cli([*argv, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                             capsys)
+    code, out, err = run_cli(
+        [*argv, f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        capsys,
+    )
     assert code == 2
     assert err.startswith(f"sam-run: error: {message}") and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
@@ -52,6 +72,7 @@ def test_unknown_option_or_key_is_one_line_exit_2_and_writes_nothing(argv, messa
 
 def test_full_error_keeps_hydras_report_of_an_unknown_option(monkeypatch, tmp_path):
     from hydra.errors import MissingConfigException
+
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(MissingConfigException, match="Could not find 'optimizer/no_such_variant'"):
         run_cli(["optimizer=no_such_variant", f"hydra.run.dir={tmp_path}"])
@@ -70,15 +91,21 @@ BAD = [
 ]
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the cuda case needs a machine without CUDA")
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="the cuda case needs a machine without CUDA"
+)
 @pytest.mark.parametrize("overrides,named", BAD, ids=[b[1] for b in BAD])
 def test_bad_input_is_one_line_and_nonzero(overrides, named, capsys, tmp_path):
     run_dir = tmp_path / "run"
     env_data = os.environ.get("SAM_RUNNER_DATA")
     other_dataset = any(o.startswith("dataset=") for o in overrides)
     base = [f"dataset.data_dir={tmp_path / 'empty'}"] if other_dataset else TINY
-    code, out, err = run_cli([*overrides, *base, f"hydra.run.dir={run_dir}"] if other_dataset
-                             else [*base, *overrides, f"hydra.run.dir={run_dir}"], capsys)
+    code, out, err = run_cli(
+        [*overrides, *base, f"hydra.run.dir={run_dir}"]
+        if other_dataset
+        else [*base, *overrides, f"hydra.run.dir={run_dir}"],
+        capsys,
+    )
     assert code == 2
     lines = [line for line in err.strip().splitlines() if line.startswith("sam-run: error:")]
     assert len(lines) == 1 and named in lines[0], err
@@ -90,8 +117,15 @@ def test_bad_input_is_one_line_and_nonzero(overrides, named, capsys, tmp_path):
 
 def test_missing_dataset_names_the_files_to_put_where(capsys, tmp_path):
     empty = tmp_path / "nowhere"
-    code, _, err = run_cli(["dataset=cifar100", "dataset.download=false", f"dataset.data_dir={empty}",
-                            f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    code, _, err = run_cli(
+        [
+            "dataset=cifar100",
+            "dataset.download=false",
+            f"dataset.data_dir={empty}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )
     assert code == 2
     assert "cifar-100-python.tar.gz" in err and str(empty) in err
 
@@ -107,8 +141,13 @@ def test_unwritable_run_folder(capsys, tmp_path):
 def test_full_error_shows_the_traceback(tmp_path):
     """HYDRA_FULL_ERROR=1 is the way to get the stack; a real process, real exit code."""
     env = dict(os.environ, HYDRA_FULL_ERROR="1")
-    p = subprocess.run([sys.executable, "-m", "sam_runner.cli", "optimizer.rho=-1", f"hydra.run.dir={tmp_path}"],
-                       capture_output=True, text=True, env=env, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "sam_runner.cli", "optimizer.rho=-1", f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     assert p.returncode != 0
     assert "Traceback" in p.stderr and "optimizer.rho=-1" in p.stderr
 
@@ -116,31 +155,49 @@ def test_full_error_shows_the_traceback(tmp_path):
 def test_ctrl_c_is_one_line_and_resumable_and_a_folder_refuses_other_settings(tmp_path, capsys):
     """One real process for Ctrl-C (SIGINT); the rest in this one (real Hydra, real runs)."""
     run_dir = tmp_path / "run"
-    argv = ["trainer.epochs=8", "model=mlp", "dataset.num_samples=1000", "metrics.hessian.enabled=false",
-            "trainer.progress=none",
-            f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen([sys.executable, "-m", "sam_runner.cli", *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    argv = [
+        "trainer.epochs=8",
+        "model=mlp",
+        "dataset.num_samples=1000",
+        "metrics.hessian.enabled=false",
+        "trainer.progress=none",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sam_runner.cli", *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics, ckpt = run_dir / "metrics.jsonl", run_dir / "checkpoints" / "last.pt"
-    deadline = time.monotonic() + 120
-    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(ckpt.exists, "the first checkpoint", proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert re.fullmatch(r"sam-run: interrupted in epoch (\d+); the checkpoint holds epoch (\d+) \(step \d+\); "
-                        r"run the same command again to resume\n", err), err
-    assert not (run_dir / "summary.json").exists(), "the run finished before the interrupt: make it longer"
+    assert re.fullmatch(
+        r"sam-run: interrupted in epoch (\d+); the checkpoint holds epoch (\d+) \(step \d+\); "
+        r"run the same command again to resume\n",
+        err,
+    ), err
+    assert not (run_dir / "summary.json").exists(), (
+        "the run finished before the interrupt: make it longer"
+    )
 
     hydra_files = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
-    code, _, err = run_cli([*argv, "optimizer.rho=0.5", "seed=1"], capsys)  # an interrupted run, other settings
+    # an interrupted run, other settings
+    code, _, err = run_cli([*argv, "optimizer.rho=0.5", "seed=1"], capsys)
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"sam-run: error: run folder {run_dir} holds a run made with other settings "
-                          "(optimizer.rho (default) -> 0.5, seed (default) -> 1); use another folder"), err
-    assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == hydra_files  # before Hydra rewrote it
+    assert err.startswith(
+        f"sam-run: error: run folder {run_dir} holds a run made with other settings (optimizer.rho "
+        "(default) -> 0.5, seed (default) -> 1); use another folder"
+    ), err
+    # before Hydra rewrote it
+    assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == hydra_files
     assert not (run_dir / "summary.json").exists()
 
-    code, out, err = run_cli([*argv, "trainer.device=cpu"], capsys)  # the same run (how-it-runs keys aside)
+    # the same run (how-it-runs keys aside)
+    code, out, err = run_cli([*argv, "trainer.device=cpu"], capsys)
     assert code == 0 and "resuming" in err and out.startswith("completed:")
     epochs = [json.loads(line)["epoch"] for line in metrics.read_text().splitlines()]
     assert epochs == list(range(1, 9))  # each epoch once

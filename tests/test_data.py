@@ -1,4 +1,5 @@
 """Datasets and loaders, on real on-disk formats the tests write."""
+
 from __future__ import annotations
 
 import hashlib
@@ -6,9 +7,9 @@ import tarfile
 
 import pytest
 import torch
+from cifar_files import install, write_cifar
 from omegaconf import OmegaConf
 
-from cifar_files import install, write_cifar
 from sam_runner.data import build_data
 from sam_runner.data.labels import apply_label_noise, long_tail_indices
 from sam_runner.data.loaders import TensorLoader, random_crop_flip
@@ -16,8 +17,15 @@ from sam_runner.errors import UserError
 
 
 def cfg(**kw):
-    base = dict(name="mnist1d", data_dir="", download=False, batch_size=64, label_noise=0.0, augment=True,
-                sampler="uniform")
+    base = dict(
+        name="mnist1d",
+        data_dir="",
+        download=False,
+        batch_size=64,
+        label_noise=0.0,
+        augment=True,
+        sampler="uniform",
+    )
     base.update(kw)
     return OmegaConf.create(base)
 
@@ -52,7 +60,11 @@ def test_cifar_from_torchvision_files(name, classes, tmp_path, monkeypatch):
 
 def test_cifar100_lt_profile(tmp_path, monkeypatch):
     install(monkeypatch, tmp_path, "cifar100", n_train=5000, n_test=200)
-    d = build_data(cfg(name="cifar100_lt", data_dir=str(tmp_path), imbalance_ratio=10), torch.device("cpu"), seed=0)
+    d = build_data(
+        cfg(name="cifar100_lt", data_dir=str(tmp_path), imbalance_ratio=10),
+        torch.device("cpu"),
+        seed=0,
+    )
     counts = d.class_counts
     assert counts[0] == 50 and counts[-1] == 5  # n_max * ratio^(-c/99)
     assert all(a >= b for a, b in zip(counts, counts[1:]))
@@ -68,12 +80,16 @@ def test_long_tail_indices_formula():
 
 def test_missing_cifar_offline_names_the_files(tmp_path):
     with pytest.raises(UserError, match="cifar-10-python.tar.gz.*or set dataset.download=true"):
-        build_data(cfg(name="cifar10", data_dir=str(tmp_path / "none")), torch.device("cpu"), seed=0)
+        build_data(
+            cfg(name="cifar10", data_dir=str(tmp_path / "none")), torch.device("cpu"), seed=0
+        )
 
 
 def test_cifar_tarball_alone_is_unpacked_offline(tmp_path, monkeypatch):
-    """download=false with only torchvision's archive in data_dir: unpacked, as download=true would."""
+    """download=false with only torchvision's archive in data_dir: unpacked, as download=true
+    would."""
     from torchvision import datasets
+
     for attr, value in write_cifar(tmp_path / "src", "cifar10", 500, 100).items():
         monkeypatch.setattr(datasets.CIFAR10, attr, value)
     tarball = tmp_path / "data" / "cifar-10-python.tar.gz"
@@ -86,16 +102,21 @@ def test_cifar_tarball_alone_is_unpacked_offline(tmp_path, monkeypatch):
 
 
 def test_largest_ratio_keeps_one_example_and_a_larger_one_is_refused():
-    y = torch.arange(10).repeat(49)    # 49 * 49^-1 is 0.999... in floating point
+    y = torch.arange(10).repeat(49)  # 49 * 49^-1 is 0.999... in floating point
     assert int((y[long_tail_indices(y, 10, 49.0)] == 9).sum()) == 1
     with pytest.raises(UserError, match=r"dataset.imbalance_ratio=1000000.0 .*use at most 142"):
-        build_data(cfg(name="digits", imbalance_ratio=1e6), torch.device("cpu"), seed=0)   # class 0: 142
+        # class 0: 142
+        build_data(cfg(name="digits", imbalance_ratio=1e6), torch.device("cpu"), seed=0)
 
 
-@pytest.mark.parametrize("key,value,match", [
-    ("label_noise", "abc", "dataset.label_noise='abc' must be a fraction in"),
-    ("imbalance_ratio", "x", "dataset.imbalance_ratio='x' must be a number >= 1"),
-    ("batch_size", True, "dataset.batch_size=True must be a positive integer")])
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("label_noise", "abc", "dataset.label_noise='abc' must be a fraction in"),
+        ("imbalance_ratio", "x", "dataset.imbalance_ratio='x' must be a number >= 1"),
+        ("batch_size", True, "dataset.batch_size=True must be a positive integer"),
+    ],
+)
 def test_bad_values_are_one_line_errors(key, value, match):
     with pytest.raises(UserError, match=match):
         build_data(cfg(name="digits", **{key: value}), torch.device("cpu"), seed=0)
@@ -111,7 +132,9 @@ def test_mnist1d_sample_counts_it_cannot_make_are_one_line_errors(tmp_path, valu
 def test_class_counts_are_of_the_clean_long_tailed_labels():
     """The many/medium/few split is by the long-tail profile, not by what label noise made of it."""
     clean = build_data(cfg(name="digits", imbalance_ratio=10), torch.device("cpu"), seed=0)
-    noisy = build_data(cfg(name="digits", imbalance_ratio=10, label_noise=0.4), torch.device("cpu"), seed=0)
+    noisy = build_data(
+        cfg(name="digits", imbalance_ratio=10, label_noise=0.4), torch.device("cpu"), seed=0
+    )
     assert noisy.class_counts == clean.class_counts
     assert torch.bincount(noisy.train_tensors[1], minlength=10).tolist() != clean.class_counts
 
@@ -125,7 +148,7 @@ def test_label_noise_exact_fraction_other_class_fixed_by_seed():
     assert not torch.equal(a, apply_label_noise(y, 10, 0.3, seed=2))
 
 
-def test_label_noise_applies_to_every_dataset(tmp_path):
+def test_label_noise_applies_to_every_dataset():
     clean = build_data(cfg(name="digits"), torch.device("cpu"), seed=0)
     noisy = build_data(cfg(name="digits", label_noise=0.5), torch.device("cpu"), seed=0)
     frac = float((clean.train_tensors[1] != noisy.train_tensors[1]).float().mean())
@@ -139,8 +162,12 @@ def test_crop_flip_is_a_shifted_window():
     assert out.shape == x.shape
     padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
     for i in range(2):
-        found = any(torch.equal(out[i], w) or torch.equal(out[i], w.flip(2))
-                    for oy in range(5) for ox in range(5) for w in [padded[i, :, oy:oy + 6, ox:ox + 6]])
+        found = any(
+            torch.equal(out[i], w) or torch.equal(out[i], w.flip(2))
+            for oy in range(5)
+            for ox in range(5)
+            for w in [padded[i, :, oy : oy + 6, ox : ox + 6]]
+        )
         assert found
 
 
@@ -157,8 +184,10 @@ def test_loader_batches_depend_on_seed_and_epoch_only():
 def test_loader_ranks_split_each_global_batch():
     x, y = torch.arange(40).float()[:, None], torch.arange(40)
     whole = [t[2] for t in TensorLoader(x, y, 8, shuffle=True, seed=0, drop_last=True)]
-    parts = [[t[2] for t in TensorLoader(x, y, 8, shuffle=True, seed=0, drop_last=True, rank=r, world=2)]
-             for r in (0, 1)]
+    parts = [
+        [t[2] for t in TensorLoader(x, y, 8, shuffle=True, seed=0, drop_last=True, rank=r, world=2)]
+        for r in (0, 1)
+    ]
     for i, batch in enumerate(whole):
         a, b = parts[0][i], parts[1][i]
         assert len(a) == len(b) == 4 and not set(a.tolist()) & set(b.tolist())
@@ -169,13 +198,16 @@ def test_ranks_together_see_the_augmentations_of_one_process():
     """Crops and flips are drawn for the global batch and each process keeps its share: the union
     of 2 processes' augmented batches is the 1-process augmented batch, draw for draw."""
     from sam_runner.data.loaders import Normalize
+
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (48, 3, 8, 8), generator=g, dtype=torch.uint8)
     y = torch.arange(48)
     tf = Normalize((0.5,) * 3, (0.25,) * 3, augment=True, pad=2)
 
     def epoch(rank=0, world=1):
-        loader = TensorLoader(x, y, 16, shuffle=True, seed=0, drop_last=True, transform=tf, rank=rank, world=world)
+        loader = TensorLoader(
+            x, y, 16, shuffle=True, seed=0, drop_last=True, transform=tf, rank=rank, world=world
+        )
         loader.set_epoch(1)
         return list(loader)
 
@@ -190,8 +222,12 @@ def test_ranks_together_see_the_augmentations_of_one_process():
 
 def test_image_folder_processes_draw_their_own_augmentation_seeds():
     from sam_runner.data.loaders import FolderLoader
+
     ds = list(range(8))
-    seeds = [FolderLoader(ds, 4, True, 0, 0, True, rank, 2)._make().generator.initial_seed() for rank in (0, 1)]
+    seeds = [
+        FolderLoader(ds, 4, True, 0, 0, True, rank, 2)._make().generator.initial_seed()
+        for rank in (0, 1)
+    ]
     assert seeds[0] != seeds[1]
     again = FolderLoader(ds, 4, True, 0, 0, True, 1, 2)._make().generator.initial_seed()
     assert again == seeds[1]  # fixed by (seed, epoch, rank): a resumed epoch draws alike
@@ -199,6 +235,7 @@ def test_image_folder_processes_draw_their_own_augmentation_seeds():
 
 def _image_tree(root, per_class=4):
     from PIL import Image
+
     for split in ("train", "val"):
         for c in ("cat", "dog"):
             (root / split / c).mkdir(parents=True)
@@ -216,10 +253,16 @@ def test_image_folder(tmp_path):
 
 def test_image_folder_long_tail_and_batch_per_process(tmp_path):
     c = _image_tree(tmp_path)
-    d = build_data(OmegaConf.merge(c, {"imbalance_ratio": 4, "batch_size": 2}), torch.device("cpu"), seed=0)
+    d = build_data(
+        OmegaConf.merge(c, {"imbalance_ratio": 4, "batch_size": 2}), torch.device("cpu"), seed=0
+    )
     assert d.class_counts == [4, 1] and d.train_size == 5 and len(d.test.ds) == 8
-    with pytest.raises(UserError, match=r"dataset.batch_size=3 .* divisible by the number of processes \(2\)"):
-        build_data(OmegaConf.merge(c, {"batch_size": 3}), torch.device("cpu"), seed=0, rank=0, world=2)
+    with pytest.raises(
+        UserError, match=r"dataset.batch_size=3 .* divisible by the number of processes \(2\)"
+    ):
+        build_data(
+            OmegaConf.merge(c, {"batch_size": 3}), torch.device("cpu"), seed=0, rank=0, world=2
+        )
 
 
 def test_image_folder_missing_split_is_one_line(tmp_path):
@@ -228,6 +271,6 @@ def test_image_folder_missing_split_is_one_line(tmp_path):
         build_data(cfg(name="image_folder", root=str(tmp_path)), torch.device("cpu"), seed=0)
 
 
-def test_batch_larger_than_training_set(tmp_path):
+def test_batch_larger_than_training_set():
     with pytest.raises(UserError, match="dataset.batch_size=5000"):
         build_data(cfg(name="digits", batch_size=5000), torch.device("cpu"), seed=0)

@@ -1,4 +1,5 @@
 """Study presets: each composes, every job of its sweep builds; the _mini ones run end to end."""
+
 from __future__ import annotations
 
 import json
@@ -8,24 +9,34 @@ import sys
 
 import pytest
 import torch
-from hydra import compose as hydra_compose, initialize_config_dir
+from conftest import ROOT, compose, run_cli
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from omegaconf import OmegaConf
 
-from conftest import ROOT, compose, run_cli
 from sam_runner import data
-from sam_runner.registry import MODELS
 from sam_runner.cli import register_resolvers
 from sam_runner.optim.build import build_optimizer
 from sam_runner.paths import config_dir
+from sam_runner.registry import MODELS
 from sam_runner.schedulers import build_scheduler
 from sam_runner.sweep.plan import expand
 from sam_runner.train import validate
 
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
-STUDIES = ["sam_wrn_cifar", "tlc_rho_sweep", "tlc_vs_sam", "gear_vs_sam", "calibration", "long_tail",
-           "spectral_muon", "variant_zoo"]
+STUDIES = [
+    "sam_wrn_cifar",
+    "tlc_rho_sweep",
+    "tlc_vs_sam",
+    "gear_vs_sam",
+    "calibration",
+    "long_tail",
+    "spectral_muon",
+    "variant_zoo",
+]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
-# preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's comment)
+# preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
+# comment)
 EXPECTED = {
     "example": (4, "auto", "mnist1d", "base sam"),
     "sam_wrn_cifar": (6, "wrn28_10", "cifar100", "base sam"),
@@ -97,7 +108,11 @@ def test_every_job_of_the_sweep_builds(preset):
 def test_sam_wrn_cifar_is_the_papers_setting():
     c, jobs = sweep_of("sam_wrn_cifar")
     assert (c.model.arch, c.trainer.epochs, c.dataset.batch_size) == ("wrn28_10", 200, 128)
-    assert (c.base_optimizer.lr, c.base_optimizer.momentum, c.base_optimizer.weight_decay) == (0.1, 0.9, 5e-4)
+    assert (c.base_optimizer.lr, c.base_optimizer.momentum, c.base_optimizer.weight_decay) == (
+        0.1,
+        0.9,
+        5e-4,
+    )
     assert c.optimizer.rho == 0.1 and c.scheduler.name == "cosine" and len(jobs) == 6
     assert "16.5" in c.study.reference and "18.8" in c.study.reference
 
@@ -107,7 +122,11 @@ def test_gear_vs_sam_transfer_fine_tunes_a_pretrained_timm_resnet50():
     for job in jobs:
         cfg = compose(*job)
         assert (cfg.model.arch, cfg.model.name, cfg.model.pretrained) == ("timm", "resnet50", True)
-        assert (cfg.dataset.label_noise, cfg.base_optimizer.lr, cfg.trainer.epochs) == (0.0, 0.01, 30)
+        assert (cfg.dataset.label_noise, cfg.base_optimizer.lr, cfg.trainer.epochs) == (
+            0.0,
+            0.01,
+            30,
+        )
 
 
 MINIS = [p for p in PRESETS if p.endswith("_mini")]
@@ -117,13 +136,32 @@ MINIS = [p for p in PRESETS if p.endswith("_mini")]
 @pytest.mark.parametrize("preset", MINIS)
 def test_mini_study_runs_and_reports(preset, tmp_path):
     sweep = tmp_path / preset
-    run = subprocess.run([sys.executable, "-m", "sam_runner.cli", "-m", f"experiment={preset}",
-                          f"hydra.sweep.dir={sweep}", "trainer.progress=none"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))  # tiny models: 1 thread is fastest
+    # tiny models: 1 thread is fastest
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sam_runner.cli",
+            "-m",
+            f"experiment={preset}",
+            f"hydra.sweep.dir={sweep}",
+            "trainer.progress=none",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     _, jobs = sweep_of(preset)
     for n in range(len(jobs)):
-        assert json.loads((sweep / str(n) / "summary.json").read_text())["status"] in ("completed", "diverged")
-    rep = subprocess.run([sys.executable, "-m", "sam_runner.report", str(sweep)], capture_output=True, text=True)
+        assert json.loads((sweep / str(n) / "summary.json").read_text())["status"] in (
+            "completed",
+            "diverged",
+        )
+    rep = subprocess.run(
+        [sys.executable, "-m", "sam_runner.report", str(sweep)], capture_output=True, text=True
+    )
     assert rep.returncode == 0, rep.stderr
     assert (sweep / "report.md").exists() and (sweep / "report.csv").exists()

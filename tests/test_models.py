@@ -1,4 +1,5 @@
 """Models: shapes from the dataset, functional blocks as top-level children, clear errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,13 +11,22 @@ from sam_runner.models import build_model
 from sam_runner.optim.build import parameter_groups
 
 CASES = [
-    ("mlp", (1, 40)), ("cnn1d", (1, 40)), ("cnn", (3, 32, 32)), ("resnet18", (3, 32, 32)),
-    ("resnet34", (3, 32, 32)), ("wrn16_8", (3, 32, 32)), ("vgg16_bn", (3, 32, 32)), ("vgg19_bn", (1, 8, 8)),
-    ("vit_tiny", (3, 32, 32)), ("resnet18", (1, 8, 8)),
+    ("mlp", (1, 40)),
+    ("cnn1d", (1, 40)),
+    ("cnn", (3, 32, 32)),
+    ("resnet18", (3, 32, 32)),
+    ("resnet34", (3, 32, 32)),
+    ("wrn16_8", (3, 32, 32)),
+    ("vgg16_bn", (3, 32, 32)),
+    ("vgg19_bn", (1, 8, 8)),
+    ("vit_tiny", (3, 32, 32)),
+    ("resnet18", (1, 8, 8)),
 ]
 
 
-@pytest.mark.parametrize("arch,shape", CASES, ids=[f"{a}-{'x'.join(map(str, s))}" for a, s in CASES])
+@pytest.mark.parametrize(
+    "arch,shape", CASES, ids=[f"{a}-{'x'.join(map(str, s))}" for a, s in CASES]
+)
 def test_forward_shape(arch, shape):
     model = build_model(OmegaConf.create({"arch": arch}), shape, 7)
     out = model(torch.randn(2, *shape))
@@ -37,7 +47,9 @@ def test_resnet18_cifar_stem_has_no_maxpool():
 
 
 def test_timm_by_name():
-    model = build_model(OmegaConf.create({"arch": "timm", "name": "resnet10t", "pretrained": False}), (3, 32, 32), 5)
+    model = build_model(
+        OmegaConf.create({"arch": "timm", "name": "resnet10t", "pretrained": False}), (3, 32, 32), 5
+    )
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 5)
 
 
@@ -58,9 +70,15 @@ def test_groups_are_blocks_with_norm_weights_in_their_layer():
     assert blocks[0] == "stem" and blocks[-1] == "head"
     assert {"layer1", "layer2", "layer3", "layer4"} <= set(blocks)
     stem_bn = model.stem[1]
-    stem_weights = [p for g in groups if g["block"] == "stem" and g["kind"] == "weight" for p in g["params"]]
-    assert any(p is stem_bn.weight for p in stem_weights), "BN weight is a weight of its layer's block"
-    stem_biases = [p for g in groups if g["block"] == "stem" and g["kind"] == "bias" for p in g["params"]]
+    stem_weights = [
+        p for g in groups if g["block"] == "stem" and g["kind"] == "weight" for p in g["params"]
+    ]
+    assert any(p is stem_bn.weight for p in stem_weights), (
+        "BN weight is a weight of its layer's block"
+    )
+    stem_biases = [
+        p for g in groups if g["block"] == "stem" and g["kind"] == "bias" for p in g["params"]
+    ]
     assert any(p is stem_bn.bias for p in stem_biases)
     every = [p for g in groups for p in g["params"]]
     assert len(every) == len(list(model.parameters())) == len({id(p) for p in every})
@@ -74,7 +92,7 @@ def _flags(model):
     names = {id(p): n for n, p in model.named_parameters()}
     groups = parameter_groups(model)
     every = [names[id(p)] for g in groups for p in g["params"]]
-    assert sorted(every) == sorted(names.values())          # each parameter once
+    assert sorted(every) == sorted(names.values())  # each parameter once
     hidden = {names[id(p)] for g in groups if g["hidden"] for p in g["params"]}
     muon = {names[id(p)] for g in groups if g["use_muon"] for p in g["params"]}
     return hidden, muon
@@ -85,36 +103,44 @@ def _weights(model, *types):
 
 
 def test_hidden_is_every_linear_and_conv_weight_but_the_input_layer_and_the_head():
-    conv, lin = (torch.nn.Conv1d, torch.nn.Conv2d), torch.nn.Linear
+    conv = (torch.nn.Conv1d, torch.nn.Conv2d)
     mlp = build_model(OmegaConf.create({"arch": "mlp"}), (1, 40), 10)
     assert [n for n, _ in mlp.named_children()] == ["flatten", "fc1", "fc2", "head"]
-    assert _flags(mlp) == ({"fc2.0.weight"}, {"fc2.0.weight"})   # fc1 (input) and head excluded
+    assert _flags(mlp) == ({"fc2.0.weight"}, {"fc2.0.weight"})  # fc1 (input) and head excluded
     cnn1d = build_model(OmegaConf.create({"arch": "cnn1d"}), (1, 40), 10)
-    assert _flags(cnn1d) == ({"stage1.0.weight", "stage2.0.weight"}, set())  # conv kernels: not Muon's
+    # conv kernels: not Muon's
+    assert _flags(cnn1d) == (
+        {"stage1.0.weight", "stage2.0.weight"},
+        set(),
+    )
     resnet = build_model(OmegaConf.create({"arch": "resnet18"}), (3, 8, 8), 10)
     convs = _weights(resnet, *conv)
     assert convs[0] == "stem.0.weight" and len(convs) == 20
-    assert _flags(resnet) == (set(convs[1:]), set())              # shortcut convs included, head excluded
+    assert _flags(resnet) == (set(convs[1:]), set())  # shortcut convs included, head excluded
     vgg = build_model(OmegaConf.create({"arch": "vgg16_bn"}), (3, 8, 8), 10)
     assert [n for n, _ in vgg.named_children()] == [f"stage{i}" for i in range(1, 6)] + ["head"]
     convs = _weights(vgg, *conv)
     assert convs[0] == "stage1.0.weight" and len(convs) == 13
     assert _flags(vgg) == (set(convs[1:]), set())
-    assert {g["block"] for g in parameter_groups(vgg) if g["hidden"]} == {f"stage{i}" for i in range(1, 6)}
+    assert {g["block"] for g in parameter_groups(vgg) if g["hidden"]} == {
+        f"stage{i}" for i in range(1, 6)
+    }
 
 
 def test_vit_tokens_embeddings_and_norms_are_not_hidden():
     vit = build_model(OmegaConf.create({"arch": "vit_tiny", "patch_size": 4}), (3, 8, 8), 10)
     hidden, muon = _flags(vit)
     linears = _weights(vit, torch.nn.Linear)
-    assert linears[-1] == "head.weight" and len(linears) == 12 * 4 + 1   # qkv, proj, fc1, fc2 per block
-    assert hidden == muon == set(linears[:-1])                            # the patch conv is the input layer
+    # qkv, proj, fc1, fc2 per block
+    assert linears[-1] == "head.weight" and len(linears) == 12 * 4 + 1
+    assert hidden == muon == set(linears[:-1])  # the patch conv is the input layer
     assert not hidden & {"cls_token", "pos_embed", "patch_embed.proj.weight", "norm.weight"}
 
 
 def test_auto_fits_the_dataset():
     auto = OmegaConf.create({"arch": "auto", "channels": 8})
     assert isinstance(build_model(auto, (1, 40), 10), torch.nn.Module)
-    assert isinstance(build_model(auto, (3, 32, 32), 100).layer4, torch.nn.Sequential)  # resnet18 on CIFAR
+    # resnet18 on CIFAR
+    assert isinstance(build_model(auto, (3, 32, 32), 100).layer4, torch.nn.Sequential)
     assert build_model(auto, (1, 8, 8), 10).stem[0].kernel_size == (3, 3)  # the small cnn on digits
     assert type(build_model(auto, (1, 40), 10).stem[0]).__name__ == "Conv1d"

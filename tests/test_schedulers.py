@@ -21,7 +21,9 @@ def test_cosine_with_warmup():
 
 def test_multistep():
     cfg = OmegaConf.create({"name": "multistep", "milestones": [2, 4], "gamma": 0.1})
-    assert [lr_factor(cfg, s, 10, 60) for s in (0, 19, 20, 39, 40)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
+    assert [lr_factor(cfg, s, 10, 60) for s in (0, 19, 20, 39, 40)] == pytest.approx(
+        [1, 1, 0.1, 0.1, 0.01]
+    )
 
 
 def test_scheduler_drives_the_optimizer_lr():
@@ -33,7 +35,11 @@ def test_scheduler_drives_the_optimizer_lr():
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
-    assert lrs[0] == pytest.approx(0.02) and lrs[9] == pytest.approx(0.2) and lrs[11] == pytest.approx(0.2)
+    assert (
+        lrs[0] == pytest.approx(0.02)
+        and lrs[9] == pytest.approx(0.2)
+        and lrs[11] == pytest.approx(0.2)
+    )
 
 
 def test_unknown_scheduler():
@@ -68,15 +74,27 @@ def test_cosine_ends_at_min_lr_ratio_and_resumes_exactly():
 
 
 def test_multistep_final_lr():
-    cfg = OmegaConf.create({"name": "multistep", "milestones": [3, 6], "gamma": 0.5, "warmup_epochs": 0})
+    cfg = OmegaConf.create(
+        {"name": "multistep", "milestones": [3, 6], "gamma": 0.5, "warmup_epochs": 0}
+    )
     assert _lrs(cfg, 100)[2] == pytest.approx(0.1 * 0.25)
 
 
-@pytest.mark.parametrize("conf,match", [
-    ({"name": "cosine", "min_lr_ratio": 2}, "scheduler.min_lr_ratio=2 must be a fraction in"),
-    ({"name": "multistep", "gamma": "x"}, "scheduler.gamma='x' must be a finite number > 0"),
-    ({"name": "multistep", "milestones": 60}, "scheduler.milestones=60 must be a list of epochs"),
-    ({"name": "cosine", "warmup_epochs": -1}, "scheduler.warmup_epochs=-1 must be a number of epochs >= 0")])
+@pytest.mark.parametrize(
+    "conf,match",
+    [
+        ({"name": "cosine", "min_lr_ratio": 2}, "scheduler.min_lr_ratio=2 must be a fraction in"),
+        ({"name": "multistep", "gamma": "x"}, "scheduler.gamma='x' must be a finite number > 0"),
+        (
+            {"name": "multistep", "milestones": 60},
+            "scheduler.milestones=60 must be a list of epochs",
+        ),
+        (
+            {"name": "cosine", "warmup_epochs": -1},
+            "scheduler.warmup_epochs=-1 must be a number of epochs >= 0",
+        ),
+    ],
+)
 def test_bad_scheduler_values_are_one_line_errors(conf, match):
     p = torch.nn.Parameter(torch.zeros(1))
     with pytest.raises(UserError, match=match):

@@ -1,4 +1,5 @@
 """train(cfg): the run folder's files, determinism, exact resume, failure and divergence."""
+
 from __future__ import annotations
 
 import contextlib
@@ -8,12 +9,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
+from conftest import ROOT, TINY, compose, run_cli, stopped_early_of, wait_for
 
-from conftest import ROOT, TINY, compose, run_cli, stopped_early_of
 from sam_runner.errors import RunFolderConflict, UserError
 from sam_runner.train import train
 
@@ -39,8 +39,19 @@ def test_run_leaves_the_contract_files(finished):
     run_dir, summary = finished
     lines = rows(run_dir)
     assert [r["epoch"] for r in lines] == [1, 2]
-    for key in ("epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "test_ece", "test_nll",
-                "lr", "rho", "time_s"):
+    for key in (
+        "epoch",
+        "step",
+        "train_loss",
+        "train_acc",
+        "test_loss",
+        "test_acc",
+        "test_ece",
+        "test_nll",
+        "lr",
+        "rho",
+        "time_s",
+    ):
         assert key in lines[-1], key
     assert "lambda_max" in lines[-1] and lines[-1]["lambda_max"] > 0
     on_disk = json.loads((run_dir / "summary.json").read_text())
@@ -79,20 +90,43 @@ def test_completed_run_is_not_retrained(finished, capsys):
 def test_completed_run_refuses_other_settings_and_stays_as_it_was(finished):
     run_dir, _ = finished
     before = {p: p.read_bytes() for p in (run_dir / "summary.json", run_dir / "metrics.jsonl")}
-    with pytest.raises(RunFolderConflict, match=r"the completed run in .* belongs to a different run "
-                                                r"\(optimizer.rho 0.05 -> 0.1\); use another run folder"):
-        train(compose(*TINY, "optimizer.rho=0.1", "trainer.device=cpu"), run_dir, ["optimizer.rho=0.1"])
+    with pytest.raises(
+        RunFolderConflict,
+        match=r"the completed run in .* belongs to a different run "
+        r"\(optimizer.rho 0.05 -> 0.1\); use another run folder",
+    ):
+        train(
+            compose(*TINY, "optimizer.rho=0.1", "trainer.device=cpu"),
+            run_dir,
+            ["optimizer.rho=0.1"],
+        )
     assert {p: p.read_bytes() for p in before} == before
 
 
 def test_resume_refuses_other_settings_naming_a_few(finished, tmp_path):
-    run_dir = _fresh_copy(finished[0], tmp_path / "run")  # as if interrupted after its last checkpoint
+    # as if interrupted after its last checkpoint
+    run_dir = _fresh_copy(finished[0], tmp_path / "run")
     ckpt = (run_dir / "checkpoints" / "last.pt").read_bytes()
     with pytest.raises(RunFolderConflict) as e:
-        train(compose(*TINY, "seed=1", "optimizer.rho=0.5", "base_optimizer.lr=0.01", "trainer.label_smoothing=0.1"),
-              run_dir, [])
-    changes = ("seed 0 -> 1", "optimizer.rho 0.05 -> 0.5", "base_optimizer.lr 0.1 -> 0.01", "trainer.label_smoothing")
-    assert "belongs to a different run" in str(e.value) and "and 1 more" in str(e.value)  # a few, not all
+        train(
+            compose(
+                *TINY,
+                "seed=1",
+                "optimizer.rho=0.5",
+                "base_optimizer.lr=0.01",
+                "trainer.label_smoothing=0.1",
+            ),
+            run_dir,
+            [],
+        )
+    changes = (
+        "seed 0 -> 1",
+        "optimizer.rho 0.05 -> 0.5",
+        "base_optimizer.lr 0.1 -> 0.01",
+        "trainer.label_smoothing",
+    )
+    # a few, not all
+    assert "belongs to a different run" in str(e.value) and "and 1 more" in str(e.value)
     assert sum(change in str(e.value) for change in changes) == 3
     assert not (run_dir / "summary.json").exists(), "a refused run writes nothing"
     assert (run_dir / "checkpoints" / "last.pt").read_bytes() == ckpt
@@ -104,36 +138,58 @@ def test_resume_accepts_how_it_runs_changes_and_checkpoints_from_before_configs(
     state = torch.load(path, weights_only=True)
     del state["fingerprint"]["config"]  # a checkpoint of an older version
     torch.save(state, path)
-    summary = train(compose(*TINY, "optimizer.rho=0.5"), run_dir, [])  # older: no settings to compare
+    # older: no settings to compare
+    summary = train(compose(*TINY, "optimizer.rho=0.5"), run_dir, [])
     assert summary["status"] == "completed"
-    again = train(compose(*TINY, "optimizer.rho=0.5", "trainer.device=cpu", "trainer.progress=lines",
-                          "logger=wandb", "logger.mode=disabled", "dataset.data_dir=/elsewhere"), run_dir, [])
+    again = train(
+        compose(
+            *TINY,
+            "optimizer.rho=0.5",
+            "trainer.device=cpu",
+            "trainer.progress=lines",
+            "logger=wandb",
+            "logger.mode=disabled",
+            "dataset.data_dir=/elsewhere",
+        ),
+        run_dir,
+        [],
+    )
     assert again == summary  # "already completed": how a run runs is not what it computes
 
 
 def test_curvature_epochs_measure_on_epochs_without_evaluation(tmp_path):
-    train(compose(*TINY, "trainer.epochs=3", "metrics.hessian.every_n_epochs=1", "trainer.eval_every_n_epochs=2"),
-          tmp_path, [])
+    train(
+        compose(
+            *TINY,
+            "trainer.epochs=3",
+            "metrics.hessian.every_n_epochs=1",
+            "trainer.eval_every_n_epochs=2",
+        ),
+        tmp_path,
+        [],
+    )
     lines = rows(tmp_path)
     assert [r["epoch"] for r in lines if "lambda_max" in r] == [1, 2, 3]
     assert [r["epoch"] for r in lines if "test_acc" in r] == [2, 3]
     assert set(lines[0]) >= {"epoch", "step", "time_s", "lambda_max", "hessian_time_s"}
 
 
-RESUME = ["trainer.epochs=6", "dataset.num_samples=5000", "metrics.hessian.num_samples=256",
-          "metrics.hessian.every_n_epochs=2", "metrics.hessian.max_iter=20", "trainer.progress=lines"]
+RESUME = [
+    "trainer.epochs=6",
+    "dataset.num_samples=5000",
+    "metrics.hessian.num_samples=256",
+    "metrics.hessian.every_n_epochs=2",
+    "metrics.hessian.max_iter=20",
+    "trainer.progress=lines",
+]
 
 
 def test_sigkill_then_restart_ends_exactly_like_an_uninterrupted_run(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     cmd = [sys.executable, "-m", "sam_runner.cli", *RESUME, f"hydra.run.dir={killed}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        m = killed / "metrics.jsonl"
-        if m.exists() and len(m.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.05)
+    m = killed / "metrics.jsonl"
+    wait_for(lambda: m.exists() and len(m.read_text().splitlines()) >= 2, "the second epoch", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
@@ -148,16 +204,24 @@ def test_sigkill_then_restart_ends_exactly_like_an_uninterrupted_run(tmp_path):
     assert [r["epoch"] for r in got] == [1, 2, 3, 4, 5, 6]  # no epoch lost, none repeated
     assert stable(got) == stable(want)
     s_killed, s_whole = (json.loads((d / "summary.json").read_text()) for d in (killed, whole))
-    assert s_killed["test_acc"] == s_whole["test_acc"] and s_killed["lambda_max"] == s_whole["lambda_max"]
+    assert (
+        s_killed["test_acc"] == s_whole["test_acc"]
+        and s_killed["lambda_max"] == s_whole["lambda_max"]
+    )
 
 
 @contextlib.contextmanager
 def requeue_signal_once(path):
-    """SIGUSR2 to this process once ``path`` exists, handled as submitit's handler ends: sys.exit(-1)."""
+    """SIGUSR2 to this process once ``path`` exists, handled as submitit's handler ends:
+    sys.exit(-1).
+    """
+
+    done = threading.Event()
+
     def send():
-        deadline = time.monotonic() + 120
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        while not path.exists():  # the test fails on its own if the run ends without it
+            if done.wait(0.01):
+                return
         os.kill(os.getpid(), signal.SIGUSR2)
 
     previous = signal.signal(signal.SIGUSR2, lambda *_: sys.exit(-1))
@@ -165,6 +229,7 @@ def requeue_signal_once(path):
         threading.Thread(target=send, daemon=True).start()
         yield
     finally:
+        done.set()
         signal.signal(signal.SIGUSR2, previous)
 
 
@@ -172,8 +237,11 @@ def test_a_requeue_exit_is_an_interruption_not_a_failure(tmp_path):
     """submitit's SIGUSR2 handler requeues the job, then sys.exit()s in the middle of train(): the
     run is interrupted (the requeued job resumes from its checkpoint), not failed."""
     ckpt = tmp_path / "checkpoints" / "last.pt"
-    cfg = compose(*(o for o in TINY if not o.startswith("trainer.epochs=")), "trainer.epochs=50",
-                  "metrics.hessian.enabled=false")
+    cfg = compose(
+        *(o for o in TINY if not o.startswith("trainer.epochs=")),
+        "trainer.epochs=50",
+        "metrics.hessian.enabled=false",
+    )
     with requeue_signal_once(ckpt), pytest.raises(SystemExit):
         train(cfg, tmp_path, [])
     assert ckpt.exists() and not (tmp_path / "summary.json").exists()
@@ -181,6 +249,7 @@ def test_a_requeue_exit_is_an_interruption_not_a_failure(tmp_path):
 
 def _fresh_copy(src, dst):
     import shutil
+
     shutil.copytree(src, dst)
     (dst / "summary.json").unlink()
     return dst
@@ -203,7 +272,9 @@ def test_checkpoint_of_another_model_is_an_error(finished, tmp_path):
 
 
 def test_divergence_is_a_result_not_a_crash(tmp_path, capsys):
-    code, out, _ = run_cli([*TINY, "base_optimizer.lr=1e20", "optimizer=base", f"hydra.run.dir={tmp_path}"], capsys)
+    code, out, _ = run_cli(
+        [*TINY, "base_optimizer.lr=1e20", "optimizer=base", f"hydra.run.dir={tmp_path}"], capsys
+    )
     assert code == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "diverged"
@@ -224,21 +295,37 @@ def test_accumulation_matches_one_big_batch(tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_runs(precision, tmp_path):
-    summary = train(compose(*TINY, f"trainer.precision={precision}", "metrics.hessian.enabled=false"), tmp_path, [])
+    summary = train(
+        compose(*TINY, f"trainer.precision={precision}", "metrics.hessian.enabled=false"),
+        tmp_path,
+        [],
+    )
     assert summary["status"] == "completed" and summary["test_acc"] > 0.2
 
 
 def test_label_noise_and_gradient_clip_run(tmp_path):
-    summary = train(compose(*TINY, "dataset.label_noise=0.4", "trainer.gradient_clip=1.0",
-                            "metrics.hessian.enabled=false"), tmp_path, [])
+    summary = train(
+        compose(
+            *TINY,
+            "dataset.label_noise=0.4",
+            "trainer.gradient_clip=1.0",
+            "metrics.hessian.enabled=false",
+        ),
+        tmp_path,
+        [],
+    )
     assert summary["status"] == "completed"
 
 
 @pytest.mark.slow
 def test_default_run_reaches_half_accuracy(tmp_path):
     """`sam-run` with no overrides: the embedded default reaches >= 50% test accuracy."""
-    p = subprocess.run([sys.executable, "-m", "sam_runner.cli", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "sam_runner.cli", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["test_acc"] >= 0.5 and summary["lambda_max"] > 0
@@ -246,9 +333,17 @@ def test_default_run_reaches_half_accuracy(tmp_path):
 
 
 def test_muon_base_optimizer_trains_and_resumes(tmp_path):
-    """Muon on the hidden matrices, AdamW on the rest; its state survives a checkpoint round trip."""
-    common = [*TINY, "model=mlp", "base_optimizer=muon", "base_optimizer.lr=0.01", "scheduler=constant",
-              "metrics.hessian.enabled=false"]  # constant lr: stopping after epoch 1 of 1 == of 2
+    """Muon on the hidden matrices, AdamW on the rest; its state survives a checkpoint round
+    trip."""
+    # constant lr: stopping after epoch 1 of 1 == of 2
+    common = [
+        *TINY,
+        "model=mlp",
+        "base_optimizer=muon",
+        "base_optimizer.lr=0.01",
+        "scheduler=constant",
+        "metrics.hessian.enabled=false",
+    ]
     whole = train(compose(*common, "trainer.epochs=2"), tmp_path / "whole", [])
     assert whole["status"] == "completed" and whole["test_acc"] > 0.15  # above chance (0.1)
     train(compose(*common, "trainer.epochs=1"), tmp_path / "split", [])
@@ -259,14 +354,24 @@ def test_muon_base_optimizer_trains_and_resumes(tmp_path):
 
 def test_gear_sam_on_cifar100_verbatim(tmp_path, monkeypatch):
     """`sam-run optimizer=gear_sam dataset=cifar100` where CIFAR-100 is present: the default model
-    fits CIFAR (a CIFAR ResNet-18), and the run completes (torchvision's reader, files written here)."""
+    fits CIFAR (a CIFAR ResNet-18), and the run completes (torchvision's reader, files written
+    here)."""
     from cifar_files import install
+
     install(monkeypatch, tmp_path / "data", "cifar100", n_train=64, n_test=50)
-    cfg = compose("optimizer=gear_sam", "dataset=cifar100", f"dataset.data_dir={tmp_path / 'data'}",
-                  "trainer.epochs=1", "dataset.batch_size=32", "metrics.hessian.num_samples=16",
-                  "metrics.hessian.max_iter=3",
-                  "trainer.progress=none")
+    cfg = compose(
+        "optimizer=gear_sam",
+        "dataset=cifar100",
+        f"dataset.data_dir={tmp_path / 'data'}",
+        "trainer.epochs=1",
+        "dataset.batch_size=32",
+        "metrics.hessian.num_samples=16",
+        "metrics.hessian.max_iter=3",
+        "trainer.progress=none",
+    )
     summary = train(cfg, tmp_path / "run", [])
     assert summary["status"] == "completed" and summary["lambda_max"] is not None
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
-    assert "layer4.1.conv2.weight" in state["model"], "the default model on CIFAR is the CIFAR ResNet-18"
+    assert "layer4.1.conv2.weight" in state["model"], (
+        "the default model on CIFAR is the CIFAR ResNet-18"
+    )

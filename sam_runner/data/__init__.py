@@ -4,6 +4,7 @@ Small datasets (MNIST-1D, digits, CIFAR) live as tensors on the training device 
 through a ``TensorLoader``; image folders go through a torchvision DataLoader with workers
 (loaders.py). Long-tail cuts and label noise are applied to the training labels (labels.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,20 +19,20 @@ from .loaders import Normalize, TensorLoader
 
 @dataclass
 class Data:
-    train: object            # iterable of (x, y, idx) batches, with set_epoch(epoch) and len()
-    test: object             # iterable of (x, y, idx) batches
+    train: object  # iterable of (x, y, idx) batches, with set_epoch(epoch) and len()
+    test: object  # iterable of (x, y, idx) batches
     num_classes: int
     input_shape: tuple
     train_size: int
-    train_tensors: tuple | None = None   # (x, y) as stored (uint8 images stay uint8)
-    prepare: object = None               # x -> model input, without augmentation
+    train_tensors: tuple | None = None  # (x, y) as stored (uint8 images stay uint8)
+    prepare: object = None  # x -> model input, without augmentation
     class_counts: list = field(default_factory=list)
 
     def train_subset(self, n: int, seed: int):
         """A fixed, seeded subset of the training set as model-ready tensors (for curvature)."""
         x, y = self.train_tensors
         g = torch.Generator().manual_seed(seed + 104729)
-        idx = torch.randperm(len(y), generator=g)[:min(n, len(y))].to(y.device)
+        idx = torch.randperm(len(y), generator=g)[: min(n, len(y))].to(y.device)
         xs = x[idx]
         return (self.prepare(xs, None) if self.prepare is not None else xs), y[idx]
 
@@ -40,6 +41,7 @@ class Data:
 class Arrays:
     """A dataset in memory, as a source returns it: inputs and labels of both splits, the class
     count, and the per-channel (mean, std) of uint8 images (None: the inputs are already floats)."""
+
     x: torch.Tensor
     y: torch.Tensor
     x_test: torch.Tensor
@@ -51,7 +53,12 @@ class Arrays:
 def validate(cfg) -> None:
     entry = DATASETS.entry(cfg.name)
     integer("dataset.batch_size", cfg.batch_size, "a positive integer", lambda b: b > 0)
-    number("dataset.label_noise", cfg.get("label_noise", 0.0), "a fraction in [0, 1)", lambda f: 0 <= f < 1)
+    number(
+        "dataset.label_noise",
+        cfg.get("label_noise", 0.0),
+        "a fraction in [0, 1)",
+        lambda f: 0 <= f < 1,
+    )
     if entry.meta.get("check"):
         entry.check(cfg)
 
@@ -75,8 +82,27 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
         test_tf = Normalize(*a.stats, augment=False)
     else:
         train_tf = test_tf = None
-    train = TensorLoader(x, y, cfg.batch_size, shuffle=True, seed=seed, drop_last=True, transform=train_tf,
-                         rank=rank, world=world)
-    test = TensorLoader(xt, yt, max(cfg.batch_size, 512), shuffle=False, transform=test_tf, rank=rank, world=world)
-    return Data(train, test, a.num_classes, tuple(x.shape[1:]), n, train_tensors=(x, y), class_counts=counts,
-                prepare=test_tf)
+    train = TensorLoader(
+        x,
+        y,
+        cfg.batch_size,
+        shuffle=True,
+        seed=seed,
+        drop_last=True,
+        transform=train_tf,
+        rank=rank,
+        world=world,
+    )
+    test = TensorLoader(
+        xt, yt, max(cfg.batch_size, 512), shuffle=False, transform=test_tf, rank=rank, world=world
+    )
+    return Data(
+        train,
+        test,
+        a.num_classes,
+        tuple(x.shape[1:]),
+        n,
+        train_tensors=(x, y),
+        class_counts=counts,
+        prepare=test_tf,
+    )

@@ -4,6 +4,7 @@
 generator (one per epoch, so a resumed epoch sees the same batches) and augmented per batch on
 tensors. ``FolderLoader``: a torchvision DataLoader with workers over an image folder.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,10 +20,16 @@ class TensorLoader:
     an epoch together see exactly the augmented batches of one process.
     """
 
-    def __init__(self, x, y, batch_size, *, shuffle, seed=0, drop_last=False, transform=None,
-                 rank=0, world=1):
+    def __init__(
+        self, x, y, batch_size, *, shuffle, seed=0, drop_last=False, transform=None, rank=0, world=1
+    ):
         self.x, self.y = x, y
-        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.batch_size, self.shuffle, self.seed, self.drop_last = (
+            batch_size,
+            shuffle,
+            seed,
+            drop_last,
+        )
         self.transform = transform
         self.rank, self.world = rank, world
         self.epoch = 0
@@ -43,7 +50,8 @@ class TensorLoader:
     def __iter__(self):
         n, g = len(self.y), self.generator()
         if self.weights is not None:
-            # on the CPU with the CPU generator: CUDA multinomial refuses it, and CPU and GPU runs draw alike
+            # on the CPU with the CPU generator: CUDA multinomial refuses it, and CPU and GPU runs
+            # draw alike
             order = torch.multinomial(self.weights.cpu(), n, replacement=True, generator=g)
         elif self.shuffle:
             order = torch.randperm(n, generator=g)
@@ -51,10 +59,11 @@ class TensorLoader:
             order = torch.arange(n)
         order = order.to(self.y.device)
         for i in range(len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             batch = None
             if self.world > 1:
-                # strided: equal shares of a full batch, and a short last batch (test set) loses nothing
+                # strided: equal shares of a full batch, and a short last batch (test set) loses
+                # nothing
                 batch = (len(idx), slice(self.rank, None, self.world))
                 idx = idx[batch[1]]
             x = self.x[idx]
@@ -72,7 +81,9 @@ class Normalize:
         self.augment, self.pad, self.scale = augment, pad, scale
 
     def __call__(self, x, g, batch=None):
-        """``batch`` = (size, share): ``x`` is the ``share`` (a slice) of a global batch of ``size``."""
+        """``batch`` = (size, share): ``x`` is the ``share`` (a slice) of a global batch of
+        ``size``.
+        """
         x = x.float().div_(self.scale)
         if self.augment:
             x = random_crop_flip(x, self.pad, g, batch)
@@ -94,9 +105,9 @@ def random_crop_flip(x, pad, g, batch=None):
     rows = (oy[:, None] + torch.arange(h, device=x.device))[:, :, None]
     cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, :]
     cols = torch.where(flip[:, None, None], cols.flip(2), cols)
-    return padded.permute(0, 2, 3, 1)[torch.arange(n, device=x.device)[:, None, None], rows, cols].permute(0, 3, 1, 2)
-
-
+    return padded.permute(0, 2, 3, 1)[
+        torch.arange(n, device=x.device)[:, None, None], rows, cols
+    ].permute(0, 3, 1, 2)
 
 
 class Indexed(torch.utils.data.Dataset):
@@ -118,12 +129,18 @@ class FolderLoader:
         self.ds, self.shuffle, self.seed, self.epoch, self.rank = ds, shuffle, seed, 0, rank
         self.sampler = None
         if world > 1 and drop_last:
-            self.sampler = torch.utils.data.DistributedSampler(ds, world, rank, shuffle=shuffle, seed=seed,
-                                                               drop_last=drop_last)
+            self.sampler = torch.utils.data.DistributedSampler(
+                ds, world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+            )
         elif world > 1:  # evaluation: every example exactly once over the processes (no padding)
             self.sampler = list(range(rank, len(ds), world))
-        self.kw = dict(batch_size=batch_size // world, num_workers=workers, drop_last=drop_last,
-                       persistent_workers=workers > 0, pin_memory=torch.cuda.is_available())
+        self.kw = dict(
+            batch_size=batch_size // world,
+            num_workers=workers,
+            drop_last=drop_last,
+            persistent_workers=workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
         self.loader = None
         self.weights = None
 
@@ -136,9 +153,12 @@ class FolderLoader:
         g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
         if self.sampler is not None:
             # the generator seeds the workers' augmentation: one per process, else every process
-            # draws the same crops (and from the global RNG, which a resume does not restore per process)
+            # draws the same crops (and from the global RNG, which a resume does not restore per
+            # process)
             g.manual_seed((self.seed * 100003 + self.epoch) * 1_000_003 + self.rank + 1)
-            return torch.utils.data.DataLoader(self.ds, sampler=self.sampler, generator=g, **self.kw)
+            return torch.utils.data.DataLoader(
+                self.ds, sampler=self.sampler, generator=g, **self.kw
+            )
         return torch.utils.data.DataLoader(self.ds, shuffle=self.shuffle, generator=g, **self.kw)
 
     def __len__(self):

@@ -3,6 +3,7 @@
 A source of in-memory data returns ``Arrays`` (the runner builds the loaders); a source with
 ``tensors=False`` builds its own loaders and returns ``Data``.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -26,12 +27,20 @@ IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 def _mnist1d_keys(cfg) -> None:
     # the generator makes num_samples // 10 per class, then splits 80/20
-    integer("dataset.num_samples", cfg.get("num_samples", 5000), "an integer >= 10 (MNIST-1D makes num_samples // 10 "
-            "examples per class and keeps 80% for training)", lambda n: n >= 10)
+    integer(
+        "dataset.num_samples",
+        cfg.get("num_samples", 5000),
+        "an integer >= 10 (MNIST-1D makes num_samples // 10 examples per class and keeps 80% for "
+        "training)",
+        lambda n: n >= 10,
+    )
 
 
-@DATASETS.register("mnist1d", "MNIST-1D (Greydanus 2020), generated locally by the mnist1d package",
-                   check=_mnist1d_keys)
+@DATASETS.register(
+    "mnist1d",
+    "MNIST-1D (Greydanus 2020), generated locally by the mnist1d package",
+    check=_mnist1d_keys,
+)
 def mnist1d(cfg) -> Arrays:
     root = Path(cfg.data_dir)
     path = root / f"mnist1d_{int(cfg.get('num_samples', 5000))}.pkl"
@@ -40,6 +49,7 @@ def mnist1d(cfg) -> Arrays:
             d = pickle.load(f)
     else:
         from mnist1d.data import get_dataset_args, make_dataset
+
         args = get_dataset_args()
         args.num_samples = int(cfg.get("num_samples", 5000))
         d = make_dataset(args)
@@ -51,18 +61,23 @@ def mnist1d(cfg) -> Arrays:
     to = lambda a, dt: torch.as_tensor(a, dtype=dt)
     x, xt = to(d["x"], torch.float32)[:, None, :], to(d["x_test"], torch.float32)[:, None, :]
     mean, std = x.mean(), x.std()
-    return Arrays((x - mean) / std, to(d["y"], torch.long), (xt - mean) / std, to(d["y_test"], torch.long), 10)
+    return Arrays(
+        (x - mean) / std, to(d["y"], torch.long), (xt - mean) / std, to(d["y_test"], torch.long), 10
+    )
 
 
 @DATASETS.register("digits", "scikit-learn's 8×8 handwritten digits, a fixed 80/20 split")
 def digits(_cfg) -> Arrays:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
+
     d = load_digits()
     x = torch.as_tensor(d.images, dtype=torch.float32)[:, None] / 16.0
     y = torch.as_tensor(d.target, dtype=torch.long)
     # a fixed split (not the run's seed): every seed is evaluated on the same test set
-    tr, te = train_test_split(torch.arange(len(y)).numpy(), test_size=0.2, random_state=0, stratify=y.numpy())
+    tr, te = train_test_split(
+        torch.arange(len(y)).numpy(), test_size=0.2, random_state=0, stratify=y.numpy()
+    )
     mean, std = x[tr].mean(), x[tr].std()
     x = (x - mean) / std
     return Arrays(x[tr], y[tr], x[te], y[te], 10)
@@ -70,10 +85,13 @@ def digits(_cfg) -> Arrays:
 
 def _cifar(cfg, name) -> Arrays:
     from torchvision import datasets
+
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
     base = "cifar10" if name == "cifar10" else "cifar100"
-    archive = {"cifar10": "cifar-10-python.tar.gz (or its cifar-10-batches-py/ folder)",
-               "cifar100": "cifar-100-python.tar.gz (or its cifar-100-python/ folder)"}[base]
+    archive = {
+        "cifar10": "cifar-10-python.tar.gz (or its cifar-10-batches-py/ folder)",
+        "cifar100": "cifar-100-python.tar.gz (or its cifar-100-python/ folder)",
+    }[base]
     root = str(cfg.data_dir)
     if not cfg.download:
         _extract_local_archive(cls, Path(root))
@@ -83,11 +101,19 @@ def _cifar(cfg, name) -> Arrays:
     except Exception as e:  # torchvision raises RuntimeError when missing, URLError etc. offline
         why = f" and could not be downloaded ({type(e).__name__})" if cfg.download else ""
         hint = "" if cfg.download else ", or set dataset.download=true"
-        raise UserError(f"dataset {name}: files not found under dataset.data_dir={root}{why}; "
-                        f"put {archive} there{hint}") from None
+        raise UserError(
+            f"dataset {name}: files not found under dataset.data_dir={root}{why}; put {archive} "
+            f"there{hint}"
+        ) from None
     to_x = lambda d: torch.as_tensor(d.data).permute(0, 3, 1, 2).contiguous()  # uint8 NCHW
-    return Arrays(to_x(train), torch.as_tensor(train.targets), to_x(test), torch.as_tensor(test.targets),
-                  len(train.classes), CIFAR_STATS[base])
+    return Arrays(
+        to_x(train),
+        torch.as_tensor(train.targets),
+        to_x(test),
+        torch.as_tensor(test.targets),
+        len(train.classes),
+        CIFAR_STATS[base],
+    )
 
 
 @DATASETS.register("cifar10", "CIFAR-10 (torchvision; crop and flip on tensors)")
@@ -105,38 +131,54 @@ def cifar100_lt(cfg) -> Arrays:
     return _cifar(cfg, "cifar100")
 
 
-
-
 def _extract_local_archive(cls, root: Path) -> None:
     """Unpack torchvision's own archive when only it is present: what download=true does with a
     file already there, without the network. Only a file with the official checksum is opened."""
     from torchvision.datasets.utils import check_integrity, extract_archive
+
     tarball = root / cls.filename
     if not (root / cls.base_folder).is_dir() and check_integrity(str(tarball), cls.tgz_md5):
         extract_archive(str(tarball), str(root))
 
 
-
-
-@DATASETS.register("image_folder", "any <root>/train, <root>/val class-folder tree, through a DataLoader",
-                   tensors=False)
+@DATASETS.register(
+    "image_folder",
+    "any <root>/train, <root>/val class-folder tree, through a DataLoader",
+    tensors=False,
+)
 def image_folder(cfg, seed, rank, world):
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
+
     root = cfg.get("root")
-    require(root not in (None, "???"), "dataset=image_folder needs dataset.root=<folder with train/ and val/>")
+    require(
+        root not in (None, "???"),
+        "dataset=image_folder needs dataset.root=<folder with train/ and val/>",
+    )
     root = Path(str(root))
     for split in ("train", "val"):
-        require((root / split).is_dir(), f"dataset.root={root}: missing folder {root / split} "
-                                         "(expected <root>/train/<class>/*.jpg and <root>/val/<class>/*.jpg)")
+        require(
+            (root / split).is_dir(),
+            f"dataset.root={root}: missing folder {root / split} (expected "
+            "<root>/train/<class>/*.jpg and <root>/val/<class>/*.jpg)",
+        )
     size = int(cfg.get("image_size", 224))
     norm = T.Normalize(*IMAGENET_STATS)
-    train_tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), norm]) \
-        if cfg.get("augment", True) else T.Compose([T.Resize(size), T.CenterCrop(size), T.ToTensor(), norm])
+    train_tf = (
+        T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+        if cfg.get("augment", True)
+        else T.Compose([T.Resize(size), T.CenterCrop(size), T.ToTensor(), norm])
+    )
     test_tf = T.Compose([T.Resize(int(size * 8 / 7)), T.CenterCrop(size), T.ToTensor(), norm])
-    train, test = datasets.ImageFolder(root / "train", train_tf), datasets.ImageFolder(root / "val", test_tf)
+    train, test = (
+        datasets.ImageFolder(root / "train", train_tf),
+        datasets.ImageFolder(root / "val", test_tf),
+    )
     c = len(train.classes)
     keep, targets, counts = training_labels(cfg, torch.as_tensor(train.targets), c, seed, world)
-    train.samples = train.imgs = [(train.samples[i][0], int(t)) for i, t in zip(keep.tolist(), targets)]
+    train.samples = train.imgs = [
+        (train.samples[i][0], int(t)) for i, t in zip(keep.tolist(), targets)
+    ]
     train.targets = targets.tolist()
     n = len(train)
     workers = int(cfg.get("num_workers", 4))

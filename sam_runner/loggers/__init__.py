@@ -5,6 +5,7 @@ Interface: ``start()`` once the run knows whether it resumes (``load_state_dict`
 ``run_id`` of the run it continues, kept in the checkpoint), ``log(row)`` per metrics line,
 ``summary(dict)`` once at the end, ``finish(status)``.
 """
+
 from __future__ import annotations
 
 from ..registry import LOGGERS

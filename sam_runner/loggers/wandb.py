@@ -22,6 +22,7 @@ Choices of ours, and why:
 - ``finish`` is idempotent; exit code 0 for ``completed``, 1 otherwise (diverged and
   failed runs show as failed in W&B; ``summary.status`` says which).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,10 @@ def has_credentials() -> bool:
     """Whether W&B could log in without asking: an API key in the environment or ~/.netrc."""
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
-    host = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    host = (
+        urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+        or "api.wandb.ai"
+    )
     path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
     try:
         return netrc.netrc(path).authenticators(host) is not None
@@ -59,13 +63,16 @@ def sweep_group() -> str | None:
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
+
         hc = HydraConfig.get()
     except (ImportError, ValueError):  # ValueError: Hydra is not running this job
         return None
     if hc.mode != RunMode.MULTIRUN:
         return None
     path = Path(str(hc.sweep.dir))
-    if re.fullmatch(r"\d\d-\d\d-\d\d", path.name) and re.fullmatch(r"\d{4}-\d\d-\d\d", path.parent.name):
+    if re.fullmatch(r"\d\d-\d\d-\d\d", path.name) and re.fullmatch(
+        r"\d{4}-\d\d-\d\d", path.parent.name
+    ):
         return f"{path.parent.name}_{path.name}"
     return path.name
 
@@ -73,6 +80,7 @@ def sweep_group() -> str | None:
 def _job_name() -> str | None:
     try:
         from hydra.core.hydra_config import HydraConfig
+
         return str(HydraConfig.get().job.override_dirname) or None
     except (ImportError, ValueError):
         return None
@@ -80,6 +88,7 @@ def _job_name() -> str | None:
 
 def _config_dict(full_cfg) -> dict:
     from omegaconf import OmegaConf
+
     try:
         return OmegaConf.to_container(full_cfg, resolve=True)
     except Exception:  # an unresolvable interpolation must not cost the run its logging
@@ -87,16 +96,29 @@ def _config_dict(full_cfg) -> dict:
 
 
 def _loggable(v) -> bool:
-    return isinstance(v, (int, float, str, bool, list, dict)) and not (isinstance(v, float) and math.isnan(v))
+    return isinstance(v, (int, float, str, bool, list, dict)) and not (
+        isinstance(v, float) and math.isnan(v)
+    )
 
 
 class WandbLogger:
     def __init__(self, cfg, run_dir, full_cfg):
         self.mode = str(cfg.get("mode", "online"))
-        require(self.mode in MODES, f"logger.mode={self.mode!r} is unknown; choose one of {', '.join(MODES)}")
+        require(
+            self.mode in MODES,
+            f"logger.mode={self.mode!r} is unknown; choose one of {', '.join(MODES)}",
+        )
         tags = cfg.get("tags") or []
-        require(not isinstance(tags, str), f"logger.tags={tags!r} must be a list, e.g. logger.tags=[a,b]")
-        self.cfg, self.run_dir, self.full_cfg, self.tags = cfg, Path(run_dir).resolve(), full_cfg, tags
+        require(
+            not isinstance(tags, str),
+            f"logger.tags={tags!r} must be a list, e.g. logger.tags=[a,b]",
+        )
+        self.cfg, self.run_dir, self.full_cfg, self.tags = (
+            cfg,
+            Path(run_dir).resolve(),
+            full_cfg,
+            tags,
+        )
         self.run_id, self.run, self._finished = None, None, False
 
     def state_dict(self) -> dict:
@@ -107,26 +129,42 @@ class WandbLogger:
 
     def start(self) -> None:
         import wandb
+
         cfg, mode = self.cfg, self.mode
-        os.environ["WANDB_DIR"] = str(self.run_dir)  # W&B's own files (and wandb-core's logs) stay in the run
+        # W&B's own files (and wandb-core's logs) stay in the run
+        os.environ["WANDB_DIR"] = str(self.run_dir)
         os.environ["WANDB_SILENT"] = "true"
         if mode == "online" and not has_credentials():
-            print("sam-run: W&B has no credentials here (set WANDB_API_KEY or run `wandb login`); "
-                  "logging offline, sync later with `wandb sync`", file=sys.stderr)
+            print(
+                "sam-run: W&B has no credentials here (set WANDB_API_KEY or run `wandb login`); "
+                "logging offline, sync later with `wandb sync`",
+                file=sys.stderr,
+            )
             mode = "offline"
         group = cfg.get("group") or sweep_group()
-        kwargs = dict(project=cfg.get("project") or "sam-runner", entity=cfg.get("entity") or None,
-                      group=group, job_type=str(self.full_cfg.optimizer.name), tags=[str(t) for t in self.tags],
-                      name=_job_name(), config=_config_dict(self.full_cfg), dir=str(self.run_dir),
-                      id=self.run_id, resume="allow" if self.run_id else None)
+        kwargs = dict(
+            project=cfg.get("project") or "sam-runner",
+            entity=cfg.get("entity") or None,
+            group=group,
+            job_type=str(self.full_cfg.optimizer.name),
+            tags=[str(t) for t in self.tags],
+            name=_job_name(),
+            config=_config_dict(self.full_cfg),
+            dir=str(self.run_dir),
+            id=self.run_id,
+            resume="allow" if self.run_id else None,
+        )
         settings = wandb.Settings(silent=True, console="off")
         try:
             self.run = wandb.init(mode=mode, settings=settings, **kwargs)
         except Exception as e:
             if mode != "online":
                 raise
-            print(f"sam-run: W&B online init failed ({one_line(e)}); logging offline, sync later with `wandb sync`",
-                  file=sys.stderr)
+            print(
+                f"sam-run: W&B online init failed ({one_line(e)}); logging offline, sync later "
+                "with `wandb sync`",
+                file=sys.stderr,
+            )
             self.run = wandb.init(mode="offline", settings=settings, **kwargs)
         self.run_id = None if mode == "disabled" else self.run.id
         self.run.define_metric("epoch")
@@ -142,7 +180,8 @@ class WandbLogger:
             self.run.summary.update({k: v for k, v in summary.items() if _loggable(v)})
 
     def finish(self, status: str) -> None:
-        if self._finished or self.run is None:  # never started: a run that failed before its first line
+        # never started: a run that failed before its first line
+        if self._finished or self.run is None:
             return
         self._finished = True
         self.run.summary["status"] = status
@@ -151,6 +190,9 @@ class WandbLogger:
         self.run.finish(exit_code=0 if status == "completed" else 1)
 
 
-@LOGGERS.register("wandb", "Weights & Biases: one run per job, grouped by sweep (logger.mode=offline works offline)")
+@LOGGERS.register(
+    "wandb",
+    "Weights & Biases: one run per job, grouped by sweep (logger.mode=offline works offline)",
+)
 def build(cfg, run_dir, full_cfg) -> WandbLogger:
     return WandbLogger(cfg, run_dir, full_cfg)

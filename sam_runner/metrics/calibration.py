@@ -20,6 +20,7 @@ Top-label confidence c_i = max_k p_ik, prediction argmax, a_i = 1 if right.
 
 Everything is computed in float32 from the gathered whole-test-set tensors.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,11 @@ from ..errors import require
 
 
 def _top_label(probs: torch.Tensor, labels: torch.Tensor):
-    require(probs.dim() == 2 and labels.dim() == 1 and len(probs) == len(labels),
-            f"calibration needs probs [N, C] and labels [N], got {tuple(probs.shape)} and {tuple(labels.shape)}")
+    require(
+        probs.dim() == 2 and labels.dim() == 1 and len(probs) == len(labels),
+        f"calibration needs probs [N, C] and labels [N], got {tuple(probs.shape)} and "
+        f"{tuple(labels.shape)}",
+    )
     conf, pred = probs.max(dim=1)
     return conf.float(), pred.eq(labels).float()
 
@@ -44,11 +48,16 @@ def _equal_width_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int):
     edges = torch.linspace(0, 1, n_bins + 1, dtype=conf.dtype, device=conf.device)
     idx = torch.bucketize(conf, edges, right=True) - 1
     zeros = lambda: torch.zeros(n_bins + 1, dtype=conf.dtype, device=conf.device)
-    return (zeros().scatter_add_(0, idx, torch.ones_like(conf)), zeros().scatter_add_(0, idx, conf),
-            zeros().scatter_add_(0, idx, correct))
+    return (
+        zeros().scatter_add_(0, idx, torch.ones_like(conf)),
+        zeros().scatter_add_(0, idx, conf),
+        zeros().scatter_add_(0, idx, correct),
+    )
 
 
-def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
+def expected_calibration_error(
+    probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15
+) -> float:
     """Top-label L1 ECE with ``n_bins`` equal-width bins (equal to torchmetrics')."""
     conf, correct = _top_label(probs, labels)
     count, conf_sum, acc_sum = _equal_width_sums(conf, correct, _check_bins(n_bins))
@@ -62,7 +71,9 @@ def maximum_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins:
     return float(gap.max())  # empty bins have gap 0
 
 
-def adaptive_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
+def adaptive_calibration_error(
+    probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15
+) -> float:
     """L1 ECE over equal-mass bins: sorted confidences cut into ``n_bins`` near-equal chunks."""
     conf, correct = _top_label(probs, labels)
     n = len(conf)
@@ -88,12 +99,17 @@ def reliability_bins(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15
     """Per-bin mean confidence, accuracy and count (equal-width; empty bins report 0)."""
     conf, correct = _top_label(probs, labels)
     count, conf_sum, acc_sum = _equal_width_sums(conf, correct, _check_bins(n_bins))
-    fold = lambda t: torch.cat([t[:n_bins - 1], t[n_bins - 1:].sum(0, keepdim=True)])
+    fold = lambda t: torch.cat([t[: n_bins - 1], t[n_bins - 1 :].sum(0, keepdim=True)])
     count, conf_sum, acc_sum = fold(count), fold(conf_sum), fold(acc_sum)
     nz = count.clamp_min(1)
-    edges = [i / n_bins for i in range(n_bins + 1)]  # float64 for the JSON (float32's 1/15 is 0.0666666716)
-    return {"edges": edges, "confidence": (conf_sum / nz).tolist(), "accuracy": (acc_sum / nz).tolist(),
-            "count": count.long().tolist()}
+    # float64 for the JSON (float32's 1/15 is 0.0666666716)
+    edges = [i / n_bins for i in range(n_bins + 1)]
+    return {
+        "edges": edges,
+        "confidence": (conf_sum / nz).tolist(),
+        "accuracy": (acc_sum / nz).tolist(),
+        "count": count.long().tolist(),
+    }
 
 
 def calibration_report(logits: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> dict:

@@ -4,6 +4,7 @@ Under data parallelism each process evaluates its shard; the logits and labels a
 gathered first (``dist.gather``), so every number, ECE included, is over the whole test
 set and never a mean of per-process values.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,13 +27,19 @@ def evaluate(model, loader, criterion, autocast, dist, metrics_cfg, class_counts
     model.train(was_training)
     logits, labels = dist.gather(torch.cat(logits)), dist.gather(torch.cat(labels))
     n_bins = int(metrics_cfg.get("ece_bins", 15))
-    row = {"test_loss": float(criterion(logits, labels).mean()),
-           "test_acc": float((logits.argmax(1) == labels).float().mean())}
+    row = {
+        "test_loss": float(criterion(logits, labels).mean()),
+        "test_acc": float((logits.argmax(1) == labels).float().mean()),
+    }
     row.update({f"test_{k}": v for k, v in calibration_report(logits, labels, n_bins).items()})
     row["reliability"] = reliability_bins(logits.softmax(dim=1), labels, n_bins)
     splits = metrics_cfg.get("class_splits")
     if splits and class_counts:
-        row.update(split_accuracy(logits.argmax(1), labels, class_counts, int(splits["many"]), int(splits["few"])))
+        row.update(
+            split_accuracy(
+                logits.argmax(1), labels, class_counts, int(splits["many"]), int(splits["few"])
+            )
+        )
     return row
 
 
@@ -42,6 +49,10 @@ def split_accuracy(pred, labels, class_counts, many: int, few: int) -> dict:
     counts = torch.as_tensor(class_counts, device=labels.device)[labels]
     correct = (pred == labels).float()
     out = {}
-    for name, mask in (("many", counts > many), ("medium", (counts <= many) & (counts >= few)), ("few", counts < few)):
+    for name, mask in (
+        ("many", counts > many),
+        ("medium", (counts <= many) & (counts >= few)),
+        ("few", counts < few),
+    ):
         out[f"test_acc_{name}"] = float(correct[mask].mean()) if bool(mask.any()) else None
     return out

@@ -5,6 +5,7 @@ whose second derivatives are cheaper (ours; none changes the function):
   backward is cheaper than batch_norm's general one (~15% of an HVP on the default model);
 - on a CPU, Conv1d as unfold + one matrix product (~25% of an HVP on the default model).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,14 @@ def affine_eval_batchnorm(model):
     """Plain BatchNorm layers in eval mode (running statistics) computed as their affine map:
     the same function of the input and of γ, β, with cheaper second derivatives. Subclasses that
     override ``forward`` (e.g. timm's BatchNormAct2d) are left alone."""
-    bns = [m for m in model.modules() if isinstance(m, _BatchNorm) and not m.training and m.running_mean is not None
-           and _own_forward(m, _BatchNorm)]
+    bns = [
+        m
+        for m in model.modules()
+        if isinstance(m, _BatchNorm)
+        and not m.training
+        and m.running_mean is not None
+        and _own_forward(m, _BatchNorm)
+    ]
     return _forwards_replaced(bns, _affine_batchnorm_forward)
 
 
@@ -56,7 +63,10 @@ def _matmul_conv1d_forward(self, x):
     (k,), (stride,), (pad,) = self.kernel_size, self.stride, self.padding
     cols = F.pad(x, (pad, pad)).unfold(-1, k, stride)  # [B, C, L_out, k]
     b, c, length, _ = cols.shape
-    out = cols.transpose(1, 2).reshape(b * length, c * k) @ self.weight.view(self.out_channels, c * k).T
+    out = (
+        cols.transpose(1, 2).reshape(b * length, c * k)
+        @ self.weight.view(self.out_channels, c * k).T
+    )
     if self.bias is not None:
         out = out + self.bias
     return out.view(b, length, -1).transpose(1, 2)
@@ -68,7 +78,15 @@ def matmul_conv1d(model):
     oneDNN's 1-D convolution double backward is slower (default model: ~1.35× an HVP on one
     thread); for Conv2d it is the other way round (ResNet-18: unfold 1.7× slower), so Conv2d
     is left alone, as are subclasses that override ``forward``."""
-    convs = [m for m in model.modules() if isinstance(m, nn.Conv1d) and _own_forward(m, nn.Conv1d)
-             and m.weight.device.type == "cpu" and m.groups == 1 and m.dilation == (1,)
-             and m.padding_mode == "zeros" and isinstance(m.padding, tuple)]
+    convs = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.Conv1d)
+        and _own_forward(m, nn.Conv1d)
+        and m.weight.device.type == "cpu"
+        and m.groups == 1
+        and m.dilation == (1,)
+        and m.padding_mode == "zeros"
+        and isinstance(m.padding, tuple)
+    ]
     return _forwards_replaced(convs, _matmul_conv1d_forward)

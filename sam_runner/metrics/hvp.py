@@ -13,6 +13,7 @@ first batch once per (model, device, batch shape) and keeps the faster. On a CPU
 intra-op threads each (small convolutions use two cores poorly: ~1.3× on 2 cores), their sums
 added in a fixed order. The choice, the cache and the threads are ours, not from a paper.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,14 +37,17 @@ class _BatchPool:
         self._threads, self._pool = threads, None
         if self.workers > 1:
             from concurrent.futures import ThreadPoolExecutor
+
             per_worker = max(1, threads // self.workers)
-            self._pool = ThreadPoolExecutor(self.workers, initializer=torch.set_num_threads, initargs=(per_worker,))
+            self._pool = ThreadPoolExecutor(
+                self.workers, initializer=torch.set_num_threads, initargs=(per_worker,)
+            )
 
     def _per_worker(self, work, indices):
         indices = list(indices)
         if self._pool is None or len(indices) < 2:
             return [work(indices)]
-        chunks = [indices[w::self.workers] for w in range(self.workers)]
+        chunks = [indices[w :: self.workers] for w in range(self.workers)]
         return list(self._pool.map(work, [c for c in chunks if c]))
 
     def sum(self, fn, indices):
@@ -51,8 +55,11 @@ class _BatchPool:
 
     def map(self, fn, indices) -> list:
         """[fn(i) for i in indices], computed on the workers."""
-        done = dict(pair for part in self._per_worker(lambda chunk: [(i, fn(i)) for i in chunk], indices)
-                    for pair in part)
+        done = dict(
+            pair
+            for part in self._per_worker(lambda chunk: [(i, fn(i)) for i in chunk], indices)
+            for pair in part
+        )
         return [done[i] for i in indices]
 
     def close(self):
@@ -85,7 +92,9 @@ class HessianOperator(Objective):
 
     def __init__(self, model, loss_fn, batches, method: str = "auto", graph_cache_mb: float = 1024):
         if method not in HVP_METHODS:
-            raise ValueError(f"hvp method={method!r} is unknown; choose one of {', '.join(HVP_METHODS)}")
+            raise ValueError(
+                f"hvp method={method!r} is unknown; choose one of {', '.join(HVP_METHODS)}"
+            )
         super().__init__(model, loss_fn, batches)
         self.graph_cache_mb = graph_cache_mb
         self.hvps = 0
@@ -111,11 +120,14 @@ class HessianOperator(Objective):
         return fits
 
     def _build_graphs(self):
-        """Every batch's create_graph gradients, once (batch 0's from ``_graph_fits``), on the workers."""
+        """Every batch's create_graph gradients, once (batch 0's from ``_graph_fits``), on the
+        workers.
+        """
         if self._graphs is None:
             self._graphs = [self._first_graph] + self._pool.map(
                 lambda j: grad_or_zero(self.batch_loss(j), self.params, create_graph=True),
-                range(1, len(self.batches)))
+                range(1, len(self.batches)),
+            )
 
     def _grads_with_graph(self, i):
         if self._cache_ok:
@@ -125,9 +137,12 @@ class HessianOperator(Objective):
     def _hvp_double_backward(self, vs, n_batches=None):
         if self._cache_ok:
             self._build_graphs()  # here, not inside the workers: they only read the cache
-        return self._pool.sum(lambda i: grad_or_zero(self._grads_with_graph(i), self.params, grad_outputs=vs,
-                                              retain_graph=self._cache_ok),
-                              range(n_batches or len(self.batches)))
+        return self._pool.sum(
+            lambda i: grad_or_zero(
+                self._grads_with_graph(i), self.params, grad_outputs=vs, retain_graph=self._cache_ok
+            ),
+            range(n_batches or len(self.batches)),
+        )
 
     def _hvp_forward_over_reverse(self, vs, n_batches=None):
         primals = tuple(p.detach() for p in self.params)
@@ -135,12 +150,17 @@ class HessianOperator(Objective):
         def batch(i):
             grad_fn = torch.func.grad(lambda ps: self.batch_loss(i, ps))
             return torch.func.jvp(lambda *ps: grad_fn(ps), primals, tuple(vs))[1]
+
         # one thread: functional_call swaps the module's parameters in place, so it cannot overlap
         return _sum_lists(batch(i) for i in range(n_batches or len(self.batches)))
 
     def hvp_list(self, vs, method=None, n_batches=None):
         method = method or self.method
-        fn = self._hvp_double_backward if method == "double_backward" else self._hvp_forward_over_reverse
+        fn = (
+            self._hvp_double_backward
+            if method == "double_backward"
+            else self._hvp_forward_over_reverse
+        )
         return [h.detach() for h in fn(vs, n_batches)]
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
@@ -156,11 +176,20 @@ class HessianOperator(Objective):
         if self._cache_ok:
             return "double_backward"
         x0 = self.batches[0][0]
-        key = (type(self.model).__name__, str(self.device), self.numel, tuple(x0.shape), self._cache_ok,
-               len(self.batches))
+        key = (
+            type(self.model).__name__,
+            str(self.device),
+            self.numel,
+            tuple(x0.shape),
+            self._cache_ok,
+            len(self.batches),
+        )
         if key not in _method_choice:
-            g = torch.Generator().manual_seed(0)  # not the global RNG: a resumed run must draw as an unbroken one
-            vs = [torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device) for p in self.params]
+            # not the global RNG: a resumed run must draw as an unbroken one
+            g = torch.Generator().manual_seed(0)
+            vs = [
+                torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device) for p in self.params
+            ]
             cost = {}
             for m in ("double_backward", "forward_over_reverse"):
                 self.hvp_list(vs, m, 1)  # warm-up; timed on the first batch only

@@ -12,6 +12,7 @@ function here and its section in ``conf/metrics/default.yaml`` (with ``enabled: 
 Schema words (checked before a run starts): ``positive`` (a finite number > 0), ``nonnegative``,
 ``fraction`` (in (0, 1)), ``count`` (an integer >= 1), ``probes`` (an integer >= 2), ``bool``.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,6 +29,7 @@ from .solvers import hessian_trace, spectral_density
 class Measurement:
     """What a measure gets: the Hessian operator over the whole subset, the leading batches the
     sharpness measures use, the seed, and whether this is the run's last measurement."""
+
     operator: HessianOperator
     sharpness_batches: list
     loss_fn: object
@@ -47,57 +49,96 @@ class Measurement:
             self._objective = None
 
 
-@MEASURES.register("trace", "Hutchinson estimate of tr(H), Rademacher probes", config="trace",
-                   keys=("hessian_trace", "hessian_trace_se"), schema={"num_probes": "probes"})
+@MEASURES.register(
+    "trace",
+    "Hutchinson estimate of tr(H), Rademacher probes",
+    config="trace",
+    keys=("hessian_trace", "hessian_trace_se"),
+    schema={"num_probes": "probes"},
+)
 def trace(m: Measurement, **options) -> dict:
     mean, se = hessian_trace(m.operator, seed=m.seed, **options)
     return {"hessian_trace": mean, "hessian_trace_se": se}
 
 
-@MEASURES.register("density", "spectral density (stochastic Lanczos quadrature), at the end, into summary.json",
-                   config="density", keys=("hessian_density",), final_only=True,
-                   schema={"num_runs": "count", "num_steps": "count"})
+@MEASURES.register(
+    "density",
+    "spectral density (stochastic Lanczos quadrature), at the end, into summary.json",
+    config="density",
+    keys=("hessian_density",),
+    final_only=True,
+    schema={"num_runs": "count", "num_steps": "count"},
+)
 def density(m: Measurement, **options) -> dict:
     return {"hessian_density": spectral_density(m.operator, seed=m.seed, **options)}
 
 
-@MEASURES.register("worst_case", "max over ‖ε‖ ≤ ρ of L(θ+ε) − L(θ) by normalized ascent (adaptive: ASAM's ball)",
-                   config="sharpness.worst_case", keys=("sharpness_worst",), moves_parameters=True,
-                   schema={"rho": "positive", "steps": "count", "adaptive": "bool", "eta": "nonnegative"})
+@MEASURES.register(
+    "worst_case",
+    "max over ‖ε‖ ≤ ρ of L(θ+ε) − L(θ) by normalized ascent (adaptive: ASAM's ball)",
+    config="sharpness.worst_case",
+    keys=("sharpness_worst",),
+    moves_parameters=True,
+    schema={"rho": "positive", "steps": "count", "adaptive": "bool", "eta": "nonnegative"},
+)
 def worst_case(m: Measurement, **options) -> dict:
     return {"sharpness_worst": S.worst_case_sharpness(m.objective(), seed=m.seed, **options)}
 
 
-@MEASURES.register("average", "E L(θ+δ) − L(θ) over δ ~ N(0, σ²I), Monte Carlo", config="sharpness.average",
-                   keys=("sharpness_avg", "sharpness_avg_se"), moves_parameters=True,
-                   schema={"sigma": "positive", "num_samples": "probes"})
+@MEASURES.register(
+    "average",
+    "E L(θ+δ) − L(θ) over δ ~ N(0, σ²I), Monte Carlo",
+    config="sharpness.average",
+    keys=("sharpness_avg", "sharpness_avg_se"),
+    moves_parameters=True,
+    schema={"sigma": "positive", "num_samples": "probes"},
+)
 def average(m: Measurement, **options) -> dict:
     mean, se = S.average_sharpness(m.objective(), seed=m.seed, **options)
     return {"sharpness_avg": mean, "sharpness_avg_se": se}
 
 
-@MEASURES.register("directional", "dᵀHd by second differences along random unit directions (mean, max)",
-                   config="sharpness.directional", keys=("sharpness_dir", "sharpness_dir_max"),
-                   moves_parameters=True, schema={"num_directions": "count", "h": "positive"})
+@MEASURES.register(
+    "directional",
+    "dᵀHd by second differences along random unit directions (mean, max)",
+    config="sharpness.directional",
+    keys=("sharpness_dir", "sharpness_dir_max"),
+    moves_parameters=True,
+    schema={"num_directions": "count", "h": "positive"},
+)
 def directional(m: Measurement, **options) -> dict:
     mean, top = S.directional_sharpness(m.objective(), seed=m.seed, **options)
     return {"sharpness_dir": mean, "sharpness_dir_max": top}
 
 
-@MEASURES.register("armijo", "backtracking line search along −g; its α brackets the curvature along g",
-                   config="sharpness.armijo", keys=("armijo_alpha", "armijo_curvature", "armijo_accepted"),
-                   moves_parameters=True,
-                   schema={"alpha0": "positive", "c": "fraction", "beta": "fraction", "max_steps": "count"})
+@MEASURES.register(
+    "armijo",
+    "backtracking line search along −g; its α brackets the curvature along g",
+    config="sharpness.armijo",
+    keys=("armijo_alpha", "armijo_curvature", "armijo_accepted"),
+    moves_parameters=True,
+    schema={"alpha0": "positive", "c": "fraction", "beta": "fraction", "max_steps": "count"},
+)
 def armijo(m: Measurement, **options) -> dict:
     alpha, curvature, _ = S.armijo_probe(m.objective(), **options)
-    return {"armijo_alpha": alpha, "armijo_curvature": curvature, "armijo_accepted": math.isfinite(alpha)}
+    return {
+        "armijo_alpha": alpha,
+        "armijo_curvature": curvature,
+        "armijo_accepted": math.isfinite(alpha),
+    }
 
 
-@MEASURES.register("fisher_rao", "tr(F⁻¹H), F the diagonal empirical Fisher, by Hutchinson",
-                   config="sharpness.fisher_rao", keys=("fisher_rao", "fisher_rao_se"),
-                   schema={"num_probes": "probes", "damping": "positive"})
+@MEASURES.register(
+    "fisher_rao",
+    "tr(F⁻¹H), F the diagonal empirical Fisher, by Hutchinson",
+    config="sharpness.fisher_rao",
+    keys=("fisher_rao", "fisher_rao_se"),
+    schema={"num_probes": "probes", "damping": "positive"},
+)
 def fisher_rao(m: Measurement, **options) -> dict:
     op = m.operator
-    with HessianOperator(op.model, m.loss_fn, m.sharpness_batches, op.method, op.graph_cache_mb) as fop:
+    with HessianOperator(
+        op.model, m.loss_fn, m.sharpness_batches, op.method, op.graph_cache_mb
+    ) as fop:
         mean, se = S.fisher_rao_sharpness(fop, seed=m.seed, **options)
     return {"fisher_rao": mean, "fisher_rao_se": se}

@@ -5,6 +5,7 @@ all samples. While an ``Objective`` is open, BatchNorm running statistics never 
 mode BatchNorm normalises with batch statistics, which are part of the function) and the
 forward replacements of fast_forwards.py are in place.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,10 +35,14 @@ class Objective:
         self.model, self.loss_fn = model, loss_fn
         self.batches = [(x, y) for x, y in batches]
         if not self.batches:
-            raise ValueError("batches is empty: the Hessian needs at least one (inputs, targets) batch")
+            raise ValueError(
+                "batches is empty: the Hessian needs at least one (inputs, targets) batch"
+            )
         empty = [i for i, (_, y) in enumerate(self.batches) if len(y) == 0]
         if empty:  # its weight would be 0/0
-            raise ValueError(f"batch {empty[0]} of batches is empty: every batch needs at least one sample")
+            raise ValueError(
+                f"batch {empty[0]} of batches is empty: every batch needs at least one sample"
+            )
         total = sum(len(y) for _, y in self.batches)
         self.weights = [len(y) / total for _, y in self.batches]
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -55,7 +60,9 @@ class Objective:
         return torch.cat([t.reshape(-1) for t in ts])
 
     def unflat(self, v: torch.Tensor) -> list:
-        return [c.view(s) for c, s in zip(v.split([math.prod(s) for s in self.shapes]), self.shapes)]
+        return [
+            c.view(s) for c, s in zip(v.split([math.prod(s) for s in self.shapes]), self.shapes)
+        ]
 
     def close(self):
         self._stack.close()

@@ -15,16 +15,19 @@ batches, see objective.py). Every measure restores the parameters it moves.
 - ``armijo_probe``: backtracking line search along −g from α₀, α ← βα until
   L(θ − αg) ≤ L(θ) − cα‖g‖². On a quadratic the accepted α satisfies
   β·2(1−c)/q < α ≤ 2(1−c)/q with q = gᵀHg/‖g‖², so the implied curvature 2(1−c)/α
-  brackets q within [q, q/β) (the seed abstract's probe; log α is meant to track log λ_max).
+  brackets q within [q, q/β) (the probe of the Armijo-line-search abstract; log α is meant to track
+  log λ_max).
   When no α passes within ``max_steps`` trials, α and the curvature are NaN (nothing was
   accepted, and the next α would be untested).
 - ``fisher_rao_sharpness``: tr(F⁻¹H) by Hutchinson, F the diagonal empirical Fisher
-  (mean of squared per-sample gradients with the observed labels, as the seed abstract's
+  (mean of squared per-sample gradients with the observed labels, as the Fisher–Rao flatness
+  abstract's
   experiments use) plus damping δ: E_v[(v / (F+δ))ᵀ H v], v Rademacher; mean and standard
   error. Per-sample gradients by ``torch.func.vmap``; with BatchNorm in train mode a sample's
   gradient would need its batch, so the Fisher is taken with the model in eval mode there
   (our choice), while H keeps the measurement's mode (every module's flag is restored).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,14 +45,21 @@ def _positive(name, value):
         raise ValueError(f"{name}={value!r} must be a finite number > 0")
 
 
-def worst_case_sharpness(obj: Objective, rho: float = 0.05, steps: int = 5, adaptive: bool = False,
-                         eta: float = 0.01, seed: int = 0) -> float:
+def worst_case_sharpness(
+    obj: Objective,
+    rho: float = 0.05,
+    steps: int = 5,
+    adaptive: bool = False,
+    eta: float = 0.01,
+    seed: int = 0,
+) -> float:
     with obj.restoring():
         return _worst_case_sharpness_impl(obj, rho, steps, adaptive, eta, seed)
 
 
-def _worst_case_sharpness_impl(obj, rho: float = 0.05, steps: int = 5, adaptive: bool = False,
-                               eta: float = 0.01, seed: int = 0):
+def _worst_case_sharpness_impl(
+    obj, rho: float = 0.05, steps: int = 5, adaptive: bool = False, eta: float = 0.01, seed: int = 0
+):
     _positive("rho", rho)
     if not (isinstance(steps, int) and steps >= 1):
         raise ValueError(f"steps={steps!r} must be an integer >= 1")
@@ -96,15 +106,17 @@ def _average_sharpness_impl(obj, sigma: float = 0.01, num_samples: int = 10, see
     return float(r.mean()), float(r.std() / math.sqrt(num_samples))
 
 
-def directional_sharpness(obj: Objective, num_directions: int = 4, h: float = 1e-2, seed: int = 0,
-                          directions=None):
+def directional_sharpness(
+    obj: Objective, num_directions: int = 4, h: float = 1e-2, seed: int = 0, directions=None
+):
     """(mean, max) of dᵀHd estimated by central second differences along unit directions."""
     with obj.restoring():
         return _directional_sharpness_impl(obj, num_directions, h, seed, directions)
 
 
-def _directional_sharpness_impl(obj, num_directions: int = 4, h: float = 1e-2, seed: int = 0,
-                                 directions=None):
+def _directional_sharpness_impl(
+    obj, num_directions: int = 4, h: float = 1e-2, seed: int = 0, directions=None
+):
     _positive("h", h)
     if directions is None:
         if not (isinstance(num_directions, int) and num_directions >= 1):
@@ -121,19 +133,23 @@ def _directional_sharpness_impl(obj, num_directions: int = 4, h: float = 1e-2, s
         obj.shift(d, -2 * h)
         down = obj.loss()
         obj.shift(d, h)
-        values.append((up.double() - 2 * base.double() + down.double()) / h ** 2)
+        values.append((up.double() - 2 * base.double() + down.double()) / h**2)
     v = torch.stack(values).cpu()
     return float(v.mean()), float(v.max())
 
 
-def armijo_probe(obj: Objective, alpha0: float = 1.0, c: float = 1e-4, beta: float = 0.5, max_steps: int = 40):
+def armijo_probe(
+    obj: Objective, alpha0: float = 1.0, c: float = 1e-4, beta: float = 0.5, max_steps: int = 40
+):
     """(accepted α, implied curvature 2(1−c)/α, loss evaluations used); α and curvature are NaN
     when no trial within ``max_steps`` is accepted."""
     with obj.restoring():
         return _armijo_probe_impl(obj, alpha0, c, beta, max_steps)
 
 
-def _armijo_probe_impl(obj, alpha0: float = 1.0, c: float = 1e-4, beta: float = 0.5, max_steps: int = 40):
+def _armijo_probe_impl(
+    obj, alpha0: float = 1.0, c: float = 1e-4, beta: float = 0.5, max_steps: int = 40
+):
     _positive("alpha0", alpha0)
     if not (0 < c < 1 and 0 < beta < 1):
         raise ValueError(f"armijo c={c} and beta={beta} must both lie in (0, 1)")
@@ -155,6 +171,7 @@ def _armijo_probe_impl(obj, alpha0: float = 1.0, c: float = 1e-4, beta: float = 
 def _fisher_diagonal(obj: Objective, chunk: int = 256) -> torch.Tensor:
     """Mean over samples of the squared per-sample gradient (flat)."""
     from torch.func import functional_call, grad, vmap
+
     model = obj.model
     with modes_restored(model):
         model.eval()  # per-sample gradients need per-sample forward passes (see module docstring)
@@ -170,13 +187,15 @@ def _fisher_diagonal(obj: Objective, chunk: int = 256) -> torch.Tensor:
         n = 0
         for x, y in obj.batches:
             for i in range(0, len(y), chunk):
-                gs = per_sample(params, x[i:i + chunk], y[i:i + chunk])
+                gs = per_sample(params, x[i : i + chunk], y[i : i + chunk])
                 total += torch.cat([t.pow(2).sum(0).reshape(-1) for t in gs])
-                n += len(y[i:i + chunk])
+                n += len(y[i : i + chunk])
         return total / n
 
 
-def fisher_rao_sharpness(op: HessianOperator, num_probes: int = 20, damping: float = 1e-8, seed: int = 0):
+def fisher_rao_sharpness(
+    op: HessianOperator, num_probes: int = 20, damping: float = 1e-8, seed: int = 0
+):
     """Hutchinson estimate of tr((F + δ)⁻¹ H): (mean, standard error)."""
     _positive("damping", damping)
     return hutchinson(op, num_probes, seed, weight=1.0 / (_fisher_diagonal(op) + damping))

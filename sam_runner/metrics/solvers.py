@@ -10,6 +10,7 @@ to ~1e-6, far below the tolerance) and float64 otherwise; the tridiagonal proble
 float64. On an invariant subspace (β ≈ 0) it restarts from a fresh random vector orthogonal
 to the basis.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,15 +23,16 @@ from .hvp import HessianOperator
 
 @dataclass
 class LanczosResult:
-    values: list                     # top-k Ritz values, largest first
-    vectors: torch.Tensor            # [k, n] their Ritz vectors (unit norm)
-    hvps: int                        # operator applications used
-    residuals: list                  # ‖H y − θ y‖ of each returned pair
+    values: list  # top-k Ritz values, largest first
+    vectors: torch.Tensor  # [k, n] their Ritz vectors (unit norm)
+    hvps: int  # operator applications used
+    residuals: list  # ‖H y − θ y‖ of each returned pair
     converged: bool
-    nodes: list = field(default_factory=list)    # all Ritz values (for quadrature)
+    nodes: list = field(default_factory=list)  # all Ritz values (for quadrature)
     weights: list = field(default_factory=list)  # squared first components of their vectors
-    alphas: list = field(default_factory=list)   # the tridiagonal: its diagonal ...
-    betas: list = field(default_factory=list)    # ... and off-diagonal (its leading j×j block is step j's)
+    alphas: list = field(default_factory=list)  # the tridiagonal: its diagonal ...
+    # ... and off-diagonal (its leading j×j block is step j's)
+    betas: list = field(default_factory=list)
 
 
 def _random_unit(n, generator, device, dtype):
@@ -52,7 +54,9 @@ class _Basis:
 
     def __setitem__(self, i, v):
         while i >= len(self.blocks) * self.BLOCK:
-            self.blocks.append(torch.zeros(self.BLOCK, self.n, device=self.device, dtype=self.dtype))
+            self.blocks.append(
+                torch.zeros(self.BLOCK, self.n, device=self.device, dtype=self.dtype)
+            )
         self.blocks[i // self.BLOCK][i % self.BLOCK] = v
 
     def _rows(self, count):
@@ -74,7 +78,7 @@ class _Basis:
         """Rows Σ_i coeffs[i, c] q_i, one per column of ``coeffs`` [count, m]."""
         out = torch.zeros(coeffs.shape[1], self.n, device=self.device, dtype=self.dtype)
         for b, rows in enumerate(self._rows(count)):
-            out += coeffs[b * self.BLOCK:b * self.BLOCK + len(rows)].T @ rows
+            out += coeffs[b * self.BLOCK : b * self.BLOCK + len(rows)].T @ rows
         return out
 
 
@@ -82,42 +86,57 @@ def tridiagonal(alphas, betas) -> torch.Tensor:
     """Lanczos' T (float64) from its diagonal and its first len(alphas) − 1 off-diagonal entries."""
     T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
     if len(alphas) > 1:
-        off = torch.tensor(betas[:len(alphas) - 1], dtype=torch.float64)
+        off = torch.tensor(betas[: len(alphas) - 1], dtype=torch.float64)
         T += torch.diag(off, 1) + torch.diag(off, -1)
     return T
 
 
-def lanczos(matvec, n: int, k: int = 1, tol: float = 1e-3, max_iter: int = 100, init=None,
-            generator=None, device="cpu", dtype=None, stop: bool = True) -> LanczosResult:
-    """Top-k eigenpairs of the symmetric operator ``matvec`` (flat vectors of length ``n``).
-
-    ``stop=False`` runs exactly ``max_iter`` steps (stochastic Lanczos quadrature).
-    """
+def _check_lanczos(k, tol, max_iter) -> None:
     if not (isinstance(k, int) and k >= 1):
         raise ValueError(f"k={k!r} must be an integer >= 1")
     if not tol > 0:
         raise ValueError(f"tol={tol!r} must be > 0")
     if not (isinstance(max_iter, int) and max_iter >= k):
         raise ValueError(f"max_iter={max_iter!r} must be an integer >= k={k}")
+
+
+def _ritz(alphas, betas):
+    """Eigenvalues (largest first) and eigenvectors of the tridiagonal so far."""
+    evals, evecs = torch.linalg.eigh(tridiagonal(alphas, betas))
+    return evals.flip(0), evecs.flip(1)
+
+
+def lanczos(
+    matvec,
+    n: int,
+    k: int = 1,
+    tol: float = 1e-3,
+    max_iter: int = 100,
+    init=None,
+    generator=None,
+    device="cpu",
+    dtype=None,
+    stop: bool = True,
+) -> LanczosResult:
+    """Top-k eigenpairs of the symmetric operator ``matvec`` (flat vectors of length ``n``).
+
+    ``stop=False`` runs exactly ``max_iter`` steps (stochastic Lanczos quadrature).
+    """
+    _check_lanczos(k, tol, max_iter)
     dtype = dtype or (torch.float32 if tol >= 1e-5 else torch.float64)
-    steps = min(max_iter, n)
-    Q = _Basis(n, device, dtype)
+    steps, Q = min(max_iter, n), _Basis(n, device, dtype)
     if init is not None and float(init.norm()) > 0:
         q = init.to(device=device, dtype=dtype).reshape(-1)
         Q[0] = q / q.norm()
     else:
         Q[0] = _random_unit(n, generator, device, dtype)
-    alphas, betas = [], []
-    evals = evecs = None
-    converged, hvps, beta = False, 0, 0.0
+    alphas, betas, converged, beta = [], [], False, 0.0
     for j in range(steps):
         w = matvec(Q[j])
-        hvps += 1
         alphas.append(float(torch.dot(w, Q[j])))
         w = Q.orthogonalize(w, j + 1)
         beta = float(w.norm())
-        evals, evecs = torch.linalg.eigh(tridiagonal(alphas, betas))
-        evals, evecs = evals.flip(0), evecs.flip(1)  # largest first
+        evals, evecs = _ritz(alphas, betas)
         m = min(k, j + 1)
         res = (beta * evecs[-1, :m]).abs()
         if stop and j + 1 >= k and bool((res <= tol * evals[:m].abs()).all()):
@@ -133,33 +152,56 @@ def lanczos(matvec, n: int, k: int = 1, tol: float = 1e-3, max_iter: int = 100, 
         else:
             betas.append(beta)
             Q[j + 1] = w / beta
+    return _result(Q, alphas, betas, beta, k, converged or len(alphas) == n, exact=len(alphas) == n)
+
+
+def _result(Q, alphas, betas, beta, k, converged, exact) -> LanczosResult:
+    """The top-k Ritz pairs of a finished run (``exact``: the Krylov space is the whole space)."""
+    evals, evecs = _ritz(alphas, betas)
     m = min(k, len(alphas))
-    coeffs = evecs[:, :m].to(device=device, dtype=dtype)
-    vectors = Q.combine(coeffs, len(alphas))
+    vectors = Q.combine(evecs[:, :m].to(device=Q.device, dtype=Q.dtype), len(alphas))
     vectors = vectors / vectors.norm(dim=1, keepdim=True)
-    res = (beta * evecs[-1, :m]).abs()
-    if len(alphas) == n:
-        res = torch.zeros_like(res)  # the Krylov space is the whole space: Ritz pairs are exact
-        converged = True
-    return LanczosResult([float(v) for v in evals[:m]], vectors, hvps, [float(r) for r in res], converged,
-                         [float(v) for v in evals], [float(w) for w in evecs[0] ** 2], alphas, betas + [beta])
+    res = torch.zeros(m, dtype=torch.float64) if exact else (beta * evecs[-1, :m]).abs()
+    return LanczosResult(
+        [float(v) for v in evals[:m]],
+        vectors,
+        len(alphas),
+        [float(r) for r in res],
+        converged,
+        [float(v) for v in evals],
+        [float(w) for w in evecs[0] ** 2],
+        alphas,
+        betas + [beta],
+    )
 
 
 @dataclass
 class EigenResult:
-    values: list          # largest first
-    vectors: list         # top eigenvector per parameter (list of tensors shaped like the parameters)
-    hvps: int             # HVPs on all of ``batches``
+    values: list  # largest first
+    vectors: list  # top eigenvector per parameter (list of tensors shaped like the parameters)
+    hvps: int  # HVPs on all of ``batches``
     method: str
     converged: bool
     residuals: list
     presolve_hvps: int = 0  # HVPs on the leading ``presolve_batches`` batches only
 
 
-def hessian_eigenpairs(model, loss_fn, batches, k: int = 1, *, tol: float = 1e-3, max_iter: int = 100,
-                       method: str = "auto", init=None, seed: int = 0, graph_cache_mb: float = 1024,
-                       presolve_batches: int = 0, presolve_tol: float = 3e-2,
-                       operator: HessianOperator | None = None) -> EigenResult:
+def hessian_eigenpairs(
+    model,
+    loss_fn,
+    batches,
+    k: int = 1,
+    *,
+    tol: float = 1e-3,
+    max_iter: int = 100,
+    method: str = "auto",
+    init=None,
+    seed: int = 0,
+    graph_cache_mb: float = 1024,
+    presolve_batches: int = 0,
+    presolve_tol: float = 3e-2,
+    operator: HessianOperator | None = None,
+) -> EigenResult:
     """Top-k eigenvalues with the top eigenvector, the HVP count and the HVP method used.
 
     ``init``: a start vector (flat, or a list shaped like the parameters), e.g. the previous
@@ -179,18 +221,36 @@ def hessian_eigenpairs(model, loss_fn, batches, k: int = 1, *, tol: float = 1e-3
         g = torch.Generator().manual_seed(seed)
         presolve_hvps = 0
         if 0 < presolve_batches < len(op.batches):
-            def partial(v):
-                return op.flat(op.hvp_list(op.unflat(v.to(op.dtype)), n_batches=presolve_batches)).to(v.dtype)
-            # capped: a presolve that does not settle quickly is not worth its HVPs
-            pre = lanczos(partial, op.numel, k, presolve_tol, min(max_iter, max(30, 2 * k)), init, g, op.device)
-            init, presolve_hvps = pre.vectors.sum(0), pre.hvps
+            init, presolve_hvps = _presolve(
+                op, presolve_batches, k, presolve_tol, max_iter, init, g
+            )
         start = op.hvps
         r = lanczos(op, op.numel, k, tol, max_iter, init, g, op.device)
-        return EigenResult(r.values, op.unflat(r.vectors[0].to(op.dtype)), op.hvps - start, op.method,
-                           r.converged, r.residuals, presolve_hvps)
+        return EigenResult(
+            r.values,
+            op.unflat(r.vectors[0].to(op.dtype)),
+            op.hvps - start,
+            op.method,
+            r.converged,
+            r.residuals,
+            presolve_hvps,
+        )
     finally:
         if operator is None:
             op.close()
+
+
+def _presolve(op, n_batches, k, tol, max_iter, init, generator):
+    """(the sum of the top-k Ritz vectors of the leading batches' Hessian, the HVPs spent on it)."""
+
+    def partial(v):
+        return op.flat(op.hvp_list(op.unflat(v.to(op.dtype)), n_batches=n_batches)).to(v.dtype)
+
+    # capped: a presolve that does not settle quickly is not worth its HVPs
+    pre = lanczos(
+        partial, op.numel, k, tol, min(max_iter, max(30, 2 * k)), init, generator, op.device
+    )
+    return pre.vectors.sum(0), pre.hvps
 
 
 def top_hessian_eigenvalues(model, loss_fn, batches, k: int = 1, **kwargs) -> list[float]:
@@ -200,7 +260,9 @@ def top_hessian_eigenvalues(model, loss_fn, batches, k: int = 1, **kwargs) -> li
     return hessian_eigenpairs(model, loss_fn, batches, k, **kwargs).values
 
 
-def hutchinson(op: HessianOperator, num_probes: int = 100, seed: int = 0, weight=None) -> tuple[float, float]:
+def hutchinson(
+    op: HessianOperator, num_probes: int = 100, seed: int = 0, weight=None
+) -> tuple[float, float]:
     """Hutchinson's estimate of tr(diag(w) H) (tr(H) without ``weight``) with Rademacher probes v:
     the mean of (w ⊙ v)ᵀ H v and its standard error."""
     if not (isinstance(num_probes, int) and num_probes >= 2):
@@ -219,7 +281,9 @@ def hessian_trace(op: HessianOperator, num_probes: int = 100, seed: int = 0) -> 
     return hutchinson(op, num_probes, seed)
 
 
-def spectral_density(op: HessianOperator, num_runs: int = 3, num_steps: int = 80, seed: int = 0) -> dict:
+def spectral_density(
+    op: HessianOperator, num_runs: int = 3, num_steps: int = 80, seed: int = 0
+) -> dict:
     """Stochastic Lanczos quadrature (Ghorbani et al. 2019): for each of ``num_runs`` Rademacher
     start vectors, the nodes (Ritz values) and weights (squared first eigenvector components)
     of a ``num_steps``-step Lanczos run. The spectral density is the average over runs of
@@ -228,7 +292,18 @@ def spectral_density(op: HessianOperator, num_runs: int = 3, num_steps: int = 80
     nodes, weights = [], []
     for _ in range(num_runs):
         v = (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).double()
-        r = lanczos(op, op.numel, 1, 1e-3, min(num_steps, op.numel), v, g, op.device, torch.float32, stop=False)
+        r = lanczos(
+            op,
+            op.numel,
+            1,
+            1e-3,
+            min(num_steps, op.numel),
+            v,
+            g,
+            op.device,
+            torch.float32,
+            stop=False,
+        )
         nodes.append(r.nodes)
         weights.append(r.weights)
     return {"nodes": nodes, "weights": weights}

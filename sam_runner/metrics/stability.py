@@ -1,4 +1,5 @@
 """Where a step-size rule stops being stable on a quadratic: the edge-of-stability thresholds."""
+
 from __future__ import annotations
 
 import math
@@ -20,7 +21,8 @@ def inverse_stability_threshold(optimizer) -> float | None:
         return None
     group = base.param_groups[0]
     lr, beta = float(group["lr"]), float(group.get("momentum", 0.0) or 0.0)
-    d = float(group.get("dampening", 0.0) or 0.0) if beta else 0.0  # without momentum there is no buffer
+    # without momentum there is no buffer
+    d = float(group.get("dampening", 0.0) or 0.0) if beta else 0.0
     if group.get("nesterov", False):
         return lr * (1 + beta * (2 - d)) / (2 + 2 * beta)
     return lr * (1 - d) / (2 + 2 * beta)

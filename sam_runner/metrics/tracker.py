@@ -18,6 +18,7 @@ stability.py; only for an SGD base optimizer whose lr sets the step, so not SAM-
 keys of every enabled measure of measures.py. Curvature needs a tensor dataset
 (``data.train_tensors``); for image folders it is skipped and summary.json says so.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,10 +47,22 @@ SCHEMA = {
     "probes": ("an integer >= 2", lambda v: v >= 2),
     "off_or_count": ("an integer >= 0 (0 = off)", lambda v: v >= 0),
 }
-HESSIAN_SCHEMA = {"k": "count", "num_samples": "count", "batch_size": "count", "every_n_epochs": "off_or_count",
-                  "every_n_steps": "off_or_count", "presolve_batches": "off_or_count", "tol": "positive",
-                  "presolve_tol": "fraction", "max_iter": "count", "graph_cache_mb": "nonnegative",
-                  "warm_start": "bool", "enabled": "bool", "bn_mode": "choice", "method": "choice"}
+HESSIAN_SCHEMA = {
+    "k": "count",
+    "num_samples": "count",
+    "batch_size": "count",
+    "every_n_epochs": "off_or_count",
+    "every_n_steps": "off_or_count",
+    "presolve_batches": "off_or_count",
+    "tol": "positive",
+    "presolve_tol": "fraction",
+    "max_iter": "count",
+    "graph_cache_mb": "nonnegative",
+    "warm_start": "bool",
+    "enabled": "bool",
+    "bn_mode": "choice",
+    "method": "choice",
+}
 
 
 def _cross_entropy(out, target):
@@ -66,8 +79,11 @@ def check_options(section: str, options, schema: dict) -> None:
     """One-line errors for the options of ``metrics.<section>`` against a schema (see measures.py):
     unknown keys (with the accepted ones), then each value."""
     unknown = sorted(set(options) - set(schema))
-    require(not unknown, f"metrics.{section}.{unknown[0] if unknown else ''} is not a key; "
-                         f"accepted: {', '.join(schema)}")
+    require(
+        not unknown,
+        f"metrics.{section}.{unknown[0] if unknown else ''} is not a key; accepted: "
+        f"{', '.join(schema)}",
+    )
     for key, kind in schema.items():
         if key not in options:
             continue
@@ -85,20 +101,33 @@ def check_options(section: str, options, schema: dict) -> None:
 def validate(cfg) -> None:
     """Every curvature and measure option of a ``metrics`` config, before anything trains."""
     h = cfg.get("hessian") or {}
-    require(h.get("bn_mode", "eval") in BN_MODES,
-            f"metrics.hessian.bn_mode={h.get('bn_mode')!r} is unknown; choose eval or train")
-    require(h.get("method", "auto") in HVP_METHODS,
-            f"metrics.hessian.method={h.get('method')!r} is unknown; choose one of {', '.join(HVP_METHODS)}")
+    require(
+        h.get("bn_mode", "eval") in BN_MODES,
+        f"metrics.hessian.bn_mode={h.get('bn_mode')!r} is unknown; choose eval or train",
+    )
+    require(
+        h.get("method", "auto") in HVP_METHODS,
+        f"metrics.hessian.method={h.get('method')!r} is unknown; choose one of "
+        f"{', '.join(HVP_METHODS)}",
+    )
     check_options("hessian", h, HESSIAN_SCHEMA)
     for entry in MEASURES.entries():
-        check_options(entry.config, _options(cfg, entry.config), {"enabled": "bool", **entry.schema})
+        check_options(
+            entry.config, _options(cfg, entry.config), {"enabled": "bool", **entry.schema}
+        )
     integer("metrics.ece_bins", cfg.get("ece_bins", 15), "an integer >= 1", lambda n: n >= 1)
 
 
 class CurvatureTracker:
     def __init__(self, cfg, model, data, optimizer, seed, clock: Clock | None = None):
         validate(cfg)
-        self.cfg, self.model, self.data, self.optimizer, self.seed = cfg, model, data, optimizer, seed
+        self.cfg, self.model, self.data, self.optimizer, self.seed = (
+            cfg,
+            model,
+            data,
+            optimizer,
+            seed,
+        )
         self.clock = clock if clock is not None else Clock()
         self.tensor_data = data.train_tensors is not None
         self.enabled = bool(self.h.get("enabled", True)) and self.tensor_data
@@ -133,7 +162,7 @@ class CurvatureTracker:
             self._subset = self.data.train_subset(int(self.h.get("num_samples", 4096)), self.seed)
         x, y = self._subset
         bs = int(self.h.get("batch_size", 1024))
-        return [(x[i:i + bs], y[i:i + bs]) for i in range(0, len(y), bs)]
+        return [(x[i : i + bs], y[i : i + bs]) for i in range(0, len(y), bs)]
 
     def _init_vector(self, op):
         if self.vector is None or not self.h.get("warm_start", True):
@@ -148,13 +177,19 @@ class CurvatureTracker:
         t0 = time.perf_counter()
         with modes_restored(self.model):
             self.model.eval()  # dropout and the like off: the Hessian of a deterministic loss
-            if self.h.get("bn_mode", "eval") == "train":  # only BatchNorm normalizes with batch statistics
+            # only BatchNorm normalizes with batch statistics
+            if self.h.get("bn_mode", "eval") == "train":
                 for m in self.model.modules():
                     if isinstance(m, _BatchNorm):
                         m.train()
             batches = self._batches()
-            with HessianOperator(self.model, _cross_entropy, batches, str(self.h.get("method", "auto")),
-                                 float(self.h.get("graph_cache_mb", 1024))) as op:
+            with HessianOperator(
+                self.model,
+                _cross_entropy,
+                batches,
+                str(self.h.get("method", "auto")),
+                float(self.h.get("graph_cache_mb", 1024)),
+            ) as op:
                 out = self._eigenvalues(op)
                 out.update(self._measures(op, final))
         out["hessian_time_s"] = time.perf_counter() - t0
@@ -162,13 +197,25 @@ class CurvatureTracker:
 
     def _eigenvalues(self, op) -> dict:
         h = self.h
-        r = hessian_eigenpairs(self.model, _cross_entropy, op.batches, int(h.get("k", 1)),
-                               tol=float(h.get("tol", 1e-3)), max_iter=int(h.get("max_iter", 100)),
-                               init=self._init_vector(op), presolve_batches=int(h.get("presolve_batches", 0) or 0),
-                               presolve_tol=float(h.get("presolve_tol", 3e-2)), seed=self.seed + 31, operator=op)
+        r = hessian_eigenpairs(
+            self.model,
+            _cross_entropy,
+            op.batches,
+            int(h.get("k", 1)),
+            tol=float(h.get("tol", 1e-3)),
+            max_iter=int(h.get("max_iter", 100)),
+            init=self._init_vector(op),
+            presolve_batches=int(h.get("presolve_batches", 0) or 0),
+            presolve_tol=float(h.get("presolve_tol", 3e-2)),
+            seed=self.seed + 31,
+            operator=op,
+        )
         self.vector = [v.detach().clone() for v in r.vectors]
-        out = {"lambda_max": r.values[0], **{f"lambda_{i}": v for i, v in enumerate(r.values[1:], start=2)},
-               "hessian_hvps": r.hvps}
+        out = {
+            "lambda_max": r.values[0],
+            **{f"lambda_{i}": v for i, v in enumerate(r.values[1:], start=2)},
+            "hessian_hvps": r.hvps,
+        }
         if r.presolve_hvps:
             out["hessian_presolve_hvps"] = r.presolve_hvps
         out["hessian_method"] = r.method
@@ -181,14 +228,19 @@ class CurvatureTracker:
         return out
 
     def _measures(self, op, final: bool) -> dict:
-        """Every enabled measure; the sharpness ones on the first ``sharpness.num_samples`` samples."""
+        """Every enabled measure; the sharpness ones on the first ``sharpness.num_samples``
+        samples."""
         n = int(OmegaConf.select(self.cfg, "sharpness.num_samples", default=1024))
         (x, y), bs = self._subset, int(self.h.get("batch_size", 1024))
-        head = [(x[i:min(i + bs, n)], y[i:min(i + bs, n)]) for i in range(0, min(n, len(y)), bs)]
+        head = [
+            (x[i : min(i + bs, n)], y[i : min(i + bs, n)]) for i in range(0, min(n, len(y)), bs)
+        ]
         m = Measurement(op, head, _cross_entropy, self.seed, final)
         out = {}
         try:
-            for entry in sorted(MEASURES.entries(), key=lambda e: e.meta.get("moves_parameters", False)):
+            for entry in sorted(
+                MEASURES.entries(), key=lambda e: e.meta.get("moves_parameters", False)
+            ):
                 options = _options(self.cfg, entry.config)
                 if options.pop("enabled", False) and (final or not entry.meta.get("final_only")):
                     out.update(entry.target(m, **options))
@@ -197,7 +249,8 @@ class CurvatureTracker:
         if "hessian_density" in out:  # a summary.json entry, not a metrics line's
             self.density = out.pop("hessian_density")
         if "armijo_alpha" in out:
-            self.history["armijo_alpha"].append(out["armijo_alpha"])  # NaN when not accepted: left out of the Pearson
+            # NaN when not accepted: left out of the Pearson
+            self.history["armijo_alpha"].append(out["armijo_alpha"])
         return out
 
     def summary_extras(self) -> dict:
@@ -205,14 +258,17 @@ class CurvatureTracker:
             return {"hessian_skipped": "curvature metrics need a tensor dataset (not image_folder)"}
         if not self.enabled:
             return {}
-        out = {"hessian_bn_mode": str(self.h.get("bn_mode", "eval")),
-               "hessian_num_samples": len(self._subset[1]) if self._subset is not None else None}
+        out = {
+            "hessian_bn_mode": str(self.h.get("bn_mode", "eval")),
+            "hessian_num_samples": len(self._subset[1]) if self._subset is not None else None,
+        }
         if self.density is not None:
             out["hessian_density"] = self.density
         a, lam = self.history["armijo_alpha"], self.history["lambda_max"]
         if len(a) == len(lam) and len(a) >= 3:
             # the Armijo probe's claim: log α tracks log λ_max over this run's measurements
-            pairs = [(math.log(x), math.log(y)) for x, y in zip(a, lam) if x > 0 and y > 0]  # NaN α: not > 0
+            # NaN α: not > 0
+            pairs = [(math.log(x), math.log(y)) for x, y in zip(a, lam) if x > 0 and y > 0]
             r = _pearson([p[0] for p in pairs], [p[1] for p in pairs])
             if r is not None:
                 out["armijo_log_alpha_log_lambda_pearson"] = r

@@ -4,6 +4,7 @@
 variant registers itself in its own module (``@VARIANTS.register(...)``), and every module of
 this package is imported here: adding a variant is one module and one yaml.
 """
+
 from ..registry import VARIANTS
 from .engine import SharpnessAware
 

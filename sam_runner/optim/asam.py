@@ -7,10 +7,11 @@ parameter list, tensors with more than one dimension are weights (so normalisati
 weights count as biases there: build groups with ``kind`` to treat them as weights).
 Defaults η = 0.01, ρ = 0.5 (the paper's scale, about 10× SAM's).
 """
+
 import torch
 
-from .engine import SharpnessAware, _check
 from ..registry import VARIANTS
+from .engine import SharpnessAware, _check
 
 
 @VARIANTS.register("asam", "ε = ρ T²g/‖Tg‖ with T = |θ| + η on weights (Kwon et al. 2021)")
@@ -28,7 +29,9 @@ class ASAM(SharpnessAware):
             flags = []
             for (a, b), g in zip(c["slices"], self.param_groups):
                 kind = g.get("kind")
-                flags += [(kind == "weight") if kind is not None else p.ndim > 1 for p in params[a:b]]
+                flags += [
+                    (kind == "weight") if kind is not None else p.ndim > 1 for p in params[a:b]
+                ]
             c["weights"] = [i for i, w in enumerate(flags) if w]
             c["biases"] = [i for i, w in enumerate(flags) if not w]
             c["t"] = [torch.empty_like(params[i]) for i in c["weights"]]  # persistent T buffer
@@ -41,12 +44,12 @@ class ASAM(SharpnessAware):
         if pw:
             torch._foreach_copy_(t, pw)
             torch._foreach_abs_(t)
-            torch._foreach_add_(t, self.eta)             # T = |θ| + η
+            torch._foreach_add_(t, self.eta)  # T = |θ| + η
             torch._foreach_copy_(ew, gw)
-            torch._foreach_mul_(ew, t)                   # T g
+            torch._foreach_mul_(ew, t)  # T g
         if gb:
-            torch._foreach_copy_(eb, gb)                 # T g with T = 1
+            torch._foreach_copy_(eb, gb)  # T g with T = 1
         scale = self.current_rho / (self.global_norm(ew + eb) + 1e-12)
         if pw:
-            torch._foreach_mul_(ew, t)                   # T² g
+            torch._foreach_mul_(ew, t)  # T² g
         torch._foreach_mul_(eps, scale)

@@ -1,6 +1,7 @@
 """No perturbation: one pass and the base optimizer's step (the baseline of every study)."""
-from .engine import SharpnessAware
+
 from ..registry import VARIANTS
+from .engine import SharpnessAware
 
 
 @VARIANTS.register("base", "no perturbation: one pass and the base optimizer's step (the baseline)")
@@ -11,6 +12,7 @@ class Base(SharpnessAware):
     def __init__(self, params, base_optimizer, rho=None, **kwargs):
         # rho (None or a number) is ignored, not an error: the study presets sweep base beside
         # SAM variants under one optimizer.rho
+        del rho
         super().__init__(params, base_optimizer, **kwargs)
 
     def log_values(self):

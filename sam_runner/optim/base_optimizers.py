@@ -1,5 +1,6 @@
 """The base optimizers a SAM variant steps with (``base_optimizer=<name>``): each entry maps the
 group's config to ``(optimizer class, keyword arguments)``."""
+
 from __future__ import annotations
 
 import math
@@ -15,27 +16,41 @@ from .muon import MuonWithAdamW
 def common_kwargs(cfg) -> dict:
     """lr and weight decay, checked (every base optimizer takes them)."""
     lr = number("base_optimizer.lr", cfg.lr, "a finite number > 0", lambda v: 0 < v < math.inf)
-    wd = number("base_optimizer.weight_decay", cfg.get("weight_decay", 0.0), "a number >= 0",
-                lambda v: 0 <= v < math.inf)
+    wd = number(
+        "base_optimizer.weight_decay",
+        cfg.get("weight_decay", 0.0),
+        "a number >= 0",
+        lambda v: 0 <= v < math.inf,
+    )
     return dict(lr=lr, weight_decay=wd)
 
 
 def _momentum(cfg, default: float) -> float:
-    return number("base_optimizer.momentum", cfg.get("momentum", default), "a number in [0, 1)", lambda m: 0 <= m < 1)
+    return number(
+        "base_optimizer.momentum",
+        cfg.get("momentum", default),
+        "a number in [0, 1)",
+        lambda m: 0 <= m < 1,
+    )
 
 
 def _betas(cfg) -> tuple:
     betas = cfg.get("betas", (0.9, 0.999))
     accepted = "two numbers in [0, 1), e.g. base_optimizer.betas=[0.9,0.999]"
-    require(isinstance(betas, Sequence) and not isinstance(betas, str) and len(betas) == 2,
-            f"base_optimizer.betas={betas!r} must be {accepted}")
+    require(
+        isinstance(betas, Sequence) and not isinstance(betas, str) and len(betas) == 2,
+        f"base_optimizer.betas={betas!r} must be {accepted}",
+    )
     return tuple(number("base_optimizer.betas", b, accepted, lambda v: 0 <= v < 1) for b in betas)
 
 
 @BASE_OPTIMIZERS.register("sgd", "SGD with momentum (lr 0.1, momentum 0.9, weight decay 5e-4)")
 def sgd(cfg):
-    return torch.optim.SGD, dict(**common_kwargs(cfg), momentum=_momentum(cfg, 0.0),
-                                 nesterov=bool(cfg.get("nesterov", False)))
+    return torch.optim.SGD, dict(
+        **common_kwargs(cfg),
+        momentum=_momentum(cfg, 0.0),
+        nesterov=bool(cfg.get("nesterov", False)),
+    )
 
 
 @BASE_OPTIMIZERS.register("adamw", "AdamW (decoupled weight decay)")
@@ -45,4 +60,6 @@ def adamw(cfg):
 
 @BASE_OPTIMIZERS.register("muon", "torch.optim.Muon on 2-D hidden matrices, AdamW on the rest")
 def muon(cfg):
-    return MuonWithAdamW, dict(**common_kwargs(cfg), momentum=_momentum(cfg, 0.95), betas=_betas(cfg))
+    return MuonWithAdamW, dict(
+        **common_kwargs(cfg), momentum=_momentum(cfg, 0.95), betas=_betas(cfg)
+    )

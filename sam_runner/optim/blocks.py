@@ -7,6 +7,7 @@
   in module order (the input layer and the classifier head, as Muon does). Nothing else is
   hidden: embeddings, tokens, position embeddings, normalisation weights and biases.
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -24,6 +25,9 @@ def top_level_blocks(model: nn.Module) -> dict[int, str]:
 
 
 def hidden_weights(model: nn.Module) -> set[int]:
-    """``id``s of the hidden weights: Linear/Conv weights but the first and the last such layer's."""
-    layers = [m for m in model.modules() if isinstance(m, (nn.Linear, _ConvNd)) and m.weight is not None]
+    """``id``s of the hidden weights: Linear/Conv weights but the first and the last such
+    layer's."""
+    layers = [
+        m for m in model.modules() if isinstance(m, (nn.Linear, _ConvNd)) and m.weight is not None
+    ]
     return {id(m.weight) for m in layers[1:-1]}

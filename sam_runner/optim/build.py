@@ -7,6 +7,7 @@ layer's block), the kind is ``weight`` (conv, linear and normalisation weights) 
 the head's; see blocks.py) and ``use_muon`` (hidden 2-D matrices). Variants and the Muon base
 optimizer read these keys; weight decay applies to every group, as in the SAM paper.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,9 @@ def parameter_groups(model: nn.Module) -> list[dict]:
     # blocks in model order; within a block weights before biases, Muon matrices first
     blocks = list(dict.fromkeys(owner[id(p)] for p in model.parameters()))
     order = sorted(by_key, key=lambda k: (blocks.index(k[0]), k[1] == "bias", not k[3], not k[2]))
-    return [dict(params=by_key[k], block=k[0], kind=k[1], hidden=k[2], use_muon=k[3]) for k in order]
+    return [
+        dict(params=by_key[k], block=k[0], kind=k[1], hidden=k[2], use_muon=k[3]) for k in order
+    ]
 
 
 def variant_kwargs(cfg) -> tuple[type, dict]:
@@ -41,7 +44,9 @@ def variant_kwargs(cfg) -> tuple[type, dict]:
     rho = opt_cfg.get("rho")
     if entry.rho_refused:
         # no fixed radius (le_sam): a swept optimizer.rho would silently mean nothing for these jobs
-        require(rho is None, f"optimizer.rho={rho} does not apply to {entry.name}; {entry.rho_refused}")
+        require(
+            rho is None, f"optimizer.rho={rho} does not apply to {entry.name}; {entry.rho_refused}"
+        )
         opt_cfg.pop("rho", None)
     if rho is not None:
         number("optimizer.rho", rho, "a finite number >= 0", lambda r: 0 <= r < math.inf)
@@ -54,6 +59,8 @@ def build_optimizer(cfg, model: nn.Module, total_steps: int):
     cls, kwargs = variant_kwargs(cfg)
     base_cls, base_kwargs = BASE_OPTIMIZERS.build(cfg.base_optimizer.name, cfg.base_optimizer)
     try:
-        return cls(parameter_groups(model), base_cls, total_steps=total_steps, **kwargs, **base_kwargs)
+        return cls(
+            parameter_groups(model), base_cls, total_steps=total_steps, **kwargs, **base_kwargs
+        )
     except (ValueError, TypeError) as e:
         raise UserError(f"optimizer={cfg.optimizer.name}: {e}") from None

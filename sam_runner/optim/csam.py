@@ -1,4 +1,5 @@
-"""CSAM (calibration-aware SAM; known from its abstract, the reweighting from secondary descriptions).
+"""CSAM (calibration-aware SAM; known from its abstract, the reweighting from secondary
+descriptions).
 
 SAM's perturbation ε = ρ g / ‖g‖ from the plain loss; the descent loss at θ+ε weights each
 sample's loss by w_i = (1 − p_{y_i})^γ, p_y the predicted probability of the true class at
@@ -22,11 +23,13 @@ processes so that every process applies the same gradient. On steps that do not 
 (``interval`` > 1) the plain mean loss is used. Ours: the weight formula and its
 normalisation (the abstract does not give the method's details).
 """
-import torch
 
+import torch
+from typing_extensions import override
+
+from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
-from ..registry import VARIANTS
 
 
 @VARIANTS.register("csam", "SAM's ε; descent loss per sample weighted by (1 − p_y)^γ (CSAM)")
@@ -49,11 +52,14 @@ class CSAM(SAM):
             self._weight_sum = stats if self._weight_sum is None else self._weight_sum + stats
         return (w * per_sample_loss).mean()
 
+    @override
     def after_second_pass(self, loss, perturbed_loss):
         stats, self._weight_sum = self._weight_sum, None
         if stats is None:
-            raise ValueError("CSAM reweights the descent loss: the closure must compute its loss with "
-                             "optimizer.reduce_loss(per_sample_loss, logits, targets)")
+            raise ValueError(
+                "CSAM reweights the descent loss: the closure must compute its loss with "
+                "optimizer.reduce_loss(per_sample_loss, logits, targets)"
+            )
         stats = self.all_reduce_mean_(stats)
         grads = self._lists()[1]
         torch._foreach_mul_(grads, stats[1] / stats[0].clamp_min(1e-12))  # divide by mean(w)

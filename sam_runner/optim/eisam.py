@@ -5,18 +5,19 @@ parameter group); the second pass at θ̃ gives ĝ; ε = ρ ĝ / ‖ĝ‖; the t
 gives the descent gradient, which the base optimizer applies at θ.
 
 From the abstract: a prediction step that probes the landscape, then a perturbation step
-whose gradient the base optimizer applies. Ours (spec/variants.md): the prediction as
+whose gradient the base optimizer applies. Ours (docs/variants.md): the prediction as
 one plain gradient step, ε built from the predicted point's gradient, and γ's default.
 The prediction and ε use the gradient without weight decay (with it when
 ``perturb_with_weight_decay``). BatchNorm running statistics come from the first pass only.
 ``pass_index`` is 0, 1, 2; under data parallelism the first two passes synchronise only
 when ``sync_perturbation``.
 """
+
 import torch
 
+from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
-from ..registry import VARIANTS
 
 
 @VARIANTS.register("eisam", "extragradient: ε from the gradient at θ − ηg; three passes (EISAM)")
@@ -26,15 +27,15 @@ class EISAM(SAM):
 
     def __init__(self, params, base_optimizer, **kwargs):
         super().__init__(params, base_optimizer, **kwargs)
-        _check(self.predict_lr is None or float(self.predict_lr) >= 0,
-               f"predict_lr must be null (the current learning rate) or a number >= 0, got {self.predict_lr}")
+        _check(
+            self.predict_lr is None or float(self.predict_lr) >= 0,
+            "predict_lr must be null (the current learning rate) or a number >= 0, got "
+            f"{self.predict_lr}",
+        )
 
     def sharpness_step(self, closure):
-        loss = self.run_pass(closure, 0, sync=self.sync_perturbation)
-        params, grads, slices = self._lists()
-        self._unscale(grads)
-        c = self._cache
-        g = self.prepare_perturbation(params, grads)
+        loss, params, g = self.first_pass(closure)
+        c, slices = self._cache, self._lists()[2]
         torch._foreach_copy_(c["theta"], params)
         for (a, b), group in zip(slices, self.param_groups):  # θ̃ = θ − γ g, one foreach per group
             lr = group["lr"] if self.predict_lr is None else float(self.predict_lr)
@@ -45,7 +46,7 @@ class EISAM(SAM):
         self._unscale(grads)
         g_hat = self.perturbation_grads(params, grads)
         self.g_norm = self.global_norm(g_hat)
-        self.compute_perturbation(params, g_hat, c["eps"])   # ε = ρ ĝ / ‖ĝ‖
-        torch._foreach_add_(params, c["eps"])                # θ̃ + ε
+        self.compute_perturbation(params, g_hat, c["eps"])  # ε = ρ ĝ / ‖ĝ‖
+        torch._foreach_add_(params, c["eps"])  # θ̃ + ε
         self.descend(closure, 2, loss)
         return loss

@@ -6,6 +6,7 @@ gradient scaler, gradient clipping, DDP synchronisation, the ρ schedule,
 ``interval`` and the base optimizer's step. Arithmetic runs on whole parameter
 lists (``torch._foreach_*``) with persistent buffers and no host syncs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,6 +33,27 @@ def cosine_factor(step: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * t))
 
 
+def _check_engine_options(base_optimizer, rho, rho_schedule, interval, total_steps) -> None:
+    _check(
+        isinstance(base_optimizer, type) and issubclass(base_optimizer, torch.optim.Optimizer),
+        "base_optimizer must be an optimizer class such as torch.optim.SGD, "
+        f"got {base_optimizer!r}",
+    )
+    _check(
+        rho is not None and float(rho) >= 0 and math.isfinite(float(rho)),
+        f"rho must be a finite number >= 0, got {rho}",
+    )
+    _check(
+        rho_schedule in RHO_SCHEDULES,
+        f"rho_schedule must be one of {RHO_SCHEDULES}, got {rho_schedule!r}",
+    )
+    _check(int(interval) >= 1, f"interval must be an integer >= 1, got {interval}")
+    _check(
+        rho_schedule != "cosine" or (total_steps or 0) > 0,
+        "rho_schedule='cosine' needs total_steps > 0",
+    )
+
+
 class SharpnessAware(torch.optim.Optimizer):
     """Base class of every variant: ``Variant(params, base_optimizer, rho=..., **base_kwargs)``.
 
@@ -48,28 +70,33 @@ class SharpnessAware(torch.optim.Optimizer):
     """
 
     # What a variant is (also the registry's metadata, read off the class): ...
-    passes = 2                  # forward-backward passes on a perturbing step
-    has_rho = True              # whether ``rho`` is a perturbation radius (logged as ``rho``)
-    rho_refused: str | None = None  # without a fixed radius: why ``rho`` is refused, what to set instead
-    replaces_lr = False         # True where the variant computes its own step size (the lr is not the step)
+    passes = 2  # forward-backward passes on a perturbing step
+    has_rho = True  # whether ``rho`` is a perturbation radius (logged as ``rho``)
+    # without a fixed radius: why ``rho`` is refused, what to set instead
+    rho_refused: str | None = None
+    # True where the variant computes its own step size (the lr is not the step)
+    replaces_lr = False
     variant_options: dict = {}  # ... and its own keywords with their defaults
 
-    def __init__(self, params, base_optimizer, rho: float = 0.05, rho_schedule: str = "constant",
-                 interval: int = 1, sync_perturbation: bool = False,
-                 perturb_with_weight_decay: bool = False, total_steps: int | None = None,
-                 model: torch.nn.Module | None = None, **kwargs):
+    def __init__(
+        self,
+        params,
+        base_optimizer,
+        rho: float = 0.05,
+        rho_schedule: str = "constant",
+        interval: int = 1,
+        sync_perturbation: bool = False,
+        perturb_with_weight_decay: bool = False,
+        total_steps: int | None = None,
+        model: torch.nn.Module | None = None,
+        **kwargs,
+    ):
         own = {k: kwargs.pop(k, v) for k, v in self.variant_options.items()}
-        _check(isinstance(base_optimizer, type) and issubclass(base_optimizer, torch.optim.Optimizer),
-               f"base_optimizer must be an optimizer class such as torch.optim.SGD, got {base_optimizer!r}")
-        _check(rho is not None and float(rho) >= 0 and math.isfinite(float(rho)),
-               f"rho must be a finite number >= 0, got {rho}")
-        _check(rho_schedule in RHO_SCHEDULES, f"rho_schedule must be one of {RHO_SCHEDULES}, got {rho_schedule!r}")
-        _check(int(interval) >= 1, f"interval must be an integer >= 1, got {interval}")
-        _check(rho_schedule != "cosine" or (total_steps or 0) > 0,
-               "rho_schedule='cosine' needs total_steps > 0")
+        _check_engine_options(base_optimizer, rho, rho_schedule, interval, total_steps)
         super().__init__(params, dict(rho=float(rho)))
         self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
-        self.param_groups = self.base_optimizer.param_groups  # one set of groups, shared with the base
+        # one set of groups, shared with the base
+        self.param_groups = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
         self.rho = float(rho)
         self.rho_schedule = rho_schedule
@@ -80,16 +107,15 @@ class SharpnessAware(torch.optim.Optimizer):
         for k, v in own.items():
             setattr(self, k, v)
         self.lr0 = self.param_groups[0]["lr"]
-        self.step_count = 0
-        self.pass_index = 0
-        self.pass_syncs = True
-        self.last_perturbed = False
-        self.g_norm = None          # ‖g‖ of the gradients ε is built from (device tensor), set before compute_perturbation
-        self.descent_loss = None    # the loss whose gradient the base step uses: L(θ+ε), or L(θ) on a plain step
-        self._grad_norm_max = None  # running max of the first-pass ‖g‖ since the last log_values() (device tensor)
+        self.step_count, self.pass_index, self.pass_syncs, self.last_perturbed = 0, 0, True, False
+        # ‖g‖ of the gradients ε is built from (device tensor), set before compute_perturbation
+        self.g_norm = None
+        # the loss whose gradient the base step uses: L(θ+ε), or L(θ) on a plain step
+        self.descent_loss = None
+        # running max of the first-pass ‖g‖ since the last log_values() (device tensor)
+        self._grad_norm_max = None
         self.model: torch.nn.Module | None = None
-        self.grad_scaler = None
-        self.clip_grad_norm: float | None = None
+        self.grad_scaler, self.clip_grad_norm = None, None
         self._bn: list[_BatchNorm] = []
         self._cache: dict = {}
         if model is not None:
@@ -116,9 +142,13 @@ class SharpnessAware(torch.optim.Optimizer):
                 n = sum(p.grad is not None for p in g["params"])
                 slices.append((start, start + n))
                 start += n
-            self._cache = dict(key=key, params=params, slices=slices,
-                               theta=[torch.empty_like(p) for p in params],
-                               eps=[torch.zeros_like(p) for p in params])
+            self._cache = dict(
+                key=key,
+                params=params,
+                slices=slices,
+                theta=[torch.empty_like(p) for p in params],
+                eps=[torch.zeros_like(p) for p in params],
+            )
         c = self._cache
         return c["params"], [p.grad for p in c["params"]], c["slices"]
 
@@ -151,8 +181,9 @@ class SharpnessAware(torch.optim.Optimizer):
         scale = self.grad_scaler._scale
         if self._found_inf is None:
             self._found_inf = torch.zeros(1, device=scale.device)
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf,
-                                                         scale.double().reciprocal().float())
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            grads, self._found_inf, scale.double().reciprocal().float()
+        )
 
     def _track_grad_norm(self, grads):
         """‖g‖ of the first pass, and its running max for ``log_values`` (no host sync)."""
@@ -168,18 +199,25 @@ class SharpnessAware(torch.optim.Optimizer):
         Variants call it on the few scalars that steer the update (e.g. a step size), so that
         every process takes the same step when perturbations are per-process."""
         import torch.distributed as dist
+
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(tensor)
             tensor.div_(dist.get_world_size())
         return tensor
 
     def all_reduce_mean_list_(self, tensors) -> None:
-        """``all_reduce_mean_`` over a list of tensors in place, as one flat buffer (one collective)."""
+        """``all_reduce_mean_`` over a list of tensors in place, as one flat buffer (one
+        collective).
+        """
         import torch.distributed as dist
+
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return
         flat = self.all_reduce_mean_(torch.cat([t.reshape(-1) for t in tensors]))
-        torch._foreach_copy_(tensors, [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors)])
+        torch._foreach_copy_(
+            tensors,
+            [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors)],
+        )
 
     def keep_if_overflow(self, new, old):
         """``new``, or ``old`` when this step's fp16 gradients held inf/NaN (the step is skipped):
@@ -202,8 +240,10 @@ class SharpnessAware(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable | None = None):
         if closure is None:
-            raise ValueError(f"{type(self).__name__}.step needs a closure that recomputes the loss "
-                             "(zero grads, forward, backward, return loss)")
+            raise ValueError(
+                f"{type(self).__name__}.step needs a closure that recomputes the loss (zero grads, "
+                "forward, backward, return loss)"
+            )
         self._found_inf = None
         self.step_count += 1
         perturb = self.passes > 1 and (self.step_count - 1) % self.interval == 0
@@ -221,16 +261,21 @@ class SharpnessAware(torch.optim.Optimizer):
 
     def sharpness_step(self, closure):
         """First pass at θ, perturb to θ+ε, second pass, restore θ (the descent gradient stays)."""
-        loss = self.run_pass(closure, 0, sync=self.sync_perturbation)
-        params, grads, _ = self._lists()
-        self._unscale(grads)
+        loss, params, pgrads = self.first_pass(closure)
         c = self._cache
-        pgrads = self.prepare_perturbation(params, grads)
         self.compute_perturbation(params, pgrads, c["eps"])
         torch._foreach_copy_(c["theta"], params)
         torch._foreach_add_(params, c["eps"])
         self.descend(closure, 1, loss)
         return loss
+
+    def first_pass(self, closure):
+        """The pass at θ (synchronised only with ``sync_perturbation``), unscaled: its loss, the
+        parameters and the gradients ε is built from (their norm in ``self.g_norm``)."""
+        loss = self.run_pass(closure, 0, sync=self.sync_perturbation)
+        params, grads, _ = self._lists()
+        self._unscale(grads)
+        return loss, params, self.prepare_perturbation(params, grads)
 
     def descend(self, closure, index: int, loss) -> None:
         """The descent pass at the perturbed point: its gradient stays, θ is restored, then the
@@ -242,7 +287,8 @@ class SharpnessAware(torch.optim.Optimizer):
         self.after_second_pass(loss, perturbed_loss)
 
     def prepare_perturbation(self, params, grads):
-        """Track the first-pass ‖g‖; return the gradients ε is built from, with their norm in ``self.g_norm``."""
+        """Track the first-pass ‖g‖; return the gradients ε is built from, with their norm in
+        ``self.g_norm``."""
         norm = self._track_grad_norm(grads)
         pgrads = self.perturbation_grads(params, grads)
         self.g_norm = norm if pgrads is grads else self.global_norm(pgrads)
@@ -256,11 +302,16 @@ class SharpnessAware(torch.optim.Optimizer):
         if self.grad_scaler is None:
             self.base_step()
             return
-        found = self._found_inf if self._found_inf is not None else torch.zeros(1, device=self.grad_scaler._scale.device)
+        found = (
+            self._found_inf
+            if self._found_inf is not None
+            else torch.zeros(1, device=self.grad_scaler._scale.device)
+        )
         if not found.item():  # the one host sync, fp16 only (GradScaler.step does the same)
             self.base_step()
         # hand the inf/NaN finding to the scaler so that scaler.update() adjusts the scale
         from torch.amp.grad_scaler import OptState
+
         state = self.grad_scaler._per_optimizer_states[id(self)]
         state["found_inf_per_device"] = {found.device: found}
         state["stage"] = OptState.STEPPED
@@ -273,8 +324,9 @@ class SharpnessAware(torch.optim.Optimizer):
         """Write ε into the persistent buffers ``eps`` (one per parameter with a gradient)."""
         raise NotImplementedError
 
-    def reduce_loss(self, per_sample_loss, logits, targets):
-        """The loss a pass backpropagates, from per-sample losses (CSAM reweights the descent pass)."""
+    def reduce_loss(self, per_sample_loss, logits, targets):  # noqa: ARG002 (the hook's signature)
+        """The loss a pass backpropagates, from per-sample losses and the pass's logits and
+        targets (CSAM reweights the descent pass by them); here the plain mean."""
         return per_sample_loss.mean()
 
     def after_second_pass(self, loss, perturbed_loss) -> None:
@@ -286,13 +338,15 @@ class SharpnessAware(torch.optim.Optimizer):
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
 
     def dot(self, a, b):
-        """⟨a, b⟩ over two tensor lists, on the device: one dot per tensor, no temporaries (3× faster
+        """⟨a, b⟩ over two tensor lists, on the device: one dot per tensor, no temporaries (3×
+        faster
         than the polarization identity over foreach sums, and without its float32 cancellation)."""
         return torch.stack([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)]).sum()
 
     # ------------------------------------------------------------------ state
     def variant_state(self) -> dict:
-        """The variant's own scalars and tensors beyond per-parameter state (override and extend)."""
+        """The variant's own scalars and tensors beyond per-parameter state (override and
+        extend)."""
         return {"step_count": self.step_count}
 
     def load_variant_state(self, state: dict) -> None:
@@ -303,7 +357,8 @@ class SharpnessAware(torch.optim.Optimizer):
         return {"rho": self.current_rho, **self.pop_grad_norm_max()}
 
     def pop_grad_norm_max(self) -> dict:
-        """``grad_norm_max``: the largest first-pass ‖g‖ since the last call (Γ in TLC-SAM's bound); resets it."""
+        """``grad_norm_max``: the largest first-pass ‖g‖ since the last call (Γ in TLC-SAM's bound);
+        resets it."""
         if self._grad_norm_max is None:
             return {}
         value, self._grad_norm_max = float(self._grad_norm_max), None

@@ -9,7 +9,7 @@ is r_b = ρ s_b / sqrt(Σ_j s_j²); ε_b = r_b g_b / ‖g_b‖.
 So ‖ε‖ = ρ exactly, and β = 0 is SAM (r_b = ρ ‖g_b‖ / ‖g‖). Default β = 0.9.
 
 From the abstract: the EMA of squared block gradients, the closed-form allocation of the
-fixed global radius, scalar-only extra state. Ours (spec/variants.md): the exact EMA and
+fixed global radius, scalar-only extra state. Ours (docs/variants.md): the exact EMA and
 bias correction, and the block choices ``blocks``:
 - ``'group'`` (default): one block per functional block, the spec's default. The group key
   ``block`` when the groups carry it (the runner's groups: a model's top-level child, its
@@ -27,18 +27,23 @@ per perturbing step), so every process keeps the same a_b (and a checkpoint of o
 process resumes them all); ε_b = r_b g_b / ‖g_b‖ still uses the process's own g_b. With
 ``sync_perturbation=True`` the gradients are already averaged and nothing more is sent.
 """
+
 import warnings
 
 import torch
+from typing_extensions import override
 
+from ..registry import VARIANTS
 from .blocks import top_level_blocks
 from .engine import SharpnessAware, _check
-from ..registry import VARIANTS
 
 BLOCKS = ("group", "tensor", "layer")
 
 
-@VARIANTS.register("gear_sam", "SAM's radius split over functional blocks by an EMA of their gradient energy (GEAR-SAM)")
+@VARIANTS.register(
+    "gear_sam",
+    "SAM's radius split over functional blocks by an EMA of their gradient energy (GEAR-SAM)",
+)
 class GEARSAM(SharpnessAware):
     variant_options = {"beta": 0.9, "blocks": "group"}
 
@@ -46,7 +51,8 @@ class GEARSAM(SharpnessAware):
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(0 <= self.beta < 1, f"beta must be in [0, 1), got {self.beta}")
         _check(self.blocks in BLOCKS, f"blocks must be one of {BLOCKS}, got {self.blocks!r}")
-        self.block_energy = None  # a_b, one scalar per block (created at the first step, on the device)
+        # a_b, one scalar per block (created at the first step, on the device)
+        self.block_energy = None
         self.energy_steps = None  # t of the bias correction (device tensor)
         self._warned = False
 
@@ -56,26 +62,41 @@ class GEARSAM(SharpnessAware):
         if self.blocks == "tensor":
             return list(range(len(all_params)))
         if self.blocks == "group" and any("block" in g for g in self.param_groups):
-            return [g.get("block", gi) for gi, g in enumerate(self.param_groups) for _ in g["params"]]
+            return [
+                g.get("block", gi) for gi, g in enumerate(self.param_groups) for _ in g["params"]
+            ]
         if self.model is None:
-            _check(self.blocks != "layer", "GEARSAM(blocks='layer') needs the model: pass model=... "
-                                           "or call bind(model=...) before step()")
+            _check(
+                self.blocks != "layer",
+                "GEARSAM(blocks='layer') needs the model: pass model=... or call bind(model=...) "
+                "before step()",
+            )
             n = len(self.param_groups)
             if not self._warned:  # once per optimizer (block ids are rebuilt with the cache)
                 self._warned = True
                 sam = " (one block: exactly SAM)" if n == 1 else ""
-                warnings.warn(f"GEARSAM: no model bound and no 'block' keys in the parameter groups, so each "
-                              f"of the {n} group(s) is one block{sam}; pass model=... or call bind(model=...) "
-                              "for one block per top-level child, or give the groups a 'block' key")
+                warnings.warn(
+                    "GEARSAM: no model bound and no 'block' keys in the parameter groups, so each "
+                    f"of the {n} group(s) is one block{sam}; pass model=... or call "
+                    "bind(model=...) for one block per top-level child, or give the groups a "
+                    "'block' key"
+                )
             return [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
         if self.blocks == "layer":
-            owners = [m for m in self.model.modules() if next(m.parameters(recurse=False), None) is not None]
+            owners = [
+                m
+                for m in self.model.modules()
+                if next(m.parameters(recurse=False), None) is not None
+            ]
             owner = {id(p): i for i, m in enumerate(owners) for p in m.parameters(recurse=False)}
         else:
             owner = top_level_blocks(self.model)
         missing = [tuple(p.shape) for p in all_params if id(p) not in owner]
-        _check(not missing, f"GEARSAM(blocks={self.blocks!r}): parameters of shapes {missing} "
-                            "are not in the bound model")
+        _check(
+            not missing,
+            f"GEARSAM(blocks={self.blocks!r}): parameters of shapes {missing} are not in the "
+            "bound model",
+        )
         return [owner[id(p)] for p in all_params]
 
     def _index(self, params, device):
@@ -85,7 +106,10 @@ class GEARSAM(SharpnessAware):
             ids = self._block_ids()
             # renumber densely so that blocks with layer numbering start at 0
             dense = {b: i for i, b in enumerate(dict.fromkeys(ids))}
-            pos = {id(p): dense[b] for p, b in zip((p for g in self.param_groups for p in g["params"]), ids)}
+            pos = {
+                id(p): dense[b]
+                for p, b in zip((p for g in self.param_groups for p in g["params"]), ids)
+            }
             c["block_index"] = torch.tensor([pos[id(p)] for p in params], device=device)
             c["num_blocks"] = len(dense)
         return c["block_index"], c["num_blocks"]
@@ -93,29 +117,39 @@ class GEARSAM(SharpnessAware):
     def compute_perturbation(self, params, grads, eps):
         index, num_blocks = self._index(params, grads[0].device)
         sq = torch.stack(torch._foreach_norm(grads)).square()
-        block_sq = torch.zeros(num_blocks, device=sq.device, dtype=sq.dtype).index_add_(0, index, sq)  # ‖g_b‖²
-        # the state is global: the mean ‖g_b‖² over processes (their own under sync_perturbation already)
+        # ‖g_b‖²
+        block_sq = torch.zeros(num_blocks, device=sq.device, dtype=sq.dtype).index_add_(
+            0, index, sq
+        )
+        # the state is global: the mean ‖g_b‖² over processes (their own under sync_perturbation
+        # already)
         global_sq = block_sq if self.sync_perturbation else self.all_reduce_mean_(block_sq.clone())
         if self.block_energy is None:
             self.block_energy = torch.zeros_like(block_sq)
             self.energy_steps = torch.zeros((), device=block_sq.device)
         energy = self.beta * self.block_energy + (1 - self.beta) * global_sq
         t = self.energy_steps + 1
-        s = (energy / (1 - self.beta ** t)).sqrt()
+        s = (energy / (1 - self.beta**t)).sqrt()
         self._staged = (energy, t)  # committed after the second pass, once its overflow is known
-        r = self.current_rho * s / (s.square().sum().sqrt() + 1e-12)      # closed-form allocation
-        scale = (r / (block_sq.sqrt() + 1e-12))[index]                   # r_b / ‖g_b‖, per tensor
+        r = self.current_rho * s / (s.square().sum().sqrt() + 1e-12)  # closed-form allocation
+        scale = (r / (block_sq.sqrt() + 1e-12))[index]  # r_b / ‖g_b‖, per tensor
         torch._foreach_copy_(eps, grads)
         torch._foreach_mul_(eps, scale.unbind())
 
+    @override
     def after_second_pass(self, loss, perturbed_loss):
-        # a skipped fp16 step (inf/NaN in either pass) leaves the EMA and its step count as they were
+        # a skipped fp16 step (inf/NaN in either pass) leaves the EMA and its step count as they
+        # were
         energy, t = self._staged
         self.block_energy = self.keep_if_overflow(energy, self.block_energy)
         self.energy_steps = self.keep_if_overflow(t, self.energy_steps)
 
     def variant_state(self):
-        return {**super().variant_state(), "block_energy": self.block_energy, "energy_steps": self.energy_steps}
+        return {
+            **super().variant_state(),
+            "block_energy": self.block_energy,
+            "energy_steps": self.energy_steps,
+        }
 
     def load_variant_state(self, state):
         super().load_variant_state(state)

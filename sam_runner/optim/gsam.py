@@ -7,14 +7,18 @@ The paper's algorithm, with one choice of ours: under data parallelism without
 ``sync_perturbation``, g is averaged across processes before the decomposition so that
 every process applies the same direction.
 """
-import torch
 
+import torch
+from typing_extensions import override
+
+from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
-from ..registry import VARIANTS
 
 
-@VARIANTS.register("gsam", "descent ∇L(θ+ε) − α g⊥, ρ following the lr schedule (Zhuang et al. 2022)")
+@VARIANTS.register(
+    "gsam", "descent ∇L(θ+ε) − α g⊥, ρ following the lr schedule (Zhuang et al. 2022)"
+)
 class GSAM(SAM):
     variant_options = {"alpha": 0.1}
 
@@ -26,14 +30,17 @@ class GSAM(SAM):
         c = self._cache
         if "g" not in c:
             c["g"] = [torch.empty_like(p) for p in params]
-        torch._foreach_copy_(c["g"], self._lists()[1])  # the first-pass gradient, kept for the descent
+        # the first-pass gradient, kept for the descent
+        torch._foreach_copy_(c["g"], self._lists()[1])
         super().compute_perturbation(params, grads, eps)
 
+    @override
     def after_second_pass(self, loss, perturbed_loss):
         if self.alpha == 0:
             return
         g, gp = self._cache["g"], self._lists()[1]
-        if not self.sync_perturbation:  # g is this process's own: the same direction on every process
+        # g is this process's own: the same direction on every process
+        if not self.sync_perturbation:
             self.all_reduce_mean_list_(g)
         # g⊥ = g − (⟨g, gp⟩ / ‖gp‖²) gp;  gp − α g⊥ = (1 + α ⟨g, gp⟩ / ‖gp‖²) gp − α g
         coef = self.dot(g, gp) / (self.global_norm(gp).square() + 1e-12)

@@ -6,35 +6,48 @@ rescaled to norm ρ_max). Defaults σ = 0.01, ρ_max = 1.0, δ = 1e-12;
 ``sigma_schedule`` 'constant' or 'cosine' (σ decays to 0 over ``total_steps``).
 
 From the abstract: a fixed loss-space budget replaces SAM's fixed radius. Ours
-(spec/variants.md): the first-order budget rule, the cap and the schedule. LE-SAM has
+(docs/variants.md): the first-order budget rule, the cap and the schedule. LE-SAM has
 no fixed radius, so ``rho`` is not used; ``log_values`` reports as ``rho`` the radius
 ‖ε‖ of the last perturbation (and ``sigma``).
 """
+
 import math
 
 import torch
+from typing_extensions import override
 
-from .engine import SharpnessAware, _check, cosine_factor
 from ..registry import VARIANTS
+from .engine import SharpnessAware, _check, cosine_factor
 
 SIGMA_SCHEDULES = ("constant", "cosine")
 
 
-@VARIANTS.register("le_sam", "a loss budget σ instead of a radius: ε = σ g/(‖g‖² + δ), ‖ε‖ ≤ ρ_max (LE-SAM)")
+@VARIANTS.register(
+    "le_sam", "a loss budget σ instead of a radius: ε = σ g/(‖g‖² + δ), ‖ε‖ ≤ ρ_max (LE-SAM)"
+)
 class LESAM(SharpnessAware):
     variant_options = {"sigma": 0.01, "rho_max": 1.0, "sigma_schedule": "constant", "delta": 1e-12}
     has_rho = False
-    rho_refused = ("it has no fixed radius: set optimizer.sigma (the loss budget) "
-                   "or optimizer.rho_max (the cap on ||eps||)")
+    rho_refused = (
+        "it has no fixed radius: set optimizer.sigma (the loss budget) or optimizer.rho_max (the "
+        "cap on ||eps||)"
+    )
 
     def __init__(self, params, base_optimizer, **kwargs):
         super().__init__(params, base_optimizer, **kwargs)
-        _check(self.sigma >= 0 and math.isfinite(self.sigma), f"sigma must be a finite number >= 0, got {self.sigma}")
+        _check(
+            self.sigma >= 0 and math.isfinite(self.sigma),
+            f"sigma must be a finite number >= 0, got {self.sigma}",
+        )
         _check(self.rho_max > 0, f"rho_max must be > 0, got {self.rho_max}")
-        _check(self.sigma_schedule in SIGMA_SCHEDULES,
-               f"sigma_schedule must be one of {SIGMA_SCHEDULES}, got {self.sigma_schedule!r}")
-        _check(self.sigma_schedule != "cosine" or (self.total_steps or 0) > 0,
-               "sigma_schedule='cosine' needs total_steps > 0")
+        _check(
+            self.sigma_schedule in SIGMA_SCHEDULES,
+            f"sigma_schedule must be one of {SIGMA_SCHEDULES}, got {self.sigma_schedule!r}",
+        )
+        _check(
+            self.sigma_schedule != "cosine" or (self.total_steps or 0) > 0,
+            "sigma_schedule='cosine' needs total_steps > 0",
+        )
         self.eps_norm = None  # ‖ε‖ of the last perturbation (device tensor)
 
     @property
@@ -43,10 +56,13 @@ class LESAM(SharpnessAware):
             return self.sigma * cosine_factor(self.step_count, self.total_steps)
         return self.sigma
 
+    @override
     def compute_perturbation(self, params, grads, eps):
         n = self.g_norm
         # σ / (‖g‖² + δ), or ρ_max / ‖g‖ when that would make ‖ε‖ exceed ρ_max
-        scale = torch.minimum(self.current_sigma / (n.square() + self.delta), self.rho_max / (n + 1e-12))
+        scale = torch.minimum(
+            self.current_sigma / (n.square() + self.delta), self.rho_max / (n + 1e-12)
+        )
         torch._foreach_copy_(eps, grads)
         torch._foreach_mul_(eps, scale)
         self.eps_norm = scale * n

@@ -5,25 +5,48 @@ with the two inner optimizers, so schedulers and SAM variants see one set of gro
 Muon's learning rate is matched to AdamW's update RMS (``adjust_lr_fn='match_rms_adamw'``)
 so that one ``lr`` serves both.
 """
+
 import torch
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, momentum=0.95, betas=(0.9, 0.999), weight_decay=0.05):
-        super().__init__(params, dict(lr=lr, momentum=momentum, betas=betas, weight_decay=weight_decay))
+        super().__init__(
+            params, dict(lr=lr, momentum=momentum, betas=betas, weight_decay=weight_decay)
+        )
         muon = [g for g in self.param_groups if g.get("use_muon")]
         adam = [g for g in self.param_groups if not g.get("use_muon")]
         for g in muon:
             bad = [tuple(p.shape) for p in g["params"] if p.ndim != 2]
             if bad:
-                raise ValueError(f"Muon takes 2-D matrices only; a use_muon group holds shapes {bad}")
-        self.muon = torch.optim.Muon(muon, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                     adjust_lr_fn="match_rms_adamw") if muon else None
-        self.adamw = torch.optim.AdamW(adam, lr=lr, betas=betas, weight_decay=weight_decay) if adam else None
+                raise ValueError(
+                    f"Muon takes 2-D matrices only; a use_muon group holds shapes {bad}"
+                )
+        self.muon = (
+            torch.optim.Muon(
+                muon,
+                lr=lr,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                adjust_lr_fn="match_rms_adamw",
+            )
+            if muon
+            else None
+        )
+        self.adamw = (
+            torch.optim.AdamW(adam, lr=lr, betas=betas, weight_decay=weight_decay) if adam else None
+        )
         self._inner = [o for o in (self.muon, self.adamw) if o is not None]
         # where each of our groups lives inside the inner optimizers, to keep one order after a load
-        self._where = [next((i, j) for i, o in enumerate(self._inner) for j, h in enumerate(o.param_groups) if h is g)
-                       for g in self.param_groups]
+        self._where = [
+            next(
+                (i, j)
+                for i, o in enumerate(self._inner)
+                for j, h in enumerate(o.param_groups)
+                if h is g
+            )
+            for g in self.param_groups
+        ]
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -11,7 +11,7 @@ is staged and committed after the second pass, with the step count, so a step sk
 the fp16 scaler (either pass overflowing) leaves F, R and the count unchanged.
 
 From the abstract (LLQR+SAM): a preconditioner updated sparsely and kept as a slow EMA,
-with the SAM perturbation on top of it. Ours (spec/variants.md): the diagonal Fisher-like
+with the SAM perturbation on top of it. Ours (docs/variants.md): the diagonal Fisher-like
 F, its refresh rule and defaults, δ = ``delta`` = 1e-8, the mean-1 normalisation of U and
 the first-refresh initialisation. Also ours: under data parallelism with per-process
 perturbations (``sync_perturbation=False``) a refresh takes the mean over processes of g²
@@ -19,27 +19,36 @@ perturbations (``sync_perturbation=False``) a refresh takes the mean over proces
 keeps the same F and U (and a checkpoint of one process resumes them all); ε still uses
 the process's own g. With ``sync_perturbation=True`` g is already averaged.
 """
-import torch
 
+import torch
+from typing_extensions import override
+
+from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
-from ..registry import VARIANTS
 
 
-@VARIANTS.register("precond_sam", "SAM under a slow diagonal preconditioner (in the spirit of LLQR+SAM)")
+@VARIANTS.register(
+    "precond_sam", "SAM under a slow diagonal preconditioner (in the spirit of LLQR+SAM)"
+)
 class PrecondSAM(SAM):
     variant_options = {"refresh_every": 100, "beta": 0.95, "delta": 1e-8}
 
     def __init__(self, params, base_optimizer, **kwargs):
         super().__init__(params, base_optimizer, **kwargs)
-        _check(int(self.refresh_every) >= 1, f"refresh_every must be an integer >= 1, got {self.refresh_every}")
+        _check(
+            int(self.refresh_every) >= 1,
+            f"refresh_every must be an integer >= 1, got {self.refresh_every}",
+        )
         _check(0 <= self.beta < 1, f"beta must be in [0, 1), got {self.beta}")
         _check(self.delta > 0, f"delta must be > 0, got {self.delta}")
         self.refresh_every = int(self.refresh_every)
         self.perturb_count = 0
 
     def _buffers(self, params):
-        """F (EMA of g²) and R = sqrt(U) = (F + δ)^(-1/2), one per parameter, in the optimizer state."""
+        """F (EMA of g²) and R = sqrt(U) = (F + δ)^(-1/2), one per parameter, in the optimizer
+        state.
+        """
         c = self._cache
         if "fisher" not in c:
             for p in params:
@@ -58,21 +67,27 @@ class PrecondSAM(SAM):
             if not self.sync_perturbation:  # F is global: the mean g² over processes
                 self.all_reduce_mean_list_(new_f)
             if self.perturb_count > 0:
-                torch._foreach_lerp_(new_f, fisher, self.beta)           # F ← β F + (1 − β) g²
+                torch._foreach_lerp_(new_f, fisher, self.beta)  # F ← β F + (1 − β) g²
             root_u = torch._foreach_add(new_f, self.delta)
-            torch._foreach_rsqrt_(root_u)                                # R = (F + δ)^(-1/2)
+            torch._foreach_rsqrt_(root_u)  # R = (F + δ)^(-1/2)
             # U / mean(U): U = I gives SAM exactly and ρ keeps SAM's scale (ours; see the docstring)
             numel = sum(r.numel() for r in root_u)
-            torch._foreach_mul_(root_u, numel ** 0.5 / self.global_norm(root_u))
-            self._staged = (new_f, root_u)  # committed after the second pass, unless the step is skipped
+            torch._foreach_mul_(root_u, numel**0.5 / self.global_norm(root_u))
+            # committed after the second pass, unless the step is skipped
+            self._staged = (
+                new_f,
+                root_u,
+            )
         torch._foreach_copy_(eps, grads)
-        torch._foreach_mul_(eps, root_u)                             # R g
-        scale = self.current_rho / (self.global_norm(eps) + 1e-12)   # ρ / sqrt(gᵀ U g)
-        torch._foreach_mul_(eps, root_u)                             # U g
+        torch._foreach_mul_(eps, root_u)  # R g
+        scale = self.current_rho / (self.global_norm(eps) + 1e-12)  # ρ / sqrt(gᵀ U g)
+        torch._foreach_mul_(eps, root_u)  # U g
         torch._foreach_mul_(eps, scale)
 
+    @override
     def after_second_pass(self, loss, perturbed_loss):
-        # found_inf exists under fp16 scaling only: one host sync there (the count lives on the host)
+        # found_inf exists under fp16 scaling only: one host sync there (the count lives on the
+        # host)
         if self._found_inf is not None and self._found_inf.item():
             return
         if self._staged is not None:

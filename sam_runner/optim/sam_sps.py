@@ -1,4 +1,5 @@
-"""SAM-SPS (SAM with stochastic Polyak step sizes; known from its abstract and public reference code).
+"""SAM-SPS (SAM with stochastic Polyak step sizes; known from its abstract and public reference
+code).
 
 Perturbed point e = θ + ρ (1 − λ + λ / ‖g‖) g (λ = 1 is SAM, λ = 0 unnormalised SAM).
 Step size γ = clip((L(e) − ℓ* − ⟨∇L(e), e − θ⟩) / ‖∇L(e)‖², 0, γ_max); update
@@ -13,11 +14,13 @@ e = θ and γ = clip((L(θ) − ℓ*) / ‖g‖², 0, γ_max). Gradient clipping
 to ∇L(e) before γ is computed. Under data parallelism the numerator is averaged across
 processes so that every process takes the same step. ``log_values`` reports γ as ``sps_step``.
 """
-import torch
 
+import torch
+from typing_extensions import override
+
+from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
-from ..registry import VARIANTS
 
 
 @VARIANTS.register("sam_sps", "SAM with a Polyak step size in place of the learning rate (SAM-SPS)")
@@ -26,18 +29,29 @@ class SAMSPS(SAM):
     replaces_lr = True
 
     def __init__(self, params, base_optimizer, rho: float = 0.1, **kwargs):
-        _check(isinstance(base_optimizer, type) and issubclass(base_optimizer, torch.optim.SGD),
-               f"SAMSPS replaces the learning rate with a Polyak step, so base_optimizer must be "
-               f"torch.optim.SGD (base_optimizer=sgd), got {getattr(base_optimizer, '__name__', base_optimizer)}")
+        _check(
+            isinstance(base_optimizer, type) and issubclass(base_optimizer, torch.optim.SGD),
+            "SAMSPS replaces the learning rate with a Polyak step, so base_optimizer must be "
+            "torch.optim.SGD (base_optimizer=sgd), got "
+            f"{getattr(base_optimizer, '__name__', base_optimizer)}",
+        )
         kwargs.setdefault("weight_decay", 5e-4)  # the spec's wd (SGD's own default is 0)
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
-        bad = {(g["momentum"], g["nesterov"]) for g in self.param_groups if g["momentum"] or g["nesterov"]}
-        _check(not bad, f"SAMSPS takes a plain SGD step: base momentum must be 0 and nesterov false, "
-                        f"got (momentum, nesterov) in {sorted(bad)}")
+        bad = {
+            (g["momentum"], g["nesterov"])
+            for g in self.param_groups
+            if g["momentum"] or g["nesterov"]
+        }
+        _check(
+            not bad,
+            "SAMSPS takes a plain SGD step: base momentum must be 0 and nesterov false, got "
+            f"(momentum, nesterov) in {sorted(bad)}",
+        )
         _check(0 <= self.lam <= 1, f"lam must be in [0, 1], got {self.lam}")
         _check(self.gamma_max > 0, f"gamma_max must be > 0, got {self.gamma_max}")
         self.sps_step = None  # γ of the last step (device tensor)
 
+    @override
     def compute_perturbation(self, params, grads, eps):
         scale = self.current_rho * (1 - self.lam + self.lam / (self.g_norm + 1e-12))
         torch._foreach_copy_(eps, grads)
@@ -47,10 +61,11 @@ class SAMSPS(SAM):
         params, grads, slices = self._lists()
         num = self.descent_loss.detach().float() - self.loss_floor
         if self.last_perturbed:
-            num = num - self.dot(grads, self._cache["eps"])   # − ⟨∇L(e), e − θ⟩
+            num = num - self.dot(grads, self._cache["eps"])  # − ⟨∇L(e), e − θ⟩
         num = self.all_reduce_mean_(num)
         gamma = (num / (self.global_norm(grads).square() + 1e-12)).clamp(0, self.gamma_max)
-        step = self._cache["eps"]  # ε is spent: its buffers hold the step, the gradients stay untouched
+        # ε is spent: its buffers hold the step, the gradients stay untouched
+        step = self._cache["eps"]
         torch._foreach_copy_(step, grads)
         for (a, b), group in zip(slices, self.param_groups):  # ∇L(e) + wd θ, one foreach per group
             if b > a and group["weight_decay"]:

@@ -13,19 +13,20 @@ layer in module order (blocks.py; tokens, embeddings and norms are never hidden)
 model, every tensor with more than one dimension except the first and the last such tensor.
 
 From the abstract: a layerwise spectral inner perturbation for hidden matrices, paired
-with any outer step. Ours (spec/variants.md): the radius scaling, the Euclidean SAM for
+with any outer step. Ours (docs/variants.md): the radius scaling, the Euclidean SAM for
 the rest, and the iteration running in float32 (Muon runs it in bfloat16); the singular
 values of msign(G) are close to 1 but not exactly 1 (the quintic's band, roughly
 [0.7, 1.2]), as in Muon. Ours too, for speed: matrices of one shape run as one batched
 iteration, and wide ones run it in Gram form (same iterates; see ``msign``).
 """
+
 import torch
 from torch.optim import _muon
 
+from ..registry import VARIANTS
 from .blocks import hidden_weights
 from .engine import _check
 from .sam import SAM
-from ..registry import VARIANTS
 
 NS_COEFFICIENTS = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
 NS_STEPS = _muon.DEFAULT_NS_STEPS
@@ -39,7 +40,9 @@ def msign(g: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7) -> torch.Te
     return out.reshape(g.shape)
 
 
-def msign_into(mats: list, outs: list, scale: float = 1.0, steps: int = NS_STEPS, eps: float = 1e-7) -> None:
+def msign_into(
+    mats: list, outs: list, scale: float = 1.0, steps: int = NS_STEPS, eps: float = 1e-7
+) -> None:
     """outs[i] ← scale · msign(mats[i]) for matrices of one shape (``outs[i]``: any tensor of
     the same number of elements, e.g. a conv kernel's ε, filled row-major), by Muon's quintic
     Newton–Schulz iteration, batched, in float32.
@@ -75,7 +78,11 @@ def msign_into(mats: list, outs: list, scale: float = 1.0, steps: int = NS_STEPS
     poly = _gram_iteration(s / norm2[:, None, None], steps) * (scale / norm2.sqrt())[:, None, None]
     for t, p, o in zip(g, poly, outs):
         direct = o.dtype == torch.float32 and o.is_contiguous()
-        target = o.view(rows, cols) if direct else torch.empty(rows, cols, dtype=torch.float32, device=o.device)
+        target = (
+            o.view(rows, cols)
+            if direct
+            else torch.empty(rows, cols, dtype=torch.float32, device=o.device)
+        )
         torch.mm(p, t, out=target) if wide else torch.mm(t, p, out=target)  # (P Gᵀ)ᵀ = G P
         if not direct:  # another dtype or memory format (channels_last)
             o.copy_(target.view(o.shape))
@@ -107,13 +114,15 @@ def symmetric_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     b = -(-m // parts)
     out = x.new_empty(*x.shape[:-1], m)
     for i in range(0, m, b):
-        row = x[..., i:i + b, :] @ y[..., :, i:]  # block row i, columns i..m
-        out[..., i:i + b, i:] = row
-        out[..., i + b:, i:i + b] = row[..., :, b:].mT
+        row = x[..., i : i + b, :] @ y[..., :, i:]  # block row i, columns i..m
+        out[..., i : i + b, i:] = row
+        out[..., i + b :, i : i + b] = row[..., :, b:].mT
     return out
 
 
-@VARIANTS.register("spectral_sam", "ρ_s·msign(G) on hidden matrices, SAM on the rest (matrix-aware SAM)")
+@VARIANTS.register(
+    "spectral_sam", "ρ_s·msign(G) on hidden matrices, SAM on the rest (matrix-aware SAM)"
+)
 class SpectralSAM(SAM):
     variant_options = {"rho_spectral": 0.05}
 
@@ -122,7 +131,8 @@ class SpectralSAM(SAM):
         _check(self.rho_spectral >= 0, f"rho_spectral must be >= 0, got {self.rho_spectral}")
 
     def _layout(self, params):
-        """Hidden matrices grouped by shape (for batched iterations) and the other tensors (cached)."""
+        """Hidden matrices grouped by shape (for batched iterations) and the other tensors
+        (cached)."""
         c = self._cache
         if "matrices" not in c:
             flags = []
@@ -132,7 +142,9 @@ class SpectralSAM(SAM):
             elif self.model is not None:
                 hidden = hidden_weights(self.model)
                 flags = [id(p) in hidden for p in params]
-            else:  # no structure known: the first and the last matrix stand for the first layer and the head
+            # no structure known: the first and the last matrix stand for the first layer and the
+            # head
+            else:
                 mats = [i for i, p in enumerate(params) if p.ndim > 1]
                 flags = [i in mats[1:-1] for i in range(len(params))]
             by_shape = {}

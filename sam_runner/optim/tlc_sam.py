@@ -8,35 +8,54 @@ perturbing step: ρ grows while the linearisation holds and shrinks when it brea
 Defaults τ* = 0.2, κ = 0.05, ρ_min = 0.01, ρ_max = 0.5, δ = 1e-12, initial ρ = ``rho``.
 
 From the abstract: adjusting ρ from the observed Taylor-approximation error. Ours
-(spec/variants.md): the error measure, the multiplicative controller and its defaults;
+(docs/variants.md): the error measure, the multiplicative controller and its defaults;
 also ours: τ̄ starts at the first τ of a step the fp16 scaler does not skip (no zero
 bias), ρ and τ̄ live on the device (no host sync), under data parallelism τ is averaged
-across processes so every process keeps the same ρ, and ``rho_schedule`` must be 'constant' (the controller owns ρ).
+across processes so every process keeps the same ρ, and ``rho_schedule`` must be 'constant' (the
+controller owns ρ).
 """
+
 import math
 
 import torch
+from typing_extensions import override
 
-from .engine import SharpnessAware, _check
 from ..registry import VARIANTS
+from .engine import SharpnessAware, _check
 
 
 @VARIANTS.register("tlc_sam", "ρ steered by the observed Taylor error of the loss rise (TLC-SAM)")
 class TLCSAM(SharpnessAware):
-    variant_options = {"tau_target": 0.2, "kappa": 0.05, "rho_min": 0.01, "rho_max": 0.5,
-                       "tau_beta": 0.9, "delta": 1e-12}
+    variant_options = {
+        "tau_target": 0.2,
+        "kappa": 0.05,
+        "rho_min": 0.01,
+        "rho_max": 0.5,
+        "tau_beta": 0.9,
+        "delta": 1e-12,
+    }
 
     def __init__(self, params, base_optimizer, rho: float = 0.05, **kwargs):
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
-        _check(0 < self.rho_min <= self.rho_max, f"need 0 < rho_min <= rho_max, got rho_min={self.rho_min}, "
-                                                 f"rho_max={self.rho_max}")
-        _check(self.rho_min <= self.rho <= self.rho_max,
-               f"rho={self.rho} must lie in [rho_min, rho_max] = [{self.rho_min}, {self.rho_max}]")
-        _check(self.rho_schedule == "constant",
-               f"TLCSAM controls rho itself: rho_schedule must be 'constant', got {self.rho_schedule!r}")
-        _check(self.kappa >= 0 and math.isfinite(self.kappa), f"kappa must be a finite number >= 0, got {self.kappa}")
+        _check(
+            0 < self.rho_min <= self.rho_max,
+            f"need 0 < rho_min <= rho_max, got rho_min={self.rho_min}, rho_max={self.rho_max}",
+        )
+        _check(
+            self.rho_min <= self.rho <= self.rho_max,
+            f"rho={self.rho} must lie in [rho_min, rho_max] = [{self.rho_min}, {self.rho_max}]",
+        )
+        _check(
+            self.rho_schedule == "constant",
+            "TLCSAM controls rho itself: rho_schedule must be 'constant', got "
+            f"{self.rho_schedule!r}",
+        )
+        _check(
+            self.kappa >= 0 and math.isfinite(self.kappa),
+            f"kappa must be a finite number >= 0, got {self.kappa}",
+        )
         _check(0 <= self.tau_beta < 1, f"tau_beta must be in [0, 1), got {self.tau_beta}")
-        self.rho_t = None    # the controlled ρ (device tensor)
+        self.rho_t = None  # the controlled ρ (device tensor)
         self.tau_bar = None  # τ̄ (device tensor)
         self.tau_set = None  # whether τ̄ holds a real τ yet (device bool)
         self._predicted = None
@@ -46,26 +65,36 @@ class TLCSAM(SharpnessAware):
         """The controlled ρ as a float (a host sync: for logging, not for the step)."""
         return float(self.rho_t) if self.rho_t is not None else self.rho
 
+    @override
     def compute_perturbation(self, params, grads, eps):
         if self.rho_t is None:
-            self.rho_t = torch.tensor(self.rho, dtype=torch.float64, device=grads[0].device)  # controller state in float64
+            # controller state in float64
+            self.rho_t = torch.tensor(self.rho, dtype=torch.float64, device=grads[0].device)
         scale = self.rho_t / (self.g_norm + 1e-12)
         torch._foreach_copy_(eps, grads)
         torch._foreach_mul_(eps, scale)
         if self.perturb_with_weight_decay:  # ε is built from g + wd θ: ⟨g, ε⟩ in full
             self._predicted = self.dot(self._lists()[1], eps)
         else:
-            self._predicted = self.rho_t * self.g_norm.square() / (self.g_norm + 1e-12)  # ⟨g, ε⟩ = ρ‖g‖
+            # ⟨g, ε⟩ = ρ‖g‖
+            self._predicted = self.rho_t * self.g_norm.square() / (self.g_norm + 1e-12)
 
     def after_second_pass(self, loss, perturbed_loss):
         pred = self._predicted
         tau = (perturbed_loss.detach() - loss.detach() - pred).abs() / (pred.abs() + self.delta)
         tau = self.all_reduce_mean_(tau.double())
         if self.tau_bar is None:
-            self.tau_bar, self.tau_set = torch.zeros_like(tau), torch.zeros_like(tau, dtype=torch.bool)
+            self.tau_bar, self.tau_set = (
+                torch.zeros_like(tau),
+                torch.zeros_like(tau, dtype=torch.bool),
+            )
         # τ̄ starts at the first τ of a step that is not skipped (a device flag: no host sync)
-        tau_bar = torch.where(self.tau_set, self.tau_beta * self.tau_bar + (1 - self.tau_beta) * tau, tau)
-        rho = (self.rho_t * torch.exp(self.kappa * (self.tau_target - tau_bar))).clamp(self.rho_min, self.rho_max)
+        tau_bar = torch.where(
+            self.tau_set, self.tau_beta * self.tau_bar + (1 - self.tau_beta) * tau, tau
+        )
+        rho = (self.rho_t * torch.exp(self.kappa * (self.tau_target - tau_bar))).clamp(
+            self.rho_min, self.rho_max
+        )
         # a skipped fp16 step (inf/NaN) leaves the controller as it was
         self.tau_bar = self.keep_if_overflow(tau_bar, self.tau_bar)
         self.tau_set = self.keep_if_overflow(torch.ones_like(self.tau_set), self.tau_set)
@@ -78,7 +107,12 @@ class TLCSAM(SharpnessAware):
         return out
 
     def variant_state(self):
-        return {**super().variant_state(), "rho_t": self.rho_t, "tau_bar": self.tau_bar, "tau_set": self.tau_set}
+        return {
+            **super().variant_state(),
+            "rho_t": self.rho_t,
+            "tau_bar": self.tau_bar,
+            "tau_set": self.tau_set,
+        }
 
     def load_variant_state(self, state):
         super().load_variant_state(state)

@@ -6,6 +6,7 @@ launcher without ``sbatch``; before a single run, a run folder holding a run mad
 overrides (before Hydra rewrites its .hydra/); after the last job it prints one line per job
 (number, status, test accuracy, overrides) and exits non-zero naming failed jobs.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -14,16 +15,31 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
+from typing_extensions import override
 
 from ..errors import UserError
 from ..runfiles import read_json
-from .plan import DEFAULT_EXCLUDE, check_folder, check_job, check_run_folder, expand, expected_jobs, job_dirs, \
-    saved_overrides
+from .plan import (
+    DEFAULT_EXCLUDE,
+    check_folder,
+    check_job,
+    check_run_folder,
+    expand,
+    expected_jobs,
+    job_dirs,
+    saved_overrides,
+)
 
 
 def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
-    """One line per job (number, status, test accuracy, overrides), and the failed jobs' descriptions."""
-    dirs = {int(p.name): p for p in job_dirs(sweep_dir) if p.parent == Path(sweep_dir) and p.name.isdigit()}
+    """One line per job (number, status, test accuracy, overrides), and the failed jobs'
+    descriptions.
+    """
+    dirs = {
+        int(p.name): p
+        for p in job_dirs(sweep_dir)
+        if p.parent == Path(sweep_dir) and p.name.isdigit()
+    }
     if n_jobs is None:  # as many as the sweep calls for, when its multirun.yaml says
         expected = expected_jobs(sweep_dir)
         n_jobs = len(expected) if expected is not None else None
@@ -54,6 +70,20 @@ def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
     return lines, failed
 
 
+def print_report(
+    lines: list[str], failed: list[str], indent: str = "", prog: str = "sam-run"
+) -> None:
+    """The job lines, then (exit 1) the jobs that failed or did not finish."""
+    for line in lines:
+        print(indent + line, flush=True)
+    if failed:
+        fail(
+            f"{len(failed)} of {len(lines)} job(s) failed or did not finish: {'; '.join(failed)}",
+            1,
+            prog,
+        )
+
+
 def fail(message: str, code: int = 2, prog: str = "sam-run"):
     # a callback's exceptions are only warnings to Hydra; SystemExit is not an Exception
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
@@ -66,12 +96,17 @@ class SweepCallback(Callback):
     def __init__(self) -> None:
         self.jobs: list[list[str]] | None = None
 
+    @override
     def on_multirun_start(self, config, **kwargs) -> None:
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
         if launcher.endswith("SlurmLauncher") and shutil.which("sbatch") is None:
-            fail("hydra/launcher=slurm needs SLURM's sbatch on PATH, and it is not; run on a SLURM login node "
-                  "or use the local launcher (drop hydra/launcher=slurm)")
-        if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
+            fail(
+                "hydra/launcher=slurm needs SLURM's sbatch on PATH, and it is not; run on a SLURM "
+                "login node or use the local launcher (drop hydra/launcher=slurm)"
+            )
+        if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(
+            "BasicSweeper"
+        ):
             return  # job numbers of other sweepers are not known in advance
         arguments = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
         params = OmegaConf.select(config, "hydra.sweeper.params")
@@ -82,26 +117,29 @@ class SweepCallback(Callback):
         except UserError as e:
             fail(str(e))
 
+    @override
     def on_run_start(self, config, **kwargs) -> None:
         # before Hydra rewrites <run dir>/.hydra/ with this run's config
         run_dir = Path(str(config.hydra.run.dir))
         overrides = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
         try:
-            if run_dir.name.isdigit():  # a job of an sbatch array (scripts/slurm_array.sbatch): <sweep dir>/<number>
+            # a job of an sbatch array (scripts/slurm_array.sbatch): <sweep dir>/<number>
+            if run_dir.name.isdigit():
                 check_job(run_dir, overrides, _exclude(config), run_dir.parent)
             else:
                 check_run_folder(run_dir, overrides, _exclude(config))
         except UserError as e:
             fail(str(e))
 
+    @override
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = str(config.hydra.sweep.dir)
         lines, failed = report(sweep_dir, len(self.jobs) if self.jobs is not None else None)
-        print(f"sweep {sweep_dir}: {len(lines)} job(s), {len(lines) - len(failed)} completed", flush=True)
-        for line in lines:
-            print("  " + line, flush=True)
-        if failed:
-            fail(f"{len(failed)} of {len(lines)} job(s) failed or did not finish: {'; '.join(failed)}", code=1)
+        print(
+            f"sweep {sweep_dir}: {len(lines)} job(s), {len(lines) - len(failed)} completed",
+            flush=True,
+        )
+        print_report(lines, failed, "  ")
 
 
 def _exclude(config) -> tuple:

@@ -1,4 +1,5 @@
 """Running one job of a run or a sweep, and recording a job that failed."""
+
 from __future__ import annotations
 
 import sys
@@ -13,14 +14,17 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
     ``trainer.devices`` processes itself, or trains in this process."""
     from .. import distributed
     from ..train import train
+
     if distributed.from_env() is not None:
         topo = distributed.init_from_env(str(cfg.trainer.device))
         try:
             summary = train(cfg, run_dir, overrides)
         except BaseException as e:
             if not topo.is_main and not isinstance(e, INTERRUPTIONS):
-                # rank 0 records its own failure; the launcher (srun --kill-on-bad-exit) ends the others, so
-                # a failing peer says what happened here: its log, and summary.json unless rank 0 wrote one
+                # rank 0 records its own failure; the launcher (srun --kill-on-bad-exit) ends the
+                # others, so
+                # a failing peer says what happened here: its log, and summary.json unless rank 0
+                # wrote one
                 msg = f"process {topo.rank} of {topo.world} failed: {one_line(e)}"
                 print(f"sam-run: {msg}", file=sys.stderr, flush=True)
                 if not isinstance(e, RunFolderConflict):
@@ -37,7 +41,8 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
         return distributed.launch(train, (cfg, str(run_dir), list(overrides)), devices, device)
     except BaseException as e:
         # the launcher's error is the earliest failure of any process: it replaces what rank 0 wrote
-        # (its peer's "Connection reset"); a Ctrl-C or requeue is no failure (the same command resumes),
+        # (its peer's "Connection reset"); a Ctrl-C or requeue is no failure (the same command
+        # resumes),
         # nor is a folder of another run
         if not isinstance(e, (*INTERRUPTIONS, RunFolderConflict)):
             record_failure(run_dir, overrides, first_line(str(e)) or type(e).__name__, replace=True)
@@ -54,8 +59,11 @@ def record_failure(run_dir, overrides: list[str], message: str, replace: bool = 
     path = Path(run_dir) / "summary.json"
     summary = read_json(path)
     if replace or not summary or summary.get("status") != "failed":
-        summary = {"status": "failed", "error": first_line(message) or "failed",
-                   "overrides": list(overrides)}
+        summary = {
+            "status": "failed",
+            "error": first_line(message) or "failed",
+            "overrides": list(overrides),
+        }
         try:
             write_json(path, summary)
         except OSError:

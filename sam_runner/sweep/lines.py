@@ -1,12 +1,14 @@
 """``sam-sweep-lines``: a sweep as one line of overrides per job, for a SLURM array
-(``scripts/slurm_array.sbatch``: line i runs in ``<sweep dir>/<i>``, the layout of ``sam-run -m``)."""
+(``scripts/slurm_array.sbatch``: line i runs in ``<sweep dir>/<i>``, the layout of ``sam-run
+-m``)."""
+
 from __future__ import annotations
 
 import argparse
 import shlex
 
 from ..errors import UserError, first_line
-from .callback import fail, report
+from .callback import fail, print_report, report
 from .plan import expand, fixed_config, sweeper_params
 
 PROG = "sam-sweep-lines"
@@ -16,25 +18,34 @@ def lines_main(argv=None) -> None:
     ap = argparse.ArgumentParser(
         prog=PROG,
         description="Expand a sweep into one line of overrides per job (job i on line i+1), for "
-                    "`sbatch --array=0-$((N-1))%P scripts/slurm_array.sbatch LINES SWEEP_DIR`. "
-                    "With --report SWEEP_DIR: print the end-of-sweep report of a sweep folder instead.")
-    ap.add_argument("overrides", nargs="*", help="the overrides you would give `sam-run -m` (e.g. seed=0,1,2)")
-    ap.add_argument("--report", metavar="SWEEP_DIR", help="report a sweep folder; exit 1 if any job failed or did not finish")
-    ap.add_argument("--jobs", type=int, help="with --report: how many jobs the sweep has (missing ones count)")
+        "`sbatch --array=0-$((N-1))%P scripts/slurm_array.sbatch LINES SWEEP_DIR`. With --report "
+        "SWEEP_DIR: print the end-of-sweep report of a sweep folder instead.",
+    )
+    ap.add_argument(
+        "overrides", nargs="*", help="the overrides you would give `sam-run -m` (e.g. seed=0,1,2)"
+    )
+    ap.add_argument(
+        "--report",
+        metavar="SWEEP_DIR",
+        help="report a sweep folder; exit 1 if any job failed or did not finish",
+    )
+    ap.add_argument(
+        "--jobs", type=int, help="with --report: how many jobs the sweep has (missing ones count)"
+    )
     args = ap.parse_args(argv)
     try:
         if args.report:
-            lines, failed = report(args.report, args.jobs)
-            for line in lines:
-                print(line)
-            if failed:
-                fail(f"{len(failed)} of {len(lines)} job(s) failed or did not finish: {'; '.join(failed)}", 1, PROG)
+            print_report(*report(args.report, args.jobs), prog=PROG)
             return
         jobs = expand(args.overrides, sweeper_params(fixed_config(args.overrides)))
     except UserError as e:
         fail(str(e), 2, PROG)
     except Exception as e:  # Hydra's grammar and config errors
-        fail(f"cannot expand {' '.join(args.overrides)}: {first_line(str(e)) or type(e).__name__}", 2, PROG)
+        fail(
+            f"cannot expand {' '.join(args.overrides)}: {first_line(str(e)) or type(e).__name__}",
+            2,
+            PROG,
+        )
     for job in jobs:
         print(" ".join(shlex.quote(o) for o in job))
 

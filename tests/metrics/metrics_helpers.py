@@ -1,9 +1,11 @@
 """Reference computations shared by the metrics tests."""
+
 import torch
 
 
 def dense_hessian(model, loss_fn, x, y):
-    """The full Hessian (float64) of loss_fn(model(x), y) over all parameters, in the model's mode."""
+    """The full Hessian (float64) of loss_fn(model(x), y) over all parameters, in the model's
+    mode."""
     names = [n for n, _ in model.named_parameters()]
     params = [p.detach() for p in model.parameters()]
     sizes = [p.numel() for p in params]

@@ -1,11 +1,17 @@
 """Calibration metrics against torchmetrics and closed forms, edge cases included."""
+
 import pytest
 import torch
 from torchmetrics.classification import MulticlassCalibrationError
 
 from sam_runner.errors import UserError
-from sam_runner.metrics import (adaptive_calibration_error, brier_score, expected_calibration_error,
-                                maximum_calibration_error, reliability_bins)
+from sam_runner.metrics import (
+    adaptive_calibration_error,
+    brier_score,
+    expected_calibration_error,
+    maximum_calibration_error,
+    reliability_bins,
+)
 
 
 def reference(probs, labels, n_bins=15, norm="l1"):
@@ -22,9 +28,12 @@ def random_case(n=500, c=10, seed=0):
 @pytest.mark.parametrize("n_bins", [1, 10, 15])
 def test_ece_equals_torchmetrics_on_random_predictions(n_bins):
     probs, labels = random_case()
-    assert expected_calibration_error(probs, labels, n_bins) == pytest.approx(reference(probs, labels, n_bins), abs=1e-6)
+    assert expected_calibration_error(probs, labels, n_bins) == pytest.approx(
+        reference(probs, labels, n_bins), abs=1e-6
+    )
     assert maximum_calibration_error(probs, labels, n_bins) == pytest.approx(
-        reference(probs, labels, n_bins, "max"), abs=1e-6)
+        reference(probs, labels, n_bins, "max"), abs=1e-6
+    )
 
 
 def test_confidence_exactly_on_bin_edges_and_at_one():
@@ -34,7 +43,8 @@ def test_confidence_exactly_on_bin_edges_and_at_one():
     labels = torch.tensor([0, 1, 0, 0, 0, 1])
     for n_bins in (5, 10, 15):
         assert expected_calibration_error(probs, labels, n_bins) == pytest.approx(
-            reference(probs, labels, n_bins), abs=1e-6)
+            reference(probs, labels, n_bins), abs=1e-6
+        )
 
 
 def test_all_predictions_right_and_one_class():
@@ -42,7 +52,9 @@ def test_all_predictions_right_and_one_class():
     labels = torch.zeros(3, dtype=torch.long)
     expected = ((1 - 0.9) + (1 - 0.7) + (1 - 0.55)) / 3  # each sample alone in its bin
     assert expected_calibration_error(probs, labels) == pytest.approx(expected, abs=1e-6)
-    assert expected_calibration_error(probs, labels) == pytest.approx(reference(probs, labels), abs=1e-6)
+    assert expected_calibration_error(probs, labels) == pytest.approx(
+        reference(probs, labels), abs=1e-6
+    )
     one = torch.ones(4, 1)  # one class: confidence 1 and always right
     assert expected_calibration_error(one, torch.zeros(4, dtype=torch.long)) == 0.0
 
@@ -52,7 +64,9 @@ def test_adaptive_ece_uses_equal_mass_bins():
     probs = torch.stack([conf, 1 - conf], 1)
     labels = torch.tensor([0, 1, 0, 0, 1, 0])
     # 3 bins of two samples each: |1.1 - 1|, |1.5 - 1|, |1.85 - 1|, over 6 samples
-    assert adaptive_calibration_error(probs, labels, 3) == pytest.approx((0.1 + 0.5 + 0.85) / 6, abs=1e-6)
+    assert adaptive_calibration_error(probs, labels, 3) == pytest.approx(
+        (0.1 + 0.5 + 0.85) / 6, abs=1e-6
+    )
 
 
 def test_brier_score_closed_form():
@@ -63,22 +77,34 @@ def test_brier_score_closed_form():
 
 
 def test_adaptive_ece_does_not_depend_on_the_order_of_tied_samples():
-    # confidences in ties of 3 (0.55, 0.7, 0.85, 0.95) cut into 5 bins of 12 samples: ties straddle cuts
+    # confidences in ties of 3 (0.55, 0.7, 0.85, 0.95) cut into 5 bins of 12 samples: ties straddle
+    # cuts
     conf = torch.tensor([0.55, 0.7, 0.85, 0.95]).repeat_interleave(3)
     probs = torch.stack([conf, 1 - conf], 1)
     labels = torch.tensor([0, 1, 1, 0, 0, 1, 1, 0, 1, 0, 0, 0])
-    values = {adaptive_calibration_error(probs[p], labels[p], 5)
-              for p in [torch.arange(12)] + [torch.randperm(12, generator=torch.Generator().manual_seed(s))
-                                             for s in range(20)]}
+    values = {
+        adaptive_calibration_error(probs[p], labels[p], 5)
+        for p in [torch.arange(12)]
+        + [torch.randperm(12, generator=torch.Generator().manual_seed(s)) for s in range(20)]
+    }
     assert max(values) - min(values) <= 1e-7
     # ties kept whole: ranks 0, 3, 6, 9 open bins floor(5r/12) = 0, 1, 2, 3
-    per_tie = [abs(0.55 * 3 - 1), abs(0.7 * 3 - 2), abs(0.85 * 3 - 1), abs(0.95 * 3 - 3)]  # class 0 is right
-    assert adaptive_calibration_error(probs, labels, 5) == pytest.approx(sum(per_tie) / 12, abs=1e-6)
+    # class 0 is right
+    per_tie = [
+        abs(0.55 * 3 - 1),
+        abs(0.7 * 3 - 2),
+        abs(0.85 * 3 - 1),
+        abs(0.95 * 3 - 3),
+    ]
+    assert adaptive_calibration_error(probs, labels, 5) == pytest.approx(
+        sum(per_tie) / 12, abs=1e-6
+    )
 
 
 def test_reliability_bins_per_bin_against_a_direct_count():
     probs, labels = random_case(n=300)
-    probs[0] = torch.nn.functional.one_hot(torch.tensor(3), 10).float()  # confidence exactly 1: the last bin
+    # confidence exactly 1: the last bin
+    probs[0] = torch.nn.functional.one_hot(torch.tensor(3), 10).float()
     bins = reliability_bins(probs, labels, 15)
     assert bins["edges"] == [i / 15 for i in range(16)]
     conf, pred = probs.max(1)
@@ -87,8 +113,12 @@ def test_reliability_bins_per_bin_against_a_direct_count():
         members[min(int(c * 15), 14)].append((c, right))
     assert bins["count"] == [len(m) for m in members]
     for b, m in enumerate(members):
-        assert bins["confidence"][b] == pytest.approx(sum(c for c, _ in m) / len(m) if m else 0.0, abs=1e-6)
-        assert bins["accuracy"][b] == pytest.approx(sum(r for _, r in m) / len(m) if m else 0.0, abs=1e-6)
+        assert bins["confidence"][b] == pytest.approx(
+            sum(c for c, _ in m) / len(m) if m else 0.0, abs=1e-6
+        )
+        assert bins["accuracy"][b] == pytest.approx(
+            sum(r for _, r in m) / len(m) if m else 0.0, abs=1e-6
+        )
 
 
 def test_bad_input_is_one_clear_error():

@@ -1,21 +1,34 @@
 """Lanczos eigenvalues and Hutchinson trace against the dense Hessian of small models."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from metrics_helpers import dense_hessian
 from torch import nn
 
-from sam_runner.metrics import HessianOperator, hessian_eigenpairs, hessian_trace, spectral_density, top_hessian_eigenvalues
+from sam_runner.metrics import (
+    HessianOperator,
+    hessian_eigenpairs,
+    hessian_trace,
+    spectral_density,
+    top_hessian_eigenvalues,
+)
 from sam_runner.metrics.hvp import _method_choice
-from sam_runner.metrics.objective import Objective
 from sam_runner.metrics.solvers import lanczos
-
-from metrics_helpers import dense_hessian
 
 
 def bn_cnn(seed=0):
     torch.manual_seed(seed)
-    m = nn.Sequential(nn.Conv1d(1, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.Conv1d(4, 4, 3), nn.BatchNorm1d(4),
-                      nn.ReLU(inplace=True), nn.Flatten(), nn.Linear(4 * 6, 3))
+    m = nn.Sequential(
+        nn.Conv1d(1, 4, 3),
+        nn.BatchNorm1d(4),
+        nn.ReLU(),
+        nn.Conv1d(4, 4, 3),
+        nn.BatchNorm1d(4),
+        nn.ReLU(inplace=True),
+        nn.Flatten(),
+        nn.Linear(4 * 6, 3),
+    )
     x, y = torch.randn(61, 1, 10), torch.randint(0, 3, (61,))
     m.train()
     for _ in range(3):
@@ -33,7 +46,9 @@ def test_top_k_matches_dense_hessian_cnn_with_batchnorm_eval_uneven_batches(meth
     m, x, y = bn_cnn()
     eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
     before = {k: v.clone() for k, v in m.state_dict().items()}
-    vals = top_hessian_eigenvalues(m, F.cross_entropy, uneven(x, y), k=3, method=method, max_iter=200)
+    vals = top_hessian_eigenvalues(
+        m, F.cross_entropy, uneven(x, y), k=3, method=method, max_iter=200
+    )
     assert len(vals) == 3
     for got, want in zip(vals, eig[:3].tolist()):
         assert abs(got - want) <= 1e-3 * abs(want)
@@ -46,7 +61,9 @@ def test_batchnorm_train_mode_uses_batch_statistics_and_keeps_running_stats():
     eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
     running = m[1].running_mean.clone()
     vals = top_hessian_eigenvalues(m, F.cross_entropy, [(x, y)], k=2)
-    assert abs(vals[0] - eig[0]) <= 1e-3 * abs(eig[0]) and abs(vals[1] - eig[1]) <= 1e-3 * abs(eig[1])
+    assert abs(vals[0] - eig[0]) <= 1e-3 * abs(eig[0]) and abs(vals[1] - eig[1]) <= 1e-3 * abs(
+        eig[1]
+    )
     assert torch.equal(m[1].running_mean, running) and m.training
 
 
@@ -60,7 +77,8 @@ def test_hvp_equals_dense_hessian_times_v_with_worker_threads_and_restores_the_m
     try:
         with HessianOperator(m, F.cross_entropy, uneven(x, y), "double_backward") as op:
             assert op._pool.workers == 2
-            assert all("forward" in bn.__dict__ for bn in (m[1], m[4]))  # the affine map is in place
+            # the affine map is in place
+            assert all("forward" in bn.__dict__ for bn in (m[1], m[4]))
             v = torch.randn(op.numel, generator=torch.Generator().manual_seed(0))
             hv = op(v)
         assert torch.allclose(hv.double(), H @ v.double(), rtol=1e-4, atol=1e-5)
@@ -82,10 +100,11 @@ def test_batchnorm_subclass_with_its_own_forward_is_left_alone():
     m(x)
     m.eval()
     eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
-    with HessianOperator(m, F.cross_entropy, [(x, y)]) as op:
+    with HessianOperator(m, F.cross_entropy, [(x, y)]):
         assert "forward" not in m[1].__dict__
-    assert top_hessian_eigenvalues(m, F.cross_entropy, [(x[:9], y[:9]), (x[9:], y[9:])])[0] == \
-        pytest.approx(float(eig[0]), rel=1e-3)
+    assert top_hessian_eigenvalues(m, F.cross_entropy, [(x[:9], y[:9]), (x[9:], y[9:])])[
+        0
+    ] == pytest.approx(float(eig[0]), rel=1e-3)
 
 
 def test_conv1d_layers_run_as_matrix_products_with_the_same_hessian():
@@ -93,12 +112,21 @@ def test_conv1d_layers_run_as_matrix_products_with_the_same_hessian():
     padded, with and without bias, the model's outputs and H v are those of the real layers.
     Grouped or dilated convolutions keep their own forward; everything is restored afterwards."""
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv1d(2, 4, 3, stride=2, padding=1), nn.Tanh(), nn.Conv1d(4, 4, 3, padding=2, bias=False),
-                      nn.Tanh(), nn.Conv1d(4, 4, 3, groups=2, dilation=2), nn.Flatten(), nn.Linear(12, 3))
+    m = nn.Sequential(
+        nn.Conv1d(2, 4, 3, stride=2, padding=1),
+        nn.Tanh(),
+        nn.Conv1d(4, 4, 3, padding=2, bias=False),
+        nn.Tanh(),
+        nn.Conv1d(4, 4, 3, groups=2, dilation=2),
+        nn.Flatten(),
+        nn.Linear(12, 3),
+    )
     x, y = torch.randn(13, 2, 9), torch.randint(0, 3, (13,))
     want_out = m(x)
     H = dense_hessian(m, F.cross_entropy, x, y)
-    with HessianOperator(m, F.cross_entropy, [(x[:6], y[:6]), (x[6:], y[6:])], "double_backward") as op:
+    with HessianOperator(
+        m, F.cross_entropy, [(x[:6], y[:6]), (x[6:], y[6:])], "double_backward"
+    ) as op:
         assert ["forward" in c.__dict__ for c in (m[0], m[2], m[4])] == [True, True, False]
         torch.testing.assert_close(m(x), want_out, rtol=1e-5, atol=1e-6)
         assert m[0](x[0]).shape == (4, 5)  # unbatched input still works
@@ -115,7 +143,9 @@ def test_mlp_with_negative_curvature_returns_largest_first():
     eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
     r = hessian_eigenpairs(m, F.cross_entropy, [(x[:25], y[:25]), (x[25:], y[25:])], k=2, seed=3)
     assert r.values == sorted(r.values, reverse=True)
-    assert abs(r.values[0] - eig[0]) <= 1e-3 * abs(eig[0]) and abs(r.values[1] - eig[1]) <= 1e-3 * abs(eig[1])
+    assert abs(r.values[0] - eig[0]) <= 1e-3 * abs(eig[0]) and abs(
+        r.values[1] - eig[1]
+    ) <= 1e-3 * abs(eig[1])
     assert r.converged and 2 <= r.hvps <= 100
     # the returned vector is the top eigenvector: its Rayleigh quotient is λ_max
     H = dense_hessian(m, F.cross_entropy, x, y)
@@ -135,8 +165,15 @@ def test_presolve_on_leading_batch_keeps_top_k_exact(k):
     """A coarse start from batch 0's Hessian; the full run still meets the dense top-k."""
     m, x, y = bn_cnn()
     eig = torch.linalg.eigvalsh(dense_hessian(m, F.cross_entropy, x, y)).flip(0)
-    r = hessian_eigenpairs(m, F.cross_entropy, uneven(x[[*range(20, 61), *range(20)]], y[[*range(20, 61), *range(20)]]),
-                           k=k, max_iter=200, presolve_batches=1, presolve_tol=3e-2)
+    r = hessian_eigenpairs(
+        m,
+        F.cross_entropy,
+        uneven(x[[*range(20, 61), *range(20)]], y[[*range(20, 61), *range(20)]]),
+        k=k,
+        max_iter=200,
+        presolve_batches=1,
+        presolve_tol=3e-2,
+    )
     assert r.presolve_hvps > 0 and r.converged
     for got, want in zip(r.values, eig[:k].tolist()):
         assert abs(got - want) <= 1e-3 * abs(want)
@@ -152,8 +189,14 @@ def test_lanczos_residual_rule_holds_on_a_close_gap():
     q, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64))
     spectrum = torch.cat([torch.tensor([10.0, 9.0]), torch.rand(n - 2, dtype=torch.float64) * 8])
     A = (q * spectrum) @ q.T
-    r = lanczos(lambda v: (A @ v.double()).to(v.dtype), n, k=2, tol=1e-3, max_iter=200,
-                generator=torch.Generator().manual_seed(0))
+    r = lanczos(
+        lambda v: (A @ v.double()).to(v.dtype),
+        n,
+        k=2,
+        tol=1e-3,
+        max_iter=200,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert r.converged
     assert abs(r.values[0] - 10) <= 1e-2 and abs(r.values[1] - 9) <= 9e-3
 
@@ -210,15 +253,19 @@ def test_unused_trainable_parameters_have_zero_hessian_rows(method, cache_mb):
         v = torch.randn(op.numel, generator=torch.Generator().manual_seed(0))
         assert torch.allclose(op(v).double(), H @ v.double(), rtol=1e-4, atol=1e-6)
         g = op.gradient()
-    unused = slice(4 * 5 + 4, 4 * 5 + 4 + 2 * 2 + 2)  # after body's weight and bias, in parameter order
+    # after body's weight and bias, in parameter order
+    unused = slice(4 * 5 + 4, 4 * 5 + 4 + 2 * 2 + 2)
     assert torch.count_nonzero(H[unused]) == 0 and torch.count_nonzero(g[unused]) == 0
-    vals = top_hessian_eigenvalues(m, F.cross_entropy, batches, k=2, method=method, graph_cache_mb=cache_mb, tol=1e-6)
+    vals = top_hessian_eigenvalues(
+        m, F.cross_entropy, batches, k=2, method=method, graph_cache_mb=cache_mb, tol=1e-6
+    )
     assert vals == pytest.approx(torch.linalg.eigvalsh(H).flip(0)[:2].tolist(), rel=1e-4)
 
 
 def test_choosing_the_hvp_method_leaves_the_global_rng_alone():
     """method=auto without the graph cache times both methods on probe vectors; they must not come
-    from the global RNG, or a resumed run's dropout and shuffling would depart from an unbroken one."""
+    from the global RNG, or a resumed run's dropout and shuffling would depart from an unbroken
+    one."""
     _method_choice.clear()  # so this call does time the methods
     m, x, y = bn_cnn()
     state = torch.get_rng_state()

@@ -2,6 +2,7 @@
 
 Model: linear regression θ ↦ (1/2N) Σ (x_iᵀθ − y_i)², so H = XᵀX/N exactly and everywhere.
 """
+
 import math
 
 import pytest
@@ -28,10 +29,14 @@ def half_mse(pred, target):
 
 def problem(at_minimum=True, seed=0, d=6, n=64):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g, dtype=torch.float64) * torch.linspace(0.3, 2.0, d, dtype=torch.float64)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64) * torch.linspace(
+        0.3, 2.0, d, dtype=torch.float64
+    )
     theta_star = torch.randn(d, generator=g, dtype=torch.float64)
     y = x @ theta_star
-    theta = theta_star if at_minimum else theta_star + torch.randn(d, generator=g, dtype=torch.float64)
+    theta = (
+        theta_star if at_minimum else theta_star + torch.randn(d, generator=g, dtype=torch.float64)
+    )
     model = Linear(theta)
     H = x.T @ x / n
     return model, [(x[:20], y[:20]), (x[20:], y[20:])], H
@@ -113,7 +118,8 @@ def test_armijo_probe_that_never_accepts_reports_nan():
     with Objective(model, half_mse, batches) as obj:
         alpha, curvature, evals = S.armijo_probe(obj, alpha0=1e6, max_steps=3)
     assert math.isnan(alpha) and math.isnan(curvature) and evals == 3
-    assert torch.equal(model.theta.detach(), problem(at_minimum=False)[0].theta.detach())  # restored
+    # restored
+    assert torch.equal(model.theta.detach(), problem(at_minimum=False)[0].theta.detach())
 
 
 def test_fisher_rao_keeps_every_module_in_its_own_mode():
@@ -124,6 +130,8 @@ def test_fisher_rao_keeps_every_module_in_its_own_mode():
     x, y = torch.randn(40, 5), torch.randint(0, 3, (40,))
     m.eval()
     m[1].train()
-    with HessianOperator(m, nn.functional.cross_entropy, [(x[:20], y[:20]), (x[20:], y[20:])]) as op:
+    with HessianOperator(
+        m, nn.functional.cross_entropy, [(x[:20], y[:20]), (x[20:], y[20:])]
+    ) as op:
         S.fisher_rao_sharpness(op, num_probes=2)
         assert [mod.training for mod in m.modules()] == [False, False, True, False, False]

@@ -1,4 +1,6 @@
-"""CurvatureTracker: schedule, keys, warm start, BatchNorm modes, EoS threshold, checkpoint state."""
+"""CurvatureTracker: schedule, keys, warm start, BatchNorm modes, EoS threshold, checkpoint
+state."""
+
 import copy
 import io
 import math
@@ -6,6 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import compose
+from metrics_helpers import dense_hessian
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -15,9 +19,6 @@ from sam_runner.metrics import top_hessian_eigenvalues
 from sam_runner.metrics.stability import stability_threshold
 from sam_runner.metrics.tracker import CurvatureTracker
 from sam_runner.optim import SAM, SAMSPS
-
-from conftest import compose
-from metrics_helpers import dense_hessian
 
 
 def measured(tracker, epoch, step, final=False, within_epoch=False):
@@ -31,11 +32,20 @@ def measured(tracker, epoch, step, final=False, within_epoch=False):
 
 def setup(**hessian):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv1d(1, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.Flatten(), nn.Linear(32, 3))
+    model = nn.Sequential(
+        nn.Conv1d(1, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.Flatten(), nn.Linear(32, 3)
+    )
     x, y = torch.randn(100, 1, 10), torch.randint(0, 3, (100,))
     model.train()
     model(x)
-    data = Data(train=None, test=None, num_classes=3, input_shape=(1, 10), train_size=100, train_tensors=(x, y))
+    data = Data(
+        train=None,
+        test=None,
+        num_classes=3,
+        input_shape=(1, 10),
+        train_size=100,
+        train_tensors=(x, y),
+    )
     cfg = OmegaConf.create({"hessian": {"num_samples": 64, "batch_size": 40, **hessian}})
     opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.1, momentum=0.9)
     return CurvatureTracker(cfg, model, data, opt, seed=0), model, data
@@ -43,7 +53,10 @@ def setup(**hessian):
 
 def test_end_measurement_equals_lambda_max_on_the_seeded_subset_in_eval_mode():
     tracker, model, data = setup()
-    assert measured(tracker, 1, 1, within_epoch=True) == {} and measured(tracker, 1, 10, final=False) == {}
+    assert (
+        measured(tracker, 1, 1, within_epoch=True) == {}
+        and measured(tracker, 1, 10, final=False) == {}
+    )
     row = measured(tracker, 2, 20, final=True)
     assert model.training  # mode restored
     x, y = data.train_subset(64, 0)
@@ -74,18 +87,36 @@ def test_every_n_steps_warm_starts_and_bn_train_mode_differs():
     assert measured(tracker, 1, 7, within_epoch=True) == {}
     assert second["hessian_hvps"] < first["hessian_hvps"]  # warm start from the previous vector
     eval_tracker, m2, _ = setup()
-    assert abs(measured(eval_tracker, 1, 1, final=True)["lambda_max"] - second["lambda_max"]) > 1e-3 * second["lambda_max"]
+    assert (
+        abs(measured(eval_tracker, 1, 1, final=True)["lambda_max"] - second["lambda_max"])
+        > 1e-3 * second["lambda_max"]
+    )
 
 
 def test_bn_train_mode_switches_only_batchnorm_and_restores_every_module():
     """bn_mode=train: batch statistics in BatchNorm, but dropout off (a random loss has no
     Hessian to certify); afterwards each module is back in its own mode."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv1d(1, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.Dropout(0.5), nn.Flatten(),
-                          nn.Linear(32, 3))
+    model = nn.Sequential(
+        nn.Conv1d(1, 4, 3),
+        nn.BatchNorm1d(4),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Flatten(),
+        nn.Linear(32, 3),
+    )
     x, y = torch.randn(100, 1, 10), torch.randint(0, 3, (100,))
-    data = Data(train=None, test=None, num_classes=3, input_shape=(1, 10), train_size=100, train_tensors=(x, y))
-    cfg = OmegaConf.create({"hessian": {"num_samples": 64, "batch_size": 64, "bn_mode": "train", "tol": 1e-6}})
+    data = Data(
+        train=None,
+        test=None,
+        num_classes=3,
+        input_shape=(1, 10),
+        train_size=100,
+        train_tensors=(x, y),
+    )
+    cfg = OmegaConf.create(
+        {"hessian": {"num_samples": 64, "batch_size": 64, "bn_mode": "train", "tol": 1e-6}}
+    )
     opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.1)
     tracker = CurvatureTracker(cfg, model, data, opt, seed=0)
     model.train()
@@ -113,31 +144,69 @@ def test_state_round_trips_through_weights_only_checkpoint():
 def full_metrics(**hessian):
     """metrics=full as `sam-run` composes it, with tiny sizes."""
     cfg = compose("metrics=full").metrics
-    return OmegaConf.merge(cfg, {"hessian": {"num_samples": 64, "batch_size": 40, "max_iter": 40, **hessian},
-                                 "trace": {"num_probes": 4}, "density": {"num_runs": 1, "num_steps": 8},
-                                 "sharpness": {"num_samples": 48, "worst_case": {"steps": 2},
-                                               "average": {"num_samples": 3}, "directional": {"num_directions": 2},
-                                               "fisher_rao": {"num_probes": 3, "damping": 1e-3}}})
+    return OmegaConf.merge(
+        cfg,
+        {
+            "hessian": {"num_samples": 64, "batch_size": 40, "max_iter": 40, **hessian},
+            "trace": {"num_probes": 4},
+            "density": {"num_runs": 1, "num_steps": 8},
+            "sharpness": {
+                "num_samples": 48,
+                "worst_case": {"steps": 2},
+                "average": {"num_samples": 3},
+                "directional": {"num_directions": 2},
+                "fisher_rao": {"num_probes": 3, "damping": 1e-3},
+            },
+        },
+    )
 
 
 @pytest.mark.parametrize("bn_mode", ["eval", "train"])
 def test_full_measurement_gives_finite_values_and_restores_the_model_exactly(bn_mode):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv1d(1, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.Dropout(0.3), nn.Flatten(),
-                          nn.Linear(32, 3))
+    model = nn.Sequential(
+        nn.Conv1d(1, 4, 3),
+        nn.BatchNorm1d(4),
+        nn.ReLU(),
+        nn.Dropout(0.3),
+        nn.Flatten(),
+        nn.Linear(32, 3),
+    )
     x, y = torch.randn(100, 1, 10), torch.randint(0, 3, (100,))
     model.train()
     model(x)  # non-trivial running statistics
     model[0].eval()  # a module in its own mode
-    data = Data(train=None, test=None, num_classes=3, input_shape=(1, 10), train_size=100, train_tensors=(x, y))
+    data = Data(
+        train=None,
+        test=None,
+        num_classes=3,
+        input_shape=(1, 10),
+        train_size=100,
+        train_tensors=(x, y),
+    )
     opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.1, momentum=0.9)
     tracker = CurvatureTracker(full_metrics(bn_mode=bn_mode), model, data, opt, seed=0)
-    state = {k: v.clone() for k, v in model.state_dict().items()}  # parameters and BatchNorm buffers
+    # parameters and BatchNorm buffers
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     modes = [m.training for m in model.modules()]
     row = measured(tracker, 5, 50, final=True)
-    for key in ("lambda_max", "lambda_2", "lambda_3", "eos_ratio", "hessian_trace", "hessian_trace_se",
-                "sharpness_worst", "sharpness_avg", "sharpness_avg_se", "sharpness_dir", "sharpness_dir_max",
-                "armijo_alpha", "armijo_curvature", "fisher_rao", "fisher_rao_se"):
+    for key in (
+        "lambda_max",
+        "lambda_2",
+        "lambda_3",
+        "eos_ratio",
+        "hessian_trace",
+        "hessian_trace_se",
+        "sharpness_worst",
+        "sharpness_avg",
+        "sharpness_avg_se",
+        "sharpness_dir",
+        "sharpness_dir_max",
+        "armijo_alpha",
+        "armijo_curvature",
+        "fisher_rao",
+        "fisher_rao_se",
+    ):
         assert math.isfinite(row[key]), key
     assert row["armijo_accepted"] is True and row["fisher_rao"] > 0 and row["sharpness_worst"] >= 0
     assert tracker.summary_extras()["hessian_density"]["nodes"]
@@ -149,17 +218,40 @@ def test_fisher_rao_with_bn_train_uses_batch_statistics_in_h():
     """fisher_rao under bn_mode=train: F from per-sample gradients in eval mode, H with BatchNorm on
     batch statistics (every batch), here against dense Hessians and the same Rademacher probes."""
     tracker, model, data = setup(bn_mode="train")
-    tracker.cfg = OmegaConf.merge(tracker.cfg, {"sharpness": {"num_samples": 64, "fisher_rao": {
-        "enabled": True, "num_probes": 6, "damping": 1e-3}}})
+    tracker.cfg = OmegaConf.merge(
+        tracker.cfg,
+        {
+            "sharpness": {
+                "num_samples": 64,
+                "fisher_rao": {"enabled": True, "num_probes": 6, "damping": 1e-3},
+            }
+        },
+    )
     ref = copy.deepcopy(model)  # the references below must not touch the tracked model's buffers
     row = measured(tracker, 1, 1, final=True)
     xs, ys = data.train_subset(64, 0)
     ref.eval()
     params = [p for p in ref.parameters()]
-    fisher = sum(torch.cat([g.reshape(-1) for g in torch.autograd.grad(
-        F.cross_entropy(ref(xs[i:i + 1]), ys[i:i + 1]), params)]).double() ** 2 for i in range(64)) / 64
+    fisher = (
+        sum(
+            torch.cat(
+                [
+                    g.reshape(-1)
+                    for g in torch.autograd.grad(
+                        F.cross_entropy(ref(xs[i : i + 1]), ys[i : i + 1]), params
+                    )
+                ]
+            ).double()
+            ** 2
+            for i in range(64)
+        )
+        / 64
+    )
     ref[1].train()  # BatchNorm on batch statistics; the dense Hessian of the 40 + 24 batches
-    H = sum(dense_hessian(ref, F.cross_entropy, xs[a:b], ys[a:b]) * (b - a) / 64 for a, b in ((0, 40), (40, 64)))
+    H = sum(
+        dense_hessian(ref, F.cross_entropy, xs[a:b], ys[a:b]) * (b - a) / 64
+        for a, b in ((0, 40), (40, 64))
+    )
     g = torch.Generator().manual_seed(0)
     probes = [(torch.randint(0, 2, (len(H),), generator=g) * 2 - 1).double() for _ in range(6)]
     expected = sum(float((v / (fisher + 1e-3)) @ H @ v) for v in probes) / 6
@@ -169,34 +261,58 @@ def test_fisher_rao_with_bn_train_uses_batch_statistics_in_h():
 
 def test_armijo_without_acceptance_is_nan_and_left_out_of_the_pearson():
     tracker, model, _ = setup()
-    tracker.cfg = OmegaConf.merge(tracker.cfg, {"sharpness": {"armijo": {"enabled": True, "alpha0": 1e30,
-                                                                         "max_steps": 3}}})
+    tracker.cfg = OmegaConf.merge(
+        tracker.cfg, {"sharpness": {"armijo": {"enabled": True, "alpha0": 1e30, "max_steps": 3}}}
+    )
     row = measured(tracker, 1, 1, final=True)
-    assert math.isnan(row["armijo_alpha"]) and math.isnan(row["armijo_curvature"]) and row["armijo_accepted"] is False
+    assert (
+        math.isnan(row["armijo_alpha"])
+        and math.isnan(row["armijo_curvature"])
+        and row["armijo_accepted"] is False
+    )
     assert math.isnan(tracker.history["armijo_alpha"][-1])
-    # a run's history (checkpointed) with one probe not accepted: the Pearson is over the other three
-    tracker.load_state_dict({"history": {"lambda_max": [1.0, 2.0, 4.0, 8.0],
-                                         "armijo_alpha": [1.0, 0.5, math.nan, 0.125]}})
+    # a run's history (checkpointed) with one probe not accepted: the Pearson is over the other
+    # three
+    tracker.load_state_dict(
+        {
+            "history": {
+                "lambda_max": [1.0, 2.0, 4.0, 8.0],
+                "armijo_alpha": [1.0, 0.5, math.nan, 0.125],
+            }
+        }
+    )
     assert tracker.summary_extras()["armijo_log_alpha_log_lambda_pearson"] == pytest.approx(-1.0)
 
 
 def sgd(lr=0.1, momentum=0.0, dampening=0.0, nesterov=False, dtype=torch.float32):
     q = nn.Parameter(torch.ones(1, dtype=dtype))
     opt = torch.optim.SGD([q], lr=lr, momentum=momentum, nesterov=nesterov)
-    opt.param_groups[0]["dampening"] = dampening  # the constructor refuses Nesterov with dampening; step() runs it
+    # the constructor refuses Nesterov with dampening; step() runs it
+    opt.param_groups[0]["dampening"] = dampening
     return q, opt
 
 
-@pytest.mark.parametrize("momentum,dampening,nesterov", [(0.0, 0.0, False), (0.0, 0.5, False), (0.9, 0.0, False),
-                                                         (0.9, 0.5, False), (0.9, 0.0, True), (0.9, 0.5, True)])
-def test_stability_threshold_is_where_sgd_on_a_quadratic_starts_to_diverge(momentum, dampening, nesterov):
+@pytest.mark.parametrize(
+    "momentum,dampening,nesterov",
+    [
+        (0.0, 0.0, False),
+        (0.0, 0.5, False),
+        (0.9, 0.0, False),
+        (0.9, 0.5, False),
+        (0.9, 0.0, True),
+        (0.9, 0.5, True),
+    ],
+)
+def test_stability_threshold_is_where_sgd_on_a_quadratic_starts_to_diverge(
+    momentum, dampening, nesterov
+):
     threshold = stability_threshold(sgd(0.1, momentum, dampening, nesterov)[1])
 
     def final_distance(lam):  # PyTorch's own SGD on λ/2 x², from x = 1
         q, opt = sgd(0.1, momentum, dampening, nesterov, torch.float64)
         for _ in range(500):
             opt.zero_grad()
-            (0.5 * lam * q ** 2).sum().backward()
+            (0.5 * lam * q**2).sum().backward()
             opt.step()
         return abs(q.item())
 
@@ -217,7 +333,9 @@ def test_eos_ratio_is_zero_at_lr_zero_and_absent_where_the_lr_is_not_the_step():
 def test_stability_threshold_and_bad_config():
     p = [nn.Parameter(torch.zeros(1))]
     assert stability_threshold(torch.optim.SGD(p, lr=0.5)) == pytest.approx(4.0)
-    assert stability_threshold(torch.optim.SGD(p, lr=0.5, momentum=0.9, nesterov=True)) == pytest.approx(3.8 / (0.5 * 2.8))
+    assert stability_threshold(
+        torch.optim.SGD(p, lr=0.5, momentum=0.9, nesterov=True)
+    ) == pytest.approx(3.8 / (0.5 * 2.8))
     assert stability_threshold(torch.optim.AdamW(p)) is None
     with pytest.raises(UserError, match="bn_mode='batch'"):
         setup(bn_mode="batch")

@@ -1,6 +1,7 @@
 """Helpers for the optimizer tests: tiny float64 models, closures, and an independent
 reference of "loss and gradient at a flat parameter vector" (torch.func), so that the
 tests compute each formula themselves instead of calling the variants' helpers."""
+
 from __future__ import annotations
 
 import torch
@@ -42,7 +43,7 @@ def params_of(model):
 def unflatten(model, vec):
     out, i = {}, 0
     for name, p in model.named_parameters():
-        out[name] = vec[i:i + p.numel()].view_as(p)
+        out[name] = vec[i : i + p.numel()].view_as(p)
         i += p.numel()
     return out
 
@@ -64,6 +65,7 @@ def ref_grad(model, vec, x=X, y=Y):
 def closure_for(opt, model, x=X, y=Y, record=None, calls=None, micro=1):
     """The LBFGS-convention closure the runner uses (reduce_loss, micro-batches); optionally
     records the parameters seen by each pass and counts calls."""
+
     def closure():
         if calls is not None:
             calls.append(opt.pass_index)
@@ -77,6 +79,7 @@ def closure_for(opt, model, x=X, y=Y, record=None, calls=None, micro=1):
             loss.backward()
             total += loss.detach()
         return total
+
     return closure
 
 

@@ -1,8 +1,9 @@
 """From config to optimizer: optimizer=base composes and builds with or without optimizer.rho."""
-import torch
 
+import torch
 from conftest import compose
 from optim_helpers import closure_for, flat, mlp, ref_grad
+
 from sam_runner.optim.build import build_optimizer
 
 
@@ -11,8 +12,14 @@ def test_base_builds_with_rho_null_and_ignores_a_swept_rho():
     `optimizer=base,sam optimizer.rho=...` needs it) and base stays one plain base step."""
     assert compose("optimizer=base").optimizer.rho is None
     for overrides in ((), ("optimizer.rho=0.1",)):
-        cfg = compose("optimizer=base", "base_optimizer=sgd", "base_optimizer.lr=0.1",
-                      "base_optimizer.momentum=0", "base_optimizer.weight_decay=0", *overrides)
+        cfg = compose(
+            "optimizer=base",
+            "base_optimizer=sgd",
+            "base_optimizer.lr=0.1",
+            "base_optimizer.momentum=0",
+            "base_optimizer.weight_decay=0",
+            *overrides,
+        )
         model = mlp()
         opt = build_optimizer(cfg, model, 10).bind(model=model)
         assert type(opt).__name__ == "Base"
@@ -20,5 +27,7 @@ def test_base_builds_with_rho_null_and_ignores_a_swept_rho():
         opt.step(closure_for(opt, model, calls=calls))
         _, g = ref_grad(model, theta)
         assert calls == [0]
-        torch.testing.assert_close(flat(model.parameters()), theta - 0.1 * g, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(
+            flat(model.parameters()), theta - 0.1 * g, rtol=1e-12, atol=1e-15
+        )
         assert "rho" not in opt.log_values()

@@ -1,7 +1,7 @@
 """CSAM: descent loss at θ+ε weighted by (1 − p_y)^γ renormalised to mean 1; γ = 0 is SAM."""
+
 import pytest
 import torch
-
 from optim_helpers import X, Y, build, closure_for, flat, mlp, ref_grad, ref_loss
 
 
@@ -11,7 +11,7 @@ def test_csam_matches_the_formula():
     theta, seen = flat(model.parameters()), {}
     opt.step(closure_for(opt, model, record=seen))
     _, g = ref_grad(model, theta)
-    eps = rho * g / g.norm()                        # SAM's ε from the plain loss
+    eps = rho * g / g.norm()  # SAM's ε from the plain loss
     torch.testing.assert_close(seen[1] - theta, eps, rtol=1e-9, atol=1e-12)
     v = (theta + eps).clone().requires_grad_(True)
     per_sample, logits = ref_loss(model, v, per_sample=True)
@@ -40,5 +40,6 @@ def test_csam_needs_reduce_loss_in_the_closure():
         loss = torch.nn.functional.cross_entropy(model(X), Y)
         loss.backward()
         return loss
+
     with pytest.raises(ValueError, match="reduce_loss"):
         opt.step(plain)

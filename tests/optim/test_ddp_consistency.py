@@ -1,6 +1,7 @@
 """Under real DDP (gloo, 2 processes, per-process perturbations): every variant whose update
 uses per-process quantities (CSAM's weights, GSAM's g, SAM-SPS's step, TLC-SAM's τ) keeps
 the processes' parameters identical."""
+
 import os
 import socket
 
@@ -24,6 +25,7 @@ def _worker(rank, port, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from sam_runner.optim import VARIANTS
+
     try:
         g = torch.Generator().manual_seed(100 + rank)  # each process its own data
         x, y = torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
@@ -40,6 +42,7 @@ def _worker(rank, port, out):
                 loss = opt.reduce_loss(F.cross_entropy(out, y, reduction="none"), out, y)
                 loss.backward()
                 return loss.detach()
+
             for _ in range(3):
                 opt.step(closure)
             result[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

@@ -1,6 +1,6 @@
 """EISAM: predict θ̃ = θ − γ g, ε from ∇L(θ̃), descent gradient at θ̃ + ε applied at θ; 3 passes."""
-import torch
 
+import torch
 from optim_helpers import build, closure_for, flat, mlp, ref_grad
 
 
@@ -11,7 +11,7 @@ def test_eisam_matches_the_formula():
     opt.step(closure_for(opt, model, record=seen, calls=calls))
     assert calls == [0, 1, 2]
     _, g = ref_grad(model, theta)
-    predicted = theta - lr * g                      # γ defaults to the learning rate
+    predicted = theta - lr * g  # γ defaults to the learning rate
     torch.testing.assert_close(seen[1], predicted, rtol=1e-9, atol=1e-12)
     _, g_hat = ref_grad(model, predicted)
     eps = rho * g_hat / g_hat.norm()

@@ -1,14 +1,15 @@
 """The shared two-pass engine, checked on every variant: the closure contract, BatchNorm
 statistics, state_dict round trips, gradient accumulation, ``interval``, bf16 and fp16
 (GradScaler on the CPU), the ρ schedules, weight decay in ε, bad arguments, grad_norm_max."""
+
 import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from optim_helpers import X, Y, bn_net, build, closure_for, flat, mlp, ref_grad
+
 from sam_runner.optim import SAM, VARIANTS
 
 NAMES = sorted(VARIANTS)
@@ -19,13 +20,14 @@ PERTURBING = [n for n in NAMES if VARIANTS[n].passes > 1]
 def test_closure_called_once_per_pass_and_theta_restored(name):
     model = mlp()
     kw = dict(gamma_max=1e-300, weight_decay=0.0) if name == "sam_sps" else {}
-    opt = build(name, model, lr=0.0, **kw)   # a zero step: θ must come back bit for bit
+    opt = build(name, model, lr=0.0, **kw)  # a zero step: θ must come back bit for bit
     theta, calls, seen = flat(model.parameters()), [], {}
     opt.step(closure_for(opt, model, calls=calls, record=seen))
     assert calls == list(range(VARIANTS[name].passes))
     assert torch.equal(flat(model.parameters()), theta)
     if len(calls) > 1:
-        assert not torch.equal(seen[len(calls) - 1], theta)  # the descent pass ran at a perturbed point
+        # the descent pass ran at a perturbed point
+        assert not torch.equal(seen[len(calls) - 1], theta)
 
 
 def test_step_needs_a_closure():
@@ -95,7 +97,7 @@ def test_a_plain_interval_step_is_the_base_step():
     sam = build("sam", a, lr=0.1, interval=2)
     sam.step(closure_for(sam, a))
     theta = flat(a.parameters())
-    sam.step(closure_for(sam, a))        # step 2: no perturbation
+    sam.step(closure_for(sam, a))  # step 2: no perturbation
     _, g = ref_grad(a, theta)
     torch.testing.assert_close(flat(a.parameters()), theta - 0.1 * g, rtol=1e-12, atol=1e-15)
 
@@ -117,17 +119,22 @@ def test_bf16_autocast_runs(name):
         loss = opt.reduce_loss(F.cross_entropy(out.float(), y, reduction="none"), out, y)
         loss.backward()
         return loss.detach()
+
     before = flat(model.parameters())
     for _ in range(2):
         loss = opt.step(closure)
     after = flat(model.parameters())
-    assert math.isfinite(loss.item()) and torch.isfinite(after).all() and not torch.equal(after, before)
+    assert (
+        math.isfinite(loss.item())
+        and torch.isfinite(after).all()
+        and not torch.equal(after, before)
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fp16_grad_scaler_skips_an_overflowing_step_and_restores_theta(name):
     model = _float_model()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
     opt = build(name, model, lr=0.05, **(dict(refresh_every=1) if name == "precond_sam" else {}))
     opt.bind(grad_scaler=scaler)
     poison = {"on": False}
@@ -138,7 +145,7 @@ def test_fp16_grad_scaler_skips_an_overflowing_step_and_restores_theta(name):
             out = model(X.float())
         loss = opt.reduce_loss(F.cross_entropy(out.float(), Y, reduction="none"), out, Y)
         if poison["on"]:
-            loss = loss * float("inf")    # every gradient becomes inf/NaN
+            loss = loss * float("inf")  # every gradient becomes inf/NaN
         scaler.scale(loss).backward()
         return loss.detach()
 
@@ -148,20 +155,21 @@ def test_fp16_grad_scaler_skips_an_overflowing_step_and_restores_theta(name):
     poison["on"] = True
     opt.step(closure)
     scaler.update()
-    assert torch.equal(flat(model.parameters()), theta)       # skipped, θ restored exactly
-    assert scaler.get_scale() < scale                           # the scale backed off
+    assert torch.equal(flat(model.parameters()), theta)  # skipped, θ restored exactly
+    assert scaler.get_scale() < scale  # the scale backed off
     poison["on"] = False
     opt.step(closure)
     scaler.update()
     after = flat(model.parameters())
-    assert torch.isfinite(after).all() and not torch.equal(after, theta)  # adaptive state not poisoned
+    # adaptive state not poisoned
+    assert torch.isfinite(after).all() and not torch.equal(after, theta)
     assert all(math.isfinite(v) for v in opt.log_values().values())
 
 
 def test_fp16_unscales_before_the_norm():
     """With a scaler, ε is ρ g / ‖g‖ of the unscaled gradient (‖ε‖ = ρ whatever the scale)."""
     model = mlp().float()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     opt = build("sam", model, lr=0.0, rho=0.05).bind(grad_scaler=scaler)
     seen = {}
     theta = flat(model.parameters())
@@ -172,6 +180,7 @@ def test_fp16_unscales_before_the_norm():
         loss = F.cross_entropy(model(X.float()), Y)
         scaler.scale(loss).backward()
         return loss.detach()
+
     opt.step(closure)
     scaler.update()
     assert abs((seen[1] - theta).norm().item() - 0.05) < 1e-6
@@ -189,7 +198,9 @@ def test_cosine_rho_schedule_applies_rho_on_the_first_step():
     """Step k (1-based) of T uses ρ · ½(1 + cos(π (k−1)/T)): the ‖ε‖ actually applied, which
     current_rho reports after the step."""
     model = mlp()
-    cos = SAM(model.parameters(), torch.optim.SGD, lr=0.1, rho=0.1, rho_schedule="cosine", total_steps=4)
+    cos = SAM(
+        model.parameters(), torch.optim.SGD, lr=0.1, rho=0.1, rho_schedule="cosine", total_steps=4
+    )
     applied, reported = [], []
     for _ in range(4):
         seen = {}
@@ -197,7 +208,8 @@ def test_cosine_rho_schedule_applies_rho_on_the_first_step():
         cos.step(closure_for(cos, model, record=seen))
         applied.append((seen[1] - theta).norm().item())
         reported.append(cos.current_rho)
-    want = [0.1 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]   # 0.1, 0.0854, 0.05, 0.0146
+    # 0.1, 0.0854, 0.05, 0.0146
+    want = [0.1 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
     assert applied == pytest.approx(want, rel=1e-9)
     assert reported == pytest.approx(want, rel=1e-12)
 
@@ -210,7 +222,7 @@ def test_perturb_with_weight_decay():
     _, g = ref_grad(model, theta)
     p = g + wd * theta
     torch.testing.assert_close(seen[1] - theta, 0.05 * p / p.norm(), rtol=1e-9, atol=1e-12)
-    plain = build("sam", mlp(), lr=0.0, rho=0.05, weight_decay=wd)   # default: weight decay not in ε
+    plain = build("sam", mlp(), lr=0.0, rho=0.05, weight_decay=wd)  # default: weight decay not in ε
     seen = {}
     plain.step(closure_for(plain, plain.model, record=seen))
     torch.testing.assert_close(seen[1] - theta, 0.05 * g / g.norm(), rtol=1e-9, atol=1e-12)
@@ -224,18 +236,21 @@ def test_grad_norm_max_is_the_running_max_and_resets_on_log():
         norms.append(ref_grad(model, flat(model.parameters()))[1].norm().item())
         opt.step(closure_for(opt, model))
     assert opt.log_values()["grad_norm_max"] == pytest.approx(max(norms), rel=1e-9)
-    assert "grad_norm_max" not in opt.log_values()      # reset
+    assert "grad_norm_max" not in opt.log_values()  # reset
     opt.step(closure_for(opt, model))
     assert "grad_norm_max" in opt.log_values()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(rho=-1.0), "rho must be"),
-    (dict(rho=float("nan")), "rho must be"),
-    (dict(rho_schedule="linear"), "rho_schedule must be one of"),
-    (dict(interval=0), "interval must be"),
-    (dict(rho_schedule="cosine", total_steps=None), "total_steps"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(rho=-1.0), "rho must be"),
+        (dict(rho=float("nan")), "rho must be"),
+        (dict(rho_schedule="linear"), "rho_schedule must be one of"),
+        (dict(interval=0), "interval must be"),
+        (dict(rho_schedule="cosine", total_steps=None), "total_steps"),
+    ],
+)
 def test_bad_engine_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SAM(mlp().parameters(), torch.optim.SGD, lr=0.1, **kwargs)
@@ -246,24 +261,27 @@ def test_base_optimizer_must_be_a_class():
         SAM(mlp().parameters(), torch.optim.SGD(mlp().parameters(), lr=0.1), lr=0.1)
 
 
-@pytest.mark.parametrize("name, kwargs, message", [
-    ("asam", dict(eta=-1.0), "eta"),
-    ("gear_sam", dict(beta=1.0), "beta"),
-    ("gear_sam", dict(blocks="module"), "blocks must be one of"),
-    ("tlc_sam", dict(rho=0.9), r"rho=0.9 must lie in \[rho_min, rho_max\]"),
-    ("tlc_sam", dict(rho_min=0.5, rho_max=0.1), "rho_min <= rho_max"),
-    ("tlc_sam", dict(rho_schedule="lr"), "constant"),
-    ("le_sam", dict(sigma=-0.1), "sigma"),
-    ("le_sam", dict(sigma_schedule="step"), "sigma_schedule"),
-    ("eisam", dict(predict_lr=-1.0), "predict_lr"),
-    ("csam", dict(gamma=-1.0), "gamma"),
-    ("spectral_sam", dict(rho_spectral=-1.0), "rho_spectral"),
-    ("sam_sps", dict(lam=2.0), "lam"),
-    ("sam_sps", dict(gamma_max=0.0), "gamma_max"),
-    ("precond_sam", dict(refresh_every=0), "refresh_every"),
-    ("precond_sam", dict(beta=1.5), "beta"),
-    ("gsam", dict(alpha=-0.1), "alpha"),
-])
+@pytest.mark.parametrize(
+    "name, kwargs, message",
+    [
+        ("asam", dict(eta=-1.0), "eta"),
+        ("gear_sam", dict(beta=1.0), "beta"),
+        ("gear_sam", dict(blocks="module"), "blocks must be one of"),
+        ("tlc_sam", dict(rho=0.9), r"rho=0.9 must lie in \[rho_min, rho_max\]"),
+        ("tlc_sam", dict(rho_min=0.5, rho_max=0.1), "rho_min <= rho_max"),
+        ("tlc_sam", dict(rho_schedule="lr"), "constant"),
+        ("le_sam", dict(sigma=-0.1), "sigma"),
+        ("le_sam", dict(sigma_schedule="step"), "sigma_schedule"),
+        ("eisam", dict(predict_lr=-1.0), "predict_lr"),
+        ("csam", dict(gamma=-1.0), "gamma"),
+        ("spectral_sam", dict(rho_spectral=-1.0), "rho_spectral"),
+        ("sam_sps", dict(lam=2.0), "lam"),
+        ("sam_sps", dict(gamma_max=0.0), "gamma_max"),
+        ("precond_sam", dict(refresh_every=0), "refresh_every"),
+        ("precond_sam", dict(beta=1.5), "beta"),
+        ("gsam", dict(alpha=-0.1), "alpha"),
+    ],
+)
 def test_bad_variant_arguments(name, kwargs, message):
     with pytest.raises(ValueError, match=message):
         build(name, mlp(), **kwargs)
@@ -271,7 +289,7 @@ def test_bad_variant_arguments(name, kwargs, message):
 
 def test_unknown_keyword_is_rejected():
     with pytest.raises(TypeError):
-        build("sam", mlp(), beta=0.9)   # not SAM's (nor SGD's) keyword
+        build("sam", mlp(), beta=0.9)  # not SAM's (nor SGD's) keyword
 
 
 def test_dot_over_tensor_lists_is_exact_to_float32_rounding():

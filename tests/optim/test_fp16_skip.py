@@ -1,11 +1,12 @@
 """fp16: a step the scaler skips because only the perturbed (last) pass overflowed must leave
 no trace: the parameters, the trajectory after it and the variant's state are those of a twin
 that never took that step. Float64 on the CPU, where scaling by a power of two is exact."""
+
 import pytest
 import torch
 import torch.nn.functional as F
-
 from optim_helpers import X, Y, build, flat, mlp
+
 from sam_runner.optim import VARIANTS
 
 PERTURBING = sorted(n for n in VARIANTS if VARIANTS[n].passes > 1)
@@ -15,7 +16,7 @@ KW = {"precond_sam": dict(refresh_every=2)}  # refreshes on perturbing steps 1, 
 def _run(name, poison_at, steps=4):
     """``steps`` steps under a GradScaler; on step ``poison_at`` only the last pass yields inf."""
     model = mlp()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
     opt = build(name, model, lr=0.05, **KW.get(name, {})).bind(grad_scaler=scaler)
     step = {"k": 0}
 

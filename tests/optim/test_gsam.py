@@ -1,7 +1,7 @@
 """GSAM: descent ∇L(θ+ε) − α g⊥, ρ following the learning rate; α = 0 is SAM."""
+
 import pytest
 import torch
-
 from optim_helpers import build, closure_for, flat, mlp, ref_grad
 
 
@@ -16,7 +16,9 @@ def test_gsam_matches_the_formula():
     _, gp = ref_grad(model, theta + eps)
     g_perp = g - (g @ gp) / (gp @ gp) * gp
     assert abs((g_perp @ gp).item()) < 1e-12
-    torch.testing.assert_close(flat(model.parameters()), theta - lr * (gp - alpha * g_perp), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(
+        flat(model.parameters()), theta - lr * (gp - alpha * g_perp), rtol=1e-9, atol=1e-12
+    )
 
 
 def test_gsam_with_alpha_zero_is_sam():
@@ -41,6 +43,7 @@ def test_gsam_rho_follows_the_learning_rate():
 def test_gsam_rho_follows_the_learning_rate_by_default():
     """The Python API's default is the spec's (ρ scaled with the lr); 'constant' stays available."""
     from sam_runner.optim import GSAM
+
     applied = {}
     for schedule in (None, "constant"):
         model = mlp()

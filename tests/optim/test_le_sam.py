@@ -1,9 +1,9 @@
 """LE-SAM: ε = σ g / (‖g‖² + δ), ⟨g, ε⟩ = σ, ‖ε‖ ≤ ρ_max."""
+
 import math
 
 import pytest
 import torch
-
 from optim_helpers import build, closure_for, flat, mlp, ref_grad
 
 
@@ -15,7 +15,7 @@ def test_le_sam_matches_the_formula_and_spends_the_loss_budget():
     _, g = ref_grad(model, theta)
     eps = 0.003 * g / (g.norm() ** 2 + 1e-12)
     torch.testing.assert_close(seen[1] - theta, eps, rtol=1e-9, atol=1e-12)
-    assert abs((g * (seen[1] - theta)).sum().item() - 0.003) < 1e-9          # ⟨g, ε⟩ = σ
+    assert abs((g * (seen[1] - theta)).sum().item() - 0.003) < 1e-9  # ⟨g, ε⟩ = σ
     _, d = ref_grad(model, theta + eps)
     torch.testing.assert_close(flat(model.parameters()), theta - 0.1 * d, rtol=1e-9, atol=1e-12)
 
@@ -41,16 +41,22 @@ def test_le_sam_cosine_sigma_schedule():
         seen = {}
         opt.step(closure_for(opt, model, record=seen))
         sigma = 0.01 * 0.5 * (1 + math.cos(math.pi * k / 4))
-        torch.testing.assert_close(seen[1] - theta, sigma * g / (g @ g + 1e-12), rtol=1e-9, atol=1e-15)
+        torch.testing.assert_close(
+            seen[1] - theta, sigma * g / (g @ g + 1e-12), rtol=1e-9, atol=1e-15
+        )
         assert opt.current_sigma == pytest.approx(sigma, rel=1e-12)
 
 
 def test_le_sam_config_refuses_a_radius_it_would_ignore():
     """A rho sweep across variants must not silently run le_sam jobs that ignore rho."""
     from conftest import compose
+
     from sam_runner.errors import UserError
     from sam_runner.optim.build import build_optimizer
+
     model = mlp()
     assert type(build_optimizer(compose("optimizer=le_sam"), model, 10)).__name__ == "LESAM"
-    with pytest.raises(UserError, match=r"optimizer.rho=0.1 does not apply to le_sam.*optimizer.sigma"):
+    with pytest.raises(
+        UserError, match=r"optimizer.rho=0.1 does not apply to le_sam.*optimizer.sigma"
+    ):
         build_optimizer(compose("optimizer=le_sam", "optimizer.rho=0.1"), model, 10)

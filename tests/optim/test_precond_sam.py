@@ -1,6 +1,6 @@
 """PrecondSAM: ε = ρ U g / sqrt(gᵀ U g), U = 1/(F + δ), F an EMA of g² refreshed every K steps."""
-import torch
 
+import torch
 from optim_helpers import build, closure_for, flat, mlp, ref_grad
 
 
@@ -12,10 +12,10 @@ def test_precond_sam_matches_the_formula_over_refreshes():
         seen = {}
         opt.step(closure_for(opt, model, record=seen))
         _, g = ref_grad(model, theta)
-        if step % 2 == 0:   # refresh on perturbing steps 1, 3, 5 (the first sets F = g²)
-            fisher = g ** 2 if fisher is None else beta * fisher + (1 - beta) * g ** 2
+        if step % 2 == 0:  # refresh on perturbing steps 1, 3, 5 (the first sets F = g²)
+            fisher = g**2 if fisher is None else beta * fisher + (1 - beta) * g**2
         u = 1 / (fisher + delta)
-        u = u / u.mean()                     # normalised to mean 1 (the project's choice)
+        u = u / u.mean()  # normalised to mean 1 (the project's choice)
         eps = rho * u * g / (g * u * g).sum().sqrt()
         torch.testing.assert_close(seen[1] - theta, eps, rtol=1e-8, atol=1e-12)
         _, d = ref_grad(model, theta + eps)

@@ -1,6 +1,7 @@
 """The SGS sampler (sam_runner/samplers.py): Δ_c from the two passes, its EMA, the class
 weights (n_c + 1)^(−α) exp(−λ ẑ(S_c)), the loader's per-example weights, resume, and the
 statistics pooled over 2 real processes (gloo)."""
+
 import math
 import os
 
@@ -22,7 +23,9 @@ def _loader(y):
 def _step(s, targets, loss0, loss1, micro=1):
     """One SAM step as the runner reports it: every micro-batch of pass 0, then of pass 1."""
     for p, losses in ((0, loss0), (1, loss1)):
-        for t, l in zip(targets.chunk(micro), torch.as_tensor(losses, device=targets.device).chunk(micro)):
+        for t, l in zip(
+            targets.chunk(micro), torch.as_tensor(losses, device=targets.device).chunk(micro)
+        ):
             s.observe(p, None, t, l)
 
 
@@ -30,7 +33,7 @@ def test_sgs_weights_follow_the_formula():
     y = torch.tensor([0, 0, 0, 1, 1, 2])
     s = SGSSampler(3, alpha=0.5, lam=0.5, beta=0.9)
     t1, t2 = torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1, 1, 0])
-    _step(s, t1, [1.0, 2.0, 1.0, 1.0], [1.5, 2.5, 1.2, 3.0])     # Δ = (0.5, 0.2, 2.0)
+    _step(s, t1, [1.0, 2.0, 1.0, 1.0], [1.5, 2.5, 1.2, 3.0])  # Δ = (0.5, 0.2, 2.0)
     _step(s, t2, [1.0, 1.0, 1.0, 1.0], [1.1, 1.4, 1.0, 1.3], micro=2)  # Δ = (0.2, 0.2, —)
     loader = _loader(y)
     s.end_epoch(loader)
@@ -46,7 +49,7 @@ def test_sgs_weights_follow_the_formula():
 def test_sgs_pairs_a_perturbing_step_with_its_own_first_pass():
     """Plain steps (interval > 1) leave pass-0 records only: they count but teach no Δ."""
     s = SGSSampler(2, beta=0.0)
-    s.observe(0, None, torch.tensor([0, 1]), torch.tensor([9.0, 9.0]))      # a plain step
+    s.observe(0, None, torch.tensor([0, 1]), torch.tensor([9.0, 9.0]))  # a plain step
     _step(s, torch.tensor([0, 1]), [1.0, 1.0], [2.0, 1.5])
     s.end_epoch(None)
     torch.testing.assert_close(s.sharpness, torch.tensor([1.0, 0.5]))
@@ -59,7 +62,10 @@ def _draws(loader):
 
 def test_sgs_resume_through_a_cpu_checkpoint_continues_as_if_uninterrupted(tmp_path):
     y = torch.tensor([0, 1, 1, 1])
-    steps = [(torch.tensor([0, 1]), [1.0, 1.0], [2.0, 1.5]), (torch.tensor([1, 1]), [1.0, 2.0], [1.25, 2.0])]
+    steps = [
+        (torch.tensor([0, 1]), [1.0, 1.0], [2.0, 1.5]),
+        (torch.tensor([1, 1]), [1.0, 2.0], [1.25, 2.0]),
+    ]
     whole = SGSSampler(2, loader=_loader(y))
     for step in steps:
         _step(whole, *step)
@@ -70,7 +76,8 @@ def test_sgs_resume_through_a_cpu_checkpoint_continues_as_if_uninterrupted(tmp_p
     torch.save(first.state_dict(), tmp_path / "last.pt")
     resumed = SGSSampler(2, loader=_loader(y))
     resumed.load_state_dict(torch.load(tmp_path / "last.pt", map_location="cpu", weights_only=True))
-    assert _draws(resumed.loader) == _draws(first.loader)   # the weighted loader still yields full batches
+    # the weighted loader still yields full batches
+    assert _draws(resumed.loader) == _draws(first.loader)
     _step(resumed, *steps[1])
     resumed.end_epoch(resumed.loader)
     torch.testing.assert_close(resumed.loader.weights, whole.loader.weights)
@@ -84,21 +91,26 @@ def test_sgs_state_read_onto_the_cpu_moves_to_the_loaders_device(tmp_path):
     s.end_epoch(None)
     torch.save(s.state_dict(), tmp_path / "last.pt")
     y = torch.tensor([0, 1, 1, 1], device="meta")
-    resumed = SGSSampler(2, loader=TensorLoader(torch.zeros(4, 1, device="meta"), y, 4, shuffle=True))
+    resumed = SGSSampler(
+        2, loader=TensorLoader(torch.zeros(4, 1, device="meta"), y, 4, shuffle=True)
+    )
     resumed.load_state_dict(torch.load(tmp_path / "last.pt", map_location="cpu", weights_only=True))
     assert {t.device.type for t in resumed.state_dict().values()} == {"meta"}
     _step(resumed, y[:2], [1.0, 1.0], [2.0, 1.5])
-    resumed.end_epoch(resumed.loader)   # mixing cpu state with meta losses raised here
+    resumed.end_epoch(resumed.loader)  # mixing cpu state with meta losses raised here
     assert resumed.loader.weights.device == y.device
 
 
 def test_weighted_draw_is_the_cpu_draw_of_the_loaders_generator():
-    """The order comes from CPU weights and the loader's CPU generator, wherever the weights live."""
+    """The order comes from CPU weights and the loader's CPU generator, wherever the weights
+    live."""
     y = torch.tensor([0, 1, 1, 1, 2, 2, 2, 2])
     loader = _loader(y)
     loader.set_epoch(3)
     loader.weights = torch.tensor([4.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5], dtype=torch.float64)
-    want = torch.multinomial(loader.weights.cpu(), len(y), replacement=True, generator=loader.generator())
+    want = torch.multinomial(
+        loader.weights.cpu(), len(y), replacement=True, generator=loader.generator()
+    )
     assert _draws(loader) == want.view(-1, 4).tolist()
 
 
@@ -112,7 +124,9 @@ def test_sgs_on_cuda_draws_as_on_the_cpu_and_resumes_from_a_cpu_checkpoint(tmp_p
         s.end_epoch(s.loader)
         torch.save(s.state_dict(), tmp_path / f"{dev}.pt")
         resumed = SGSSampler(3, loader=_loader(y.to(dev)))
-        resumed.load_state_dict(torch.load(tmp_path / f"{dev}.pt", map_location="cpu", weights_only=True))
+        resumed.load_state_dict(
+            torch.load(tmp_path / f"{dev}.pt", map_location="cpu", weights_only=True)
+        )
         _step(resumed, torch.tensor([1, 1, 2, 0], device=dev), [1.0] * 4, [1.5, 1.0, 2.0, 1.0])
         resumed.end_epoch(resumed.loader)
         draws[dev] = _draws(resumed.loader)
@@ -121,9 +135,12 @@ def test_sgs_on_cuda_draws_as_on_the_cpu_and_resumes_from_a_cpu_checkpoint(tmp_p
 
 # ------------------------------------------------------------------- 2 processes (gloo)
 C = 4
-# two epochs of two steps; a global batch of 8, rank r takes positions r, r + 2, ... (TensorLoader's split)
-EPOCHS = [[[0, 1, 2, 0, 3, 1, 0, 0], [2, 2, 1, 3, 0, 0, 1, 0]],
-          [[1, 0, 3, 2, 0, 1, 2, 1], [0, 3, 0, 1, 1, 2, 0, 0]]]
+# two epochs of two steps; a global batch of 8, rank r takes positions r, r + 2, ... (TensorLoader's
+# split)
+EPOCHS = [
+    [[0, 1, 2, 0, 3, 1, 0, 0], [2, 2, 1, 3, 0, 0, 1, 0]],
+    [[1, 0, 3, 2, 0, 1, 2, 1], [0, 3, 0, 1, 1, 2, 0, 0]],
+]
 Y = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 3])
 
 
@@ -138,7 +155,9 @@ def _epoch(sampler, e, rank=0, world=1):
 
 
 def _state(sampler):
-    return {k: sampler.state_dict()[k] for k in ("sharpness", "counts")} | {"weights": sampler.loader.weights}
+    return {k: sampler.state_dict()[k] for k in ("sharpness", "counts")} | {
+        "weights": sampler.loader.weights
+    }
 
 
 def _sgs_worker(rank, port, path, out):
@@ -173,14 +192,18 @@ def test_sgs_statistics_over_two_processes_are_the_global_ones_and_resume_exactl
     out = mp.Manager().dict()
     mp.spawn(_sgs_worker, args=(free_port(), str(tmp_path / "last.pt"), out), nprocs=2, join=True)
     for rank in (0, 1):
-        for got, want in ((out[rank]["one"], want_one), (out[rank]["two"], want_two),
-                          (out[rank]["resumed"], want_two)):
+        for got, want in (
+            (out[rank]["one"], want_one),
+            (out[rank]["two"], want_two),
+            (out[rank]["resumed"], want_two),
+        ):
             for k in want:
                 torch.testing.assert_close(got[k], want[k], msg=f"rank {rank}: {k}")
 
 
 def test_sgs_rarely_sampled_and_sharp_classes_are_drawn_less_or_more_as_designed():
-    """Equal sharpness: the rarer class gets the larger weight. Equal counts: the sharper one the smaller."""
+    """Equal sharpness: the rarer class gets the larger weight. Equal counts: the sharper one the
+    smaller."""
     s = SGSSampler(2)
     _step(s, torch.tensor([0, 0, 0, 1]), [1.0] * 4, [1.1] * 4)
     s.end_epoch(None)
@@ -189,7 +212,9 @@ def test_sgs_rarely_sampled_and_sharp_classes_are_drawn_less_or_more_as_designed
     _step(s, torch.tensor([0, 1]), [1.0, 1.0], [1.1, 3.0])
     s.end_epoch(None)
     assert s.class_weights[1] < s.class_weights[0]
-    assert math.isclose(float(s.class_weights[0] / s.class_weights[1]), math.exp(0.5 * 2), rel_tol=1e-5)
+    assert math.isclose(
+        float(s.class_weights[0] / s.class_weights[1]), math.exp(0.5 * 2), rel_tol=1e-5
+    )
 
 
 class _Cfg(dict):
@@ -206,5 +231,8 @@ def test_sgs_config_errors():
     with pytest.raises(UserError, match="dataset.sgs.lam='x' must be a number"):
         build_sampler(_Cfg(name="mnist1d", sampler="sgs", sgs={"lam": "x"}), data)
     with pytest.raises(UserError, match="in-memory"):
-        build_sampler(_Cfg(name="image_folder", sampler="sgs"), type("D", (), {"train": object(), "num_classes": 2})())
+        build_sampler(
+            _Cfg(name="image_folder", sampler="sgs"),
+            type("D", (), {"train": object(), "num_classes": 2})(),
+        )
     assert isinstance(build_sampler(_Cfg(name="mnist1d", sampler="sgs"), data), SGSSampler)

@@ -1,8 +1,10 @@
-"""SpectralSAM: hidden matrices get ρ_s · msign(G) · sqrt(max(1, d_out/d_in)); the rest Euclidean SAM."""
-import torch
-from torch import nn
+"""SpectralSAM: hidden matrices get ρ_s · msign(G) · sqrt(max(1, d_out/d_in)); the rest Euclidean
+SAM.
+"""
 
+import torch
 from optim_helpers import build, closure_for, flat, mlp, ref_grad
+from torch import nn
 
 # Muon's published quintic Newton–Schulz coefficients (Keller Jordan's Muon), 5 steps
 A, B, C = 3.4445, -4.7750, 2.0315
@@ -21,7 +23,8 @@ def newton_schulz(g, steps=5, dtype=torch.float32):
 
 
 def test_spectral_sam_matches_the_formula():
-    """Plain list of a 4-matrix MLP: the first and last matrices are excluded (first layer, head)."""
+    """Plain list of a 4-matrix MLP: the first and last matrices are excluded (first layer,
+    head)."""
     model = mlp(depth=4, width=7)
     lin = [m for m in model if isinstance(m, nn.Linear)]
     opt = build("spectral_sam", model, lr=0.1, rho=0.05, rho_spectral=0.2)
@@ -35,26 +38,42 @@ def test_spectral_sam_matches_the_formula():
         n, sl = p.numel(), slice(offset, offset + p.numel())
         if id(p) in hidden:
             d_out, d_in = p.shape
-            eps[sl] = (0.2 * newton_schulz(g[sl].view(p.shape)) * max(1.0, d_out / d_in) ** 0.5).double().reshape(-1)
+            eps[sl] = (
+                (0.2 * newton_schulz(g[sl].view(p.shape)) * max(1.0, d_out / d_in) ** 0.5)
+                .double()
+                .reshape(-1)
+            )
         else:
             others[sl] = True
         offset += n
     eps[others] = 0.05 * g[others] / g[others].norm()
-    torch.testing.assert_close(seen[1] - theta, eps, rtol=1e-5, atol=1e-7)   # the iteration runs in float32
+    # the iteration runs in float32
+    torch.testing.assert_close(seen[1] - theta, eps, rtol=1e-5, atol=1e-7)
     _, d = ref_grad(model, theta + (seen[1] - theta))
     torch.testing.assert_close(flat(model.parameters()), theta - 0.1 * d, rtol=1e-9, atol=1e-12)
 
 
 def test_spectral_sam_matrix_perturbations_have_the_spec_spectral_norm():
     """‖E_W‖₂ = ρ_s · sqrt(max(1, d_out/d_in)) up to the quintic's band of singular values, for
-    conv kernels (reshaped to d_out × d_in·k·k) and tall and wide matrices; groups set ``hidden``."""
+    conv kernels (reshaped to d_out × d_in·k·k) and tall and wide matrices; groups set
+    ``hidden``."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv1d(2, 4, 3), nn.Conv1d(4, 12, 3), nn.Flatten(), nn.Linear(12 * 6, 30),
-                          nn.Linear(30, 5)).double()
+    model = nn.Sequential(
+        nn.Conv1d(2, 4, 3),
+        nn.Conv1d(4, 12, 3),
+        nn.Flatten(),
+        nn.Linear(12 * 6, 30),
+        nn.Linear(30, 5),
+    ).double()
     hidden = [model[1].weight, model[3].weight]
     rest = [p for p in model.parameters() if all(p is not h for h in hidden)]
-    opt = build("spectral_sam", model, groups=[dict(params=hidden, hidden=True), dict(params=rest, hidden=False)],
-                lr=0.0, rho_spectral=0.3)
+    opt = build(
+        "spectral_sam",
+        model,
+        groups=[dict(params=hidden, hidden=True), dict(params=rest, hidden=False)],
+        lr=0.0,
+        rho_spectral=0.3,
+    )
     x, y = torch.randn(8, 2, 10, dtype=torch.float64), torch.randint(0, 5, (8,))
     seen = {}
     opt.step(closure_for(opt, model, x=x, y=y, record=seen))
@@ -65,18 +84,20 @@ def test_spectral_sam_matrix_perturbations_have_the_spec_spectral_norm():
     theta = flat(model.parameters())
     for w in hidden:
         a, p = offsets[id(w)]
-        e = (seen[1] - theta)[a:a + p.numel()].view(p.shape[0], -1)
+        e = (seen[1] - theta)[a : a + p.numel()].view(p.shape[0], -1)
         target = 0.3 * max(1.0, e.shape[0] / e.shape[1]) ** 0.5
         sv = torch.linalg.svdvals(e)
-        assert 0.68 * target <= sv.max() <= 1.2 * target, (sv / target)
-        kept = sv[sv > 1e-4 * target]       # G may be rank-deficient: msign is U Vᵀ on its range
-        assert kept.min() >= 0.5 * target   # every direction of G perturbed (≈ U Vᵀ), not just the top one
+        assert 0.68 * target <= sv.max() <= 1.2 * target, sv / target
+        kept = sv[sv > 1e-4 * target]  # G may be rank-deficient: msign is U Vᵀ on its range
+        # every direction of G perturbed (≈ U Vᵀ), not just the top one
+        assert kept.min() >= 0.5 * target
 
 
 def test_msign_equals_muon_iteration_for_wide_tall_and_square_batches():
     """Wide matrices run the iteration on the short side's Gram matrix: the same iterates, so
     the result is the float64 iteration's up to float32 rounding (looser when ill-conditioned)."""
     from sam_runner.optim.spectral_sam import msign
+
     torch.manual_seed(0)
     # (1, 129, 400) and its transpose: a short side of 128 or more takes the half-product path
     for shape in [(3, 16, 120), (2, 120, 16), (2, 24, 30), (1, 9, 9), (1, 129, 400), (1, 400, 129)]:
@@ -90,6 +111,7 @@ def test_msign_equals_muon_iteration_for_wide_tall_and_square_batches():
 
 def test_symmetric_products_equal_the_full_product():
     from sam_runner.optim.spectral_sam import symmetric_mm
+
     torch.manual_seed(0)
     for m in (130, 257, 520):  # one, two and four row blocks
         g = torch.randn(2, m, 3 * m, dtype=torch.float64) / (3 * m) ** 0.5  # entries of S near 1
@@ -97,7 +119,9 @@ def test_symmetric_products_equal_the_full_product():
         for x, y in [(g, g.mT), (s, s), (s, s @ s)]:
             got = symmetric_mm(x, y)
             torch.testing.assert_close(got, x @ y, rtol=1e-12, atol=1e-9)
-            if m >= 256:  # row blocks of -(-m // (m // 128)) rows: entries a block or more off the diagonal are mirrored
+            # row blocks of -(-m // (m // 128)) rows: entries a block or more off the diagonal are
+            # mirrored
+            if m >= 256:
                 b = -(-m // min(4, m // 128))
                 assert torch.equal(got.tril(-b), got.triu(b).mT)
 
@@ -105,20 +129,36 @@ def test_symmetric_products_equal_the_full_product():
 def test_channels_last_conv_kernels_get_the_same_perturbation():
     """ε of a channels_last kernel (not contiguous as d_out × d_in·k·k) is filled by copy, alike."""
     import copy
+
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Conv2d(4, 5, 3),
-                          nn.Flatten(), nn.Linear(5 * 4 * 4, 3))
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3),
+        nn.ReLU(),
+        nn.Conv2d(4, 5, 3),
+        nn.Flatten(),
+        nn.Linear(5 * 4 * 4, 3),
+    )
     other = copy.deepcopy(model).to(memory_format=torch.channels_last)
     x, y = torch.randn(6, 3, 10, 10), torch.randint(0, 3, (6,))
     seen = {}
     for net in (model, other):
         opt = build("spectral_sam", net, lr=0.0, rho_spectral=0.3)
         record = {}
-        opt.step(closure_for(opt, net, x=x.contiguous(memory_format=torch.channels_last) if net is other else x,
-                             y=y, record=record))
+        opt.step(
+            closure_for(
+                opt,
+                net,
+                x=x.contiguous(memory_format=torch.channels_last) if net is other else x,
+                y=y,
+                record=record,
+            )
+        )
         seen[net is other] = record[1] - flat(net.parameters())
     assert not other[2].weight.is_contiguous()  # the case under test
-    torch.testing.assert_close(seen[True], seen[False], rtol=1e-5, atol=1e-6)  # conv sums in another order
+    # conv sums in another order
+    torch.testing.assert_close(seen[True], seen[False], rtol=1e-5, atol=1e-6)
 
 
 class TokenNet(nn.Module):
@@ -128,7 +168,12 @@ class TokenNet(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.token = nn.Parameter(0.1 * torch.randn(1, 1, 6))
-        self.inp, self.mid1, self.mid2, self.head = nn.Linear(6, 7), nn.Linear(7, 7), nn.Linear(7, 5), nn.Linear(5, 3)
+        self.inp, self.mid1, self.mid2, self.head = (
+            nn.Linear(6, 7),
+            nn.Linear(7, 7),
+            nn.Linear(7, 5),
+            nn.Linear(5, 3),
+        )
         self.double()
 
     def forward(self, x):
@@ -137,9 +182,11 @@ class TokenNet(nn.Module):
 
 
 def test_spectral_sam_on_a_plain_list_reads_hidden_layers_off_the_bound_model():
-    """Only mid1 and mid2 weights are hidden: the token, the input layer and the head get SAM's ε."""
+    """Only mid1 and mid2 weights are hidden: the token, the input layer and the head get SAM's
+    ε."""
     model = TokenNet()
-    opt = build("spectral_sam", model, lr=0.0, rho=0.05, rho_spectral=0.2)   # plain list, model bound
+    # plain list, model bound
+    opt = build("spectral_sam", model, lr=0.0, rho=0.05, rho_spectral=0.2)
     theta, seen = flat(model.parameters()), {}
     opt.step(closure_for(opt, model, record=seen))
     _, g = ref_grad(model, theta)

@@ -1,9 +1,9 @@
 """TLC-SAM: ρ moves toward the Taylor-error target and stays in [ρ_min, ρ_max]."""
+
 import math
 
 import pytest
 import torch
-
 from optim_helpers import build, closure_for, flat, mlp, ref_grad, ref_loss
 
 
@@ -34,7 +34,9 @@ def test_tlc_sam_matches_the_controller_over_steps():
 def test_tlc_sam_rho_moves_toward_the_target_and_stays_in_bounds(target, direction):
     """A loose target (τ* above any τ) grows ρ up to ρ_max; τ* = 0 shrinks it down to ρ_min."""
     model = mlp()
-    opt = build("tlc_sam", model, lr=0.05, rho=0.1, tau_target=target, kappa=50.0, rho_min=0.02, rho_max=0.3)
+    opt = build(
+        "tlc_sam", model, lr=0.05, rho=0.1, tau_target=target, kappa=50.0, rho_min=0.02, rho_max=0.3
+    )
     rhos = []
     for _ in range(40):
         opt.step(closure_for(opt, model))

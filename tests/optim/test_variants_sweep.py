@@ -3,6 +3,7 @@ budget, one process for all jobs (real Hydra multirun); every job completes with
 The full sweep is marked slow (about 45 s of CPU, minutes on a busy machine); the default
 suite sweeps the variants whose runner wiring differs from SAM's (three passes, the
 reweighted loss, the Polyak step and its global-package preset)."""
+
 import json
 import math
 import os
@@ -24,9 +25,20 @@ def test_variants_with_their_own_wiring_complete_a_tiny_sweep(tmp_path):
 
 
 def _sweep(tmp_path, names):
-    cmd = [sys.executable, "-m", "sam_runner.cli", "-m", f"optimizer={','.join(names)}",
-           "trainer.epochs=1", f"dataset.num_samples={600 if len(names) > 3 else 400}", "dataset.batch_size=64", "trainer.device=cpu",
-           "metrics.hessian.enabled=false", "trainer.progress=none", f"hydra.sweep.dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sam_runner.cli",
+        "-m",
+        f"optimizer={','.join(names)}",
+        "trainer.epochs=1",
+        f"dataset.num_samples={600 if len(names) > 3 else 400}",
+        "dataset.batch_size=64",
+        "trainer.device=cpu",
+        "metrics.hessian.enabled=false",
+        "trainer.progress=none",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,6 +9,7 @@ LevelDB's log format behind a 7-byte file header (":W&B", a 2-byte magic, a vers
 FULL=1/FIRST=2/MIDDLE=3/LAST=4); a block's last < 7 bytes are padding. The crc is not
 checked (a corrupt file would fail to parse as protobuf anyway).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -25,13 +26,23 @@ BLOCK = 32 * 1024
 FILE_HEADER = 7
 SWEEP_NAME = "study_a"
 # 2 variants × 2 seeds, tiny budget, W&B offline: the issue's test sweep
-SWEEP_ARGS = ["-m", "optimizer=base,sam", "seed=0,1", "trainer.epochs=1", "dataset.num_samples=1000",
-              "metrics.hessian.num_samples=256", "metrics.hessian.max_iter=20", "trainer.progress=none",
-              "logger=wandb", "logger.mode=offline"]
+SWEEP_ARGS = [
+    "-m",
+    "optimizer=base,sam",
+    "seed=0,1",
+    "trainer.epochs=1",
+    "dataset.num_samples=1000",
+    "metrics.hessian.num_samples=256",
+    "metrics.hessian.max_iter=20",
+    "trainer.progress=none",
+    "logger=wandb",
+    "logger.mode=offline",
+]
 
 
 def wandb_records(path: Path) -> list:
     from wandb.proto import wandb_internal_pb2 as pb
+
     data = Path(path).read_bytes()
     assert data[:4] == b":W&B", f"{path} is not a W&B run file"
     records, pos, pending = [], FILE_HEADER, b""
@@ -40,11 +51,11 @@ def wandb_records(path: Path) -> list:
         if left < 7:  # block trailer padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:  # zero fill up to the block's end
             pos += left
             continue
-        chunk = data[pos + 7:pos + 7 + length]
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 1:
             pending = chunk
@@ -65,24 +76,39 @@ def wandb_records(path: Path) -> list:
 
 def wandb_run_files(run_dir: Path) -> list[Path]:
     """The offline run files under a run folder, oldest first (a resumed job adds one)."""
-    return sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"), key=lambda p: p.parent.name)
+    return sorted(
+        Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"), key=lambda p: p.parent.name
+    )
 
 
 def wandb_content(run_dir: Path) -> dict:
-    """What the run folder's W&B files hold: history rows by step, summary, run info, config, exit codes."""
-    out = {"history": {}, "summary": {}, "runs": [], "config": {}, "exit_codes": [], "preempting": False}
+    """What the run folder's W&B files hold: history rows by step, summary, run info, config, exit
+    codes."""
+    out = {
+        "history": {},
+        "summary": {},
+        "runs": [],
+        "config": {},
+        "exit_codes": [],
+        "preempting": False,
+    }
     for f in wandb_run_files(run_dir):
         for rec in wandb_records(f):
             kind = rec.WhichOneof("record_type")
             if kind == "history":
-                items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item}
+                items = {
+                    (i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                    for i in rec.history.item
+                }
                 out["history"].setdefault(items["_step"], {}).update(items)
             elif kind == "summary":
                 for i in rec.summary.update:
                     out["summary"][i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
             elif kind == "run":
                 out["runs"].append(rec.run)
-                out["config"].update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
+                out["config"].update(
+                    {i.key: json.loads(i.value_json) for i in rec.run.config.update}
+                )
             elif kind == "config":
                 out["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
             elif kind == "exit":
@@ -96,6 +122,7 @@ def finished_wandb_content(run_dir: Path, tries: int = 50) -> dict:
     """wandb_content once the file holds the run's exit record: after finish(), wandb-core may still
     be writing the last records (seen under load as a missing history step or a cut record)."""
     from google.protobuf.message import DecodeError
+
     for _ in range(tries):
         try:
             content = wandb_content(run_dir)
@@ -113,12 +140,18 @@ def shared_sweep() -> Path:
     root = Path(tempfile.mkdtemp(prefix="sam-results-"))
     atexit.register(shutil.rmtree, root, True)
     sweep = root / SWEEP_NAME
-    proc = subprocess.run(["sam-run", *SWEEP_ARGS, f"hydra.sweep.dir={sweep}"], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        ["sam-run", *SWEEP_ARGS, f"hydra.sweep.dir={sweep}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep
 
 
 def copy_sweep(dst: Path) -> Path:
     """A copy of the shared sweep without its W&B files, to alter (a running or failed job)."""
-    return Path(shutil.copytree(shared_sweep(), dst, ignore=shutil.ignore_patterns("wandb", "checkpoints")))
+    return Path(
+        shutil.copytree(shared_sweep(), dst, ignore=shutil.ignore_patterns("wandb", "checkpoints"))
+    )

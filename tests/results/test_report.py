@@ -1,4 +1,6 @@
-"""sam-report on a real sweep: the table's numbers, the CSV, the plots, unfinished and failed jobs."""
+"""sam-report on a real sweep: the table's numbers, the CSV, the plots, unfinished and failed
+jobs."""
+
 from __future__ import annotations
 
 import csv
@@ -10,8 +12,8 @@ import subprocess
 
 import pytest
 import yaml
-
 from results_helpers import SWEEP_ARGS, copy_sweep, shared_sweep
+
 from sam_runner.report import build_report, group_overrides, main, near_end, tlc_bound
 
 METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
@@ -29,7 +31,20 @@ def csv_rows(path):
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    assert main([str(shared_sweep()), "--out", str(out), "--metric", "train_time_s", "--metric", "train_loss"]) == 0
+    assert (
+        main(
+            [
+                str(shared_sweep()),
+                "--out",
+                str(out),
+                "--metric",
+                "train_time_s",
+                "--metric",
+                "train_loss",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -57,22 +72,32 @@ def test_a_metric_not_in_the_summary_is_its_last_logged_value(reported):
     for job in jobs:
         rows_ = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
         overrides = json.loads((job / "summary.json").read_text())["overrides"]
-        last.setdefault(next(o.split("=")[1] for o in overrides if o.startswith("optimizer=")), []).append(
-            [r["train_loss"] for r in rows_ if "train_loss" in r][-1])
+        last.setdefault(
+            next(o.split("=")[1] for o in overrides if o.startswith("optimizer=")), []
+        ).append([r["train_loss"] for r in rows_ if "train_loss" in r][-1])
     for variant, values in last.items():
         assert float(rows[variant]["train_loss_mean"]) == pytest.approx(statistics.fmean(values))
 
 
 def test_every_png_decodes_as_an_image(reported):
     from PIL import Image
+
     pngs = sorted(reported.glob("*.png")) + sorted(shared_sweep().glob("*/curves.png"))
     names = {p.name for p in pngs}
-    assert {"acc_vs_rho.png", "lambda_max_vs_rho.png", "ece_vs_rho.png", "acc_vs_lambda_max.png", "curves.png"} <= names
+    assert {
+        "acc_vs_rho.png",
+        "lambda_max_vs_rho.png",
+        "ece_vs_rho.png",
+        "acc_vs_lambda_max.png",
+        "curves.png",
+    } <= names
     for p in pngs:
         with Image.open(p) as im:
             im.load()
             assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
-    assert all(f"]({name})" in (reported / "report.md").read_text() for name in names - {"curves.png"})
+    assert all(
+        f"]({name})" in (reported / "report.md").read_text() for name in names - {"curves.png"}
+    )
 
 
 def test_a_running_job_is_reported_missing_and_left_out_of_the_means(tmp_path):
@@ -93,8 +118,19 @@ def test_a_sweep_with_a_failed_job_is_reported_not_crashed_on(tmp_path):
     """A real sweep whose second job fails (ρ < 0 is a config error)."""
     sweep = tmp_path / "failing"
     args = [a for a in SWEEP_ARGS if not a.startswith(("optimizer=", "seed=", "logger"))]
-    subprocess.run(["sam-run", *args, "optimizer=sam", "optimizer.rho=0.05,-1", "metrics.hessian.enabled=false",
-                    f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=600)
+    subprocess.run(
+        [
+            "sam-run",
+            *args,
+            "optimizer=sam",
+            "optimizer.rho=0.05,-1",
+            "metrics.hessian.enabled=false",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     proc = subprocess.run(["sam-report", str(sweep)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("2 jobs: 1 completed, 0 diverged, 1 failed, 0 missing;")
@@ -113,7 +149,10 @@ def test_a_job_that_has_not_started_is_named_as_missing(tmp_path, capsys):
     shutil.rmtree(gone)  # the launcher has not got to it yet
     assert main([str(sweep)]) == 0
     out = capsys.readouterr().out
-    assert "4 jobs: 3 completed, 0 diverged, 0 failed, 1 missing (0 running or killed, 1 not started)" in out
+    assert (
+        "4 jobs: 3 completed, 0 diverged, 0 failed, 1 missing (0 running or killed, 1 not started)"
+        in out
+    )
     assert f"missing: (no folder) {' '.join(overrides)} (not started" in out
     base = next(r for r in csv_rows(sweep / "report.csv") if r["variant"] == "base")
     assert (base["completed"], base["missing"], base["test_acc_n"]) == ("1", "1", "1")
@@ -126,30 +165,60 @@ def test_the_stability_bound_is_drawn_from_the_logged_gradient_norms(tmp_path):
     for job in sam_jobs:
         assert "grad_norm_max" in (job.path / "metrics.jsonl").read_text()  # always logged
         rows = [json.loads(line) for line in (job.path / "metrics.jsonl").read_text().splitlines()]
-        gamma = max(r["grad_norm_max"] for r in rows if "grad_norm_max" in r)  # one epoch: all of it is "the end"
-        assert job.bound == pytest.approx((job.batch_size * gamma / (2 * job.rho * job.lr ** 2)) ** (1 / 3))
+        # one epoch: all of it is "the end"
+        gamma = max(r["grad_norm_max"] for r in rows if "grad_norm_max" in r)
+        assert job.bound == pytest.approx(
+            (job.batch_size * gamma / (2 * job.rho * job.lr**2)) ** (1 / 3)
+        )
     assert "drawn for 2 job(s)" in " ".join(report.notes)
     from sam_runner.plots import plot_metric_vs_rho
-    fig = plot_metric_vs_rho(report.groups, "lambda_max", "λ_max", logy=True,
-                             bounds={"sam": [b for g in report.groups for b in g["bounds"]]})
+
+    fig = plot_metric_vs_rho(
+        report.groups,
+        "lambda_max",
+        "λ_max",
+        logy=True,
+        bounds={"sam": [b for g in report.groups for b in g["bounds"]]},
+    )
     assert any("stability bound" in label for label in fig.axes[0].get_legend_handles_labels()[1])
 
 
 def test_bound_and_gamma_definitions():
-    assert tlc_bound(128, 2.0, 0.05, 0.1) == pytest.approx((128 * 2.0 / (2 * 0.05 * 0.01)) ** (1 / 3))
+    assert tlc_bound(128, 2.0, 0.05, 0.1) == pytest.approx(
+        (128 * 2.0 / (2 * 0.05 * 0.01)) ** (1 / 3)
+    )
     assert tlc_bound(128, None, 0.05, 0.1) is None and tlc_bound(128, 2.0, 0.0, 0.1) is None
-    rows = [{"epoch": e, "grad_norm_max": g} for e, g in [(1, 9.0), (10, 1.0), (18, 3.0), (19, 2.0), (20, 1.5)]]
-    assert near_end(rows, "grad_norm_max") == 2.0  # epochs 19-20 are the last 10% of 20; epoch 18 is not
-    assert near_end(rows[:2], "grad_norm_max") == 1.0 and near_end([{"epoch": 1}], "grad_norm_max") is None
+    rows = [
+        {"epoch": e, "grad_norm_max": g}
+        for e, g in [(1, 9.0), (10, 1.0), (18, 3.0), (19, 2.0), (20, 1.5)]
+    ]
+    # epochs 19-20 are the last 10% of 20; epoch 18 is not
+    assert near_end(rows, "grad_norm_max") == 2.0
+    assert (
+        near_end(rows[:2], "grad_norm_max") == 1.0
+        and near_end([{"epoch": 1}], "grad_norm_max") is None
+    )
     rows = [dict(r, rho=0.05 * r["epoch"]) for r in rows]
     assert near_end(rows, "rho", statistics.fmean) == pytest.approx(0.05 * 19.5)  # the same window
 
 
 def test_groups_pool_seeds_and_settings_that_do_not_change_the_experiment():
-    key = group_overrides(["optimizer=sam", "seed=3", "trainer.device=cpu", "hydra.launcher.timeout_min=9",
-                           "trainer.compile=true", "trainer.channels_last=false",
-                           "hydra/launcher=submitit_slurm", "+logger=wandb", "logger.mode=offline",
-                           "optimizer.rho=0.1", "dataset.batch_size=64"], ignore=("dataset.batch_size",))
+    key = group_overrides(
+        [
+            "optimizer=sam",
+            "seed=3",
+            "trainer.device=cpu",
+            "hydra.launcher.timeout_min=9",
+            "trainer.compile=true",
+            "trainer.channels_last=false",
+            "hydra/launcher=submitit_slurm",
+            "+logger=wandb",
+            "logger.mode=offline",
+            "optimizer.rho=0.1",
+            "dataset.batch_size=64",
+        ],
+        ignore=("dataset.batch_size",),
+    )
     assert key == ("optimizer=sam", "optimizer.rho=0.1")
 
 
@@ -166,9 +235,24 @@ def test_a_folder_that_is_not_a_sweep_is_a_one_line_error(tmp_path, capsys):
 def tlc_sweep(tmp_path_factory):
     """A real sweep as a study preset runs one: base beside TLC-SAM under one optimizer.rho."""
     sweep = tmp_path_factory.mktemp("tlc") / "sweep"
-    args = [a for a in SWEEP_ARGS if not a.startswith(("optimizer=", "seed=", "logger", "trainer.epochs="))]
-    proc = subprocess.run(["sam-run", *args, "optimizer=base,tlc_sam", "optimizer.rho=0.1", "trainer.epochs=2",
-                           f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=600)
+    args = [
+        a
+        for a in SWEEP_ARGS
+        if not a.startswith(("optimizer=", "seed=", "logger", "trainer.epochs="))
+    ]
+    proc = subprocess.run(
+        [
+            "sam-run",
+            *args,
+            "optimizer=base,tlc_sam",
+            "optimizer.rho=0.1",
+            "trainer.epochs=2",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep
 
@@ -179,9 +263,12 @@ def test_base_has_no_rho_and_tlc_sams_bound_uses_the_rho_it_logged(tlc_sweep):
     assert base["rho"] is None and base["bounds"] == [] and base["stats"]["bound"]["n"] == 0
     tlc = next(j for j in report.jobs if j.variant == "tlc_sam")
     last = [json.loads(line) for line in (tlc.path / "metrics.jsonl").read_text().splitlines()][-1]
-    assert last["epoch"] == 2 and last["rho"] != pytest.approx(0.1)  # the controller moved ρ from its start
+    # the controller moved ρ from its start
+    assert last["epoch"] == 2 and last["rho"] != pytest.approx(0.1)
     # two epochs: the window of Γ and ρ is the last one
-    assert tlc.bound == pytest.approx(tlc_bound(tlc.batch_size, last["grad_norm_max"], last["rho"], tlc.lr))
+    assert tlc.bound == pytest.approx(
+        tlc_bound(tlc.batch_size, last["grad_norm_max"], last["rho"], tlc.lr)
+    )
     assert "drawn for 1 job(s)" in " ".join(report.notes)
 
 
@@ -190,7 +277,11 @@ def test_the_table_compares_lambda_max_with_the_bound_in_numbers(tlc_sweep, tmp_
     tlc = next(j for j in build_report(tlc_sweep).jobs if j.variant == "tlc_sam")
     lam = tlc.metrics["lambda_max"]
     rows = {r["variant"]: r for r in csv_rows(tmp_path / "report.csv")}
-    assert (rows["base"]["rho"], rows["base"]["bound_n"], rows["base"]["bound_mean"]) == ("", "0", "")
+    assert (rows["base"]["rho"], rows["base"]["bound_n"], rows["base"]["bound_mean"]) == (
+        "",
+        "0",
+        "",
+    )
     assert float(rows["tlc_sam"]["bound_mean"]) == pytest.approx(tlc.bound)
     assert float(rows["tlc_sam"]["lambda_max_over_bound_mean"]) == pytest.approx(lam / tlc.bound)
     assert rows["tlc_sam"]["above_bound"] == str(int(lam > tlc.bound))
@@ -203,8 +294,11 @@ def test_the_table_compares_lambda_max_with_the_bound_in_numbers(tlc_sweep, tmp_
 def test_a_job_rerun_with_how_it_runs_settings_still_answers_for_its_sweep_job(tmp_path):
     sweep = copy_sweep(tmp_path / "sweep")
     conf = yaml.safe_load((sweep / "multirun.yaml").read_text())
-    conf["hydra"]["overrides"]["task"].append("trainer.device=cpu")  # a part-done sweep rerun on the CPU
+    # a part-done sweep rerun on the CPU
+    conf["hydra"]["overrides"]["task"].append("trainer.device=cpu")
     (sweep / "multirun.yaml").write_text(yaml.safe_dump(conf))
     overrides = sweep / "0" / ".hydra" / "overrides.yaml"
-    overrides.write_text(yaml.safe_dump(yaml.safe_load(overrides.read_text()) + ["trainer.device=cpu"]))
+    overrides.write_text(
+        yaml.safe_dump(yaml.safe_load(overrides.read_text()) + ["trainer.device=cpu"])
+    )
     assert build_report(sweep).counts() == {"completed": 4}

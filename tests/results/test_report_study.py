@@ -1,4 +1,5 @@
 """A study preset's reference heads the report; long-tail split accuracies are reported unasked."""
+
 from __future__ import annotations
 
 import csv
@@ -14,11 +15,24 @@ def _job(folder, n, optimizer, seed, acc, few, extra=(), done=True):
     (d / ".hydra").mkdir(parents=True)
     overrides = [f"optimizer={optimizer}", f"seed={seed}", *extra]
     (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    cfg = {"optimizer": {"name": optimizer, "rho": 0.1}, "dataset": {"batch_size": 128},
-           "base_optimizer": {"lr": 0.1}, "study": {"name": "long_tail", "reference": "SGS-SAM: +10.85 tail"}}
+    cfg = {
+        "optimizer": {"name": optimizer, "rho": 0.1},
+        "dataset": {"batch_size": 128},
+        "base_optimizer": {"lr": 0.1},
+        "study": {"name": "long_tail", "reference": "SGS-SAM: +10.85 tail"},
+    }
     (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
-    summary = {"status": "completed", "test_acc": acc, "test_ece": 0.1, "test_nll": 1.0, "lambda_max": 5.0,
-               "test_acc_many": acc + 0.1, "test_acc_medium": acc, "test_acc_few": few, "overrides": overrides}
+    summary = {
+        "status": "completed",
+        "test_acc": acc,
+        "test_ece": 0.1,
+        "test_nll": 1.0,
+        "lambda_max": 5.0,
+        "test_acc_many": acc + 0.1,
+        "test_acc_medium": acc,
+        "test_acc_few": few,
+        "overrides": overrides,
+    }
     if done:  # else still running: no summary yet
         (d / "summary.json").write_text(json.dumps(summary))
     (d / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "step": 10, "test_acc": acc}) + "\n")
@@ -50,4 +64,6 @@ def test_split_metrics_are_found_when_only_a_late_job_has_finished(tmp_path):
 def test_groups_are_ordered_by_the_value_of_their_numbers(tmp_path):
     for n, b in enumerate((128, 32, 64)):
         _job(tmp_path, n, "sam", 0, 0.45, 0.20, extra=[f"dataset.batch_size={b}"])
-    assert [g["label"] for g in build_report(tmp_path).groups] == [f"dataset.batch_size={b}" for b in (32, 64, 128)]
+    assert [g["label"] for g in build_report(tmp_path).groups] == [
+        f"dataset.batch_size={b}" for b in (32, 64, 128)
+    ]

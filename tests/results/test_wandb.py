@@ -1,4 +1,6 @@
-"""logger=wandb: real W&B in offline mode, its run files read back with W&B's own protobuf schema."""
+"""logger=wandb: real W&B in offline mode, its run files read back with W&B's own protobuf
+schema."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +8,15 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import TINY, compose, stopped_early_of
-from results_helpers import SWEEP_NAME, finished_wandb_content, shared_sweep, wandb_content, wandb_run_files
+from results_helpers import (
+    SWEEP_NAME,
+    finished_wandb_content,
+    shared_sweep,
+    wandb_content,
+    wandb_run_files,
+)
+
 from sam_runner.errors import UserError
 from sam_runner.loggers import build_logger
 from sam_runner.train import train
@@ -24,10 +32,17 @@ def metrics_rows(run_dir):
 def resumed(tmp_path_factory):
     """One epoch, then the same job resumed to two (with a mid-epoch curvature row per epoch)."""
     run_dir = tmp_path_factory.mktemp("wandb_run")
-    extra = ["metrics.hessian.every_n_steps=5", "metrics.hessian.num_samples=32", "metrics.hessian.max_iter=5"]
+    extra = [
+        "metrics.hessian.every_n_steps=5",
+        "metrics.hessian.num_samples=32",
+        "metrics.hessian.max_iter=5",
+    ]
     first = train(compose(*TINY, *WANDB, *extra, "trainer.epochs=1"), run_dir)
-    first_id = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["logger"]["run_id"]
-    stopped_early_of(run_dir, 2)  # so the next call resumes from the checkpoint instead of returning
+    first_id = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["logger"][
+        "run_id"
+    ]
+    # so the next call resumes from the checkpoint instead of returning
+    stopped_early_of(run_dir, 2)
     summary = train(compose(*TINY, *WANDB, *extra, "trainer.epochs=2"), run_dir)
     return run_dir, first, summary, first_id
 
@@ -40,8 +55,9 @@ def test_every_metrics_line_is_in_the_wandb_history(resumed):
     for i, row in enumerate(rows):
         logged = history[row["step"]]  # W&B step = the optimizer step
         for key, value in row.items():
-            if any(r["step"] == row["step"] and key in r for r in rows[i + 1:]):
-                continue  # two lines at one step share a W&B row: the later line's value is the one kept
+            if any(r["step"] == row["step"] and key in r for r in rows[i + 1 :]):
+                # two lines at one step share a W&B row: the later line's value is the one kept
+                continue
             if key == "step":
                 continue
             if isinstance(value, dict):  # W&B flattens nested dicts to a/b keys
@@ -81,7 +97,10 @@ def test_a_resumed_job_continues_the_same_wandb_run(resumed):
     files = wandb_run_files(run_dir)
     assert len(files) == 2, files  # one offline file per process, both for the same run id
     assert {f.name for f in files} == {f"run-{first_id}.wandb"}
-    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["logger"]["run_id"] == first_id
+    assert (
+        torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["logger"]["run_id"]
+        == first_id
+    )
     assert [r.run_id for r in wandb_content(run_dir)["runs"]] == [first_id, first_id]
 
 
@@ -108,8 +127,16 @@ def test_a_failing_run_still_finishes_its_wandb_run(tmp_path):
 
 
 def test_a_diverged_run_is_finished_as_failed_with_its_status(tmp_path):
-    summary = train(compose(*TINY, *WANDB, "trainer.epochs=1", "base_optimizer.lr=1e12",
-                            "metrics.hessian.enabled=false"), tmp_path)
+    summary = train(
+        compose(
+            *TINY,
+            *WANDB,
+            "trainer.epochs=1",
+            "base_optimizer.lr=1e12",
+            "metrics.hessian.enabled=false",
+        ),
+        tmp_path,
+    )
     assert summary["status"] == "diverged"
     content = finished_wandb_content(tmp_path)
     assert content["exit_codes"] == [1]
@@ -127,7 +154,9 @@ def test_an_interrupted_or_requeued_run_is_marked_preempting_not_just_failed(tmp
     assert content["preempting"] and content["summary"]["status"] == status
 
 
-def test_online_without_credentials_falls_back_to_offline_with_one_line(tmp_path, monkeypatch, capsys):
+def test_online_without_credentials_falls_back_to_offline_with_one_line(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_IDENTITY_TOKEN_FILE", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
@@ -152,8 +181,13 @@ def test_disabled_mode_writes_nothing_and_has_no_run_id(tmp_path):
     assert wandb_run_files(tmp_path) == []
 
 
-@pytest.mark.parametrize("override, message", [("logger.mode=onlin", "logger.mode='onlin' is unknown"),
-                                               ("logger.tags=abc", "logger.tags='abc' must be a list")])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("logger.mode=onlin", "logger.mode='onlin' is unknown"),
+        ("logger.tags=abc", "logger.tags='abc' must be a list"),
+    ],
+)
 def test_bad_logger_settings_are_one_line_errors(tmp_path, override, message):
     cfg = compose("logger=wandb", override)
     with pytest.raises(UserError, match=message) as e:

@@ -1,4 +1,5 @@
 """Data parallelism over gloo on the CPU, 2 real processes (sam_runner.distributed)."""
+
 from __future__ import annotations
 
 import copy
@@ -17,11 +18,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch import nn
 
-from sam_runner.sweep.jobs import run_parallel
 from sam_runner import distributed
 from sam_runner.errors import UserError
 from sam_runner.optim import SAM
 from sam_runner.paths import config_dir
+from sam_runner.sweep.jobs import run_parallel
 from sam_runner.train import train
 
 CPU = torch.device("cpu")
@@ -32,9 +33,11 @@ def compose_cfg(*overrides):
         return compose("config", overrides=list(overrides))
 
 
-# ---------------------------------------------------------------- probes run in the started processes
+# ---------------------------------------------------------------- probes run in the started
+# processes
 def _steps(opt, net, rank: int, steps: int = 3):
-    """``steps`` optimizer steps of ``net`` on this process's own shard of random data; yields after each."""
+    """``steps`` optimizer steps of ``net`` on this process's own shard of random data; yields after
+    each."""
     g = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
         x, y = torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
@@ -85,6 +88,7 @@ def _rank1_fails():
 def _sgs_probe():
     """Each process observes its own losses for one step; the epoch's class weights after it."""
     from sam_runner.samplers import SGSSampler
+
     topo = distributed.current()
     g = torch.Generator().manual_seed(7 + topo.rank)
     targets = torch.tensor([0, 0, 1, 2, 2, 2] if topo.rank == 0 else [0, 1, 1, 1, 2, 0])
@@ -93,8 +97,14 @@ def _sgs_probe():
     sampler.observe(0, None, targets, loss0)
     sampler.observe(1, None, targets, loss0 + torch.rand(6, generator=g))
     sampler.end_epoch(None)  # S and n from both processes' sums
-    return {name: topo.gather(t[None]).tolist()
-            for name, t in (("weights", sampler.class_weights), ("s", sampler.sharpness), ("n", sampler.counts))}
+    return {
+        name: topo.gather(t[None]).tolist()
+        for name, t in (
+            ("weights", sampler.class_weights),
+            ("s", sampler.sharpness),
+            ("n", sampler.counts),
+        )
+    }
 
 
 def _openmp_work(threads: int) -> float:
@@ -120,22 +130,32 @@ def _train_failing_on_rank1(cfg, run_dir, overrides):
     """train(), with process 1's evaluation failing: process 0 then fails too, a moment later, in
     the collective process 1 left ("Connection closed by peer")."""
     import sam_runner.train as train_module
+
     if distributed.current().rank == 1:
-        def evaluate(*args, **kwargs):
+
+        def evaluate(*_args, **_kwargs):
             raise RuntimeError("boom on rank 1")
+
         train_module.evaluate = evaluate
-    return train(cfg, run_dir, overrides)  # the real one (a test replaces sam_runner.train.train by this)
+    # the real one (a test replaces sam_runner.train.train by this)
+    return train(cfg, run_dir, overrides)
 
 
 def _stateful_variants_probe():
     """Per-process data and perturbations (sync_perturbation=False): GEAR-SAM's block energies
     and PrecondSAM's F after a few steps, from both processes."""
     from sam_runner.optim import GEARSAM, PrecondSAM
+
     topo = distributed.current()
     cfg = OmegaConf.create({"trainer": {"sync_batchnorm": False}})
     out = {}
-    for name, make in (("gear_sam", lambda ps: GEARSAM(ps, torch.optim.SGD, rho=0.1, lr=0.1, blocks="tensor")),
-                       ("precond_sam", lambda ps: PrecondSAM(ps, torch.optim.SGD, rho=0.1, lr=0.1, refresh_every=2))):
+    for name, make in (
+        ("gear_sam", lambda ps: GEARSAM(ps, torch.optim.SGD, rho=0.1, lr=0.1, blocks="tensor")),
+        (
+            "precond_sam",
+            lambda ps: PrecondSAM(ps, torch.optim.SGD, rho=0.1, lr=0.1, refresh_every=2),
+        ),
+    ):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
         opt = make(model.parameters())
@@ -182,7 +202,9 @@ def test_processes_start_after_openmp_work_and_die_with_the_launcher(sig, tmp_pa
     """A launcher that ran OpenMP work starts processes that can run OpenMP work (forked ones
     hang); SIGTERM (the launcher ends them) or SIGKILL (they notice) leaves none running."""
     code = LAUNCHER.format(tests=str(Path(__file__).parent), pid_dir=str(tmp_path))
-    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 90
         while not all((tmp_path / f"{rank}.ready").exists() for rank in (0, 1)):
@@ -209,7 +231,9 @@ def test_sgs_statistics_are_global_and_the_same_in_every_process():
     every process, so the processes draw alike and rank 0's checkpoint is the global state."""
     out = distributed.launch(_sgs_probe, (), 2, CPU)
     weights, s, n = (torch.tensor(out[k], dtype=torch.float64) for k in ("weights", "s", "n"))
-    assert torch.equal(weights[0], weights[1]) and torch.equal(s[0], s[1]) and torch.equal(n[0], n[1])
+    assert (
+        torch.equal(weights[0], weights[1]) and torch.equal(s[0], s[1]) and torch.equal(n[0], n[1])
+    )
     # the union of both processes' samples, recomputed here: Δ_c = mean over class c of the rise
     targets, rises = [], []
     for rank, t in ((0, [0, 0, 1, 2, 2, 2]), (1, [0, 1, 1, 1, 2, 0])):
@@ -222,7 +246,9 @@ def test_sgs_statistics_are_global_and_the_same_in_every_process():
     torch.testing.assert_close(s[0], delta, rtol=1e-6, atol=0)
     assert n[0].tolist() == [4, 4, 4]
     z = (delta - delta.mean()) / delta.std(unbiased=False)
-    torch.testing.assert_close(weights[0], (n[0] + 1) ** -0.5 * torch.exp(-0.5 * z), rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        weights[0], (n[0] + 1) ** -0.5 * torch.exp(-0.5 * z), rtol=1e-5, atol=0
+    )
 
 
 def test_sync_false_gives_per_process_perturbations_and_identical_parameters():
@@ -241,9 +267,16 @@ def test_sync_false_gives_per_process_perturbations_and_identical_parameters():
 
 
 def test_two_processes_match_one_at_the_same_global_batch(tmp_path):
-    cfg = compose_cfg("model=mlp", "dataset.num_samples=600", "dataset.batch_size=64", "trainer.epochs=2",
-                      "trainer.device=cpu", "trainer.progress=none", "metrics.hessian.enabled=false",
-                      "optimizer.sync_perturbation=true")
+    cfg = compose_cfg(
+        "model=mlp",
+        "dataset.num_samples=600",
+        "dataset.batch_size=64",
+        "trainer.epochs=2",
+        "trainer.device=cpu",
+        "trainer.progress=none",
+        "metrics.hessian.enabled=false",
+        "optimizer.sync_perturbation=true",
+    )
     one, two = tmp_path / "one", tmp_path / "two"
     s1 = train(cfg, one, ["x"])
     s2 = distributed.launch(train, (cfg, str(two), ["x"]), 2, CPU)
@@ -252,7 +285,15 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path):
     rows2 = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
     assert len(rows1) == len(rows2) == 2
     for r1, r2 in zip(rows1, rows2):
-        for key in ("step", "train_loss", "train_acc", "test_loss", "test_acc", "test_ece", "test_nll"):
+        for key in (
+            "step",
+            "train_loss",
+            "train_acc",
+            "test_loss",
+            "test_acc",
+            "test_ece",
+            "test_nll",
+        ):
             assert r2[key] == pytest.approx(r1[key], abs=1e-5), key
     m1 = torch.load(one / "checkpoints" / "last.pt", weights_only=True)["model"]
     m2 = torch.load(two / "checkpoints" / "last.pt", weights_only=True)["model"]
@@ -260,8 +301,9 @@ def test_two_processes_match_one_at_the_same_global_batch(tmp_path):
     for k in m1:
         assert torch.allclose(m1[k], m2[k], atol=1e-5), k
     # rank 0 alone wrote the run's files
-    assert sorted(p.name for p in two.iterdir() if not p.name.startswith(".")) == \
-        sorted(p.name for p in one.iterdir() if not p.name.startswith("."))
+    assert sorted(p.name for p in two.iterdir() if not p.name.startswith(".")) == sorted(
+        p.name for p in one.iterdir() if not p.name.startswith(".")
+    )
 
 
 def test_a_failing_process_ends_the_others_and_reports_its_error():
@@ -273,25 +315,46 @@ def test_the_earliest_failure_is_raised_and_recorded_not_its_echo(tmp_path, monk
     """Process 1 fails; process 0 fails after it ("Connection closed by peer") and writes its own
     summary.json. The error raised, and the one in summary.json, are process 1's."""
     import sam_runner.train
-    cfg = compose_cfg("model=mlp", "dataset.num_samples=600", "dataset.batch_size=64", "trainer.epochs=1",
-                      "trainer.device=cpu", "trainer.progress=none", "metrics.hessian.enabled=false",
-                      "trainer.devices=2")
+
+    cfg = compose_cfg(
+        "model=mlp",
+        "dataset.num_samples=600",
+        "dataset.batch_size=64",
+        "trainer.epochs=1",
+        "trainer.device=cpu",
+        "trainer.progress=none",
+        "metrics.hessian.enabled=false",
+        "trainer.devices=2",
+    )
     # run_parallel starts sam_runner.train.train in each process; here, the wrapper above
     monkeypatch.setattr(sam_runner.train, "train", _train_failing_on_rank1)
-    with pytest.raises(RuntimeError, match=r"^data-parallel process 1 failed: RuntimeError: boom on rank 1$"):
+    with pytest.raises(
+        RuntimeError, match=r"^data-parallel process 1 failed: RuntimeError: boom on rank 1$"
+    ):
         run_parallel(cfg, tmp_path, ["x=1"])
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary == {"status": "failed", "error": "data-parallel process 1 failed: RuntimeError: boom on rank 1",
-                       "overrides": ["x=1"]}
+    assert summary == {
+        "status": "failed",
+        "error": "data-parallel process 1 failed: RuntimeError: boom on rank 1",
+        "overrides": ["x=1"],
+    }
 
 
 def test_a_requeue_signal_to_the_launcher_is_an_interruption_not_a_failure(tmp_path):
     """submitit requeues on SIGUSR2, then sys.exit()s: the processes are ended, and no failed
     summary.json is written (the requeued job resumes from the checkpoint)."""
     from test_train import requeue_signal_once
-    cfg = compose_cfg("model=mlp", "dataset.num_samples=600", "dataset.batch_size=64", "trainer.epochs=50",
-                      "trainer.device=cpu", "trainer.progress=none", "metrics.hessian.enabled=false",
-                      "trainer.devices=2")
+
+    cfg = compose_cfg(
+        "model=mlp",
+        "dataset.num_samples=600",
+        "dataset.batch_size=64",
+        "trainer.epochs=50",
+        "trainer.device=cpu",
+        "trainer.progress=none",
+        "metrics.hessian.enabled=false",
+        "trainer.devices=2",
+    )
     ckpt = tmp_path / "checkpoints" / "last.pt"
     with requeue_signal_once(ckpt), pytest.raises(SystemExit):
         run_parallel(cfg, tmp_path, ["x=1"])
@@ -311,22 +374,47 @@ def test_resume_under_ddp_with_per_process_perturbations_is_exact(tmp_path):
     its block energies are global, so rank 0's checkpoint holds every process's state).
     Resuming it in one process is refused."""
     from conftest import stopped_early_of
-    common = ["model=mlp", "dataset.num_samples=600", "dataset.batch_size=64", "trainer.device=cpu",
-              "trainer.progress=none", "metrics.hessian.enabled=false", "scheduler=constant", "optimizer=gear_sam",
-              "optimizer.sync_perturbation=false"]
+
+    common = [
+        "model=mlp",
+        "dataset.num_samples=600",
+        "dataset.batch_size=64",
+        "trainer.device=cpu",
+        "trainer.progress=none",
+        "metrics.hessian.enabled=false",
+        "scheduler=constant",
+        "optimizer=gear_sam",
+        "optimizer.sync_perturbation=false",
+    ]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    distributed.launch(train, (compose_cfg(*common, "trainer.epochs=2"), str(straight), ["x"]), 2, CPU)
-    distributed.launch(train, (compose_cfg(*common, "trainer.epochs=1"), str(resumed), ["x"]), 2, CPU)
+    distributed.launch(
+        train, (compose_cfg(*common, "trainer.epochs=2"), str(straight), ["x"]), 2, CPU
+    )
+    distributed.launch(
+        train, (compose_cfg(*common, "trainer.epochs=1"), str(resumed), ["x"]), 2, CPU
+    )
     stopped_early_of(resumed, 2)
-    with pytest.raises(UserError, match=r"written by 2 data-parallel process\(es\) and this run has 1") as e:
+    with pytest.raises(
+        UserError, match=r"written by 2 data-parallel process\(es\) and this run has 1"
+    ) as e:
         train(compose_cfg(*common, "trainer.epochs=2"), resumed, ["x"])
     assert "\n" not in str(e.value)
-    distributed.launch(train, (compose_cfg(*common, "trainer.epochs=2"), str(resumed), ["x"]), 2, CPU)
-    rows = [[{k: v for k, v in json.loads(line).items() if k != "time_s"}
-             for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (straight, resumed)]
+    distributed.launch(
+        train, (compose_cfg(*common, "trainer.epochs=2"), str(resumed), ["x"]), 2, CPU
+    )
+    rows = [
+        [
+            {k: v for k, v in json.loads(line).items() if k != "time_s"}
+            for line in (d / "metrics.jsonl").read_text().splitlines()
+        ]
+        for d in (straight, resumed)
+    ]
     assert [r["epoch"] for r in rows[1]] == [1, 2]
     assert rows[0] == rows[1]
-    m1, m2 = (torch.load(d / "checkpoints" / "last.pt", weights_only=True)["model"] for d in (straight, resumed))
+    m1, m2 = (
+        torch.load(d / "checkpoints" / "last.pt", weights_only=True)["model"]
+        for d in (straight, resumed)
+    )
     assert all(torch.equal(m1[k], m2[k]) for k in m1)
 
 
@@ -344,7 +432,12 @@ def test_rank_and_world_from_torchrun_and_slurm_environments():
     assert distributed.from_env({}) is None
     assert distributed.from_env({"RANK": "0", "WORLD_SIZE": "1"}) is None
     assert distributed.from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}) == (3, 4, 1)
-    slurm = {"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4"}
+    slurm = {
+        "SLURM_PROCID": "2",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "4",
+    }
     assert distributed.from_env(slurm) == (2, 4, 0)
     # the batch script of a 4-task allocation is one process, not rank 0 of 4
     assert distributed.from_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) is None
@@ -364,14 +457,33 @@ def test_one_process_topology_is_the_identity():
 def test_torchrun_starts_the_same_code_with_rank_and_world_from_the_environment(tmp_path):
     import subprocess
     import sys
+
     run_dir = tmp_path / "run"
     port = distributed.free_port()
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                          f"--master-port={port}", "-m", "sam_runner.cli", "model=mlp", "dataset.num_samples=800",
-                          "trainer.epochs=2", "metrics.hessian.enabled=false", "trainer.progress=lines",
-                          "trainer.device=cpu", f"hydra.run.dir={run_dir}"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={port}",
+            "-m",
+            "sam_runner.cli",
+            "model=mlp",
+            "dataset.num_samples=800",
+            "trainer.epochs=2",
+            "metrics.hessian.enabled=false",
+            "trainer.progress=lines",
+            "trainer.device=cpu",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("completed: test_acc=") == 1  # rank 0 alone reports
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
-    assert [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert [
+        json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ] == [1, 2]

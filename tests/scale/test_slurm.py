@@ -1,5 +1,6 @@
 """On a real SLURM cluster (CI starts a one-node one with `source .ci/slurm.sh`): the submitit
 launcher preset, the sbatch array of scripts/slurm_array.sbatch, and a requeued job resuming."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,14 @@ from sam_runner.sweep.lines import lines_main
 # CI runs them with `source .ci/slurm.sh && pytest -m slurm`.
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["model=mlp", "dataset.num_samples=1200", "dataset.batch_size=64", "metrics.hessian.enabled=false",
-        "trainer.device=cpu", "trainer.progress=lines"]
+TINY = [
+    "model=mlp",
+    "dataset.num_samples=1200",
+    "dataset.batch_size=64",
+    "metrics.hessian.enabled=false",
+    "trainer.device=cpu",
+    "trainer.progress=lines",
+]
 
 
 def _absent(reason: str):
@@ -33,20 +40,31 @@ def _absent(reason: str):
 def slurm():
     """Skips (with the reason) unless sbatch and squeue answer and a node is up."""
     if shutil.which("sbatch") is None or shutil.which("squeue") is None:
-        _absent("SLURM is not installed here (no sbatch/squeue on PATH); CI runs `source .ci/slurm.sh`")
+        _absent(
+            "SLURM is not installed here (no sbatch/squeue on PATH); CI runs `source .ci/slurm.sh`"
+        )
     try:
         ok = subprocess.run(["squeue", "-h"], capture_output=True, timeout=10).returncode == 0
-        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10).stdout
+        states = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         ok, states = False, ""
     if not ok or not any(s in states for s in ("idle", "mixed", "allocated")):
-        _absent("SLURM is installed but no cluster answers (squeue/sinfo); start one with `source .ci/slurm.sh`")
+        _absent(
+            "SLURM is installed but no cluster answers (squeue/sinfo); start one with `source "
+            ".ci/slurm.sh`"
+        )
 
 
 def sbatch(*args) -> str:
     # one torch thread per job: tiny models gain nothing from more, and a busy machine loses a lot
-    out = subprocess.run(["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1", *args], capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--export=ALL,OMP_NUM_THREADS=1", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().split(";")[0]
 
@@ -54,7 +72,9 @@ def sbatch(*args) -> str:
 def squeue_states(job: str) -> list[str]:
     """The states of the job's tasks still in the queue (a failing squeue is asked again)."""
     for _ in range(20):
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
+        )
         if out.returncode == 0:
             return out.stdout.split()
         time.sleep(0.5)
@@ -87,15 +107,33 @@ def summary(job_dir: Path) -> dict:
 
 
 def epochs(job_dir: Path) -> list[int]:
-    return [json.loads(line)["epoch"] for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line)["epoch"] for line in (job_dir / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
-def test_submitit_launcher_runs_a_sweep_as_a_job_array(slurm, tmp_path):
+@pytest.mark.usefixtures("slurm")
+def test_submitit_launcher_runs_a_sweep_as_a_job_array(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    out = subprocess.run([sys.executable, "-m", "sam_runner.cli", "-m", "hydra/launcher=slurm", *TINY,
-                          "trainer.epochs=1", "seed=0,1", f"hydra.sweep.dir={sweep_dir}",
-                          "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10"],
-                         capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sam_runner.cli",
+            "-m",
+            "hydra/launcher=slurm",
+            *TINY,
+            "trainer.epochs=1",
+            "seed=0,1",
+            f"hydra.sweep.dir={sweep_dir}",
+            "hydra.launcher.cpus_per_task=1",
+            "hydra.launcher.timeout_min=10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     for job, seed in ((0, 0), (1, 1)):
         s = summary(sweep_dir / str(job))
@@ -104,36 +142,60 @@ def test_submitit_launcher_runs_a_sweep_as_a_job_array(slurm, tmp_path):
     assert "#0   completed" in out.stdout and "#1   completed" in out.stdout
 
 
-def test_sbatch_array_runs_one_line_per_task_in_the_sweep_layout(slurm, tmp_path, capsys):
+@pytest.mark.usefixtures("slurm")
+def test_sbatch_array_runs_one_line_per_task_in_the_sweep_layout(tmp_path, capsys):
     sweep_dir, lines = tmp_path / "sweep", tmp_path / "lines.txt"
     lines_main([*TINY, "trainer.epochs=1", "seed=0,1,2"])
     lines.write_text(capsys.readouterr().out)
-    job = sbatch("--array=0-2", "--cpus-per-task=1", f"--output={tmp_path}/slurm-%A_%a.out",
-                 str(REPO / "scripts" / "slurm_array.sbatch"), str(lines), str(sweep_dir))
+    job = sbatch(
+        "--array=0-2",
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/slurm-%A_%a.out",
+        str(REPO / "scripts" / "slurm_array.sbatch"),
+        str(lines),
+        str(sweep_dir),
+    )
     wait_gone(job)
     for i in range(3):
         s = summary(sweep_dir / str(i))
         assert s["status"] == "completed", (tmp_path / f"slurm-{job}_{i}.out").read_text()[-2000:]
         assert f"seed={i}" in s["overrides"]
     # the same report as a -m sweep
-    report = subprocess.run(["sam-sweep-lines", "--report", str(sweep_dir), "--jobs", "3"], capture_output=True,
-                            text=True, timeout=60)
-    assert report.returncode == 0 and [line.split()[1] for line in report.stdout.splitlines()] == ["completed"] * 3
+    report = subprocess.run(
+        ["sam-sweep-lines", "--report", str(sweep_dir), "--jobs", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        report.returncode == 0
+        and [line.split()[1] for line in report.stdout.splitlines()] == ["completed"] * 3
+    )
 
 
-def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path, capsys):
+@pytest.mark.usefixtures("slurm")
+def test_a_requeued_job_resumes_from_its_checkpoint(tmp_path, capsys):
     sweep_dir, lines = tmp_path / "sweep", tmp_path / "lines.txt"
     lines_main([*TINY, "dataset.num_samples=4000", "trainer.epochs=6", "seed=0"])
     lines.write_text(capsys.readouterr().out)
     log = tmp_path / "task.out"
-    job = sbatch("--array=0-0", "--cpus-per-task=1", f"--output={log}", "--open-mode=append",
-                 str(REPO / "scripts" / "slurm_array.sbatch"), str(lines), str(sweep_dir))
+    job = sbatch(
+        "--array=0-0",
+        "--cpus-per-task=1",
+        f"--output={log}",
+        "--open-mode=append",
+        str(REPO / "scripts" / "slurm_array.sbatch"),
+        str(lines),
+        str(sweep_dir),
+    )
     ckpt = sweep_dir / "0" / "checkpoints" / "last.pt"
     deadline = time.monotonic() + 300
     while not ckpt.exists():
         assert time.monotonic() < deadline and squeue_states(job), "the job never checkpointed"
         time.sleep(0.1)
-    assert not (sweep_dir / "0" / "summary.json").exists(), "the job finished before the requeue: make it longer"
+    assert not (sweep_dir / "0" / "summary.json").exists(), (
+        "the job finished before the requeue: make it longer"
+    )
     subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True, timeout=30)
     release_requeued(f"{job}_0")
     deadline = time.monotonic() + 120
@@ -148,24 +210,44 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, tmp_path, capsys):
     assert epochs(sweep_dir / "0") == [1, 2, 3, 4, 5, 6]  # nothing lost, nothing repeated
 
 
-def test_submitit_requeues_a_job_signalled_before_its_time_limit_and_it_resumes(slurm, tmp_path):
+@pytest.mark.usefixtures("slurm")
+def test_submitit_requeues_a_job_signalled_before_its_time_limit_and_it_resumes(tmp_path):
     """The launcher preset's timeout path: SLURM sends SIGUSR2 ``signal_delay_s`` before the time
     limit (here we send it, once the job has a checkpoint, rather than wait for the clock);
     submitit checkpoints the launcher, requeues the job and exits; the requeued job resumes from
     checkpoints/last.pt, and the waiting `sam-run -m` reports it completed: every epoch once."""
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.Popen([sys.executable, "-m", "sam_runner.cli", "-m", "hydra/launcher=slurm", *TINY,
-                             "dataset.num_samples=4000", "trainer.epochs=8", "seed=0", f"hydra.sweep.dir={sweep_dir}",
-                             "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sam_runner.cli",
+            "-m",
+            "hydra/launcher=slurm",
+            *TINY,
+            "dataset.num_samples=4000",
+            "trainer.epochs=8",
+            "seed=0",
+            f"hydra.sweep.dir={sweep_dir}",
+            "hydra.launcher.cpus_per_task=1",
+            "hydra.launcher.timeout_min=10",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     try:
         ckpt, deadline = sweep_dir / "0" / "checkpoints" / "last.pt", time.monotonic() + 300
         while not ckpt.exists():
             assert time.monotonic() < deadline and proc.poll() is None, "the job never checkpointed"
             time.sleep(0.1)
-        assert not (sweep_dir / "0" / "summary.json").exists(), "the job finished before the signal: make it longer"
-        out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=30).stdout.split()
+        assert not (sweep_dir / "0" / "summary.json").exists(), (
+            "the job finished before the signal: make it longer"
+        )
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=30
+        ).stdout.split()
         job = out[out.index("RUNNING") - 1]
         subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
         release_requeued(job)  # submitit requeued it
