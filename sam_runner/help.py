@@ -63,3 +63,19 @@ def config_groups() -> str:
             *_lines([(f.stem, _first_comment(f)) for f in files], defaults.get(group)),
         ]
     return "\n".join(out)
+
+
+def markdown_options() -> str:
+    """The README's option table (between its ``options`` markers; a test keeps them equal): one
+    row per registry, the default in bold. ``sam-run --help`` describes each option."""
+    defaults = _defaults()
+    rows = ["| group | options (**default**) |", "|---|---|"]
+    for key, registry in ALL.items():
+        default = "uniform" if key == SAMPLERS.key else defaults.get(key)
+        names = [f"**`{n}`**" if n == default else f"`{n}`" for n in registry]
+        rows.append(f"| `{key}` | {', '.join(names)} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_options())
