@@ -154,14 +154,20 @@ class SharpnessAware(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ ρ
     @property
-    def current_rho(self) -> float:
-        """ρ of the current step under ``rho_schedule`` (a Python float: no host sync); after a
-        step, the ρ that step used (for 'lr', until the learning rate moves)."""
+    def rho_factor(self) -> float:
+        """The factor ``rho_schedule`` puts on every radius of the current step (a Python float:
+        no host sync): lr / initial lr ('lr'), the cosine decay ('cosine'), or 1."""
         if self.rho_schedule == "lr":
-            return self.rho * self.param_groups[0]["lr"] / self.lr0 if self.lr0 else self.rho
+            return self.param_groups[0]["lr"] / self.lr0 if self.lr0 else 1.0
         if self.rho_schedule == "cosine":
-            return self.rho * cosine_factor(self.step_count, self.total_steps)
-        return self.rho
+            return cosine_factor(self.step_count, self.total_steps)
+        return 1.0
+
+    @property
+    def current_rho(self) -> float:
+        """ρ of the current step under ``rho_schedule``; after a step, the ρ that step used (for
+        'lr', until the learning rate moves)."""
+        return self.rho * self.rho_factor
 
     # ------------------------------------------------------------------ passes
     def run_pass(self, closure: Callable, index: int, sync: bool = True):

@@ -41,6 +41,11 @@ class LESAM(SharpnessAware):
         )
         _check(self.rho_max > 0, f"rho_max must be > 0, got {self.rho_max}")
         _check(
+            self.rho_schedule == "constant",
+            f"rho_schedule={self.rho_schedule!r} does not apply (LE-SAM has no radius to schedule); "
+            "set sigma_schedule='cosine' to decay the loss budget",
+        )
+        _check(
             self.sigma_schedule in SIGMA_SCHEDULES,
             f"sigma_schedule must be one of {SIGMA_SCHEDULES}, got {self.sigma_schedule!r}",
         )

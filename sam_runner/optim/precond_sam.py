@@ -2,18 +2,18 @@
 
 This is a diagonal stand-in for the LLQR preconditioner, not LLQR. U = 1 / (F + δ), F an
 EMA (β = 0.95) of g², refreshed every K = ``refresh_every`` = 100 perturbing steps (the
-first refresh sets F = g²); ε = ρ U g / sqrt(gᵀ U g), so the perturbation has norm ρ in
-the metric U⁻¹. U is normalised to mean 1 over all coordinates at each refresh (a constant
-factor on U only rescales ρ's meaning: with the normalisation U = I is SAM exactly and ρ
-keeps SAM's scale; without it ‖ε‖ grows as 1/sqrt(mean F), tens of times SAM's on a small
-net). Computed as R = sqrt(U) kept in persistent buffers: ε = ρ R (R g) / ‖R g‖. A refresh
-is staged and committed after the second pass, with the step count, so a step skipped by
-the fp16 scaler (either pass overflowing) leaves F, R and the count unchanged.
+first refresh sets F = g²); ε = ρ U g / ‖U g‖: the preconditioner sets the direction, and ρ
+is the Euclidean radius ‖ε‖₂ = ρ, as for every other variant (ours: U's scale, and so the
+meaning of ρ, would otherwise depend on the magnitude of F). Computed from R = sqrt(U) kept
+in persistent buffers (normalised to mean(U) = 1 at each refresh, for the numbers' range
+only): ε = ρ R (R g) / ‖R (R g)‖. A refresh is staged and committed after
+the second pass, with the step count, so a step skipped by the fp16 scaler (either pass
+overflowing) leaves F, R and the count unchanged.
 
 From the abstract (LLQR+SAM): a preconditioner updated sparsely and kept as a slow EMA,
 with the SAM perturbation on top of it. Ours (docs/variants.md): the diagonal Fisher-like
-F, its refresh rule and defaults, δ = ``delta`` = 1e-8, the mean-1 normalisation of U and
-the first-refresh initialisation. Also ours: under data parallelism with per-process
+F, its refresh rule and defaults, δ = ``delta`` = 1e-8, the Euclidean radius and the
+first-refresh initialisation. Also ours: under data parallelism with per-process
 perturbations (``sync_perturbation=False``) a refresh takes the mean over processes of g²
 (one all-reduce of the parameters' size every ``refresh_every`` steps), so every process
 keeps the same F and U (and a checkpoint of one process resumes them all); ε still uses
@@ -70,19 +70,15 @@ class PrecondSAM(SAM):
                 torch._foreach_lerp_(new_f, fisher, self.beta)  # F ← β F + (1 − β) g²
             root_u = torch._foreach_add(new_f, self.delta)
             torch._foreach_rsqrt_(root_u)  # R = (F + δ)^(-1/2)
-            # U / mean(U): U = I gives SAM exactly and ρ keeps SAM's scale (ours; see the docstring)
+            # U / mean(U): only for the numbers' range (ε does not depend on U's scale)
             numel = sum(r.numel() for r in root_u)
             torch._foreach_mul_(root_u, numel**0.5 / self.global_norm(root_u))
-            # committed after the second pass, unless the step is skipped
-            self._staged = (
-                new_f,
-                root_u,
-            )
+            self._staged = (new_f, root_u)  # committed after the second pass, unless skipped
         torch._foreach_copy_(eps, grads)
-        torch._foreach_mul_(eps, root_u)  # R g
-        scale = self.current_rho / (self.global_norm(eps) + 1e-12)  # ρ / sqrt(gᵀ U g)
+        torch._foreach_mul_(eps, root_u)
         torch._foreach_mul_(eps, root_u)  # U g
-        torch._foreach_mul_(eps, scale)
+        # ‖ε‖ = ρ; U g can be tiny (U's scale is arbitrary): a floor, not an added guard
+        torch._foreach_mul_(eps, self.current_rho / self.global_norm(eps).clamp_min(1e-30))
 
     @override
     def after_second_pass(self, loss, perturbed_loss):

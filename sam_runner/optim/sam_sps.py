@@ -59,7 +59,7 @@ class SAMSPS(SAM):
 
     def base_step(self):
         params, grads, slices = self._lists()
-        num = self.descent_loss.detach().float() - self.loss_floor
+        num = self.descent_loss.detach() - self.loss_floor  # in the run's dtype (float64 stays so)
         if self.last_perturbed:
             num = num - self.dot(grads, self._cache["eps"])  # − ⟨∇L(e), e − θ⟩
         num = self.all_reduce_mean_(num)

@@ -5,6 +5,7 @@ gradient G = U Σ Vᵀ: E_W = ρ_s · msign(G) · sqrt(max(1, d_out / d_in)), ms
 by the Newton–Schulz iteration torch.optim.Muon uses (its quintic coefficients and step
 count). Every other parameter gets Euclidean SAM with radius ρ: ε = ρ g / ‖g‖ over those
 parameters. Defaults ρ_s = ``rho_spectral`` = 0.05, ρ = 0.05. Any base optimizer, Muon included.
+``rho_schedule`` scales ρ_s and ρ by the same factor (ours).
 
 Hidden matrices: parameters of groups with ``hidden`` true (set by the runner) and more
 than one dimension; for a plain parameter list with a bound model (``model=`` or
@@ -163,5 +164,6 @@ class SpectralSAM(SAM):
             torch._foreach_mul_(e, self.current_rho / (self.global_norm(g) + 1e-12))
         for idx in matrices:
             d_out, d_in = grads[idx[0]].shape[0], grads[idx[0]][0].numel()
-            scale = self.rho_spectral * max(1.0, d_out / d_in) ** 0.5
+            # rho_schedule scales ρ_s as it scales ρ
+            scale = self.rho_spectral * self.rho_factor * max(1.0, d_out / d_in) ** 0.5
             msign_into([grads[i].reshape(d_out, d_in) for i in idx], [eps[i] for i in idx], scale)

@@ -60,3 +60,19 @@ def test_le_sam_config_refuses_a_radius_it_would_ignore():
         UserError, match=r"optimizer.rho=0.1 does not apply to le_sam.*optimizer.sigma"
     ):
         build_optimizer(compose("optimizer=le_sam", "optimizer.rho=0.1"), model, 10)
+
+
+def test_le_sam_refuses_a_rho_schedule_it_would_ignore():
+    """LE-SAM has no radius: rho_schedule is a one-line error pointing to sigma_schedule."""
+    from conftest import compose
+
+    from sam_runner.errors import UserError
+    from sam_runner.optim.build import build_optimizer
+
+    with pytest.raises(
+        UserError,
+        match=r"optimizer=le_sam: rho_schedule='cosine' does not apply.*"
+        r"sigma_schedule='cosine'",
+    ) as e:
+        build_optimizer(compose("optimizer=le_sam", "optimizer.rho_schedule=cosine"), mlp(), 10)
+    assert "\n" not in str(e.value)

@@ -66,3 +66,18 @@ def test_sam_sps_defaults_to_the_spec_weight_decay_and_replaces_the_lr():
     given = SAMSPS(mlp().parameters(), torch.optim.SGD, lr=0.1, weight_decay=0.0)
     assert all(g["weight_decay"] == 0.0 for g in given.param_groups)
     assert SAMSPS.replaces_lr is True and SAM.replaces_lr is False
+
+
+def test_sam_sps_step_size_keeps_the_runs_float64():
+    """γ is computed in the run's dtype: on a float64 model it equals the float64 formula to
+    1e-10 (the loss used to be rounded to float32 first, an error of ~1e-8 in γ)."""
+    model = mlp()
+    opt = build("sam_sps", model, rho=0.1, gamma_max=10.0, loss_floor=0.0)
+    theta = flat(model.parameters())
+    opt.step(closure_for(opt, model))
+    _, g = ref_grad(model, theta)
+    e = theta + 0.1 * g / g.norm()
+    loss_e, g_e = ref_grad(model, e)
+    gamma = (loss_e - (g_e * (e - theta)).sum()) / g_e.norm() ** 2
+    assert opt.sps_step.dtype == torch.float64
+    assert float(opt.sps_step) == pytest.approx(gamma.item(), rel=1e-10)

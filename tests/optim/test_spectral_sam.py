@@ -202,3 +202,35 @@ def test_spectral_sam_on_a_plain_list_reads_hidden_layers_off_the_bound_model():
         offset += p.numel()
     eps[others] = 0.05 * g[others] / g[others].norm()
     torch.testing.assert_close(seen[1] - theta, eps, rtol=1e-5, atol=1e-7)
+
+
+def test_spectral_sam_schedules_the_spectral_radius_with_rho():
+    """rho_schedule=cosine scales ρ_s by the same factor as ρ: on step k of T both radii are
+    multiplied by ½(1 + cos(π (k − 1)/T)), and the last steps perturb little."""
+    import math
+
+    steps = 4
+    model = mlp(depth=4, width=7)
+    lin = [m for m in model if isinstance(m, nn.Linear)]
+    opt = build(
+        "spectral_sam",
+        model,
+        lr=0.0,
+        rho=0.05,
+        rho_spectral=0.2,
+        rho_schedule="cosine",
+        total_steps=steps,
+    )
+    for k in range(1, steps + 1):
+        theta, seen = flat(model.parameters()), {}
+        opt.step(closure_for(opt, model, record=seen))
+        factor = 0.5 * (1 + math.cos(math.pi * (k - 1) / steps))
+        _, g = ref_grad(model, theta)
+        w = lin[1].weight  # a hidden matrix (7 × 7: the scale's sqrt(max(1, d_out/d_in)) is 1)
+        offset = sum(
+            p.numel()
+            for p in list(model.parameters())[: [id(q) for q in model.parameters()].index(id(w))]
+        )
+        sl = slice(offset, offset + w.numel())
+        expected = 0.2 * factor * newton_schulz(g[sl].view(w.shape)).double().reshape(-1)
+        torch.testing.assert_close((seen[1] - theta)[sl], expected, rtol=1e-5, atol=1e-7)
