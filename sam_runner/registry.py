@@ -125,7 +125,9 @@ class Registry(Mapping):
 
 # Every registry of the project, by the config key that chooses from it.
 VARIANTS = Registry(
-    "optimizer", "sam_runner.optim", attributes=("passes", "has_rho", "rho_refused", "replaces_lr")
+    "optimizer",
+    "sam_runner.optim",
+    attributes=("passes", "has_rho", "rho_refused", "replaces_lr", "ignored_options"),
 )
 BASE_OPTIMIZERS = Registry("base_optimizer", "sam_runner.optim.base_optimizers")
 SCHEDULERS = Registry("scheduler", "sam_runner.schedulers")

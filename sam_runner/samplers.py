@@ -204,7 +204,19 @@ def uniform(_cfg, _data) -> UniformSampler:
     return UniformSampler()
 
 
-@SAMPLERS.register("sgs", "sharpness-guided equilibrium sampling for long tails (SGS-SAM)")
+def sgs_options(cfg) -> dict:
+    """``dataset.sgs`` checked: the keys SGSSampler takes, as numbers."""
+    opts = dict(cfg.get("sgs") or {})
+    unknown = set(opts) - {"alpha", "lam", "beta"}
+    require(
+        not unknown, f"dataset.sgs has unknown keys {sorted(unknown)}; accepted: alpha, lam, beta"
+    )
+    return {k: number(f"dataset.sgs.{k}", v, "a number", math.isfinite) for k, v in opts.items()}
+
+
+@SAMPLERS.register(
+    "sgs", "sharpness-guided equilibrium sampling for long tails (SGS-SAM)", check=sgs_options
+)
 def sgs(cfg, data) -> SGSSampler:
     from .data import TensorLoader
 
@@ -213,16 +225,7 @@ def sgs(cfg, data) -> SGSSampler:
         "dataset.sampler=sgs needs an in-memory dataset "
         f"({', '.join(DATASETS.names_where(tensors=True))}), not dataset={cfg.name}",
     )
-    opts = dict(cfg.get("sgs") or {})
-    unknown = set(opts) - {"alpha", "lam", "beta"}
-    require(
-        not unknown, f"dataset.sgs has unknown keys {sorted(unknown)}; accepted: alpha, lam, beta"
-    )
-    return SGSSampler(
-        data.num_classes,
-        loader=data.train,
-        **{k: number(f"dataset.sgs.{k}", v, "a number", math.isfinite) for k, v in opts.items()},
-    )
+    return SGSSampler(data.num_classes, loader=data.train, **sgs_options(cfg))
 
 
 def build_sampler(cfg, data):

@@ -23,6 +23,7 @@ def test_wheel_ships_configs_and_runs(tmp_path):
     wheel = next(dist.glob("sam_runner-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "sam_runner/conf/config.yaml" in names and "sam_runner/conf/optimizer/sam.yaml" in names
+    assert "hydra_plugins/sam_runner_sweeper/sweeper.py" in names  # the sweeper Hydra loads
     # a fresh venv that sees this interpreter's installed dependencies (whether it is a virtualenv
     # or not: a .pth line adds its site-packages, whose own .pth files, the editable install of
     # sam_runner among them, are not run) but gets sam_runner from the wheel only

@@ -40,6 +40,8 @@ def _mnist1d_keys(cfg) -> None:
     "mnist1d",
     "MNIST-1D (Greydanus 2020), generated locally by the mnist1d package",
     check=_mnist1d_keys,
+    input_shape=(1, 40),
+    num_classes=10,
 )
 def mnist1d(cfg) -> Arrays:
     root = Path(cfg.data_dir)
@@ -66,7 +68,12 @@ def mnist1d(cfg) -> Arrays:
     )
 
 
-@DATASETS.register("digits", "scikit-learn's 8×8 handwritten digits, a fixed 80/20 split")
+@DATASETS.register(
+    "digits",
+    "scikit-learn's 8×8 handwritten digits, a fixed 80/20 split",
+    input_shape=(1, 8, 8),
+    num_classes=10,
+)
 def digits(_cfg) -> Arrays:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -116,17 +123,32 @@ def _cifar(cfg, name) -> Arrays:
     )
 
 
-@DATASETS.register("cifar10", "CIFAR-10 (torchvision; crop and flip on tensors)")
+@DATASETS.register(
+    "cifar10",
+    "CIFAR-10 (torchvision; crop and flip on tensors)",
+    input_shape=(3, 32, 32),
+    num_classes=10,
+)
 def cifar10(cfg) -> Arrays:
     return _cifar(cfg, "cifar10")
 
 
-@DATASETS.register("cifar100", "CIFAR-100 (torchvision; crop and flip on tensors)")
+@DATASETS.register(
+    "cifar100",
+    "CIFAR-100 (torchvision; crop and flip on tensors)",
+    input_shape=(3, 32, 32),
+    num_classes=100,
+)
 def cifar100(cfg) -> Arrays:
     return _cifar(cfg, "cifar100")
 
 
-@DATASETS.register("cifar100_lt", "CIFAR-100 with a long-tailed training set (imbalance_ratio 100)")
+@DATASETS.register(
+    "cifar100_lt",
+    "CIFAR-100 with a long-tailed training set (imbalance_ratio 100)",
+    input_shape=(3, 32, 32),
+    num_classes=100,
+)
 def cifar100_lt(cfg) -> Arrays:
     return _cifar(cfg, "cifar100")
 
@@ -145,6 +167,8 @@ def _extract_local_archive(cls, root: Path) -> None:
     "image_folder",
     "any <root>/train, <root>/val class-folder tree, through a DataLoader",
     tensors=False,
+    input_shape=None,
+    num_classes=None,
 )
 def image_folder(cfg, seed, rank, world):
     from torchvision import datasets

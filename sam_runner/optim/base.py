@@ -8,6 +8,14 @@ from .engine import SharpnessAware
 class Base(SharpnessAware):
     passes = 1
     has_rho = False  # a swept optimizer.rho is accepted and ignored (see __init__)
+    # nothing is perturbed: the engine's perturbation options change nothing
+    ignored_options = (
+        "rho",
+        "rho_schedule",
+        "interval",
+        "sync_perturbation",
+        "perturb_with_weight_decay",
+    )
 
     def __init__(self, params, base_optimizer, rho=None, **kwargs):
         # rho (None or a number) is ignored, not an error: the study presets sweep base beside

@@ -76,6 +76,8 @@ class SharpnessAware(torch.optim.Optimizer):
     rho_refused: str | None = None
     # True where the variant computes its own step size (the lr is not the step)
     replaces_lr = False
+    # options a swept config may set that change nothing for this variant (a sweep runs it once)
+    ignored_options: tuple = ()
     variant_options: dict = {}  # ... and its own keywords with their defaults
 
     def __init__(

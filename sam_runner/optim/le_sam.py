@@ -42,8 +42,8 @@ class LESAM(SharpnessAware):
         _check(self.rho_max > 0, f"rho_max must be > 0, got {self.rho_max}")
         _check(
             self.rho_schedule == "constant",
-            f"rho_schedule={self.rho_schedule!r} does not apply (LE-SAM has no radius to schedule); "
-            "set sigma_schedule='cosine' to decay the loss budget",
+            f"rho_schedule={self.rho_schedule!r} does not apply (LE-SAM has no radius to "
+            "schedule); set sigma_schedule='cosine' to decay the loss budget",
         )
         _check(
             self.sigma_schedule in SIGMA_SCHEDULES,

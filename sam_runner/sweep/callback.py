@@ -27,6 +27,7 @@ from .plan import (
     expand,
     expected_jobs,
     job_dirs,
+    knows_jobs,
     saved_overrides,
 )
 
@@ -104,9 +105,7 @@ class SweepCallback(Callback):
                 "hydra/launcher=slurm needs SLURM's sbatch on PATH, and it is not; run on a SLURM "
                 "login node or use the local launcher (drop hydra/launcher=slurm)"
             )
-        if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(
-            "BasicSweeper"
-        ):
+        if not knows_jobs(OmegaConf.select(config, "hydra.sweeper._target_", default="")):
             return  # job numbers of other sweepers are not known in advance
         arguments = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
         params = OmegaConf.select(config, "hydra.sweeper.params")

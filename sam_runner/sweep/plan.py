@@ -10,15 +10,41 @@ runs, not what it computes); a job that left no folder at all is ``missing``.
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from ..errors import RunFolderConflict, UserError
 from ..runfiles import holds_results, read_json
-from ..settings import RUN_ONLY_KEYS, describe_changes, run_only
+from ..settings import RUN_ONLY_KEYS, describe_changes, override_key, run_only
 
 DEFAULT_EXCLUDE = ("trainer.device", "trainer.progress")
+NAME_LIMIT = 120  # characters of a folder name; longer names end in a hash of the whole
+
+
+# ---------------------------------------------------------------------------- folder names
+def folder_name(overrides: list[str]) -> str:
+    """The default folder of a run or a sweep (under outputs/ or multirun/): what the command
+    asks for, so that the same command lands in the same folder and resumes there. The
+    experiment preset's name first, then the other overrides sorted by key, how-it-runs keys
+    (logger, device, progress, ...) and Hydra's own left out; ``key=a,b`` is written ``key-a+b``
+    so that the name is a valid ``hydra.run.dir=`` value as it is."""
+    kept = [o for o in overrides if not run_only(o) and not override_key(o).startswith("hydra")]
+    experiment = [o.split("=", 1)[1] for o in kept if override_key(o) == "experiment"]
+    rest = sorted((o for o in kept if override_key(o) != "experiment"), key=override_key)
+    name = "__".join([*experiment, *(_safe(o) for o in rest)]) or "default"
+    if len(name) > NAME_LIMIT:
+        name = name[: NAME_LIMIT - 20] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
+    return _safe(name)
+
+
+def _safe(text: str) -> str:
+    """``key=a,b`` as ``key-a+b``; any character Hydra's grammar or a file system would trip on
+    becomes ``_``."""
+    text = text.lstrip("+").replace("~", "no-", 1).replace("=", "-", 1).replace(",", "+")
+    return re.sub(r"[^A-Za-z0-9._+\-]", "_", text)
 
 
 # ---------------------------------------------------------------------------- expansion
@@ -36,12 +62,38 @@ def _parser():
 
 
 def expand(arguments: list[str], sweeper_params=None) -> list[list[str]]:
-    """The jobs of a sweep, in Hydra's basic-sweeper order: one overrides list per job number."""
+    """The jobs of a sweep, one overrides list per job number: Hydra's basic-sweeper order, with
+    the repeats ``collapse`` finds left out."""
+    params = [f"{k}={v}" for k, v in (sweeper_params or {}).items()]
+    return collapse(product(_parser().parse_overrides(params + list(arguments))))[0]
+
+
+def product(parsed) -> list[list[str]]:
+    """Every combination of parsed overrides, in Hydra's basic-sweeper order."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    params = [f"{k}={v}" for k, v in (sweeper_params or {}).items()]
-    parsed = _parser().parse_overrides(params + list(arguments))
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def collapse(jobs: list[list[str]]) -> tuple[list[list[str]], list[str]]:
+    """(the jobs without repeats, one line per job left out). A job of a variant drops the
+    ``optimizer.<option>`` overrides the variant ignores (``base``: ρ and the other perturbation
+    options); a job that then repeats an earlier one is left out, so ``optimizer=base,sam
+    optimizer.rho=0.02,0.1`` trains base once. The order of the rest is kept: job numbers stay
+    the same from run to run of the command."""
+    from ..registry import VARIANTS
+
+    kept, seen, left_out = [], set(), []
+    for job in jobs:
+        variant = next((o.split("=", 1)[1] for o in job if override_key(o) == "optimizer"), None)
+        ignored = VARIANTS.entry(variant).ignored_options if variant in VARIANTS else ()
+        job = [o for o in job if override_key(o) not in {f"optimizer.{k}" for k in ignored}]
+        if tuple(job) in seen:
+            left_out.append(" ".join(job))
+            continue
+        seen.add(tuple(job))
+        kept.append(job)
+    return kept, left_out
 
 
 def compose(overrides: list[str]):
@@ -68,6 +120,11 @@ def sweeper_params(cfg) -> dict:
     return dict(OmegaConf.to_container(params, resolve=False)) if params else {}
 
 
+def knows_jobs(sweeper_target) -> bool:
+    """Whether a sweeper's jobs are known in advance (Hydra's basic sweeper, and ours on it)."""
+    return str(sweeper_target).endswith(("BasicSweeper", "sam_runner_sweeper.sweeper.Sweeper"))
+
+
 def expected_jobs(sweep_dir) -> list[list[str]] | None:
     """The jobs a sweep folder's multirun.yaml calls for, or None when that can't be known (no
     multirun.yaml, another sweeper, an unparsable sweep)."""
@@ -79,7 +136,7 @@ def expected_jobs(sweep_dir) -> list[list[str]] | None:
         return None
     hydra = conf.get("hydra") or {}
     sweeper = hydra.get("sweeper") or {}
-    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+    if not knows_jobs(sweeper.get("_target_")):
         return None
     try:
         return expand(

@@ -115,7 +115,8 @@ def test_a_running_job_is_reported_missing_and_left_out_of_the_means(tmp_path):
 
 
 def test_a_sweep_with_a_failed_job_is_reported_not_crashed_on(tmp_path):
-    """A real sweep whose second job fails (ρ < 0 is a config error)."""
+    """A real sweep whose second job fails (a batch larger than the training set of 800: only
+    the data tells, so the job runs and fails)."""
     sweep = tmp_path / "failing"
     args = [a for a in SWEEP_ARGS if not a.startswith(("optimizer=", "seed=", "logger"))]
     subprocess.run(
@@ -123,7 +124,7 @@ def test_a_sweep_with_a_failed_job_is_reported_not_crashed_on(tmp_path):
             "sam-run",
             *args,
             "optimizer=sam",
-            "optimizer.rho=0.05,-1",
+            "dataset.batch_size=64,5000",
             "metrics.hessian.enabled=false",
             f"hydra.sweep.dir={sweep}",
         ],
@@ -135,11 +136,17 @@ def test_a_sweep_with_a_failed_job_is_reported_not_crashed_on(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("2 jobs: 1 completed, 0 diverged, 1 failed, 0 missing;")
     md = (sweep / "report.md").read_text()
-    assert "**failed**" in md and "optimizer.rho=-1" in md and "must be a finite number >= 0" in md
-    rows = {r["rho"]: r for r in csv_rows(sweep / "report.csv")}
-    assert (rows["0.05"]["completed"], rows["-1"]["failed"]) == ("1", "1")
-    assert rows["-1"]["test_acc_mean"] == "" and rows["-1"]["test_acc_n"] == "0"
-    assert rows["0.05"]["test_acc_n"] == "1" and rows["0.05"]["test_acc_std"] == ""
+    assert (
+        "**failed**" in md
+        and "dataset.batch_size=5000" in md
+        and "larger than the training set" in md
+    )
+    rows = {r["group"]: r for r in csv_rows(sweep / "report.csv")}
+    ok = next(r for g, r in rows.items() if "batch_size=64" in g)
+    bad = next(r for g, r in rows.items() if "batch_size=5000" in g)
+    assert (ok["completed"], bad["failed"]) == ("1", "1")
+    assert bad["test_acc_mean"] == "" and bad["test_acc_n"] == "0"
+    assert ok["test_acc_n"] == "1" and ok["test_acc_std"] == ""
 
 
 def test_a_job_that_has_not_started_is_named_as_missing(tmp_path, capsys):

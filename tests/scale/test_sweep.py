@@ -194,32 +194,46 @@ def test_sigkill_mid_job_then_same_command_resumes_and_never_repeats(tmp_path):
     assert {job: (sweep_dir / job / "metrics.jsonl").read_bytes() for job in ("0", "1")} == before
 
 
+def test_a_bad_value_in_any_job_is_refused_before_any_job_runs(tmp_path):
+    """Every job's config is checked first: job 1's ρ < 0 stops the sweep before job 0 trains."""
+    sweep_dir = tmp_path / "sweep"
+    out = sam_run(
+        "-m", *TINY, "trainer.epochs=1", "optimizer.rho=0.05,-1", f"hydra.sweep.dir={sweep_dir}"
+    )
+    assert out.returncode == 2
+    assert out.stderr == "sam-run: error: optimizer.rho=-1 must be a finite number >= 0\n"
+    assert not sweep_dir.exists()
+
+
 def test_a_failed_job_is_recorded_the_sweep_goes_on_and_ends_nonzero(tmp_path):
+    """A job that fails at run time (its batch is larger than the training set of 960, which
+    only the data tells) is recorded, and the sweep goes on."""
     sweep_dir = tmp_path / "sweep"
     args = [
         "-m",
         *TINY,
         "trainer.epochs=1",
-        "optimizer.rho=-1,0.05",
+        "dataset.batch_size=2000,64",
         f"hydra.sweep.dir={sweep_dir}",
     ]
     out = sam_run(*args)
     assert out.returncode == 1
     failed = json.loads((sweep_dir / "0" / "summary.json").read_text())
-    assert failed["status"] == "failed" and "rho" in failed["error"] and "\n" not in failed["error"]
-    assert failed["overrides"][-1] == "optimizer.rho=-1"
+    assert failed["status"] == "failed" and "larger than the training set" in failed["error"]
+    assert "\n" not in failed["error"] and "dataset.batch_size=2000" in failed["overrides"]
     # went on
     assert json.loads((sweep_dir / "1" / "summary.json").read_text())["status"] == "completed"
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        "sam-run: error: 1 of 2 job(s) failed or did not finish: #0 (failed: optimizer.rho=-1)"
+        "sam-run: error: 1 of 2 job(s) failed or did not finish: "
+        "#0 (failed: dataset.batch_size=2000)"
     )
     assert [
         line.split()[:2] for line in out.stdout.splitlines() if line.strip().startswith("#")
     ] == [["#0", "failed"], ["#1", "completed"]]
 
     other = sam_run(
-        "-m", *TINY, "trainer.epochs=1", "optimizer.rho=0.1,0.05", f"hydra.sweep.dir={sweep_dir}"
+        "-m", *TINY, "trainer.epochs=1", "dataset.batch_size=32,64", f"hydra.sweep.dir={sweep_dir}"
     )
     assert other.returncode == 2
     err = other.stderr.strip()

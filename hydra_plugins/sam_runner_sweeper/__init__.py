@@ -1,0 +1,1 @@
+"""sam-runner's sweeper, where Hydra looks for plugins (the ``hydra_plugins`` namespace)."""

@@ -1,0 +1,218 @@
+"""What ``sam-run`` checks before Hydra runs anything: every job of the command composes, and
+every value in it is one a run accepts (``validate.validate_config``); keys added with ``+``
+under the runner's own groups exist; the run or sweep folder (by default named after the
+command's overrides) can be created. A bad input is one line on stderr and exit status 2, and
+nothing is written: no run folder, no sweep folder."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from .errors import UserError, first_line
+from .settings import override_key
+
+# the config groups whose keys the runner reads: a key added under them with "+" must exist
+RUNNER_GROUPS = (
+    "dataset",
+    "model",
+    "optimizer",
+    "base_optimizer",
+    "scheduler",
+    "trainer",
+    "logger",
+    "metrics",
+)
+_ABSENT = object()
+# the topmost folder this command created for its run or sweep folder (None: that existed)
+created: Path | None = None
+
+
+def preflight(argv: list[str]) -> list[str]:
+    """``argv`` checked (exit 2 with one line on a bad input), with its default folder added."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" or _not_a_run(args):
+        return argv
+    message, notes = check_jobs(args)
+    if message:
+        fail(message)
+    for note in notes:
+        print(f"sam-run: warning: {note}", file=sys.stderr)
+    argv = with_default_folder(argv, args)
+    make_output_folder(argv, args.multirun)
+    return argv
+
+
+def _not_a_run(args) -> bool:
+    return bool(
+        args.help
+        or args.hydra_help
+        or args.shell_completion
+        or args.config_path
+        or args.config_name
+        or args.config_dir
+        or args.experimental_rerun
+        or args.cfg
+        or args.info
+    )
+
+
+def fail(message: str) -> None:
+    print(f"sam-run: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def jobs_of(args) -> list[list[str]]:
+    """The overrides of every job of the command (one for a run), without repeats."""
+    if not args.multirun:
+        return [args.overrides]
+    from .sweep.plan import expand, fixed_config, sweeper_params
+
+    jobs = expand(args.overrides, sweeper_params(fixed_config(args.overrides)))
+    return list({tuple(j): list(j) for j in jobs}.values())
+
+
+def check_jobs(args) -> tuple[str | None, list[str]]:
+    """(the first bad input's message or None, the warnings of every job, once each)."""
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
+
+    from .sweep.plan import compose
+    from .validate import validate_config, warnings
+
+    notes, job = {}, args.overrides
+    try:
+        for job in jobs_of(args):
+            cfg = compose(job)
+            message = _added_keys(job)
+            if message:
+                return message, []
+            validate_config(cfg)
+            notes.update(dict.fromkeys(warnings(cfg)))
+    except OverrideParseException as e:
+        return (
+            f"{e.override} is not a valid override ({first_line(e.message)}); see "
+            "https://hydra.cc/docs/advanced/override_grammar/basic/"
+        ), []
+    except MissingConfigException as e:
+        return _unknown_option(e), []
+    except ConfigCompositionException as e:
+        return _composition_error(e, job), []
+    except UserError as e:
+        return str(e), []
+    return None, list(notes)
+
+
+def _composition_error(e, job) -> str:
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    bad = re.match(r"Could not override '([^']+)'", str(e))
+    if bad and isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)):
+        return _unknown_key(bad.group(1), job)
+    return first_line(str(e.__cause__ or e))
+
+
+def _added_keys(job: list[str]) -> str | None:
+    """A key added with ``+`` under the runner's groups that the config does not have (a typo the
+    runner would silently ignore): its message, else None."""
+    from .sweep.plan import compose
+
+    for o in job:
+        key = override_key(o)
+        if not o.startswith("+") or key.split(".")[0] not in RUNNER_GROUPS or "." not in key:
+            continue
+        without = compose([x for x in job if x is not o])
+        if OmegaConf.select(without, key, default=_ABSENT) is _ABSENT:
+            return _unknown_key(key, job) + " (keys added with + must be keys the runner reads)"
+    return None
+
+
+def _unknown_option(e) -> str:
+    """``optimizer=foo is unknown; choose one of ...`` from Hydra's MissingConfigException."""
+    found = re.search(r"Could not find '([^']+)'", str(e))
+    if not found or not e.options:
+        return first_line(str(e))
+    group, _, value = found.group(1).rpartition("/")
+    near = difflib.get_close_matches(value, e.options, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return f"{group}={value} is unknown{hint}; choose one of {', '.join(e.options)}"
+
+
+def _unknown_key(key: str, job: list[str]) -> str:
+    """``trainer.epoch is not a key; did you mean trainer.epochs?``: the nearest key where the
+    config without this override has one, else the keys it has there."""
+    from .sweep.plan import compose
+
+    try:
+        cfg = compose([o for o in job if override_key(o) != key])
+    except Exception:
+        return f"{key} is not a key; `sam-run --cfg job` lists the keys"
+    parent, _, leaf = key.rpartition(".")
+    tree = node = OmegaConf.to_container(cfg)
+    for part in parent.split(".") if parent else []:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict):  # the parent is no section either: match the whole key
+        paths = [p for p in _paths(tree) if not p.startswith("hydra.") or key.startswith("hydra.")]
+        near = difflib.get_close_matches(key, paths, n=1)
+        return f"{key} is not a key; " + (
+            f"did you mean {near[0]}?" if near else "`sam-run --cfg job` lists the keys"
+        )
+    keys = [str(k) for k in node if parent or k != "hydra"]
+    choice = cfg.hydra.runtime.choices.get(parent)
+    where = f" of {parent}={choice}" if choice is not None else ""
+    near = difflib.get_close_matches(leaf, keys, n=1)
+    if near:
+        return f"{key} is not a key{where}; did you mean {parent + '.' if parent else ''}{near[0]}?"
+    return f"{key} is not a key{where}; choose one of {', '.join(keys)}"
+
+
+def _paths(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in tree.items():
+        out.append(f"{prefix}{k}")
+        if isinstance(v, dict):
+            out += _paths(v, f"{prefix}{k}.")
+    return out
+
+
+def with_default_folder(argv: list[str], args) -> list[str]:
+    """``argv`` with ``hydra.run.dir`` (a run) or ``hydra.sweep.dir`` (a sweep) set to the folder
+    the command's overrides name, unless it sets one: the same command lands in the same folder."""
+    from .sweep.plan import folder_name
+
+    key, root = ("hydra.sweep.dir", "multirun") if args.multirun else ("hydra.run.dir", "outputs")
+    if args.help or args.hydra_help or any(override_key(o) == key for o in args.overrides):
+        return argv
+    return [*argv, f"{key}={root}/{folder_name(args.overrides)}"]
+
+
+def make_output_folder(argv: list[str], multirun: bool) -> None:
+    """Create the run or sweep folder now, so that one that cannot be created (a read-only place,
+    /proc) is one line instead of Hydra's traceback."""
+    key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+    folder = next(a[len(key) :] for a in argv if a.startswith(key))
+    global created
+    try:
+        missing = [
+            p for p in [Path(folder).absolute(), *Path(folder).absolute().parents] if not p.exists()
+        ]
+        created = missing[-1] if missing else None
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        probe = Path(folder) / f".write_probe{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        fail(
+            f"{key[:-1]}={folder} cannot be created or written ({e.strerror or e}); choose a "
+            "writable folder"
+        )
