@@ -67,8 +67,13 @@ class Progress:
         ]
         if row.get("lambda_max") is not None:
             parts.append(f"lambda_max {row['lambda_max']:.4g}")
-        parts.append(f"{row['time_s']:.1f}s")
+        parts.append(f"elapsed {row['time_s']:.1f}s")
         print(" | ".join(parts), file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        """One line about what the run is doing (between epoch lines, e.g. a long measurement)."""
+        if self.mode != "none":
+            print(text, file=sys.stderr, flush=True)
 
 
 def _fmt(v, spec):

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UserError, require
-from .plots import natural_key  # plots.py imports matplotlib only when drawing
+from .plots.style import natural_key  # matplotlib is imported only when drawing
 from .registry import VARIANTS
 from .runfiles import atomic_write_bytes, finite, read_json, read_rows
 from .settings import override_key, run_only
@@ -226,12 +226,11 @@ def _to_float(text):
         return None
 
 
-def _series(job: Job, key: tuple, common: set) -> str:
-    """A plot line: the variant plus the group's varying overrides other than the variant and ρ."""
-    rest = [
+def _panel(key: tuple, common: set) -> str:
+    """The group's varying overrides other than the variant and ρ (a figure's panel)."""
+    return " ".join(
         o for o in key if o not in common and override_key(o) not in ("optimizer", "optimizer.rho")
-    ]
-    return " ".join([job.variant] + rest)
+    )
 
 
 def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
@@ -327,7 +326,8 @@ def _group_row(key: tuple, members: list[Job], common: set, metrics) -> dict:
     ]
     row = {
         "group": " ".join(key) or "(defaults)",
-        "series": _series(first, key, common),
+        "series": " ".join([first.variant, _panel(key, common)]).strip(),
+        "panel": _panel(key, common),
         "label": " ".join(o for o in key if o not in common) or "(defaults)",
         "variant": first.variant,
         "rho": first.rho,
@@ -492,29 +492,30 @@ def render_csv(report: Report) -> str:
 
 
 def write_plots(report: Report, out_dir: Path) -> list[Path]:
-    from .plots import plot_acc_vs_lambda, plot_metric_vs_rho, save_png
+    from .plots.style import save_png
+    from .plots.sweep import plot_acc_vs_lambda, plot_metric_vs_rho
 
     g = report.groups
-    bounds = {}
-    for group in g:
-        bounds.setdefault(group["series"], []).extend(group["bounds"])
+    points = [
+        (j.variant, j.metrics.get("lambda_max"), j.metrics.get("test_acc"))
+        for j in report.jobs
+        if j.status == "completed"
+    ]
     figures = [
         ("acc_vs_rho.png", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
         (
             "lambda_max_vs_rho.png",
-            plot_metric_vs_rho(g, "lambda_max", "λ_max (log scale)", logy=True, bounds=bounds),
-        ),
-        ("ece_vs_rho.png", plot_metric_vs_rho(g, "test_ece", "ECE")),
-        (
-            "acc_vs_lambda_max.png",
-            plot_acc_vs_lambda(
-                [
-                    (j.variant, j.metrics.get("lambda_max"), j.metrics.get("test_acc"))
-                    for j in report.jobs
-                    if j.status == "completed"
-                ]
+            plot_metric_vs_rho(
+                g,
+                "lambda_max",
+                "λ_max",
+                logy=True,
+                bounds=True,
+                title="λ_max (log scale) against ρ, with the stability bound where logged",
             ),
         ),
+        ("ece_vs_rho.png", plot_metric_vs_rho(g, "test_ece", "test ECE")),
+        ("acc_vs_lambda_max.png", plot_acc_vs_lambda(points)),
     ]
     return [save_png(fig, out_dir / name) for name, fig in figures]
 

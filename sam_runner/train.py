@@ -377,6 +377,12 @@ class Run:
             if curvature:
                 self.log_line({"epoch": clock.epoch, "step": clock.step, **curvature})
             return
+        if clock.final and self.tracker.enabled:  # the last measurement can take a while: say so
+            h = self.cfg.metrics.hessian
+            self.progress.note(
+                f"measuring the Hessian's top eigenvalue(s) on {h.num_samples} training "
+                f"samples (metrics.hessian.*) ..."
+            )
         row = {
             "epoch": clock.epoch,
             "step": clock.step,
@@ -485,7 +491,7 @@ def _write_failure(run_dir: Path, summary: dict) -> None:
 
 def _write_plots(run_dir: Path) -> None:
     try:
-        from .plots import write_run_plots
+        from .plots.run import write_run_plots
 
         write_run_plots(run_dir)
     # plots are a view of the run's files: never fail a finished run over them

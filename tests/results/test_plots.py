@@ -7,13 +7,15 @@ import json
 from conftest import TINY, compose
 from results_helpers import shared_sweep
 
-from sam_runner.plots import (
+from sam_runner.plots.run import (
     _epoch_axis,
     find_reliability,
-    plot_metric_vs_rho,
-    save_png,
+    plot_curves,
+    plot_reliability,
     write_run_plots,
 )
+from sam_runner.plots.style import save_png, variant_color
+from sam_runner.plots.sweep import plot_acc_vs_lambda, plot_metric_vs_rho
 from sam_runner.train import train
 
 
@@ -106,6 +108,7 @@ def group(series, rho, mean):
     """A sam-report group as plot_metric_vs_rho takes it."""
     return {
         "series": series,
+        "panel": "",
         "variant": series.split()[0],
         "rho": rho,
         "stats": {"lambda_max": {"mean": mean, "std": 0.1 * mean, "n": 2}},
@@ -128,27 +131,100 @@ def test_two_groups_of_one_line_at_the_same_rho_plot(tmp_path):
     assert decodes(save_png(fig, tmp_path / "p.png"))
 
 
-def test_the_legend_stands_outside_the_axes_with_one_bound_entry(tmp_path):
+def test_a_sweep_over_other_axes_gets_one_panel_per_combination_one_legend_outside(tmp_path):
+    """batch size × lr besides ρ: four panels titled with their values, one line per variant in
+    each, one figure legend right of the panels (each variant once, the bound once)."""
     groups = [
-        group(f"sam dataset.batch_size={b} base_optimizer.lr={lr}", r, 5.0)
+        dict(
+            group(v, r, 5.0),
+            panel=f"dataset.batch_size={b} base_optimizer.lr={lr}",
+            bounds=[(r, 9.0)] if v == "sam" else [],
+        )
+        for v in ("sam", "gear_sam")
         for b in (128, 32)
         for lr in (0.2, 0.05)
         for r in (0.05, 0.2)
     ]
-    bounds = {g["series"]: [(g["rho"], 9.0)] for g in groups}
-    fig = plot_metric_vs_rho(groups, "lambda_max", "λ_max", logy=True, bounds=bounds)
+    fig = plot_metric_vs_rho(groups, "lambda_max", "λ_max", logy=True, bounds=True)
     save_png(fig, tmp_path / "p.png")
-    ax = fig.axes[0]
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert len(labels) == 5 and sum("stability bound" in t for t in labels) == 1
-    # numbers in order of value (lines first)
-    assert labels[1] == "sam dataset.batch_size=32 base_optimizer.lr=0.05"
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    titles = [ax.get_title() for ax in panels]
+    assert len(panels) == 4  # numbers in order of value
+    assert titles[0] == "dataset.batch_size=32 base_optimizer.lr=0.05"
+    assert all(len(ax.get_lines()) >= 2 for ax in panels)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:2] == ["gear_sam", "sam"] and len(labels) == 3
+    assert labels[2].startswith("stability bound (bΓ/(2ρη²))^(1/3)")
     renderer = fig.canvas.get_renderer()
-    box = ax.get_legend().get_window_extent(renderer)
-    assert not box.overlaps(ax.get_window_extent(renderer))
+    box = fig.legends[0].get_window_extent(renderer)
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in panels)
+    assert fig.get_suptitle() and "ρ" in panels[0].get_xlabel()
+
+
+def test_each_variant_has_one_colour_in_every_figure():
+    """The same variant is drawn in the same colour in a ρ figure and the λ_max scatter, and
+    variants differ from one another; base is black."""
+    from matplotlib.colors import to_hex
+
+    groups = [group(v, r, 3.0 + r) for v in ("gear_sam", "sam", "asam") for r in (0.05, 0.1)]
+    rho_fig = plot_metric_vs_rho(groups, "lambda_max", "λ_max")
+    scatter = plot_acc_vs_lambda([("sam", 3.0, 0.5), ("gear_sam", 4.0, 0.6), ("asam", 5.0, 0.7)])
+    line_colors = {
+        c.get_label(): to_hex(c.lines[0].get_color()) for c in rho_fig.axes[0].containers
+    }
+    dot_colors = {c.get_label(): to_hex(c.get_facecolor()[0]) for c in scatter.axes[0].collections}
+    for v in ("gear_sam", "sam", "asam"):
+        assert line_colors[v] == dot_colors[v] == to_hex(variant_color(v))
     assert (
-        fig.bbox.x0 <= box.x0
-        and box.x1 <= fig.bbox.x1
-        and fig.bbox.y0 <= box.y0
-        and box.y1 <= fig.bbox.y1
+        len({to_hex(variant_color(v)) for v in ("sam", "asam", "gear_sam", "tlc_sam", "gsam")}) == 5
     )
+    assert to_hex(variant_color("base")) == "#000000"
+
+
+def test_curves_have_integer_epochs_a_descriptive_title_and_a_single_lambda_as_text(tmp_path):
+    rows = [
+        {
+            "epoch": e,
+            "step": 10 * e,
+            "train_loss": 1.0 / e,
+            "train_acc": 0.5,
+            "test_acc": 0.5,
+            "test_ece": 0.1,
+        }
+        for e in (1, 2, 3)
+    ]
+    rows[-1]["lambda_max"] = 39.85
+    summary = {
+        "status": "completed",
+        "epochs": 3,
+        "model_built": "cnn1d",
+        "config": {"dataset.name": "mnist1d", "optimizer.name": "sam", "optimizer.rho": 0.05},
+    }
+    write_rows(tmp_path, rows, summary)
+    write_run_plots(tmp_path)
+    fig = plot_curves(rows, "t")
+    ticks = [t for t in fig.axes[0].get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    lam = fig.axes[3]
+    assert not lam.get_lines() and "39.85" in " ".join(t.get_text() for t in lam.texts)
+    from sam_runner.plots.run import run_title
+
+    assert run_title(summary) == "mnist1d · cnn1d · sam (ρ = 0.05) · 3 epochs"
+
+
+def test_reliability_diagram_has_a_count_histogram_and_a_gap_colour_matching_its_legend():
+    from matplotlib.colors import to_rgb
+
+    bins = {"confidence": [0.1, 0.5, 0.95], "accuracy": [0.0, 0.4, 1.0], "count": [3, 0, 700]}
+    fig = plot_reliability(bins, "r")
+    diagram, hist = fig.axes
+    legend = {
+        t.get_text(): h
+        for t, h in zip(diagram.get_legend().get_texts(), diagram.get_legend().legend_handles)
+    }
+    gap_bars = [p for p in diagram.patches if to_rgb(p.get_edgecolor()) == to_rgb("tab:red")]
+    assert gap_bars and all(not p.get_hatch() and not p.get_fill() for p in gap_bars)
+    handle = legend["gap to mean confidence"]  # drawn as the bars are: a red outline
+    assert to_rgb(handle.get_edgecolor()) == to_rgb("tab:red") and not handle.get_fill()
+    assert [round(p.get_height()) for p in hist.patches] == [3, 0, 700]
+    assert hist.get_yscale() == "log" and hist.get_ylabel() == "samples"

@@ -178,15 +178,9 @@ def test_the_stability_bound_is_drawn_from_the_logged_gradient_norms(tmp_path):
             (job.batch_size * gamma / (2 * job.rho * job.lr**2)) ** (1 / 3)
         )
     assert "drawn for 2 job(s)" in " ".join(report.notes)
-    from sam_runner.plots import plot_metric_vs_rho
+    from sam_runner.plots.sweep import plot_metric_vs_rho
 
-    fig = plot_metric_vs_rho(
-        report.groups,
-        "lambda_max",
-        "λ_max",
-        logy=True,
-        bounds={"sam": [b for g in report.groups for b in g["bounds"]]},
-    )
+    fig = plot_metric_vs_rho(report.groups, "lambda_max", "λ_max", logy=True, bounds=True)
     assert any("stability bound" in label for label in fig.axes[0].get_legend_handles_labels()[1])
 
 

@@ -1,0 +1,207 @@
+"""A sweep's figures (``sam-report``): a metric against ρ, and test accuracy against λ_max.
+
+Each SAM variant keeps one colour in every figure (style.variant_color). When the sweep
+varies more than ρ and the variant (a model, a batch size, a learning rate), each combination
+of those other values gets its own panel, titled with them, instead of one legend of long
+override strings. A ρ axis spanning a decade or more is logarithmic; with ρ = 0 among the
+values it is symlog, linear below the smallest ρ > 0, and the axis label says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..runfiles import finite
+from .style import FONT, figure, log_scale, natural_key, variant_color
+
+MAX_PANELS = 12  # more combinations than this: one panel, the combination in the legend
+BOUND_LABEL = "stability bound (bΓ/(2ρη²))^(1/3)"
+
+
+def _panels(groups: list[dict]) -> dict[str, list[dict]]:
+    """Groups by panel (their sweep values other than the variant and ρ), in natural order."""
+    by_panel: dict[str, list[dict]] = {}
+    for g in groups:
+        by_panel.setdefault(g.get("panel", ""), []).append(g)
+    return dict(sorted(by_panel.items(), key=lambda kv: natural_key(kv[0])))
+
+
+def plot_metric_vs_rho(
+    groups: list[dict],
+    metric: str,
+    ylabel: str,
+    logy: bool = False,
+    bounds: bool = False,
+    title: str = "",
+):
+    """Mean ± std of ``metric`` per group against ρ: one line per variant in its colour, one
+    panel per combination of the sweep's other values. A variant without ρ (``base``) is a
+    dotted level with its ±std band. ``bounds``: each group's TLC-SAM stability bounds (its
+    ``bounds`` list of (ρ, bound)) dashed in the variant's colour."""
+    panels = _panels(groups)
+    if len(panels) > MAX_PANELS:  # too many to split: one panel, the values in the line labels
+        panels = {
+            "": [dict(g, line=f"{g['variant']} {g.get('panel', '')}".strip()) for g in groups]
+        }
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = figure(nrows, ncols, size=(4.6 * ncols + 1.5, 3.6 * nrows + 0.6))
+    rhos = [g["rho"] for g in groups if finite(g.get("rho"))]
+    for ax, (panel, members) in zip(axes.flat, panels.items()):
+        drawn = _draw_panel(ax, members, metric, logy, bounds)
+        if logy and drawn:
+            log_scale(ax, "y", drawn)
+        _rho_axis(ax, rhos)
+        ax.set_ylabel(ylabel, fontsize=FONT)
+        ax.set_title(panel or None, fontsize=FONT)
+        if not drawn:
+            ax.text(
+                0.5,
+                0.5,
+                "no completed job logged this",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="gray",
+            )
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    _figure_legend(fig, axes)
+    fig.suptitle(title or f"{ylabel} against ρ", fontsize=FONT + 2)
+    return fig
+
+
+def _draw_panel(ax, members: list[dict], metric: str, logy: bool, bounds: bool) -> list:
+    """The panel's lines, one per variant (or per label), and its bounds; the values drawn."""
+    by_line: dict[str, list[dict]] = {}
+    for g in members:
+        by_line.setdefault(g.get("line", g["variant"]), []).append(g)
+    drawn = []
+    for label, gs in sorted(by_line.items(), key=lambda kv: (kv[0] != "base", natural_key(kv[0]))):
+        stats = [(g.get("rho"), g["stats"].get(metric)) for g in gs]
+        stats = [
+            (r, s) for r, s in stats if s and finite(s["mean"]) and (not logy or s["mean"] > 0)
+        ]
+        if stats:
+            drawn += [s["mean"] for _, s in stats]
+            _draw_line(ax, label, stats, variant_color(gs[0]["variant"]))
+        if bounds:
+            drawn += _draw_bounds(
+                ax, [p for g in gs for p in g.get("bounds", [])], variant_color(gs[0]["variant"])
+            )
+    return drawn
+
+
+def _draw_line(ax, label: str, stats: list, color) -> None:
+    """Mean ± std against ρ, or a level across the panel when the variant has no ρ."""
+    with_rho = sorted(
+        ((r, s) for r, s in stats if finite(r)), key=lambda t: t[0]
+    )  # never compare dicts
+    if with_rho:
+        ax.errorbar(
+            [r for r, _ in with_rho],
+            [s["mean"] for _, s in with_rho],
+            yerr=[s["std"] if finite(s["std"]) else 0 for _, s in with_rho],
+            marker="o",
+            capsize=3,
+            color=color,
+            label=label,
+        )
+        return
+    mean = sum(s["mean"] for _, s in stats) / len(stats)
+    std = max((s["std"] for _, s in stats if finite(s["std"])), default=0.0)
+    ax.axhline(mean, linestyle=":", color=color, label=f"{label} (no ρ)")
+    if std > 0:
+        ax.axhspan(mean - std, mean + std, color=color, alpha=0.1)
+
+
+def _draw_bounds(ax, points: list, color) -> list:
+    pts = sorted(p for p in points if finite(p[0]) and finite(p[1]) and p[1] > 0)
+    if pts:
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            linestyle="--",
+            marker="x",
+            color=color,
+            label=BOUND_LABEL,
+        )
+    return [p[1] for p in pts]
+
+
+def _rho_axis(ax, rhos) -> None:
+    pos = [r for r in rhos if finite(r) and r > 0]
+    label = "ρ (optimizer.rho)"
+    if pos and max(pos) / min(pos) >= 10:
+        if any(
+            r == 0 for r in rhos
+        ):  # ρ = 0 has no place on a log axis: linear below the smallest ρ
+            ax.set_xscale("symlog", linthresh=min(pos))
+            ax.set_xlim(-0.5 * min(pos), 1.5 * max(pos))  # autoscale would run to -linthresh
+            label += f", symlog: linear below {min(pos):g}"
+        else:
+            log_scale(ax, "x", pos)
+            label += ", log scale"
+    ax.set_xlabel(label, fontsize=FONT)
+    ax.grid(alpha=0.3)
+
+
+def _figure_legend(fig, axes) -> None:
+    """One legend for the whole figure, right of the panels: each line once (the bound once)."""
+    from matplotlib.lines import Line2D
+
+    entries = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if BOUND_LABEL in entries:  # dashed in each variant's colour: the legend shows the style only
+        entries[BOUND_LABEL] = Line2D([], [], linestyle="--", marker="x", color="gray")
+        entries[BOUND_LABEL + ", dashed in the variant's colour"] = entries.pop(BOUND_LABEL)
+    if entries:
+        fig.legend(
+            list(entries.values()),
+            list(entries),
+            loc="outside right center",
+            fontsize=FONT,
+            frameon=False,
+            ncol=1 + len(entries) // 20,
+        )
+
+
+def plot_acc_vs_lambda(points):
+    """Test accuracy against λ_max, one point per job (``points``: (variant, λ_max, accuracy)),
+    each variant in its colour."""
+    fig, axes = figure(size=(6.5, 4.5))
+    ax = axes[0, 0]
+    by_variant: dict = {}
+    for variant, lam, acc in points:
+        if finite(lam) and lam > 0 and finite(acc):
+            by_variant.setdefault(variant, []).append((lam, acc))
+    for variant, pts in sorted(by_variant.items(), key=lambda kv: (kv[0] != "base", kv[0])):
+        ax.scatter(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            label=variant,
+            alpha=0.85,
+            color=variant_color(variant),
+            edgecolors="black",
+            linewidths=0.3,
+        )
+    if by_variant:
+        log_scale(ax, "x", [p[0] for pts in by_variant.values() for p in pts])
+        ax.legend(fontsize=FONT, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    else:
+        ax.text(
+            0.5,
+            0.5,
+            "no completed job logged λ_max",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            color="gray",
+        )
+    ax.set_xlabel("λ_max (top Hessian eigenvalue, log scale)", fontsize=FONT)
+    ax.set_ylabel("test accuracy", fontsize=FONT)
+    ax.set_title("test accuracy against sharpness, one point per job", fontsize=FONT + 1)
+    ax.grid(alpha=0.3)
+    return fig
