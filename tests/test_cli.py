@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT, TINY, run_cli, wait_for
 
 
@@ -88,6 +89,18 @@ BAD = [
     (["trainer.device=cuda"], "trainer.device=cuda"),
     (["trainer.precision=fp8"], "trainer.precision='fp8'"),
     (["dataset=cifar10", "dataset.download=false"], "dataset cifar10"),
+    # each of these ended in a traceback, or failed only once training had started
+    (["trainer.label_smoothing=2"], "trainer.label_smoothing=2 must be a number in [0, 1]"),
+    (["seed=abc"], "seed='abc' must be an integer"),
+    (["model=cnn1d", "model.channels=0"], "model.channels=0 must be an integer >= 1"),
+    (["metrics.ece_bins=0"], "metrics.ece_bins=0 must be an integer >= 1"),
+    (["base_optimizer.momentum=-1"], "base_optimizer.momentum=-1 must be a number in [0, 1)"),
+    (["trainer.eval_every_n_epochs=0"], "trainer.eval_every_n_epochs=0 must be an integer >= 1"),
+    (["+trainer.foo=1"], "trainer.foo is not a key of trainer=default"),
+    (
+        ["+trainer.epoch=3"],
+        "trainer.epoch is not a key of trainer=default; did you mean trainer.epochs?",
+    ),
 ]
 
 
@@ -110,8 +123,7 @@ def test_bad_input_is_one_line_and_nonzero(overrides, named, capsys, tmp_path):
     lines = [line for line in err.strip().splitlines() if line.startswith("sam-run: error:")]
     assert len(lines) == 1 and named in lines[0], err
     assert "Traceback" not in err
-    summary = run_dir / "summary.json"
-    assert not summary.exists() or json.loads(summary.read_text())["status"] == "failed"
+    assert not run_dir.exists(), "a refused input leaves no run folder behind"
     assert env_data == os.environ.get("SAM_RUNNER_DATA")
 
 
@@ -175,11 +187,16 @@ def test_ctrl_c_is_one_line_and_resumable_and_a_folder_refuses_other_settings(tm
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert re.fullmatch(
+    said = re.fullmatch(
         r"sam-run: interrupted in epoch (\d+); the checkpoint holds epoch (\d+) \(step \d+\); "
         r"run the same command again to resume\n",
         err,
-    ), err
+    )
+    assert said, err
+    held = torch.load(ckpt, weights_only=True)["clock"][
+        "epoch"
+    ]  # the epoch named is the checkpoint's
+    assert int(said.group(2)) == held and int(said.group(1)) == held + 1
     assert not (run_dir / "summary.json").exists(), (
         "the run finished before the interrupt: make it longer"
     )
@@ -208,3 +225,70 @@ def test_ctrl_c_is_one_line_and_resumable_and_a_folder_refuses_other_settings(tm
     assert (run_dir / "summary.json").read_bytes() == done
     code, out, _ = run_cli(argv, capsys)
     assert code == 0 and out.startswith("already completed")
+
+
+def test_a_run_folder_that_cannot_be_made_is_one_line(capsys):
+    code, _, err = run_cli(["hydra.run.dir=/proc/x"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("sam-run: error: hydra.run.dir=/proc/x cannot be created or written")
+
+
+def test_legal_but_unlikely_settings_warn_in_one_line_each():
+    from conftest import compose
+
+    from sam_runner.validate import warnings
+
+    assert warnings(compose()) == []
+    said = warnings(
+        compose(
+            "trainer.precision=fp16",
+            "trainer.device=cpu",
+            "trainer.epochs=2",
+            "scheduler.warmup_epochs=2",
+            "trainer.devices=64",
+        )
+    )
+    assert len(said) == 3 and all("\n" not in w for w in said)
+    assert said[0].startswith("trainer.precision=fp16 on a CPU")
+    assert said[1].startswith("scheduler.warmup_epochs=2 >= trainer.epochs=2")
+    assert said[2].startswith("trainer.devices=64 processes share")
+
+
+def test_version_is_sam_runners(capsys):
+    from sam_runner import __version__
+
+    code, out, _ = run_cli(["--version"], capsys)
+    assert code == 0 and out == f"sam-runner {__version__}\n"
+
+
+def test_a_run_says_what_it_was_and_keeps_third_party_logs_off_the_console(tmp_path):
+    """A real process with a fresh matplotlib cache (its first-use INFO line must not show):
+    the epoch lines label their time, the final curvature measurement is announced, and
+    summary.json names the model built, the versions, the device and the commit."""
+    env = dict(os.environ, MPLCONFIGDIR=str(tmp_path / "mpl"))
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sam_runner.cli",
+            *TINY,
+            "trainer.progress=lines",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "INFO" not in p.stderr + p.stdout, p.stderr
+    epochs = [line for line in p.stderr.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 2 and all(re.search(r"\| elapsed \d+\.\ds$", line) for line in epochs)
+    assert "measuring the Hessian's top eigenvalue(s) on 256 training samples" in p.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["model_built"] == "cnn1d" and summary["device"].startswith("cpu")
+    from sam_runner import __version__
+
+    assert summary["versions"]["sam_runner"] == __version__
+    assert summary["versions"]["torch"] == __import__("torch").__version__
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", summary["git_commit"])

@@ -36,7 +36,7 @@ def folder_name(overrides: list[str]) -> str:
     rest = sorted((o for o in kept if override_key(o) != "experiment"), key=override_key)
     name = "__".join([*experiment, *(_safe(o) for o in rest)]) or "default"
     if len(name) > NAME_LIMIT:
-        name = name[: NAME_LIMIT - 20] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
+        name = name[: NAME_LIMIT - 11] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
     return _safe(name)
 
 

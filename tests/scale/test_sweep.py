@@ -255,3 +255,96 @@ def test_slurm_launcher_without_sbatch_is_a_one_line_error(tmp_path):
         and "\n" not in err
     )
     assert not (tmp_path / "s" / "0").exists()
+
+
+# ---------------------------------------------------------------- default folders, repeats
+def test_folder_names_come_from_the_command_and_are_valid_run_dir_values():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from sam_runner.sweep.plan import folder_name
+
+    assert folder_name([]) == "default"
+    assert folder_name(["trainer.epochs=3"]) == "trainer.epochs-3"
+    assert folder_name(["experiment=tlc_rho_sweep_mini"]) == "tlc_rho_sweep_mini"
+    # how a run runs is not in its name: adding W&B or a device to a command keeps its folder
+    plain = folder_name(["seed=0,1", "optimizer=sam,gear_sam"])
+    assert plain == "optimizer-sam+gear_sam__seed-0+1"
+    assert (
+        folder_name(
+            [
+                "optimizer=sam,gear_sam",
+                "logger=wandb",
+                "logger.mode=offline",
+                "trainer.device=cpu",
+                "trainer.progress=none",
+                "seed=0,1",
+            ]
+        )
+        == plain
+    )
+    long = folder_name([f"optimizer.rho={'1' * 200}"])
+    assert len(long) == 120
+    parser = OverridesParser.create()
+    for name in (plain, long, folder_name(["model.name='a b/c'", "+trainer.x=1"])):
+        parsed = parser.parse_override(f"hydra.run.dir=outputs/{name}")
+        assert parsed.value() == f"outputs/{name}" and not parsed.is_sweep_override()
+
+
+def test_the_same_sweep_command_resumes_in_the_same_folder(tmp_path, monkeypatch, capsys):
+    """No hydra.sweep.dir: the folder is named after the command, so running it again skips the
+    finished jobs instead of starting a new sweep; adding how-it-runs keys keeps the folder."""
+    from conftest import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    args = ["-m", *TINY, "trainer.epochs=1", "seed=0,1"]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    (folder,) = (tmp_path / "multirun").iterdir()
+    assert folder.name.startswith("dataset.batch_size-64__") and "seed-0+1" in folder.name
+    code, out, err = run_cli([*args, "trainer.progress=none", "logger=none"], capsys)
+    assert code == 0 and out.count("already completed") == 2, out
+    assert list((tmp_path / "multirun").iterdir()) == [folder]
+
+
+def test_a_variant_that_ignores_a_swept_option_runs_once(tmp_path, capsys):
+    """base ignores ρ: `optimizer=base,sam optimizer.rho=0.02,0.1` is 3 jobs, not 4, numbered the
+    same on every run of the command; the sweep says what it left out."""
+    from conftest import run_cli
+
+    args = ["optimizer=base,sam", "optimizer.rho=0.02,0.1"]
+    assert expand(args) == [
+        ["optimizer=base"],
+        ["optimizer=sam", "optimizer.rho=0.02"],
+        ["optimizer=sam", "optimizer.rho=0.1"],
+    ]
+    code, out, err = run_cli(
+        ["-m", *TINY, "trainer.epochs=1", *args, f"hydra.sweep.dir={tmp_path}"], capsys
+    )
+    assert code == 0, err
+    assert "1 job(s) left out, each the same as one that runs" in err
+    assert "optimizer=base optimizer.rho=0.1" not in out and sorted(
+        p.name for p in tmp_path.iterdir() if p.is_dir()
+    ) == ["0", "1", "2"]
+    from sam_runner.report import build_report
+
+    report = build_report(tmp_path)
+    assert len(report.jobs) == 3 and [g["variant"] for g in report.groups].count("base") == 1
+
+
+def test_sweep_lines_report_and_sam_report_count_the_same_jobs(tmp_path, capsys):
+    """A half-run sweep: both count the jobs the sweep calls for, missing ones included."""
+    from conftest import run_cli
+
+    from sam_runner.report import build_report
+
+    code, _, err = run_cli(
+        ["-m", *TINY, "trainer.epochs=1", "seed=0,1,2", f"hydra.sweep.dir={tmp_path}"], capsys
+    )
+    assert code == 0, err
+    import shutil
+
+    shutil.rmtree(tmp_path / "1")
+    shutil.rmtree(tmp_path / "2")
+    lines, failed = report(tmp_path)
+    assert len(lines) == 3 and len(failed) == 2
+    assert len(build_report(tmp_path).jobs) == 3
