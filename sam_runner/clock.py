@@ -15,6 +15,7 @@ class Clock:
     elapsed: float = 0.0  # wall seconds since the start, across resumes (as of the last checkpoint)
     train_time: float = 0.0  # of which training (evaluation and curvature measurements excluded)
     within_epoch: bool = False  # between an epoch's first and last step (not saved)
+    total_steps: int = 0  # the run's length in steps (from its config; not saved)
 
     @property
     def final(self) -> bool:

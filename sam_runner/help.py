@@ -6,22 +6,45 @@ from __future__ import annotations
 from pathlib import Path
 
 from .paths import config_dir
-from .registry import ALL, SAMPLERS
+from .registry import ALL
 
 # groups of the config tree that are settings or presets, not registries
 CONFIG_GROUPS = ("trainer", "metrics", "experiment", "hydra/launcher")
 
 
-def _defaults() -> dict:
-    """The default option of each group, from conf/config.yaml's defaults list."""
+def _yaml(path: Path) -> dict:
     import yaml
 
-    tree = yaml.safe_load((Path(config_dir()) / "config.yaml").read_text())
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _defaults() -> dict:
+    """The default of every registry's key: a group's option from conf/config.yaml's defaults
+    list (``optimizer``: sam), a key inside a group from that group's default option and the
+    shared files it starts from (``dataset.sampler``: uniform)."""
+    root = Path(config_dir())
     out = {}
-    for item in tree.get("defaults", []):
+    for item in _yaml(root / "config.yaml").get("defaults", []):
         if isinstance(item, dict):
             out.update({str(k): v for k, v in item.items()})
+    for key in ALL:
+        if "." in key:
+            group, leaf = key.split(".", 1)
+            out[key] = _value(root, root / group / f"{out.get(group)}.yaml", leaf)
     return out
+
+
+def _value(root: Path, path: Path, key: str):
+    """``key`` in a group's yaml, else in the shared yaml its defaults list starts from."""
+    tree = _yaml(path) if path.exists() else {}
+    if key in tree:
+        return tree[key]
+    for item in tree.get("defaults", []):
+        if isinstance(item, str) and item.startswith("/"):
+            found = _value(root, root / (item[1:].split("@")[0] + ".yaml"), key)
+            if found is not None:
+                return found
+    return None
 
 
 def _first_comment(path: Path) -> str:
@@ -45,16 +68,11 @@ def config_groups() -> str:
     defaults = _defaults()
     out = []
     for key, registry in ALL.items():
-        if key == SAMPLERS.key:
-            continue
+        title = f"{key} (a key of {key.split('.')[0]}):" if "." in key else f"{key}:"
         out += [
-            f"{key}:",
+            title,
             *_lines([(e.name, e.description) for e in registry.entries()], defaults.get(key)),
         ]
-    out += [
-        f"{SAMPLERS.key} (a key of every dataset):",
-        *_lines([(e.name, e.description) for e in SAMPLERS.entries()], "uniform"),
-    ]
     root = Path(config_dir())
     for group in CONFIG_GROUPS:
         files = sorted((root / group).glob("*.yaml"))
@@ -71,8 +89,7 @@ def markdown_options() -> str:
     defaults = _defaults()
     rows = ["| group | options (**default**) |", "|---|---|"]
     for key, registry in ALL.items():
-        default = "uniform" if key == SAMPLERS.key else defaults.get(key)
-        names = [f"**`{n}`**" if n == default else f"`{n}`" for n in registry]
+        names = [f"**`{n}`**" if n == defaults.get(key) else f"`{n}`" for n in registry]
         rows.append(f"| `{key}` | {', '.join(names)} |")
     return "\n".join(rows)
 

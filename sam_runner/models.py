@@ -16,6 +16,8 @@ from .errors import UserError, integer, number, one_line, require
 from .registry import MODELS
 
 INPUTS = {"1d": "1-D signals (channels, length)", "image": "images (channels, height, width)"}
+# model.activation of mlp, cnn and cnn1d (relu by default; tanh for edge-of-stability studies)
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "gelu": nn.GELU}
 
 
 class Blocks(nn.Module):
@@ -28,33 +30,38 @@ class Blocks(nn.Module):
 
 
 class MLP(Blocks):
-    """Flatten, one block per hidden Linear-ReLU layer (fc1, fc2, ...), a linear head."""
+    """Flatten, one block per hidden Linear-activation layer (fc1, fc2, ...), a linear head."""
 
-    def __init__(self, in_features, num_classes, hidden=(256, 256)):
+    def __init__(self, in_features, num_classes, hidden=(256, 256), activation="relu"):
         super().__init__()
         dims = [in_features, *hidden]
         self.flatten = nn.Flatten()
         for i, (a, b) in enumerate(zip(dims, dims[1:]), 1):
-            self.add_module(f"fc{i}", nn.Sequential(nn.Linear(a, b), nn.ReLU()))
+            self.add_module(f"fc{i}", nn.Sequential(nn.Linear(a, b), ACTIVATIONS[activation]()))
         self.head = nn.Linear(dims[-1], num_classes)
 
 
-def _conv_bn(dim, cin, cout, k=3, stride=1):
+def _conv_bn(dim, cin, cout, k=3, stride=1, activation="relu", batchnorm=True):
+    """Conv, BatchNorm (or a bias instead), activation."""
     conv, bn = (nn.Conv1d, nn.BatchNorm1d) if dim == 1 else (nn.Conv2d, nn.BatchNorm2d)
-    return nn.Sequential(
-        conv(cin, cout, k, stride, k // 2, bias=False), bn(cout), nn.ReLU(inplace=True)
-    )
+    act = nn.ReLU(inplace=True) if activation == "relu" else ACTIVATIONS[activation]()
+    if not batchnorm:
+        return nn.Sequential(conv(cin, cout, k, stride, k // 2), act)
+    return nn.Sequential(conv(cin, cout, k, stride, k // 2, bias=False), bn(cout), act)
 
 
 class SmallCNN(nn.Module):
-    """Three conv-BN-ReLU stages (the last two downsampling), global average pool, linear head."""
+    """Three conv-BN-activation stages (the last two downsampling), global average pool, linear
+    head; without BatchNorm when ``batchnorm`` is false."""
 
-    def __init__(self, dim, in_channels, num_classes, channels=32):
+    def __init__(
+        self, dim, in_channels, num_classes, channels=32, activation="relu", batchnorm=True
+    ):
         super().__init__()
-        c = channels
-        self.stem = _conv_bn(dim, in_channels, c, k=5 if dim == 1 else 3)
-        self.stage1 = _conv_bn(dim, c, 2 * c, stride=2)
-        self.stage2 = _conv_bn(dim, 2 * c, 4 * c, stride=2)
+        c, opts = channels, dict(activation=activation, batchnorm=batchnorm)
+        self.stem = _conv_bn(dim, in_channels, c, k=5 if dim == 1 else 3, **opts)
+        self.stage1 = _conv_bn(dim, c, 2 * c, stride=2, **opts)
+        self.stage2 = _conv_bn(dim, 2 * c, 4 * c, stride=2, **opts)
         pool = nn.AdaptiveAvgPool1d(1) if dim == 1 else nn.AdaptiveAvgPool2d(1)
         self.head = nn.Sequential(pool, nn.Flatten(), nn.Linear(4 * c, num_classes))
 
@@ -205,7 +212,7 @@ def auto_arch(input_shape: tuple) -> str:
 
 
 @MODELS.register(
-    "mlp", "flatten, hidden Linear-ReLU layers (model.hidden), linear head", inputs=None
+    "mlp", "flatten, hidden layers (model.hidden, model.activation), linear head", inputs=None
 )
 def mlp(cfg, input_shape, num_classes):
     n = 1
@@ -216,21 +223,43 @@ def mlp(cfg, input_shape, num_classes):
         all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden),
         f"model.hidden={list(hidden)} must be a list of layer widths >= 1, e.g. [256,256]",
     )
-    return MLP(n, num_classes, hidden)
+    return MLP(n, num_classes, hidden, _activation(cfg))
 
 
-def _channels(cfg) -> int:
-    return integer("model.channels", cfg.get("channels", 32), "an integer >= 1", lambda c: c >= 1)
+def _activation(cfg) -> str:
+    act = cfg.get("activation", "relu")
+    require(
+        act in ACTIVATIONS,
+        f"model.activation={act!r} is unknown; choose one of {', '.join(ACTIVATIONS)}",
+    )
+    return act
 
 
-@MODELS.register("cnn1d", "three conv-BN-ReLU stages, 1-D (model.channels)", inputs="1d")
+def _cnn_options(cfg) -> dict:
+    channels = integer(
+        "model.channels", cfg.get("channels", 32), "an integer >= 1", lambda c: c >= 1
+    )
+    batchnorm = cfg.get("batchnorm", True)
+    require(isinstance(batchnorm, bool), f"model.batchnorm={batchnorm!r} must be true or false")
+    return dict(channels=channels, activation=_activation(cfg), batchnorm=batchnorm)
+
+
+@MODELS.register(
+    "cnn1d",
+    "three conv-BN-activation stages, 1-D (model.channels, .activation, .batchnorm)",
+    inputs="1d",
+)
 def cnn1d(cfg, input_shape, num_classes):
-    return SmallCNN(1, input_shape[0], num_classes, _channels(cfg))
+    return SmallCNN(1, input_shape[0], num_classes, **_cnn_options(cfg))
 
 
-@MODELS.register("cnn", "three conv-BN-ReLU stages, 2-D (model.channels)", inputs="image")
+@MODELS.register(
+    "cnn",
+    "three conv-BN-activation stages, 2-D (model.channels, .activation, .batchnorm)",
+    inputs="image",
+)
 def cnn(cfg, input_shape, num_classes):
-    return SmallCNN(2, input_shape[0], num_classes, _channels(cfg))
+    return SmallCNN(2, input_shape[0], num_classes, **_cnn_options(cfg))
 
 
 @MODELS.register("resnet18", "CIFAR-style ResNet-18 (3×3 stem, no max-pool)", inputs="image")

@@ -136,7 +136,9 @@ DATASETS = Registry("dataset", "sam_runner.data.sources", tensors=True)
 SAMPLERS = Registry("dataset.sampler", "sam_runner.samplers")
 LOGGERS = Registry("logger", "sam_runner.loggers")
 MEASURES = Registry("metrics", "sam_runner.metrics.measures")
+LOSSES = Registry("trainer.loss", "sam_runner.losses")
 
 ALL = {
-    r.key: r for r in (DATASETS, MODELS, BASE_OPTIMIZERS, VARIANTS, SCHEDULERS, LOGGERS, SAMPLERS)
+    r.key: r
+    for r in (DATASETS, MODELS, BASE_OPTIMIZERS, VARIANTS, SCHEDULERS, LOGGERS, SAMPLERS, LOSSES)
 }

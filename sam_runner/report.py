@@ -379,7 +379,7 @@ def _job_name(report: Report, job: Job) -> str:
 
 def render_markdown(report: Report, plots) -> str:
     """report.md: one section after another (each a function of the report and its plots)."""
-    sections = (_head, _group_table, _unfinished, _plot_links, _job_table, _notes)
+    sections = (_head, _group_table, _eos, _unfinished, _plot_links, _job_table, _notes)
     return "\n".join(line for section in sections for line in section(report, plots))
 
 
@@ -416,6 +416,12 @@ def _group_table(report: Report, _plots) -> list[str]:
         "without `seed`.",
         "",
     ]
+
+
+def _eos(report: Report, _plots) -> list[str]:
+    from .eos_report import section, traces
+
+    return section(report, traces(report))
 
 
 def _unfinished(report: Report, _plots) -> list[str]:
@@ -492,8 +498,9 @@ def render_csv(report: Report) -> str:
 
 
 def write_plots(report: Report, out_dir: Path) -> list[Path]:
+    from .eos_report import traces
     from .plots.style import save_png
-    from .plots.sweep import plot_acc_vs_lambda, plot_metric_vs_rho
+    from .plots.sweep import plot_acc_vs_lambda, plot_eos_traces, plot_metric_vs_rho
 
     g = report.groups
     points = [
@@ -501,22 +508,27 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
         for j in report.jobs
         if j.status == "completed"
     ]
-    figures = [
-        ("acc_vs_rho.png", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
-        (
-            "lambda_max_vs_rho.png",
-            plot_metric_vs_rho(
-                g,
-                "lambda_max",
-                "λ_max",
-                logy=True,
-                bounds=True,
-                title="λ_max (log scale) against ρ, with the stability bound where logged",
+    figures = []
+    if any(finite(row["rho"]) for row in g):  # gradient descent against itself has no ρ figures
+        figures += [
+            ("acc_vs_rho.png", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
+            (
+                "lambda_max_vs_rho.png",
+                plot_metric_vs_rho(
+                    g,
+                    "lambda_max",
+                    "λ_max",
+                    logy=True,
+                    bounds=True,
+                    title="λ_max (log scale) against ρ, with the stability bound where logged",
+                ),
             ),
-        ),
-        ("ece_vs_rho.png", plot_metric_vs_rho(g, "test_ece", "test ECE")),
-        ("acc_vs_lambda_max.png", plot_acc_vs_lambda(points)),
-    ]
+            ("ece_vs_rho.png", plot_metric_vs_rho(g, "test_ece", "test ECE")),
+        ]
+    figures.append(("acc_vs_lambda_max.png", plot_acc_vs_lambda(points)))
+    eos = traces(report)
+    if eos:
+        figures.append(("eos.png", plot_eos_traces(eos)))
     return [save_png(fig, out_dir / name) for name, fig in figures]
 
 

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from . import distributed
 from .clock import Clock
 from .data import build_data
 from .errors import Interrupted, RunFolderConflict, UserError, integer, number, one_line, require
 from .loggers import NullLogger, build_logger
+from .losses import mean_loss, per_example
 from .metrics.evaluate import evaluate
 from .metrics.tracker import CurvatureTracker
 from .models import build_model
@@ -71,6 +71,10 @@ def validate(cfg) -> None:
         lambda n: n >= 1,
     )
     integer("seed", cfg.seed, "an integer")
+    for key in ("steps", "eval_every_n_steps"):  # null: off
+        if t.get(key) is not None:
+            integer(f"trainer.{key}", t[key], "an integer >= 1 (or null)", lambda n: n >= 1)
+    per_example(t.get("loss", "cross_entropy"), float(t.get("label_smoothing", 0.0)))
 
 
 def fingerprint(cfg, model, world: int = 1) -> dict:
@@ -224,7 +228,9 @@ class Run:
         if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
             model.to(memory_format=torch.channels_last)
         self.steps_per_epoch = len(data.train)
-        total_steps = self.steps_per_epoch * self.clock.epochs
+        total_steps = int(t.steps) if t.get("steps") else self.steps_per_epoch * t.epochs
+        self.clock.total_steps = total_steps  # a step budget ends the last epoch early
+        self.clock.epochs = -(-total_steps // self.steps_per_epoch)
         self.optimizer = build_optimizer(cfg, model, total_steps)
         self.scheduler = build_scheduler(
             cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps
@@ -236,13 +242,12 @@ class Run:
         self.optimizer.bind(
             model=self.net, grad_scaler=self.scaler, clip_grad_norm=t.get("gradient_clip")
         )
-        self.criterion = nn.CrossEntropyLoss(
-            label_smoothing=float(t.label_smoothing), reduction="none"
-        )
+        loss = t.get("loss", "cross_entropy")
+        self.criterion = per_example(loss, float(t.label_smoothing))
         self.autocast = _autocast(device, t.precision)
         self.sampler = build_sampler(cfg.dataset, data)
         self.tracker = CurvatureTracker(
-            cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock
+            cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
         )
         self.test_set = TestSet(self)
         if self.dist.is_main:
@@ -327,9 +332,12 @@ class Run:
             if curvature:
                 # measuring is not training
                 clock.train_time -= curvature.get("hessian_time_s", 0.0)
-                self.log_line({**curvature, "epoch": clock.epoch, "step": clock.step})
+                row = {**curvature, "epoch": clock.epoch, "step": clock.step}
+                self.log_line({**row, "step_loss": float(loss)})  # the loss this step descended
             # all processes stop together
             if clock.step % 50 == 0 and stats.diverged_at() is not None:
+                break
+            if clock.step >= clock.total_steps:  # the step budget is spent
                 break
         bar.close()
         clock.within_epoch = False
@@ -355,7 +363,7 @@ class Run:
             quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
             with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast:
                 out = net(xm)
-            per_sample = self.criterion(out.float(), ym)
+            per_sample = self.criterion(out, ym)
             loss = optimizer.reduce_loss(per_sample, out, ym) / len(micro)
             self.scaler.scale(loss).backward()
             total += loss.detach()
@@ -364,24 +372,30 @@ class Run:
                 counts["correct"] = counts["correct"] + (out.argmax(1) == ym).sum()
         return total
 
+    def evaluation_due(self) -> bool:
+        """The last epoch, and every ``eval_every_n_epochs``-th epoch; or, with
+        ``eval_every_n_steps``, the first epoch end that many steps after the last evaluation."""
+        clock, t = self.clock, self.cfg.trainer
+        if clock.final:
+            return True
+        if t.get("eval_every_n_steps"):
+            return clock.step - self.saved[1] >= int(t.eval_every_n_steps)
+        return clock.epoch % int(t.get("eval_every_n_epochs", 1)) == 0
+
     def end_epoch(self) -> None:
-        """Evaluate and checkpoint on evaluation epochs (every ``eval_every_n_epochs``-th and the
-        last);
-        on the others only a due curvature measurement is logged."""
+        """Evaluate and checkpoint when an evaluation is due (``evaluation_due``); otherwise only
+        a due curvature measurement is logged."""
         clock = self.clock
-        if (
-            not clock.final
-            and clock.epoch % int(self.cfg.trainer.get("eval_every_n_epochs", 1)) != 0
-        ):
+        if not self.evaluation_due():
             curvature = self.tracker.log_values()  # a curvature epoch measures all the same
             if curvature:
                 self.log_line({"epoch": clock.epoch, "step": clock.step, **curvature})
             return
         if clock.final and self.tracker.enabled:  # the last measurement can take a while: say so
-            h = self.cfg.metrics.hessian
+            n = self.tracker.num_samples()
             self.progress.note(
-                f"measuring the Hessian's top eigenvalue(s) on {h.num_samples} training "
-                f"samples (metrics.hessian.*) ..."
+                f"measuring the Hessian's top eigenvalue(s) on {n} training "
+                "samples (metrics.hessian.*) ..."
             )
         row = {
             "epoch": clock.epoch,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import tarfile
 
 import pytest
@@ -274,3 +275,39 @@ def test_image_folder_missing_split_is_one_line(tmp_path):
 def test_batch_larger_than_training_set():
     with pytest.raises(UserError, match="dataset.batch_size=5000"):
         build_data(cfg(name="digits", batch_size=5000), torch.device("cpu"), seed=0)
+
+
+def test_train_subset_is_class_balanced_fixed_by_the_seed_and_full_is_one_batch():
+    a = build_data(
+        cfg(name="digits", train_subset=105, batch_size="full"), torch.device("cpu"), seed=0
+    )
+    counts = torch.bincount(a.train_tensors[1], minlength=10).tolist()
+    assert sum(counts) == 105 and counts == [11] * 5 + [10] * 5  # the first 105 % 10 one more
+    again = build_data(
+        cfg(name="digits", train_subset=105, batch_size="full"), torch.device("cpu"), seed=0
+    )
+    other = build_data(
+        cfg(name="digits", train_subset=105, batch_size="full"), torch.device("cpu"), seed=1
+    )
+    assert torch.equal(a.train_tensors[0], again.train_tensors[0])
+    assert not torch.equal(a.train_tensors[0], other.train_tensors[0])
+    batches = list(a.train)
+    assert len(a.train) == 1 and len(batches) == 1 and torch.equal(batches[0][2], torch.arange(105))
+    assert a.full_batch and torch.equal(a.train_subset(7, 0)[1], a.train_tensors[1])  # all of it
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (
+            dict(train_subset=5),
+            "dataset.train_subset=5 must be an integer >= the number of classes",
+        ),
+        (dict(train_subset=100000), "dataset.train_subset=100000 needs 10000 examples of class 0"),
+        (dict(batch_size="half"), "dataset.batch_size='half' must be a positive integer or full"),
+    ],
+)
+def test_bad_subset_or_batch_is_one_line(kw, message):
+    with pytest.raises(UserError, match=re.escape(message)) as e:
+        build_data(cfg(name="digits", **kw), torch.device("cpu"), seed=0)
+    assert "\n" not in str(e.value)

@@ -56,6 +56,8 @@ EXPECTED = {
     "spectral_muon_mini": (12, "mlp", "mnist1d", "base sam spectral_sam"),
     "variant_zoo": (36, "resnet18", "cifar100", ZOO),
     "variant_zoo_mini": (24, "cnn1d", "mnist1d", ZOO),
+    "edge_of_stability": (16, "cnn mlp", "cifar10", "base sam"),
+    "edge_of_stability_mini": (6, "mlp", "mnist1d", "base sam"),
 }
 
 

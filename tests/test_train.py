@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -374,4 +375,68 @@ def test_gear_sam_on_cifar100_verbatim(tmp_path, monkeypatch):
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert "layer4.1.conv2.weight" in state["model"], (
         "the default model on CIFAR is the CIFAR ResNet-18"
+    )
+
+
+GD = [
+    "model=mlp",
+    "model.hidden=[32,32]",
+    "model.activation=tanh",
+    "dataset.batch_size=full",
+    "dataset.train_subset=300",
+    "dataset.num_samples=1000",
+    "trainer.loss=mse",
+    "optimizer=base",
+    "base_optimizer.momentum=0",
+    "base_optimizer.weight_decay=0",
+    "base_optimizer.lr=0.1",
+    "scheduler=constant",
+    "metrics.hessian.every_n_steps=10",
+    "metrics.hessian.num_samples=300",
+    "trainer.progress=lines",
+]
+
+
+def test_full_batch_gradient_descent_with_a_step_budget(tmp_path):
+    """batch_size=full: one step an epoch over the whole (class-balanced) subset; trainer.steps
+    ends the run; eval_every_n_steps sets when it evaluates and checkpoints; the tracked lines
+    carry 2/η and the step's loss."""
+    summary = train(compose(*GD, "trainer.steps=40", "trainer.eval_every_n_steps=15"), tmp_path)
+    assert summary["status"] == "completed" and summary["step"] == 40 and summary["epochs"] == 40
+    lines = rows(tmp_path)
+    evaluated = [r["step"] for r in lines if "test_acc" in r]
+    assert evaluated == [15, 30, 40]  # every 15 steps, and the last
+    tracked = [r for r in lines if "lambda_max" in r and "test_acc" not in r]
+    assert [r["step"] for r in tracked] == [10, 20, 30, 40]
+    assert all(r["eos_threshold"] == pytest.approx(2 / 0.1) for r in tracked)
+    assert all(r["eos_ratio"] == pytest.approx(r["lambda_max"] * 0.1 / 2) for r in tracked)
+    assert all(math.isfinite(r["step_loss"]) for r in tracked)
+    # the final line reuses the measurement of step 40, not a second one
+    assert lines[-1]["lambda_max"] == tracked[-1]["lambda_max"]
+
+
+def test_a_full_batch_run_killed_and_resumed_ends_like_an_uninterrupted_one(tmp_path):
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    args = [*GD, "trainer.steps=60", "trainer.eval_every_n_steps=10"]
+    cmd = [sys.executable, "-m", "sam_runner.cli", *args, f"hydra.run.dir={killed}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    m = killed / "metrics.jsonl"
+    wait_for(
+        lambda: (
+            m.exists() and sum('"test_acc"' in line for line in m.read_text().splitlines()) >= 2
+        ),
+        "the second evaluation",
+        proc,
+    )
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    resumed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr
+    train(compose(*args), whole, [])
+    assert stable(rows(killed)) == stable(rows(whole))
+    s_killed, s_whole = (json.loads((d / "summary.json").read_text()) for d in (killed, whole))
+    assert (
+        s_killed["test_loss"] == s_whole["test_loss"]
+        and s_killed["lambda_max"] == s_whole["lambda_max"]
     )

@@ -13,7 +13,7 @@ import torch
 
 from ..errors import integer, number
 from ..registry import DATASETS
-from .labels import training_labels
+from .labels import batch_size, training_labels
 from .loaders import Normalize, TensorLoader
 
 
@@ -27,12 +27,16 @@ class Data:
     train_tensors: tuple | None = None  # (x, y) as stored (uint8 images stay uint8)
     prepare: object = None  # x -> model input, without augmentation
     class_counts: list = field(default_factory=list)
+    full_batch: bool = False  # one training batch holds the whole training set
 
     def train_subset(self, n: int, seed: int):
-        """A fixed, seeded subset of the training set as model-ready tensors (for curvature)."""
+        """A fixed, seeded subset of the training set as model-ready tensors (for curvature);
+        with a full batch, the whole training set, in order (the loss that the steps descend)."""
         x, y = self.train_tensors
         g = torch.Generator().manual_seed(seed + 104729)
         idx = torch.randperm(len(y), generator=g)[: min(n, len(y))].to(y.device)
+        if self.full_batch:
+            idx = torch.arange(len(y), device=y.device)
         xs = x[idx]
         return (self.prepare(xs, None) if self.prepare is not None else xs), y[idx]
 
@@ -52,7 +56,16 @@ class Arrays:
 
 def validate(cfg) -> None:
     entry = DATASETS.entry(cfg.name)
-    integer("dataset.batch_size", cfg.batch_size, "a positive integer", lambda b: b > 0)
+    if cfg.batch_size != "full":  # full: one batch is the whole training set (full-batch GD)
+        integer("dataset.batch_size", cfg.batch_size, "a positive integer or full", lambda b: b > 0)
+    subset = cfg.get("train_subset")
+    if subset is not None:
+        integer(
+            "dataset.train_subset",
+            subset,
+            "an integer >= the number of classes (or null)",
+            lambda n: n >= (entry.num_classes or 1),
+        )
     number(
         "dataset.label_noise",
         cfg.get("label_noise", 0.0),
@@ -82,11 +95,12 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
         test_tf = Normalize(*a.stats, augment=False)
     else:
         train_tf = test_tf = None
+    full = cfg.batch_size == "full"  # one batch of every example: nothing to shuffle
     train = TensorLoader(
         x,
         y,
-        cfg.batch_size,
-        shuffle=True,
+        batch_size(cfg, n),
+        shuffle=not full,
         seed=seed,
         drop_last=True,
         transform=train_tf,
@@ -94,7 +108,13 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
         world=world,
     )
     test = TensorLoader(
-        xt, yt, max(cfg.batch_size, 512), shuffle=False, transform=test_tf, rank=rank, world=world
+        xt,
+        yt,
+        max(batch_size(cfg, n), 512),
+        shuffle=False,
+        transform=test_tf,
+        rank=rank,
+        world=world,
     )
     return Data(
         train,
@@ -105,4 +125,5 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
         train_tensors=(x, y),
         class_counts=counts,
         prepare=test_tf,
+        full_batch=full,
     )

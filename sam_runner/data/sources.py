@@ -206,6 +206,11 @@ def image_folder(cfg, seed, rank, world):
     train.targets = targets.tolist()
     n = len(train)
     workers = int(cfg.get("num_workers", 4))
+    require(
+        cfg.batch_size != "full",
+        "dataset.batch_size=full needs an in-memory dataset, not "
+        "dataset=image_folder; give a number",
+    )
     tl = FolderLoader(Indexed(train), cfg.batch_size, True, seed, workers, True, rank, world)
     vl = FolderLoader(Indexed(test), cfg.batch_size, False, seed, workers, False, rank, world)
     return Data(tl, vl, c, (3, size, size), n, class_counts=counts)

@@ -184,6 +184,7 @@ class EigenResult:
     converged: bool
     residuals: list
     presolve_hvps: int = 0  # HVPs on the leading ``presolve_batches`` batches only
+    ritz_vectors: torch.Tensor | None = None  # [k, n]: every returned pair's vector, flat, unit
 
 
 def hessian_eigenpairs(
@@ -234,6 +235,7 @@ def hessian_eigenpairs(
             r.converged,
             r.residuals,
             presolve_hvps,
+            r.vectors,
         )
     finally:
         if operator is None:

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from ..registry import VARIANTS
+
 
 def inverse_stability_threshold(optimizer) -> float | None:
     """1 / (the largest curvature at which the base optimizer's iteration on a 1-D quadratic is
@@ -32,3 +34,18 @@ def stability_threshold(optimizer) -> float | None:
     """The threshold itself (``math.inf`` at η = 0); see ``inverse_stability_threshold``."""
     inv = inverse_stability_threshold(optimizer)
     return None if inv is None else (1 / inv if inv > 0 else math.inf)
+
+
+def sam_edge(optimizer, grad_norm: float) -> float | None:
+    """The SAM edge of stability (Long & Bartlett 2023): (‖g‖/(2ρ))(√(1 + 8ρ/(η‖g‖)) − 1), for
+    ``optimizer=sam`` stepping with plain SGD (no momentum, the setting of the derivation); None
+    otherwise, and at η = 0 or ρ = 0, where the edge is the GD threshold or infinite."""
+    entry = VARIANTS.entry_of(type(optimizer))
+    base = getattr(optimizer, "base_optimizer", None)
+    if entry is None or entry.name != "sam" or not isinstance(base, torch.optim.SGD):
+        return None
+    group = base.param_groups[0]
+    lr, rho = float(group["lr"]), float(optimizer.current_rho)
+    if group.get("momentum", 0.0) or group.get("nesterov", False) or lr <= 0 or rho <= 0:
+        return None
+    return (grad_norm / (2 * rho)) * (math.sqrt(1 + 8 * rho / (lr * grad_norm)) - 1)

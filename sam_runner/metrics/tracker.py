@@ -33,10 +33,10 @@ from ..clock import Clock
 from ..errors import integer, number, require
 from ..module_state import modes_restored
 from ..registry import MEASURES
+from .dynamics import dynamics
 from .hvp import HVP_METHODS, HessianOperator
 from .measures import Measurement
 from .solvers import hessian_eigenpairs
-from .stability import inverse_stability_threshold
 
 BN_MODES = ("eval", "train")
 SCHEMA = {
@@ -62,10 +62,11 @@ HESSIAN_SCHEMA = {
     "enabled": "bool",
     "bn_mode": "choice",
     "method": "choice",
+    "grad_topk_overlap": "bool",
 }
 
 
-def _cross_entropy(out, target):
+def cross_entropy_mean(out, target):
     return F.cross_entropy(out.float(), target)
 
 
@@ -119,8 +120,18 @@ def validate(cfg) -> None:
 
 
 class CurvatureTracker:
-    def __init__(self, cfg, model, data, optimizer, seed, clock: Clock | None = None):
+    def __init__(
+        self,
+        cfg,
+        model,
+        data,
+        optimizer,
+        seed,
+        clock: Clock | None = None,
+        loss_fn=cross_entropy_mean,
+    ):
         validate(cfg)
+        self.loss_fn = loss_fn  # the run's loss (trainer.loss), as a mean, never label-smoothed
         self.cfg, self.model, self.data, self.optimizer, self.seed = (
             cfg,
             model,
@@ -135,6 +146,7 @@ class CurvatureTracker:
         self._subset = None
         self.history = {"lambda_max": [], "armijo_alpha": []}
         self.density = None
+        self._last = None  # (step, keys) of the last measurement: one per step, whoever asks
 
     @property
     def h(self):
@@ -154,7 +166,22 @@ class CurvatureTracker:
         else:
             n = self.h.get("every_n_epochs", 0) or 0
             due = clock.final or (n > 0 and clock.epoch % n == 0)
-        return self.measure(clock.final) if due else {}
+        if not due:
+            return {}
+        if self._last is not None and self._last[0] == clock.step:  # measured at this step already
+            return dict(self._last[1])
+        out = self.measure(clock.final)
+        self._last = (clock.step, out)
+        return out
+
+    def num_samples(self) -> int:
+        """How many training samples a measurement uses: the subset (capped at the training set);
+        with a full batch, the whole training set."""
+        if self._subset is not None:
+            return len(self._subset[1])
+        if self.data.full_batch:
+            return self.data.train_size
+        return min(int(self.h.get("num_samples", 4096)), self.data.train_size)
 
     # ------------------------------------------------------------------ measuring
     def _batches(self):
@@ -185,7 +212,7 @@ class CurvatureTracker:
             batches = self._batches()
             with HessianOperator(
                 self.model,
-                _cross_entropy,
+                self.loss_fn,
                 batches,
                 str(self.h.get("method", "auto")),
                 float(self.h.get("graph_cache_mb", 1024)),
@@ -199,7 +226,7 @@ class CurvatureTracker:
         h = self.h
         r = hessian_eigenpairs(
             self.model,
-            _cross_entropy,
+            self.loss_fn,
             op.batches,
             int(h.get("k", 1)),
             tol=float(h.get("tol", 1e-3)),
@@ -221,9 +248,7 @@ class CurvatureTracker:
         out["hessian_method"] = r.method
         if not r.converged:
             out["hessian_converged"] = False
-        inv = inverse_stability_threshold(self.optimizer)
-        if inv is not None:
-            out["eos_ratio"] = r.values[0] * inv
+        out.update(dynamics(op, r, self.optimizer, bool(h.get("grad_topk_overlap", False))))
         self.history["lambda_max"].append(r.values[0])
         return out
 
@@ -235,7 +260,7 @@ class CurvatureTracker:
         head = [
             (x[i : min(i + bs, n)], y[i : min(i + bs, n)]) for i in range(0, min(n, len(y)), bs)
         ]
-        m = Measurement(op, head, _cross_entropy, self.seed, final)
+        m = Measurement(op, head, self.loss_fn, self.seed, final)
         out = {}
         try:
             for entry in sorted(

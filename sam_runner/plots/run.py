@@ -58,7 +58,9 @@ def run_title(summary: dict) -> str:
         str(cfg.get("dataset.name", "?")),
         str(summary.get("model_built") or cfg.get("model.arch", "?")),
         variant + (f" (ρ = {rho:g})" if finite(rho) and variant != "base" else ""),
-        f"{summary.get('epochs', cfg.get('trainer.epochs', '?'))} epochs",
+        f"{cfg['trainer.steps']} steps, η = {cfg.get('base_optimizer.lr', '?'):g}"
+        if cfg.get("trainer.steps")
+        else f"{summary.get('epochs', cfg.get('trainer.epochs', '?'))} epochs",
     ]
     status = summary.get("status")
     return " · ".join(parts) + (f" — {status}" if status and status != "completed" else "")
@@ -191,6 +193,73 @@ def plot_reliability(bins: dict, title: str = ""):
     return fig
 
 
+def step_curvature(rows: list[dict]) -> bool:
+    """Whether the run measured λ_max within epochs, often enough to draw it against the step."""
+    return sum(1 for r in rows if finite(r.get("lambda_max")) and "train_loss" not in r) >= 3
+
+
+def plot_eos(rows: list[dict], title: str = ""):
+    """The edge-of-stability figure: λ_max against the step with the stability threshold of the
+    step (2/η for gradient descent) dashed and labelled, the SAM edge where logged, and the loss
+    below on the same steps."""
+    fig, axes = figure(2, 1, size=(9.0, 7.0), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    top, bottom = axes[0, 0], axes[1, 0]
+    curv = [r for r in rows if finite(r.get("lambda_max")) and finite(r.get("step"))]
+    top.plot(
+        [r["step"] for r in curv],
+        [r["lambda_max"] for r in curv],
+        color="tab:blue",
+        linewidth=1.2,
+        label="λ_max",
+    )
+    for key, style, label in (
+        ("eos_threshold", "--", "stability threshold (2/η for GD)"),
+        ("sam_edge", ":", "SAM edge (Long & Bartlett 2023)"),
+        ("armijo_curvature", "", "Armijo-probe curvature"),
+    ):
+        pts = [(r["step"], r[key]) for r in curv if finite(r.get(key))]
+        if pts:
+            top.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                linestyle=style or "none",
+                marker="." if not style else None,
+                color="black" if style == "--" else "gray",
+                label=_threshold_label(label, [p[1] for p in pts]),
+            )
+    top.set_ylabel("top Hessian eigenvalue", fontsize=FONT)
+    top.legend(fontsize=FONT, loc="lower right")
+    top.grid(alpha=0.3)
+    for key, label, style in (
+        ("step_loss", "train (the step's batch)", "-"),
+        ("train_loss", "train (epoch mean)", "none"),
+        ("test_loss", "test", "-"),
+    ):
+        pts = [(r["step"], r[key]) for r in rows if finite(r.get(key)) and finite(r.get("step"))]
+        if pts:
+            bottom.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                linestyle=style,
+                marker="o",
+                markersize=2 if style == "-" else 4,
+                label=label,
+            )
+    bottom.set_xlabel("step", fontsize=FONT)
+    bottom.set_ylabel("loss", fontsize=FONT)
+    bottom.legend(fontsize=FONT)
+    bottom.grid(alpha=0.3)
+    fig.suptitle(title or "edge of stability", fontsize=FONT + 2)
+    return fig
+
+
+def _threshold_label(label: str, values: list) -> str:
+    """The label, with the value when it is the same at every step (a constant step size)."""
+    return (
+        f"{label} = {values[0]:.4g}" if max(values) - min(values) <= 1e-9 * max(values) else label
+    )
+
+
 def write_run_plots(run_dir) -> list[Path]:
     """Write curves.png (and reliability.png when the run logged reliability bins) into the run
     folder."""
@@ -199,7 +268,8 @@ def write_run_plots(run_dir) -> list[Path]:
     rows = read_rows(run_dir / "metrics.jsonl")
     summary = read_json(run_dir / "summary.json") or {}
     if rows:
-        written.append(save_png(plot_curves(rows, run_title(summary)), run_dir / "curves.png"))
+        draw = plot_eos if step_curvature(rows) else plot_curves
+        written.append(save_png(draw(rows, run_title(summary)), run_dir / "curves.png"))
     # the final bins: in the summary if the metrics code puts them there, else on the last row
     bins = find_reliability(summary) or next(
         (b for b in map(find_reliability, reversed(rows)) if b), None

@@ -205,3 +205,52 @@ def plot_acc_vs_lambda(points):
     ax.set_title("test accuracy against sharpness, one point per job", fontsize=FONT + 1)
     ax.grid(alpha=0.3)
     return fig
+
+
+def plot_eos_traces(traces: list[dict]):
+    """One λ_max trace per job against the step, coloured by its step size, each with its own
+    stability threshold dashed in the same colour; one panel per variant (and per value of the
+    sweep's other axes)."""
+    from matplotlib import colormaps
+
+    common = set.intersection(*(set(t["job"].overrides) for t in traces))
+    panels: dict[str, list[dict]] = {}
+    for t in traces:
+        job = t["job"]
+        panels.setdefault(f"{job.variant} {_non_lr(job.overrides, common)}".strip(), []).append(t)
+    lrs = sorted({t["job"].lr for t in traces if finite(t["job"].lr)})
+    color = {lr: colormaps["viridis"](i / max(1, len(lrs) - 1) * 0.9) for i, lr in enumerate(lrs)}
+    ncols = min(2, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = figure(nrows, ncols, size=(6.0 * ncols + 1.5, 4.0 * nrows + 0.6))
+    for ax, (panel, members) in zip(
+        axes.flat, sorted(panels.items(), key=lambda kv: natural_key(kv[0]))
+    ):
+        for t in sorted(members, key=lambda t: t["job"].lr or 0):
+            c = color.get(t["job"].lr, "gray")
+            ax.plot(
+                t["steps"], t["lambda_max"], color=c, linewidth=1.2, label=f"η = {t['job'].lr:g}"
+            )
+            pts = [(s, v) for s, v in zip(t["steps"], t["threshold"]) if finite(v)]
+            if pts:
+                ax.plot(
+                    [p[0] for p in pts], [p[1] for p in pts], color=c, linestyle="--", linewidth=1
+                )
+        ax.set_title(panel, fontsize=FONT)
+        ax.set_xlabel("step", fontsize=FONT)
+        ax.set_ylabel("λ_max", fontsize=FONT)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    _figure_legend(fig, axes)
+    fig.suptitle(
+        "λ_max against the step; dashed: each step size's threshold 2/η", fontsize=FONT + 2
+    )
+    return fig
+
+
+def _non_lr(overrides: list[str], common: set) -> str:
+    """A job's overrides other than the variant, the step size, the seed and those every job
+    shares (a panel's title)."""
+    skip = ("optimizer=", "base_optimizer.lr=", "seed=")
+    return " ".join(o for o in overrides if not o.startswith(skip) and o not in common)

@@ -228,3 +228,46 @@ def test_reliability_diagram_has_a_count_histogram_and_a_gap_colour_matching_its
     assert to_rgb(handle.get_edgecolor()) == to_rgb("tab:red") and not handle.get_fill()
     assert [round(p.get_height()) for p in hist.patches] == [3, 0, 700]
     assert hist.get_yscale() == "log" and hist.get_ylabel() == "samples"
+
+
+def test_step_level_curvature_is_drawn_against_the_step_with_its_labelled_threshold(tmp_path):
+    rows = [
+        {
+            "epoch": s,
+            "step": s,
+            "lambda_max": 2.0 + 0.1 * s,
+            "eos_threshold": 10.0,
+            "eos_ratio": (2.0 + 0.1 * s) / 10,
+            "step_loss": 1.0 / s,
+        }
+        for s in range(10, 100, 10)
+    ]
+    rows.append(
+        {
+            "epoch": 90,
+            "step": 90,
+            "train_loss": 0.1,
+            "train_acc": 0.9,
+            "test_loss": 0.2,
+            "test_acc": 0.8,
+            "test_ece": 0.05,
+            "lambda_max": 11.0,
+        }
+    )
+    write_rows(
+        tmp_path,
+        rows,
+        {"status": "completed", "config": {"trainer.steps": 90, "base_optimizer.lr": 0.2}},
+    )
+    from sam_runner.plots.run import plot_eos, run_title, step_curvature
+
+    assert step_curvature(rows)
+    fig = plot_eos(rows, "t")
+    top, bottom = fig.axes
+    labels = top.get_legend_handles_labels()[1]
+    assert labels == ["λ_max", "stability threshold (2/η for GD) = 10"]
+    assert top.get_lines()[1].get_linestyle() == "--" and bottom.get_xlabel() == "step"
+    assert "90 steps, η = 0.2" in run_title(
+        {"config": {"trainer.steps": 90, "base_optimizer.lr": 0.2}}
+    )
+    assert decodes(write_run_plots(tmp_path)[0])

@@ -303,3 +303,55 @@ def test_a_job_rerun_with_how_it_runs_settings_still_answers_for_its_sweep_job(t
         yaml.safe_dump(yaml.safe_load(overrides.read_text()) + ["trainer.device=cpu"])
     )
     assert build_report(sweep).counts() == {"completed": 4}
+
+
+def test_a_sweep_over_the_step_size_reports_its_edge_of_stability(tmp_path, capsys):
+    """Full-batch GD at two step sizes, λ_max every 5 steps: eos.png and a table of λ_max/(2/η)
+    over the last third of the steps, computed from the jobs' own lines."""
+    from conftest import run_cli
+
+    from sam_runner.eos_report import plateau, traces
+    from sam_runner.report import write_report
+
+    args = [
+        "-m",
+        "model=mlp",
+        "model.hidden=[16]",
+        "model.activation=tanh",
+        "dataset.batch_size=full",
+        "dataset.train_subset=200",
+        "dataset.num_samples=600",
+        "trainer.loss=mse",
+        "optimizer=base",
+        "base_optimizer.momentum=0",
+        "base_optimizer.weight_decay=0",
+        "scheduler=constant",
+        "base_optimizer.lr=0.5,1.0",
+        "trainer.steps=30",
+        "trainer.eval_every_n_steps=30",
+        "metrics.hessian.every_n_steps=5",
+        "metrics.hessian.num_samples=200",
+        "trainer.progress=none",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    report = build_report(tmp_path)
+    found = traces(report)
+    assert len(found) == 2 and all(len(t["steps"]) == 6 for t in found)
+    paths = write_report(report)
+    assert tmp_path / "eos.png" in paths
+    md = (tmp_path / "report.md").read_text()
+    assert "## Edge of stability" in md
+    for t in found:
+        lr = t["job"].lr
+        rows = [
+            json.loads(line) for line in (t["job"].path / "metrics.jsonl").read_text().splitlines()
+        ]
+        last = [
+            r["lambda_max"] * lr / 2
+            for r in rows
+            if "lambda_max" in r and "train_loss" not in r and r["step"] >= 5 + (2 / 3) * 25
+        ]
+        assert plateau(t, "threshold") == pytest.approx(sum(last) / len(last))
+        assert f"{plateau(t, 'threshold'):.3f}" in md

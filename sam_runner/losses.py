@@ -1,0 +1,53 @@
+"""Training losses (``trainer.loss=<name>``): per-example losses from logits and integer labels.
+
+Everything that uses the loss takes it from here: the training passes (per example, for the
+samplers and CSAM), the test loss, the Hessian and every sharpness measure.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from .errors import require
+from .registry import LOSSES
+
+
+@LOSSES.register("cross_entropy", "softmax cross-entropy (trainer.label_smoothing applies)")
+def cross_entropy(label_smoothing: float = 0.0):
+    def loss(logits, targets):
+        return F.cross_entropy(
+            logits.float(), targets, label_smoothing=label_smoothing, reduction="none"
+        )
+
+    return loss
+
+
+@LOSSES.register("mse", "½‖f(x) − e_y‖² per example, on one-hot targets (as Cohen et al. 2021)")
+def mse(label_smoothing: float = 0.0):
+    require(
+        label_smoothing == 0,
+        f"trainer.label_smoothing={label_smoothing} does not apply to "
+        "trainer.loss=mse (one-hot targets); set it to 0",
+    )
+
+    def loss(logits, targets):
+        logits = logits.float()
+        onehot = F.one_hot(targets, logits.shape[1]).to(logits.dtype)
+        return 0.5 * (logits - onehot).square().sum(dim=1)
+
+    return loss
+
+
+def per_example(name: str, label_smoothing: float = 0.0):
+    """The per-example loss ``trainer.loss`` names (label smoothing for training only)."""
+    return LOSSES.build(name, label_smoothing)
+
+
+def mean_loss(name: str):
+    """The loss measurements use: the mean over examples, never label-smoothed."""
+    per = per_example(name)
+
+    def loss(logits, targets):
+        return per(logits, targets).mean()
+
+    return loss

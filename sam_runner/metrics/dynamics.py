@@ -1,0 +1,52 @@
+"""What a measurement logs about the training dynamics beside λ_max: the stability threshold of
+the step it is taking, the SAM edge of stability, and how much of the gradient lies in the
+dominant eigenspace.
+
+- ``eos_threshold``: the largest curvature at which the base optimizer is stable on a quadratic
+  (2/η for plain gradient descent; stability.py), and ``eos_ratio`` = λ_max / that.
+- ``sam_edge`` (runs of ``optimizer=sam`` with plain SGD): the SAM edge of stability of Long &
+  Bartlett (2023). Along the top eigenvector of a quadratic with curvature λ, a SAM step with ε =
+  ρ g/‖g‖ multiplies the coordinate by 1 − ηλ(1 + ρλ/‖g‖), ‖g‖ the norm of the whole gradient;
+  it is stable while ηλ(1 + ρλ/‖g‖) ≤ 2, that is while λ ≤ (‖g‖/(2ρ))(√(1 + 8ρ/(η‖g‖)) − 1),
+  which is below 2/η and tends to it as ρ → 0. ‖g‖ is the gradient on the measured samples (with
+  a full batch, the training gradient). ``sam_edge_ratio`` = λ_max / ``sam_edge``.
+- ``grad_topk_overlap`` (``metrics.hessian.grad_topk_overlap``): ‖P_k g‖²/‖g‖², P_k the projector
+  onto the k Ritz vectors of this Lanczos run: the share of the gradient in the top-k Hessian
+  eigenspace (Gur-Ari et al. 2018 observed that it is most of it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .stability import sam_edge, stability_threshold
+
+
+def dynamics(op, result, optimizer, overlap: bool) -> dict:
+    """The keys above for one Lanczos ``result`` on the operator ``op``."""
+    out = {}
+    threshold = stability_threshold(optimizer)
+    if threshold is not None:
+        out["eos_ratio"] = result.values[0] / threshold
+        if math.isfinite(threshold):
+            out["eos_threshold"] = threshold
+    wants_edge = sam_edge(optimizer, 1.0) is not None
+    if not (overlap or wants_edge):
+        return out
+    g = op.gradient().double()
+    g_norm = float(g.norm())
+    if wants_edge and g_norm > 0:
+        edge = sam_edge(optimizer, g_norm)
+        out.update(sam_edge=edge, sam_edge_ratio=result.values[0] / edge)
+        out["grad_norm"] = g_norm
+    if overlap and g_norm > 0:
+        out["grad_topk_overlap"] = topk_overlap(g, result.ritz_vectors)
+    return out
+
+
+def topk_overlap(g: torch.Tensor, vectors: torch.Tensor) -> float:
+    """‖P g‖²/‖g‖² for the projector P onto the rows of ``vectors`` (orthonormal)."""
+    coefficients = vectors.to(g.dtype) @ g
+    return float(coefficients.square().sum() / g.square().sum())
