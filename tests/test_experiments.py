@@ -167,3 +167,11 @@ def test_mini_study_runs_and_reports(preset, tmp_path):
     )
     assert rep.returncode == 0, rep.stderr
     assert (sweep / "report.md").exists() and (sweep / "report.csv").exists()
+    if preset == "edge_of_stability_mini":  # GD's λ_max reaches 2/η and stays there
+        from sam_runner.eos_report import plateau, traces
+        from sam_runner.report import build_report
+
+        gd = [t for t in traces(build_report(sweep)) if t["job"].variant == "base"]
+        assert len(gd) == 3 and all(0.85 <= plateau(t, "threshold") <= 1.3 for t in gd), [
+            plateau(t, "threshold") for t in gd
+        ]
