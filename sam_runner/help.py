@@ -3,6 +3,7 @@ that choose a Python object) and from the config tree (the others: presets and s
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .paths import config_dir
@@ -47,12 +48,22 @@ def _value(root: Path, path: Path, key: str):
     return None
 
 
-def _first_comment(path: Path) -> str:
-    """A yaml's description: its first comment line that is not a Hydra directive."""
+def _first_comment(path: Path, width: int = 96) -> str:
+    """A yaml's description: the first sentence of its leading comment block (Hydra directives
+    skipped), cut at a word to ``width`` characters."""
+    words = []
     for line in path.read_text().splitlines():
-        if line.startswith("#") and not line.startswith("# @package"):
-            return line.lstrip("# ").strip()
-    return ""
+        if line.startswith("# @package"):
+            continue
+        if not line.startswith("#"):
+            break
+        words += line.lstrip("# ").split()
+    text = " ".join(words)
+    end = re.search(r"(?<! al)\.(\s|$)", text)  # a full stop, not "et al."
+    text = text[: end.start() + 1] if end else text
+    if len(text) > width:
+        text = text[: width - 1].rsplit(" ", 1)[0] + "…"
+    return text
 
 
 def _lines(options: list[tuple[str, str]], default) -> list[str]:

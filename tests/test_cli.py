@@ -36,6 +36,19 @@ def test_help_lists_the_groups(capsys):
     ):
         assert f"{group}:" in out
 
+    assert "trainer.loss (a key of trainer):" in out and "mse " in out
+
+
+def test_help_describes_every_option_in_whole_words():
+    from sam_runner.help import config_groups
+
+    lines = [line for line in config_groups().splitlines() if line.startswith("  ")]
+    assert len(lines) > 50
+    for line in lines:
+        name, _, text = line.strip().partition(" ")
+        assert text.strip(), f"{name} has no description"
+        assert len(line) <= 130 and not text.rstrip().endswith(":"), line
+
 
 UNKNOWN = [
     (
