@@ -209,7 +209,8 @@ def plot_acc_vs_lambda(points):
 
 def plot_eos_traces(traces: list[dict]):
     """One λ_max trace per job against the step, coloured by its step size, each with its own
-    stability threshold dashed in the same colour; one panel per variant (and per value of the
+    stability threshold dashed (and the SAM edge dotted, where logged) in the same colour; one
+    panel per variant (and per value of the
     sweep's other axes)."""
     from matplotlib import colormaps
 
@@ -231,11 +232,10 @@ def plot_eos_traces(traces: list[dict]):
             ax.plot(
                 t["steps"], t["lambda_max"], color=c, linewidth=1.2, label=f"η = {t['job'].lr:g}"
             )
-            pts = [(s, v) for s, v in zip(t["steps"], t["threshold"]) if finite(v)]
-            if pts:
-                ax.plot(
-                    [p[0] for p in pts], [p[1] for p in pts], color=c, linestyle="--", linewidth=1
-                )
+            for key, style in (("threshold", "--"), ("sam_edge", ":")):
+                pts = [(s, v) for s, v in zip(t["steps"], t.get(key, ())) if finite(v)]
+                if pts:
+                    ax.plot(*zip(*pts), color=c, linestyle=style, linewidth=1)
         ax.set_title(panel, fontsize=FONT)
         ax.set_xlabel("step", fontsize=FONT)
         ax.set_ylabel("λ_max", fontsize=FONT)
@@ -243,8 +243,11 @@ def plot_eos_traces(traces: list[dict]):
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     _figure_legend(fig, axes)
+    edge = any(finite(v) for t in traces for v in t.get("sam_edge", ()))
     fig.suptitle(
-        "λ_max against the step; dashed: each step size's threshold 2/η", fontsize=FONT + 2
+        "λ_max against the step; dashed: each step size's threshold 2/η"
+        + ("; dotted: the SAM edge" if edge else ""),
+        fontsize=FONT + 2,
     )
     return fig
 

@@ -271,3 +271,36 @@ def test_step_level_curvature_is_drawn_against_the_step_with_its_labelled_thresh
         {"config": {"trainer.steps": 90, "base_optimizer.lr": 0.2}}
     )
     assert decodes(write_run_plots(tmp_path)[0])
+
+
+def test_sweep_eos_traces_draw_each_threshold_dashed_and_the_sam_edge_dotted():
+    from types import SimpleNamespace
+
+    from sam_runner.plots.sweep import plot_eos_traces
+
+    def job(variant, lr):
+        return SimpleNamespace(
+            variant=variant, lr=lr, overrides=[f"optimizer={variant}", f"base_optimizer.lr={lr}"]
+        )
+
+    steps = [10, 20, 30]
+    traces = [
+        {
+            "job": job(v, lr),
+            "steps": steps,
+            "lambda_max": [1.0, 2.0, 2.0 / lr],
+            "threshold": [2.0 / lr] * 3,
+            "sam_edge": [0.5 / lr] * 3 if v == "sam" else [None] * 3,
+        }
+        for v in ("base", "sam")
+        for lr in (0.1, 0.2)
+    ]
+    fig = plot_eos_traces(traces)
+    base, sam = (ax for ax in fig.axes if ax.get_visible() and ax.get_title())
+    assert (base.get_title(), sam.get_title()) == ("base", "sam")
+    styles = lambda ax: sorted(line.get_linestyle() for line in ax.get_lines())  # noqa: E731
+    assert styles(base) == ["-", "-", "--", "--"]
+    assert styles(sam) == ["-", "-", "--", "--", ":", ":"]
+    dotted = [line for line in sam.get_lines() if line.get_linestyle() == ":"]
+    assert sorted(float(line.get_ydata()[0]) for line in dotted) == [2.5, 5.0]
+    assert "dotted: the SAM edge" in fig._suptitle.get_text()
