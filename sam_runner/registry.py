@@ -118,10 +118,6 @@ class Registry(Mapping):
         self._load()
         return len(self._entries)
 
-    def help_lines(self) -> list[str]:
-        width = max((len(e.name) for e in self.entries()), default=0)
-        return [f"  {e.name:<{width}}  {e.description}" for e in self.entries()]
-
 
 # Every registry of the project, by the config key that chooses from it.
 VARIANTS = Registry(
