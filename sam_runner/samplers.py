@@ -55,8 +55,10 @@ class SGSSampler(UniformSampler):
     the same on every process, so every process draws the same examples and rank 0's
     checkpoint resumes exactly.
     Steps that do not perturb (one pass: ``optimizer=base`` or ``interval`` > 1) update
-    only the counts. Config: ``dataset.sampler=sgs`` with options
-    ``+dataset.sgs.alpha=...``, ``+dataset.sgs.lam=...``, ``+dataset.sgs.beta=...``.
+    only the counts. Config: ``dataset.sampler=sgs`` with options ``dataset.sgs.alpha=...``,
+    ``dataset.sgs.lam=...``, ``dataset.sgs.beta=...`` (every dataset config already has these
+    keys, from conf/common/dataset.yaml, so they are set without ``+``: Hydra refuses to add a
+    key that exists).
     """
 
     def __init__(

@@ -4,28 +4,33 @@ batches, see objective.py). Every measure restores the parameters it moves.
 - ``worst_case_sharpness``: max_{‖ε‖≤ρ} L(θ+ε) − L(θ), approximated by ``steps``
   normalized ascent steps ε ← ρ·g(θ+ε)/‖g(θ+ε)‖ (the first is SAM's ε; from a seeded
   random direction when g = 0), reporting the largest rise seen. ``adaptive=True`` uses
-  ASAM's ball ‖T⁻¹ε‖ ≤ ρ with T = |θ| + η (Kwon et al. 2021): ε ← ρ T²g/‖Tg‖. The
-  iteration and the "largest rise seen" readout are our choice (Foret et al. and Kwon
-  et al. define the maximum, not how to approximate it). On a quadratic at its minimum
-  the iteration is power iteration, and the value tends to ½ρ²λ_max (ASAM: ½ρ²λ_max(THT)).
+  ASAM's ball ‖T⁻¹ε‖ ≤ ρ with T = |θ| + η (Kwon et al. 2021): ε ← ρ T²g/‖Tg‖. Here T =
+  |θ| + η on every trainable parameter, biases included, whereas the ``asam`` optimizer
+  (optim/asam.py) uses T = 1 on biases: the measured ball is not exactly the one ASAM
+  perturbs in. The iteration and the "largest rise seen" readout are our choice (Foret et
+  al. and Kwon et al. define the maximum, not how to approximate it). On a quadratic at its
+  minimum the iteration is power iteration, and the value tends to ½ρ²λ_max (adaptive:
+  ½ρ²λ_max(THT)).
 - ``average_sharpness``: E_δ L(θ+δ) − L(θ), δ ~ N(0, σ²I), Monte Carlo over
   ``num_samples`` seeded draws (mean and standard error). ½σ² tr(H) on a quadratic.
 - ``directional_sharpness``: second differences (L(θ+hd) − 2L(θ) + L(θ−hd))/h² along
   seeded unit directions d (or given ones), i.e. dᵀHd up to O(h²); mean and max.
 - ``armijo_probe``: backtracking line search along −g from α₀, α ← βα until
-  L(θ − αg) ≤ L(θ) − cα‖g‖². On a quadratic the accepted α satisfies
-  β·2(1−c)/q < α ≤ 2(1−c)/q with q = gᵀHg/‖g‖², so the implied curvature 2(1−c)/α
-  brackets q within [q, q/β) (the probe of the Armijo-line-search abstract; log α is meant to track
-  log λ_max).
-  When no α passes within ``max_steps`` trials, α and the curvature are NaN (nothing was
-  accepted, and the next α would be untested).
+  L(θ − αg) ≤ L(θ) − cα‖g‖². On a quadratic with q = gᵀHg/‖g‖² > 0 a trial α is accepted
+  iff α ≤ 2(1−c)/q, so the implied curvature 2(1−c)/α is always ≥ q (an upper bound on q).
+  A lower bound exists only when α₀ itself was rejected: then the trial before the accepted
+  one, α/β, failed, so β·2(1−c)/q < α ≤ 2(1−c)/q and the implied curvature lies in
+  [q, q/β). When α₀ is accepted, 2(1−c)/α₀ ≥ q is all that is known. (The probe of the
+  Armijo-probe abstract; log α is meant to track log λ_max.) When no α passes within
+  ``max_steps`` trials, α and the curvature are NaN (nothing was accepted, and the next α
+  would be untested).
 - ``fisher_rao_sharpness``: tr(F⁻¹H) by Hutchinson, F the diagonal empirical Fisher
-  (mean of squared per-sample gradients with the observed labels, as the Fisher–Rao flatness
-  abstract's
-  experiments use) plus damping δ: E_v[(v / (F+δ))ᵀ H v], v Rademacher; mean and standard
-  error. Per-sample gradients by ``torch.func.vmap``; with BatchNorm in train mode a sample's
-  gradient would need its batch, so the Fisher is taken with the model in eval mode there
-  (our choice), while H keeps the measurement's mode (every module's flag is restored).
+  (mean of squared per-sample gradients of the run's loss with the observed labels, as the
+  Armijo-probe abstract's experiments use) plus damping δ: E_v[(v / (F+δ))ᵀ H v],
+  v Rademacher; mean and standard error. Per-sample gradients by ``torch.func.vmap``; with
+  BatchNorm in train mode a sample's gradient would need its batch, so the Fisher is taken
+  with the model in eval mode there (our choice), while H keeps the measurement's mode (every
+  module's flag is restored).
 """
 
 from __future__ import annotations

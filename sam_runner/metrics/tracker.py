@@ -1,22 +1,28 @@
 """Curvature measured during training: when, on which samples, with which warm start.
 
 Every measurement runs on the same fixed, seeded subset of the training set
-(``metrics.hessian.num_samples``, capped at the training set), in fp32 without augmentation,
-with the plain cross-entropy (no label smoothing), BatchNorm in eval mode (``bn_mode=eval``,
-default) or with batch statistics (``bn_mode=train``; running statistics are never changed by
-a measurement), every other module in eval mode (no dropout: the loss is deterministic). Each
-module's own train/eval flag is restored afterwards. It happens every ``every_n_epochs``
-epochs, every ``every_n_steps`` steps, and always at the end; Lanczos starts from the previous
-top eigenvector mixed with a little seeded noise (so a stale vector orthogonal to the new top
-direction cannot trap it; the mix is our choice). The time spent is ``hessian_time_s``; the run
-does not count it as training time.
+(``metrics.hessian.num_samples``, capped at the training set; with ``dataset.batch_size=full``
+the whole training set, in order: the loss the steps descend), in fp32 without augmentation,
+on the run's loss (``trainer.loss``, as a mean over the samples, never label-smoothed),
+BatchNorm in eval mode (``bn_mode=eval``, default) or with batch statistics
+(``bn_mode=train``; running statistics are never changed by a measurement), every other module
+in eval mode (no dropout: the loss is deterministic). Each module's own train/eval flag is
+restored afterwards. It happens every ``every_n_epochs`` epochs, every ``every_n_steps`` steps
+(within an epoch: ``log_values`` during training), and always at the end; a second request at
+the same step returns the first measurement's keys. Lanczos starts from the previous top
+eigenvector mixed with a little seeded noise (so a stale vector orthogonal to the new top
+direction cannot trap it; the mix is our choice). The time spent is ``hessian_time_s``; the
+run does not count it as training time.
 
 Keys written: ``lambda_max`` (``lambda_2``.. when k > 1), ``hessian_hvps`` (on the whole subset)
 and ``hessian_presolve_hvps`` (on its leading batches, when ``presolve_batches`` is on),
-``hessian_time_s``, ``eos_ratio`` = λ_max / (the stability threshold of the base optimizer, see
-stability.py; only for an SGD base optimizer whose lr sets the step, so not SAM-SPS), and the
-keys of every enabled measure of measures.py. Curvature needs a tensor dataset
-(``data.train_tensors``); for image folders it is skipped and summary.json says so.
+``hessian_method``, ``hessian_converged`` (only when false), ``hessian_time_s``, the training
+dynamics of dynamics.py (``eos_ratio`` and ``eos_threshold`` for an SGD base optimizer whose lr
+sets the step, so not SAM-SPS; ``sam_edge``, ``sam_edge_ratio`` and ``grad_norm`` for
+``optimizer=sam`` with plain SGD; ``grad_topk_overlap`` when asked for), and the keys of every
+enabled measure of measures.py. Rows logged from within an epoch also carry ``step_loss``
+(train.py). Curvature needs a tensor dataset (``data.train_tensors``); for image folders it
+is skipped and summary.json says so.
 """
 
 from __future__ import annotations

@@ -16,12 +16,15 @@ a training loop of your own must call it in every pass, for example::
         return loss
 
 Mean 1 over the batch, under gradient accumulation: each micro-batch backpropagates
-mean(w ℓ) unnormalised and the engine divides the accumulated descent gradient by the
-mean weight of the whole batch after the pass, which is exactly the one-big-batch result
-(with equal micro-batch sizes). Under data parallelism the mean weight is averaged across
-processes so that every process applies the same gradient. On steps that do not perturb
-(``interval`` > 1) the plain mean loss is used. Ours: the weight formula and its
-normalisation (the abstract does not give the method's details).
+mean(w ℓ) unnormalised while ``reduce_loss`` sums Σw and the sample count; after the pass,
+this class's ``after_second_pass`` (not the engine) multiplies the accumulated descent
+gradient by count / Σw, i.e. divides it by the mean weight of the whole batch, which is
+exactly the one-big-batch result (with equal micro-batch sizes). Under data parallelism
+[Σw, count] is averaged across processes first, so that every process divides by the global
+batch's mean weight and applies the same gradient. Gradient clipping, when set, comes after
+this division. On steps that do not perturb (``interval`` > 1) and in the first pass the
+plain mean loss is used. Ours: the weight formula and its normalisation (the abstract does
+not give the method's details).
 """
 
 import torch

@@ -6,12 +6,16 @@ block gradient norm a_b ← β a_b + (1 − β) ‖g_b‖², bias-corrected â_b
 step skipped by the fp16 scaler, whichever pass overflowed, leaves them unchanged).
 Sensitivity s_b = sqrt(â_b); the closed-form allocation of max Σ r_b s_b s.t. Σ r_b² = ρ²
 is r_b = ρ s_b / sqrt(Σ_j s_j²); ε_b = r_b g_b / ‖g_b‖.
-So ‖ε‖ = ρ exactly, and β = 0 is SAM (r_b = ρ ‖g_b‖ / ‖g‖). Default β = 0.9.
+So ‖ε‖ = ρ exactly, and β = 0 is SAM (r_b = ρ ‖g_b‖ / ‖g‖) on one process, or under data
+parallelism with ``sync_perturbation=True``. Under data parallelism without it, β = 0 is not
+per-process SAM: the shares r_b come from the block energies averaged over processes (below),
+while each ε_b points along the process's own g_b, so ε ≠ ρ g/‖g‖ for the process's g.
+Default β = 0.9.
 
 From the abstract: the EMA of squared block gradients, the closed-form allocation of the
 fixed global radius, scalar-only extra state. Ours (docs/variants.md): the exact EMA and
 bias correction, and the block choices ``blocks``:
-- ``'group'`` (default): one block per functional block, the spec's default. The group key
+- ``'group'`` (default): one block per functional block. The group key
   ``block`` when the groups carry it (the runner's groups: a model's top-level child, its
   weights and biases together); otherwise, with a bound model (``model=`` or
   ``bind(model=...)``), the model's top-level child owning each parameter (parameters of the

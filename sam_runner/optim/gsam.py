@@ -1,11 +1,19 @@
 """GSAM (Zhuang et al., 2022, "Surrogate Gap Guided Sharpness-Aware Minimization").
 
 ε = ρ g / ‖g‖ as in SAM; the descent direction is ∇L(θ+ε) − α g⊥, g⊥ the component of
-the first-pass gradient g orthogonal to ∇L(θ+ε); ρ follows the learning-rate schedule
-(``rho_schedule='lr'`` by default, as in the paper; overridable). Default α = 0.1.
-The paper's algorithm, with one choice of ours: under data parallelism without
-``sync_perturbation``, g is averaged across processes before the decomposition so that
-every process applies the same direction.
+the first-pass gradient g orthogonal to ∇L(θ+ε). Default α = 0.1.
+
+ρ follows the learning rate: ``rho_schedule='lr'`` by default (overridable), i.e.
+ρ_k = ρ · η_k / η₀, η₀ the learning rate the optimizer was built with (the runner builds it
+before the scheduler, so η₀ is ``base_optimizer.lr``, the peak of a warmup-and-decay
+schedule). That is a line through the origin. The paper ties ρ to the learning rate by a
+line between (lr_min, ρ_min) and (lr_max, ρ_max); the two agree when ρ_min / ρ_max =
+lr_min / lr_max, e.g. ρ_min = 0 for a learning rate decaying to 0. A separate ρ_min is not
+offered here (ours).
+
+The paper's algorithm otherwise, with one more choice of ours: under data parallelism
+without ``sync_perturbation``, g is averaged across processes before the decomposition so
+that every process applies the same direction.
 """
 
 import torch

@@ -7,8 +7,10 @@ rescaled to norm ρ_max). Defaults σ = 0.01, ρ_max = 1.0, δ = 1e-12;
 
 From the abstract: a fixed loss-space budget replaces SAM's fixed radius. Ours
 (docs/variants.md): the first-order budget rule, the cap and the schedule. LE-SAM has
-no fixed radius, so ``rho`` is not used; ``log_values`` reports as ``rho`` the radius
-‖ε‖ of the last perturbation (and ``sigma``).
+no fixed radius: the runner refuses ``optimizer.rho`` for it (``rho_refused``), and
+``rho_schedule`` must stay 'constant' (there is no radius to schedule; ``sigma_schedule``
+decays the budget instead). ``log_values`` reports as ``rho`` the radius ‖ε‖ of the last
+perturbation (and ``sigma``, the budget of the current step).
 """
 
 import math

@@ -3,11 +3,12 @@
 This is a diagonal stand-in for the LLQR preconditioner, not LLQR. U = 1 / (F + δ), F an
 EMA (β = 0.95) of g², refreshed every K = ``refresh_every`` = 100 perturbing steps (the
 first refresh sets F = g²); ε = ρ U g / ‖U g‖: the preconditioner sets the direction, and ρ
-is the Euclidean radius ‖ε‖₂ = ρ, as for every other variant (ours: U's scale, and so the
-meaning of ρ, would otherwise depend on the magnitude of F). Computed from R = sqrt(U) kept
-in persistent buffers (normalised to mean(U) = 1 at each refresh, for the numbers' range
-only): ε = ρ R (R g) / ‖R (R g)‖. A refresh is staged and committed after
-the second pass, with the step count, so a step skipped by the fp16 scaler (either pass
+is the Euclidean radius, ‖ε‖₂ = ρ, as in SAM (ours: U's scale, and so the meaning of ρ,
+would otherwise depend on the magnitude of F). Computed from R = sqrt(U) kept in persistent
+buffers (rescaled to mean(U) = 1 at each refresh, for the numbers' range only: ε does not
+depend on U's scale): ε = ρ R (R g) / ‖R (R g)‖, the norm floored at 1e-30 rather than
+guarded by an added 1e-12 (U g can be tiny). A refresh is staged and committed after the
+second pass, with the step count, so a step skipped by the fp16 scaler (either pass
 overflowing) leaves F, R and the count unchanged.
 
 From the abstract (LLQR+SAM): a preconditioner updated sparsely and kept as a slow EMA,
@@ -15,9 +16,9 @@ with the SAM perturbation on top of it. Ours (docs/variants.md): the diagonal Fi
 F, its refresh rule and defaults, δ = ``delta`` = 1e-8, the Euclidean radius and the
 first-refresh initialisation. Also ours: under data parallelism with per-process
 perturbations (``sync_perturbation=False``) a refresh takes the mean over processes of g²
-(one all-reduce of the parameters' size every ``refresh_every`` steps), so every process
-keeps the same F and U (and a checkpoint of one process resumes them all); ε still uses
-the process's own g. With ``sync_perturbation=True`` g is already averaged.
+(one all-reduce of the parameters' size every ``refresh_every`` perturbing steps), so every
+process keeps the same F and U (and a checkpoint of one process resumes them all); ε still
+uses the process's own g. With ``sync_perturbation=True`` g is already averaged.
 """
 
 import torch

@@ -35,7 +35,7 @@ class SAMSPS(SAM):
             "torch.optim.SGD (base_optimizer=sgd), got "
             f"{getattr(base_optimizer, '__name__', base_optimizer)}",
         )
-        kwargs.setdefault("weight_decay", 5e-4)  # the spec's wd (SGD's own default is 0)
+        kwargs.setdefault("weight_decay", 5e-4)  # our default wd (SGD's own default is 0)
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         bad = {
             (g["momentum"], g["nesterov"])

@@ -7,6 +7,10 @@ passes already give L(θ) and L(θ+ε); the first-order prediction of the rise i
 perturbing step: ρ grows while the linearisation holds and shrinks when it breaks.
 Defaults τ* = 0.2, κ = 0.05, ρ_min = 0.01, ρ_max = 0.5, δ = 1e-12, initial ρ = ``rho``.
 
+The ``rho`` that ``log_values`` reports (and metrics.jsonl records) is the controller's ρ after
+its last update, i.e. the ρ the *next* perturbing step will use, not the one the last step
+used; ``tau_bar`` is likewise τ̄ after the last step.
+
 From the abstract: adjusting ρ from the observed Taylor-approximation error. Ours
 (docs/variants.md): the error measure, the multiplicative controller and its defaults;
 also ours: τ̄ starts at the first τ of a step the fp16 scaler does not skip (no zero
@@ -62,7 +66,8 @@ class TLCSAM(SharpnessAware):
 
     @property
     def current_rho(self) -> float:
-        """The controlled ρ as a float (a host sync: for logging, not for the step)."""
+        """The controlled ρ as a float (a host sync: for logging, not for the step): after a
+        step, the ρ the next perturbing step will use (the controller has already moved it)."""
         return float(self.rho_t) if self.rho_t is not None else self.rho
 
     @override

@@ -1,0 +1,105 @@
+"""The documentation's references hold: every relative link in docs/*.md points at a file or folder
+of the repository, every #anchor names a heading of the page it points into (as GitHub forms
+anchors), and every repository path quoted in code spans exists.
+
+Only docs/*.md is checked: README.md is rewritten separately and may be behind."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+FENCE = re.compile(r"^\s*(```|~~~)")
+LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+# repository paths quoted in code spans: top-level folders of the repository
+REPO_PATH = re.compile(r"^(sam_runner|conf|tests|scripts|docs|hydra_plugins)/[\w./-]*$")
+
+
+def prose_lines(text: str):
+    """(line number, line) outside fenced code blocks."""
+    fenced = False
+    for i, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield i, line
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading's text (github-slugger): the rendered text lowercased, every
+    character but letters, numbers, marks, '_', '-' and spaces dropped, each space a '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link renders as its text
+    parts = CODE_SPAN.split(text)  # [prose, ticks, code, prose, ...]: code renders literally
+    text = "".join(
+        part if i % 3 == 2 else re.sub(r"<[^>]+>", "", part).replace("*", "")
+        for i, part in enumerate(parts)
+        if i % 3 != 1
+    )
+    text = text.strip().lower()
+    kept = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LNM")
+    return kept.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every anchor GitHub gives a markdown file: its headings' slugs (repeats numbered -1, -2,
+    ...) and explicit HTML ids and names."""
+    seen: dict[str, int] = {}
+    out = set()
+    for _, line in prose_lines(path.read_text()):
+        m = re.match(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$", line)
+        if m:
+            base = slug(m.group(2))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            out.add(base if n == 0 else f"{base}-{n}")
+        out.update(re.findall(r"<a\s+(?:name|id)=\"([^\"]+)\"", line))
+    return out
+
+
+def links(path: Path):
+    """(line number, target) of every link in prose, code spans excepted."""
+    for i, line in prose_lines(path.read_text()):
+        for m in LINK.finditer(CODE_SPAN.sub("", line)):
+            yield i, m.group(1)
+
+
+def test_slug_follows_github():
+    assert slug("Results: Weights & Biases, run plots") == "results-weights--biases-run-plots"
+    assert slug("SAM variants (`optimizer=<name>`)") == "sam-variants-optimizername"
+    assert slug("spectral_sam on a CPU ResNet-18") == "spectral_sam-on-a-cpu-resnet-18"
+    assert slug("metrics.jsonl") == "metricsjsonl"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_links_and_anchors_resolve(doc):
+    bad = []
+    for line, target in links(doc):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path_part, _, anchor = target.partition("#")
+        dest = (doc.parent / path_part).resolve() if path_part else doc
+        if not dest.is_relative_to(ROOT):
+            bad.append(f"{doc.name}:{line}: {target} points outside the repository")
+        elif not dest.exists():
+            bad.append(f"{doc.name}:{line}: {target} does not exist")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{doc.name}:{line}: {target}: no heading with anchor #{anchor}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_repository_paths_in_code_spans_exist(doc):
+    bad = [
+        f"{doc.name}:{line}: `{span}`"
+        for line, text in prose_lines(doc.read_text())
+        for _, span in CODE_SPAN.findall(text)
+        if REPO_PATH.match(span.strip()) and not (ROOT / span.strip()).exists()
+    ]
+    assert not bad, "\n".join(bad)
