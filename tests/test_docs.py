@@ -1,8 +1,6 @@
-"""The documentation's references hold: every relative link in docs/*.md points at a file or folder
-of the repository, every #anchor names a heading of the page it points into (as GitHub forms
-anchors), and every repository path quoted in code spans exists.
-
-Only docs/*.md is checked: README.md is rewritten separately and may be behind."""
+"""The documentation's references hold: every relative link in README.md and docs/*.md points
+at a file or folder of the repository, every #anchor names a heading of the page it points into
+(as GitHub forms anchors), and every repository path quoted in code spans exists."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^\s*(```|~~~)")
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")

@@ -31,3 +31,24 @@ def test_base_builds_with_rho_null_and_ignores_a_swept_rho():
             flat(model.parameters()), theta - 0.1 * g, rtol=1e-12, atol=1e-15
         )
         assert "rho" not in opt.log_values()
+
+
+def test_every_variant_option_is_a_key_of_its_yaml_with_the_class_default():
+    """So that each can be set as ``optimizer.<key>=...`` (``+`` is refused), shows in ``--cfg
+    job`` and in the run's settings; the yaml's value is the class's default."""
+    from omegaconf import OmegaConf
+
+    from sam_runner.registry import VARIANTS
+
+    for name in VARIANTS:
+        cfg = compose(f"optimizer={name}").optimizer
+        for key, default in VARIANTS[name].variant_options.items():
+            assert key in cfg, f"conf/optimizer/{name}.yaml lacks {key}"
+            assert OmegaConf.to_object(cfg)[key] == default, (name, key)
+
+
+def test_a_variant_option_set_from_the_command_line_reaches_the_optimizer():
+    model = mlp()
+    cfg = compose("optimizer=tlc_sam", "optimizer.tau_beta=0.5", "optimizer.delta=1e-6")
+    opt = build_optimizer(cfg, model, 10)
+    assert (opt.tau_beta, opt.delta) == (0.5, 1e-6)
