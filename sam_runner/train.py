@@ -320,7 +320,8 @@ class Run:
         stats = EpochStats(self.device, self.dist)
         bar = self.progress.epoch_bar(clock.epoch)
         for x, y, idx in self.data.train:
-            micro = list(zip(x.chunk(t.accumulate), y.chunk(t.accumulate), idx.chunk(t.accumulate)))
+            parts = (v.tensor_split(t.accumulate) for v in (x, y, idx))
+            micro = [m for m in zip(*parts) if len(m[1])]
             counts = {"correct": 0}
             loss = self.optimizer.step(functools.partial(self.forward_backward, micro, counts))
             self.scheduler.step()
@@ -358,13 +359,15 @@ class Run:
         optimizer, net = self.optimizer, self.net
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
+        batch = sum(len(ym) for _, ym, _ in micro)
         for i, (xm, ym, im) in enumerate(micro):
             # under DDP a synced pass all-reduces once, on its last micro-batch
             quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
             with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast:
                 out = net(xm)
             per_sample = self.criterion(out, ym)
-            loss = optimizer.reduce_loss(per_sample, out, ym) / len(micro)
+            # weighted by size: the step's mean loss even when the batch does not split evenly
+            loss = optimizer.reduce_loss(per_sample, out, ym) * (len(ym) / batch)
             self.scaler.scale(loss).backward()
             total += loss.detach()
             self.sampler.observe(optimizer.pass_index, im, ym, per_sample.detach())

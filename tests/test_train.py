@@ -440,3 +440,14 @@ def test_a_full_batch_run_killed_and_resumed_ends_like_an_uninterrupted_one(tmp_
         s_killed["test_loss"] == s_whole["test_loss"]
         and s_killed["lambda_max"] == s_whole["lambda_max"]
     )
+
+
+def test_a_full_batch_split_unevenly_into_micro_batches_is_still_full_batch_gd(tmp_path):
+    """300 examples in 7 micro-batches (43 or 42 each): each micro-batch's loss is weighted by
+    its size, so the steps, and the losses they lead to, are those of one batch of 300."""
+    common = [*GD, "trainer.steps=8", "metrics.hessian.enabled=false"]
+    train(compose(*common), tmp_path / "one")
+    train(compose(*common, "trainer.accumulate=7"), tmp_path / "seven")
+    one, seven = rows(tmp_path / "one")[-1], rows(tmp_path / "seven")[-1]
+    for key in ("train_loss", "test_loss", "test_nll"):
+        assert seven[key] == pytest.approx(one[key], rel=1e-5), key
