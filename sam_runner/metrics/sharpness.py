@@ -4,10 +4,10 @@ batches, see objective.py). Every measure restores the parameters it moves.
 - ``worst_case_sharpness``: max_{‖ε‖≤ρ} L(θ+ε) − L(θ), approximated by ``steps``
   normalized ascent steps ε ← ρ·g(θ+ε)/‖g(θ+ε)‖ (the first is SAM's ε; from a seeded
   random direction when g = 0), reporting the largest rise seen. ``adaptive=True`` uses
-  ASAM's ball ‖T⁻¹ε‖ ≤ ρ with T = |θ| + η (Kwon et al. 2021): ε ← ρ T²g/‖Tg‖. Here T =
-  |θ| + η on every trainable parameter, biases included, whereas the ``asam`` optimizer
-  (optim/asam.py) uses T = 1 on biases: the measured ball is not exactly the one ASAM
-  perturbs in. The iteration and the "largest rise seen" readout are our choice (Foret et
+  ASAM's ball ‖T⁻¹ε‖ ≤ ρ with T = |θ| + η (Kwon et al. 2021): ε ← ρ T²g/‖Tg‖, with T =
+  |θ| + η on weights and T = 1 on biases, the ball the ``asam`` optimizer perturbs in (a bias:
+  a vector named ``*bias``, optim/blocks.py). The iteration and the "largest rise seen" readout are
+  our choice (Foret et
   al. and Kwon et al. define the maximum, not how to approximate it). On a quadratic at its
   minimum the iteration is power iteration, and the value tends to ½ρ²λ_max (adaptive:
   ½ρ²λ_max(THT)).
@@ -40,6 +40,7 @@ import math
 import torch
 
 from ..module_state import modes_restored
+from ..optim.blocks import is_bias
 from .hvp import HessianOperator
 from .objective import Objective
 from .solvers import hutchinson
@@ -70,7 +71,13 @@ def _worst_case_sharpness_impl(
         raise ValueError(f"steps={steps!r} must be an integer >= 1")
     base = obj.loss()
     theta = obj.flat([p.detach() for p in obj.params])
-    t = theta.abs() + eta if adaptive else torch.ones_like(theta)
+    t = torch.ones_like(theta)
+    if adaptive:  # ASAM's T: |θ| + η on weights, 1 on biases (as optimizer=asam perturbs)
+        weights = [
+            torch.full_like(p, float(not is_bias(n, p))) for n, p in zip(obj.names, obj.params)
+        ]
+        on = obj.flat(weights).bool()
+        t[on] = theta[on].abs() + eta
     eps = torch.zeros_like(theta)
     best = torch.zeros((), dtype=torch.float64, device=theta.device)
     g_gen = torch.Generator().manual_seed(seed)

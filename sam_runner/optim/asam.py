@@ -5,9 +5,9 @@ T = 1 on biases, as in the paper. Which tensors are weights: the parameter group
 ``kind`` key ('weight' or 'bias', set by the runner's parameter groups); for a plain
 parameter list, tensors with more than one dimension are weights (so normalisation
 weights count as biases there: build groups with ``kind`` to treat them as weights).
-Defaults η = 0.01, ρ = 0.5 (the paper's scale, about 10× SAM's). Note that the adaptive
-worst-case sharpness measure (``metrics.sharpness.worst_case.adaptive``, metrics/sharpness.py)
-puts T = |θ| + η on biases too, so its ball is not exactly the one this optimizer perturbs in.
+Defaults η = 0.01, ρ = 0.5 (the paper's scale, about 10× SAM's). The adaptive worst-case
+sharpness measure (``metrics.sharpness.worst_case.adaptive``) uses the same ball, with the
+runner's weight/bias split (optim/blocks.py ``is_bias``).
 """
 
 import torch

@@ -16,6 +16,12 @@ from torch.nn.modules.conv import _ConvNd
 ROOT = "root"
 
 
+def is_bias(name: str, p) -> bool:
+    """A bias: a vector whose name ends in ``bias``. Everything else, normalisation weights
+    included, is a weight (ASAM's T = |θ| + η, the runner's ``kind`` of a parameter group)."""
+    return p.ndim <= 1 and name.endswith("bias")
+
+
 def top_level_blocks(model: nn.Module) -> dict[int, str]:
     """``id(parameter) -> block name`` for every parameter of ``model``."""
     owner = {id(p): name for name, child in model.named_children() for p in child.parameters()}

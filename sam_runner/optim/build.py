@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import UserError, integer, number, require
 from ..registry import BASE_OPTIMIZERS, VARIANTS
-from .blocks import hidden_weights, top_level_blocks
+from .blocks import hidden_weights, is_bias, top_level_blocks
 
 
 def parameter_groups(model: nn.Module) -> list[dict]:
@@ -26,7 +26,7 @@ def parameter_groups(model: nn.Module) -> list[dict]:
     for n, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        kind = "bias" if p.ndim <= 1 and n.endswith("bias") else "weight"
+        kind = "bias" if is_bias(n, p) else "weight"
         h = id(p) in hidden
         by_key.setdefault((owner[id(p)], kind, h, h and p.ndim == 2), []).append(p)
     # blocks in model order; within a block weights before biases, Muon matrices first

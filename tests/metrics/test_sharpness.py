@@ -61,6 +61,29 @@ def test_adaptive_worst_case_sharpness_uses_the_asam_ball():
     assert value == pytest.approx(expected, rel=1e-3)
 
 
+class Affine(Linear):
+    def __init__(self, theta, bias):
+        super().__init__(theta)
+        self.bias = nn.Parameter(bias.clone())
+
+    def forward(self, x):
+        return x @ self.theta + self.bias
+
+
+def test_adaptive_worst_case_sharpness_puts_t_1_on_biases_as_asam_does():
+    _, batches, _ = problem()
+    model = Affine(problem()[0].theta.detach(), torch.tensor(0.0, dtype=torch.float64))
+    x = torch.cat([b[0] for b in batches])
+    xb = torch.cat([x, torch.ones(len(x), 1, dtype=torch.float64)], 1)  # [θ, bias] coordinates
+    H = xb.T @ xb / len(x)
+    rho, eta = 0.1, 0.01
+    t = torch.cat([model.theta.detach().abs() + eta, torch.ones(1, dtype=torch.float64)])
+    with Objective(model, half_mse, batches) as obj:
+        value = S.worst_case_sharpness(obj, rho=rho, steps=80, adaptive=True, eta=eta, seed=0)
+    expected = 0.5 * rho**2 * float(torch.linalg.eigvalsh(t[:, None] * H * t[None, :])[-1])
+    assert value == pytest.approx(expected, rel=1e-3)
+
+
 def test_average_sharpness_is_half_sigma2_trace():
     model, batches, H = problem()
     sigma = 0.05
