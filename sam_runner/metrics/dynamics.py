@@ -9,7 +9,9 @@ dominant eigenspace.
   ρ g/‖g‖ multiplies the coordinate by 1 − ηλ(1 + ρλ/‖g‖), ‖g‖ the norm of the whole gradient;
   it is stable while ηλ(1 + ρλ/‖g‖) ≤ 2, that is while λ ≤ (‖g‖/(2ρ))(√(1 + 8ρ/(η‖g‖)) − 1),
   which is below 2/η and tends to it as ρ → 0. ‖g‖ is the gradient on the measured samples (with
-  a full batch, the training gradient). ``sam_edge_ratio`` = λ_max / ``sam_edge``.
+  a full batch, the training gradient). ``sam_edge_ratio`` = λ_max / ``sam_edge``. Only for
+  full-batch training (``dataset.batch_size=full``): with mini-batches each step's ‖g‖ is the
+  batch's, and the edge above is not the one the steps face.
 - ``grad_topk_overlap`` (``metrics.hessian.grad_topk_overlap``): ‖P_k g‖²/‖g‖², P_k the projector
   onto the k Ritz vectors of this Lanczos run: the share of the gradient in the top-k Hessian
   eigenspace (Gur-Ari et al. 2018 observed that it is most of it).
@@ -24,15 +26,16 @@ import torch
 from .stability import sam_edge, stability_threshold
 
 
-def dynamics(op, result, optimizer, overlap: bool) -> dict:
-    """The keys above for one Lanczos ``result`` on the operator ``op``."""
+def dynamics(op, result, optimizer, overlap: bool, full_batch: bool) -> dict:
+    """The keys above for one Lanczos ``result`` on the operator ``op``; the SAM edge only when
+    every step takes the full batch (``full_batch``), the setting it is derived in."""
     out = {}
     threshold = stability_threshold(optimizer)
     if threshold is not None:
         out["eos_ratio"] = result.values[0] / threshold
         if math.isfinite(threshold):
             out["eos_threshold"] = threshold
-    wants_edge = sam_edge(optimizer, 1.0) is not None
+    wants_edge = full_batch and sam_edge(optimizer, 1.0) is not None
     if not (overlap or wants_edge):
         return out
     g = op.gradient().double()

@@ -254,7 +254,8 @@ class CurvatureTracker:
         out["hessian_method"] = r.method
         if not r.converged:
             out["hessian_converged"] = False
-        out.update(dynamics(op, r, self.optimizer, bool(h.get("grad_topk_overlap", False))))
+        overlap = bool(h.get("grad_topk_overlap", False))
+        out.update(dynamics(op, r, self.optimizer, overlap, self.data.full_batch))
         self.history["lambda_max"].append(r.values[0])
         return out
 

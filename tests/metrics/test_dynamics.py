@@ -107,3 +107,25 @@ def test_grad_topk_overlap_equals_the_dense_projection():
     assert out["grad_topk_overlap"] == pytest.approx(expected, rel=1e-6)
     assert out["lambda_max"] == pytest.approx(float(values[-1]), rel=1e-7)
     assert out["eos_threshold"] == pytest.approx(20.0) and "sam_edge" not in out
+
+
+@pytest.mark.parametrize("full_batch", [True, False])
+def test_the_sam_edge_is_logged_for_full_batch_sam_only(full_batch):
+    """With a full batch the edge uses the training gradient's norm; with mini-batches the steps
+    face their own batches' gradients, so no edge is claimed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 4)).double()
+    x, y = torch.randn(40, 6, dtype=torch.float64), torch.randint(0, 4, (40,))
+    data = Data(None, None, 4, (6,), 40, train_tensors=(x, y), full_batch=full_batch)
+    cfg = OmegaConf.create({"hessian": {"k": 1, "tol": 1e-8, "max_iter": 100, "num_samples": 40}})
+    loss = mean_loss("mse")
+    opt = SAM(model.parameters(), torch.optim.SGD, lr=0.1, rho=0.05)
+    out = CurvatureTracker(cfg, model, data, opt, 0, loss_fn=loss).measure(final=True)
+    if not full_batch:
+        assert "sam_edge" not in out and "sam_edge_ratio" not in out
+        return
+    grads = torch.autograd.grad(loss(model(x), y), list(model.parameters()))
+    g = float(torch.cat([t.reshape(-1) for t in grads]).norm())
+    assert out["grad_norm"] == pytest.approx(g, rel=1e-9)
+    assert out["sam_edge"] == pytest.approx(sam_edge(opt, g), rel=1e-12)
+    assert out["sam_edge_ratio"] == pytest.approx(out["lambda_max"] / out["sam_edge"])
