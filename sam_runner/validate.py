@@ -72,7 +72,7 @@ def warnings(cfg) -> list[str]:
             "use fp32 (or bf16)"
         )
     warmup = float(cfg.scheduler.get("warmup_epochs", 0) or 0)
-    if warmup >= t.epochs:
+    if warmup >= t.epochs and not t.get("steps"):  # a step budget: epochs unknown here
         out.append(
             f"scheduler.warmup_epochs={warmup:g} >= trainer.epochs={t.epochs}: the learning "
             "rate never leaves its warmup"

@@ -6,7 +6,7 @@ the W&B UI can compare variants within a sweep. The resolved config is the run c
 
 Choices of ours, and why:
 - W&B step = the row's optimizer ``step``, and ``epoch`` is declared the x-axis of every
-  chart (``define_metric("*", step_metric="epoch")``). The issue asks for "epoch as step";
+  chart (``define_metric("*", step_metric="epoch")``). A natural choice is "epoch as step",
   but W&B merges everything logged at one step into one row, so with step=epoch a
   mid-epoch curvature measurement (``metrics.hessian.every_n_steps``) would be
   overwritten by the epoch-end one. The optimizer step is monotonic and distinct per

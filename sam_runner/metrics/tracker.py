@@ -194,7 +194,7 @@ class CurvatureTracker:
         if self._subset is None:
             self._subset = self.data.train_subset(int(self.h.get("num_samples", 4096)), self.seed)
         x, y = self._subset
-        bs = int(self.h.get("batch_size", 1024))
+        bs = int(self.h.get("batch_size", 512))
         return [(x[i : i + bs], y[i : i + bs]) for i in range(0, len(y), bs)]
 
     def _init_vector(self, op):
@@ -263,7 +263,7 @@ class CurvatureTracker:
         """Every enabled measure; the sharpness ones on the first ``sharpness.num_samples``
         samples."""
         n = int(OmegaConf.select(self.cfg, "sharpness.num_samples", default=1024))
-        (x, y), bs = self._subset, int(self.h.get("batch_size", 1024))
+        (x, y), bs = self._subset, int(self.h.get("batch_size", 512))
         head = [
             (x[i : min(i + bs, n)], y[i : min(i + bs, n)]) for i in range(0, min(n, len(y)), bs)
         ]

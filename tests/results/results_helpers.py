@@ -25,7 +25,7 @@ from pathlib import Path
 BLOCK = 32 * 1024
 FILE_HEADER = 7
 SWEEP_NAME = "study_a"
-# 2 variants × 2 seeds, tiny budget, W&B offline: the test sweep
+# 2 variants × 2 seeds, tiny budget, W&B offline: a whole sweep in miniature
 SWEEP_ARGS = [
     "-m",
     "optimizer=base,sam",
