@@ -147,6 +147,7 @@ class Check:
         info["megabytes"] = round(sum(w.stat().st_size for w in wheels) / 2**20, 1)
         if code == 0:
             self.pythonpath.insert(0, str(self.args.site))
+            info["installed"] = installed(self.args.site)
         else:
             info["error"] = tail
 
@@ -213,6 +214,25 @@ class Check:
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def installed(site: Path) -> dict:
+    """Distribution -> its version and top-level modules, as pip installed them into ``site``."""
+    out = {}
+    for info in sorted(site.glob("*.dist-info")):
+        meta = dict(
+            line.split(": ", 1)
+            for line in (info / "METADATA").read_text(errors="replace").splitlines()
+            if line.startswith(("Name: ", "Version: "))
+        )
+        tops = {line.split("/", 1)[0] for line in (info / "RECORD").read_text().splitlines()}
+        modules = sorted(
+            t[:-3] if t.endswith(".py") else t
+            for t in tops
+            if t and (t.endswith(".py") or "." not in t) and t not in ("bin", "..")
+        )
+        out[meta.get("Name", info.name)] = {"version": meta.get("Version"), "modules": modules}
+    return out
 
 
 def junit_outcomes(xml: Path) -> dict:

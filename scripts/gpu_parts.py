@@ -101,7 +101,9 @@ class Part:
 
 
 # ---------------------------------------------------------------------------- env, data
-def env(part: Part) -> None:
+def env(part: Part, results: Path) -> None:
+    """Versions, the GPU, and where each carried package imports from (CARRIED and every
+    module of the wheels the driver installed)."""
     r = part.result
     r.update(python=platform.python_version(), torch=torch.__version__, cpus=_cpus())
     r.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
@@ -116,7 +118,13 @@ def env(part: Part) -> None:
     import torchvision
 
     r["torchvision"] = torchvision.__version__
-    r["carried"] = {name: part.attempt(f"import {name}", _where, name) for name in CARRIED}
+    r["carried"] = {name: part.attempt(f"import {name}", _where, name) for name in carried(results)}
+
+
+def carried(results: Path) -> list[str]:
+    wheels = json.loads(results.read_text()).get("wheels", {}) if results.exists() else {}
+    installed = [m for d in (wheels.get("installed") or {}).values() for m in d["modules"]]
+    return list(dict.fromkeys([*CARRIED, *installed]))
 
 
 def _cpus() -> int:
@@ -416,7 +424,7 @@ def main(argv=None) -> int:
     part = Part(args.part, args.scratch, args.cpu)
     kind, _, model = args.part.partition(":")
     run = {
-        "env": lambda: env(part),
+        "env": lambda: env(part, args.results),
         "data": lambda: data(part),
         "train": lambda: train_part(part, model),
         "compile": lambda: compile_part(part, model),
