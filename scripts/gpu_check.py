@@ -220,11 +220,11 @@ def installed(site: Path) -> dict:
     """Distribution -> its version and top-level modules, as pip installed them into ``site``."""
     out = {}
     for info in sorted(site.glob("*.dist-info")):
-        meta = dict(
-            line.split(": ", 1)
-            for line in (info / "METADATA").read_text(errors="replace").splitlines()
-            if line.startswith(("Name: ", "Version: "))
-        )
+        header = (info / "METADATA").read_text(errors="replace").split("\n\n", 1)[0]
+        meta = {}
+        for line in header.splitlines():  # the header alone: a description may hold "Name: "
+            if line.startswith(("Name: ", "Version: ")):
+                meta.setdefault(*line.split(": ", 1))
         tops = {line.split("/", 1)[0] for line in (info / "RECORD").read_text().splitlines()}
         modules = sorted(
             t[:-3] if t.endswith(".py") else t
