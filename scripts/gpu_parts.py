@@ -52,7 +52,7 @@ CONFIGS = {
         "trainer.compile=true",
     ),
 }
-OPTIMIZERS = ("base", "sam", "gear_sam", "spectral_sam")
+OPTIMIZERS = ("sam", "base", "gear_sam", "spectral_sam")  # SAM first: its peak memory alone
 # the models the study presets use beyond the two measured in full (timm's without weights:
 # nothing can be downloaded on the device, and the architecture alone sets the speed)
 PRESET_MODELS = {
@@ -111,7 +111,7 @@ def env(part: Part, results: Path) -> None:
         p = torch.cuda.get_device_properties(0)
         r.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1))
         r.update(capability=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count)
-        r.update(cudnn_tf32=torch.backends.cudnn.allow_tf32)
+        r.update(driver=_driver(), cudnn_tf32=torch.backends.cudnn.allow_tf32)
         r.update(matmul_tf32=torch.backends.cuda.matmul.allow_tf32)
     else:
         r.update(gpu=None)
@@ -125,6 +125,16 @@ def carried(results: Path) -> list[str]:
     wheels = json.loads(results.read_text()).get("wheels", {}) if results.exists() else {}
     installed = [m for d in (wheels.get("installed") or {}).values() for m in d["modules"]]
     return list(dict.fromkeys([*CARRIED, *installed]))
+
+
+def _driver() -> str | None:
+    import subprocess
+
+    try:
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        return subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _cpus() -> int:
@@ -164,7 +174,7 @@ def _point_torchvision_at_the_files(scratch: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- runs
-def make_run(part: Part, model: tuple, config: str, optimizer: str, extra: tuple = ()):
+def make_run(part: Part, model: tuple, config: str, optimizer: str):
     """A ``Run`` of the runner, set up (not started) on the check's CIFAR-100 files."""
     from hydra import compose, initialize_config_dir
 
@@ -177,7 +187,6 @@ def make_run(part: Part, model: tuple, config: str, optimizer: str, extra: tuple
     overrides = [
         *(STAND_IN if part.cpu else model),
         *CONFIGS[config],
-        *extra,
         f"optimizer={optimizer}",
         "dataset=cifar100",
         f"dataset.data_dir={part.scratch / 'data'}",
@@ -294,10 +303,7 @@ def eval_images_per_s(part: Part, stepper: Stepper) -> float:
 
 
 # ---------------------------------------------------------------------------- training parts
-BUILD_ORDER = ("sam", "base", "gear_sam", "spectral_sam")  # SAM first: its peak memory alone
-
-
-def measure(part: Part, model: tuple, configs, optimizers, out: dict, evaluate=()) -> dict:
+def measure(part: Part, model: tuple, configs, optimizers, out: dict, evaluate=(), rounds=None):
     """Build every (config, optimizer) run, time them all alternately, and summarise each config
     into ``out[config]``; returns the per-round times by (config, optimizer)."""
     steppers = {}
@@ -306,7 +312,8 @@ def measure(part: Part, model: tuple, configs, optimizers, out: dict, evaluate=(
         built = part.attempt(config, build_config, part, model, config, optimizers, into)
         steppers.update({(config, name): s for name, s in (built or {}).items()})
     s = part.size
-    times = part.attempt("timing", timed_rounds, steppers, s["rounds"], s["steps"]) or {}
+    rounds = rounds or s["rounds"]
+    times = part.attempt("timing", timed_rounds, steppers, rounds, s["steps"]) or {}
     for config in configs:
         t = {name: times[(config, name)] for name in optimizers if (config, name) in times}
         into = out[config]
@@ -328,7 +335,7 @@ def train_part(part: Part, model: str) -> None:
     _point_torchvision_at_the_files(part.scratch)
     part.result.update(model=model, batch=part.size["batch"], configs={})
     configs = ("fp32", "bf16", "bf16_cl")
-    measure(part, (f"model={model}",), configs, BUILD_ORDER, part.result["configs"], configs)
+    measure(part, (f"model={model}",), configs, OPTIMIZERS, part.result["configs"], configs)
 
 
 def compile_part(part: Part, model: str) -> None:
@@ -337,7 +344,7 @@ def compile_part(part: Part, model: str) -> None:
     _point_torchvision_at_the_files(part.scratch)
     part.result.update(model=model, batch=part.size["batch"], configs={})
     configs, out = ("bf16_cl", "bf16_cl_compile"), part.result["configs"]
-    times = measure(part, (f"model={model}",), configs, BUILD_ORDER, out)
+    times = measure(part, (f"model={model}",), configs, OPTIMIZERS, out)
     compiled = out.get("bf16_cl_compile", {})
     compiled["compile_s"] = compiled.get("first_step_s", {}).get("sam")
     compiled["compiled"] = compiled.get("net") == "OptimizedModule"  # on CUDA only
@@ -353,7 +360,8 @@ def models_part(part: Part) -> None:
     for name, model in PRESET_MODELS.items():
         out = part.result["models"].setdefault(name, {})
         configs = ("fp32", "bf16_cl")
-        part.attempt(name, measure, part, model, configs, ("sam", "base"), out, configs)
+        rounds = min(3, part.size["rounds"])  # four models in one part's time
+        part.attempt(name, measure, part, model, configs, ("sam", "base"), out, configs, rounds)
         if not part.cpu:
             torch.cuda.empty_cache()
 

@@ -52,8 +52,8 @@ def _train(rank, backend, port, results, cfg, run_dir):
         results.put((rank, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
 
 
-def _two_processes(fn, *args) -> dict:
-    """Rank -> what ``fn`` reported, from 2 spawned processes (ended after TIMEOUT_S)."""
+def _two_processes(fn, *args, timeout=TIMEOUT_S) -> dict:
+    """Rank -> what ``fn`` reported, from 2 spawned processes (ended after ``timeout`` s)."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = distributed.free_port()
@@ -63,7 +63,7 @@ def _two_processes(fn, *args) -> dict:
     out = {}
     try:
         while len(out) < 2:
-            rank, what = results.get(timeout=TIMEOUT_S)
+            rank, what = results.get(timeout=timeout)
             out[rank] = what
     except queue.Empty:
         out = {**{0: "no answer", 1: "no answer"}, **out}
@@ -82,7 +82,7 @@ def _rows(run_dir):
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
 def test_two_processes_on_one_gpu_match_one_process(backend, tmp_path):
     if backend == "nccl":
-        probe = _two_processes(_all_reduce, "nccl")
+        probe = _two_processes(_all_reduce, "nccl", timeout=60)  # a refusal, or a hang
         if probe != {0: "ok", 1: "ok"}:
             pytest.skip(f"NCCL with two ranks on one GPU: {probe}")
     cfg = compose(
