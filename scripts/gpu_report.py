@@ -191,8 +191,8 @@ def presets(results) -> list[str]:
         "not measured",
     ]
     note = (
-        "Extrapolated from the figures above (scripts/gpu_presets.py, docs/gpu_check.md): per "
-        "job, epochs × (steps per epoch × seconds per step + evaluation) + one λ_max."
+        "Extrapolated from the figures below (scripts/gpu_presets.py, docs/gpu_check.md): per "
+        "job, epochs × steps per epoch × seconds per step + its evaluations + one λ_max."
     )
     return ["### Study presets on one such GPU", "", *table(header, rows), "", note, ""]
 
