@@ -85,6 +85,20 @@ def wait_for(condition, what: str, proc=None, timeout: float = 900.0, poll: floa
         time.sleep(poll)
 
 
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001 (pytest's hook signature)
+    """Tests marked ``cuda`` skip, with the reason, where CUDA is absent (the default run here)."""
+    marked = [item for item in items if item.get_closest_marker("cuda")]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in marked:
+        item.add_marker(skip)
+
+
 @pytest.fixture
 def tiny():
     return list(TINY)

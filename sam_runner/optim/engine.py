@@ -384,5 +384,10 @@ class SharpnessAware(torch.optim.Optimizer):
         super().load_state_dict(sd)
         self.base_optimizer.load_state_dict(base)
         self.param_groups = self.base_optimizer.param_groups
-        self.load_variant_state(variant)
+        # a checkpoint is read onto the CPU: the variant's tensors (GEAR-SAM's block energies,
+        # TLC-SAM's controller) go where the parameters are, as torch does for per-parameter state
+        device = next(p.device for g in self.param_groups for p in g["params"])
+        self.load_variant_state(
+            {k: v.to(device) if torch.is_tensor(v) else v for k, v in variant.items()}
+        )
         self._cache = {}

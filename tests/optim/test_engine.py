@@ -301,3 +301,25 @@ def test_dot_over_tensor_lists_is_exact_to_float32_rounding():
     want = sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b))
     opt = SAM([torch.zeros(1, requires_grad=True)], torch.optim.SGD, lr=0.1)
     assert float(opt.dot(a, b)) == pytest.approx(want, rel=1e-4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_variant_state_read_onto_the_cpu_moves_to_the_parameters_device(name, tmp_path):
+    """Checkpoints load with map_location="cpu"; a GPU run's next step must not mix devices
+    (GEAR-SAM's block energies stayed on the CPU and its first resumed step failed). The meta
+    device stands in for the GPU (same dispatch checks, no data); tests/cuda has the real one."""
+    model = mlp()
+    opt = build(name, model)
+    for _ in range(2):
+        opt.step(closure_for(opt, model))
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    on_meta = mlp().to("meta")
+    resumed = build(name, on_meta)
+    resumed.load_state_dict(torch.load(tmp_path / "opt.pt", map_location="cpu", weights_only=True))
+    state = resumed.variant_state()
+    assert {v.device.type for v in state.values() if torch.is_tensor(v)} <= {"meta"}
+    x, y = X.to("meta"), Y.to("meta")
+    resumed.step(closure_for(resumed, on_meta, x, y))  # GEAR-SAM raised here
+    assert {v.device.type for v in resumed.variant_state().values() if torch.is_tensor(v)} <= {
+        "meta"
+    }

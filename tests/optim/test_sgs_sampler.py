@@ -114,7 +114,7 @@ def test_weighted_draw_is_the_cpu_draw_of_the_loaders_generator():
     assert _draws(loader) == want.view(-1, 4).tolist()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_sgs_on_cuda_draws_as_on_the_cpu_and_resumes_from_a_cpu_checkpoint(tmp_path):
     y = torch.tensor([0, 1, 1, 1, 2, 2, 2, 2])
     draws = {}
