@@ -150,9 +150,25 @@ def preset_jobs(preset: str) -> list[tuple[dict, int]]:
     return out
 
 
+def step_tracked(preset: str) -> str | None:
+    """Why a preset is not extrapolated from throughput, or None: a full-batch run with λ_max
+    every few steps costs what its curvature measurements cost, which the check does not time
+    at that size."""
+    from sam_runner.sweep.plan import compose
+
+    cfg = compose([f"experiment={preset}"])
+    every = cfg.metrics.hessian.get("every_n_steps") or 0
+    if cfg.dataset.batch_size == "full" or every:
+        return f"full-batch steps, λ_max every {every} steps: not extrapolated from throughput"
+    return None
+
+
 def preset_estimate(preset: str, rates: dict) -> dict:
     jobs = preset_jobs(preset)
     n_jobs = sum(count for _, count in jobs)
+    reason = step_tracked(preset)
+    if reason:
+        return {"jobs": n_jobs, "models": [], "missing": [], "not_estimated": reason}
     out = {"jobs": n_jobs, "models": set(), "missing": set(), "lambda_max_included": True}
     seconds = {precision: [] for precision in PRECISIONS}
     for job, count in jobs:

@@ -178,7 +178,9 @@ def presets(results) -> list[str]:
             hours(e.get("fp32_gpu_h")),
             hours(e.get("bf16_cl_gpu_h")),
             " – ".join(hours(h) for h in e["fp32_job_h"]) if e.get("fp32_job_h") else "–",
-            ", ".join(e["missing"]) or ("" if e["lambda_max_included"] else "λ_max time"),
+            e.get("not_estimated")
+            or ", ".join(e["missing"])
+            or ("" if e["lambda_max_included"] else "λ_max time"),
         ]
         for name, e in r["presets"].items()
     ]
