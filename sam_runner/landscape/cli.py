@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..runfiles import CHECKPOINT
 from .options import Options
 
 PROG = "sam-landscape"
@@ -210,6 +211,10 @@ def run(args, say=print) -> dict:
     from .runs import load_run
 
     if args.pairs:
+        require(
+            not (path / CHECKPOINT).is_file(),
+            f"--pairs seeds needs a sweep folder; {path} is a run folder (two runs: --to RUN_B)",
+        )
         return pairs.connect_pairs(path, opt, device, say)
     if args.to is not None:
         from .connectivity import connect

@@ -25,8 +25,9 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..module_state import modes_restored
+from .files import COLUMNS
 
-COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")
+__all__ = ["COLUMNS", "BN_MODES", "Evaluator", "progress_bar"]
 BN_MODES = ("eval", "recompute")
 BN_OFFSET = 1  # the BatchNorm samples: the subset drawn with seed + 1 (not the evaluated one)
 

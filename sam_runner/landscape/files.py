@@ -1,5 +1,6 @@
 """The files sam-landscape writes, each atomically (runfiles.atomic_write): a kill leaves the
-old file or the new one, never half of one; landscape.json is written last."""
+old file or the new one, never half of one; landscape.json is written last. Torch-free:
+sam-report reads the names from here."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import re
 from pathlib import Path
 
 from ..runfiles import atomic_write, atomic_write_bytes, read_json, write_json
-from .evaluate import COLUMNS
 
 FOLDER = "landscape"
+COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")  # the values at each point
 SUMMARY = "landscape.json"
 
 
