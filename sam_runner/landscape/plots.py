@@ -62,7 +62,7 @@ def plot_slice_1d(coords, values, title: str, xlabel: str, basin: dict):
     ax_acc.plot(x, values[:, 3], color=TEST, linestyle="--", label="test")
     ax_acc.set_ylabel("accuracy")
     ax_acc.set_title("accuracy")
-    ax_acc.legend(fontsize=8)
+    ax_acc.legend(fontsize=8, loc="lower center")
     fig.suptitle(title + "\nbasin: train loss ≤ L(θ) + 0.1", fontsize=11)
     return fig
 
@@ -102,7 +102,7 @@ def plot_contours(xs, ys, values, title: str, xlabel: str, ylabel: str):
 
 def plot_surface(xs, ys, values, title: str):
     """The train loss over the plane as a 3-D surface (log10 of it over more than a decade)."""
-    fig, (ax,) = _figure((7.5, 6.2), 1, projection="3d")
+    fig, (ax,) = _figure((7.5, 6.6), 1, projection="3d")
     X, Y = np.meshgrid(xs, ys)
     Z, name = values[:, :, 0], "train loss (subset)"
     finite = Z[np.isfinite(Z) & (Z > 0)]
@@ -113,7 +113,7 @@ def plot_surface(xs, ys, values, title: str):
     ax.set_xlabel("α (direction 1)")
     ax.set_ylabel("β (direction 2)")
     ax.set_zlabel(name, labelpad=8)
-    ax.set_title(title, fontsize=10)
+    fig.suptitle(title, fontsize=9)
     ax.view_init(elev=32, azim=-60)
     return fig
 

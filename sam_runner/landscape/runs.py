@@ -63,9 +63,12 @@ class LoadedRun:
         return float(rho) if has_rho and rho is not None else None
 
     def label(self) -> str:
-        """``name (sam, ρ=0.05, seed 0)``: for titles."""
+        """``name (sam, ρ=0.05, seed 0)`` for titles; a sweep's job (``3``) as ``sweep/3``."""
         rho = f", ρ={self.rho:g}" if self.rho is not None else ""
-        return f"{self.path.name} ({self.variant}{rho}, seed {self.cfg.seed})"
+        name = self.path.name
+        if name.isdigit():
+            name = f"{self.path.parent.name}/{name}"
+        return f"{name} ({self.variant}{rho}, seed {self.cfg.seed})"
 
     def describe(self) -> dict:
         return {

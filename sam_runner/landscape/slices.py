@@ -140,7 +140,13 @@ def slice_2d(run, ev: Evaluator, opt, dirs, infos) -> dict:
     xl, yl = _axis_label("α", infos[0]), _axis_label("β", infos[1])
     title = f"Loss in a plane through θ — {run.label()}"
     save_png(plot_contours(xs, ys, values, title, xl, yl), out / "slice_2d.png")
-    surface_title = f"{title}\nα: {_describe(infos[0])}; β: {_describe(infos[1])}"
+    surface_title = "\n".join(
+        [
+            "Loss in a plane through θ",
+            run.label(),
+            *(f"{s}: {_describe(i)}" for s, i in zip("αβ", infos)),
+        ]
+    )
     save_png(plot_surface(xs, ys, values, surface_title), out / "surface_2d.png")
     settings = opt.slice_settings("2d", train_samples=ev.sizes["train_samples"])
     return {
