@@ -116,11 +116,11 @@ def connect(run_a, run_b, opt) -> dict:
         summary["curve"] = curve_summary
         curve = (ts, curve_values)
     write_rows(out / "connectivity.csv", "alpha", alphas, values)
-    title = (
-        f"Between two runs: A = {run_a.label()}, B = {run_b.label()}\n"
-        f"barrier: train loss {_fmt(summary['barrier_train_loss'])}, "
-        f"test error {_fmt(summary['barrier_test_error'])}"
+    title = f"Between two runs: A = {run_a.label()}, B = {run_b.label()}\n" + _barrier_line(
+        "straight line", summary
     )
+    if curve is not None:
+        title += ";  " + _barrier_line("Bézier curve", summary["curve"])
     save_png(plot_connectivity(alphas, values, title, curve), out / "connectivity.png")
     return update_summary(out, summary)
 
@@ -129,15 +129,18 @@ def pair_settings(run_a, ev, opt) -> dict:
     epochs = None
     if opt.curve == "bezier":
         epochs = opt.curve_epochs or int(run_a.cfg.trainer.epochs)
-    return opt.pair_settings(
-        train_samples=ev.sizes["train_samples"],
-        curve_epochs=epochs,
-        bn_samples=opt.bn_samples if opt.bn == "recompute" else None,
-    )
+    return opt.pair_settings(train_samples=ev.sizes["train_samples"], curve_epochs=epochs)
 
 
 def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
+
+
+def _barrier_line(what: str, s: dict) -> str:
+    return (
+        f"{what}: barrier train loss {_fmt(s.get('barrier_train_loss'))}, "
+        f"test error {_fmt(s.get('barrier_test_error'))}"
+    )
 
 
 def connectivity_done(run_a_dir: Path, run_b_dir: Path, opt) -> bool:

@@ -2,7 +2,8 @@
 
 Our choices, all of them (the papers draw the pictures; these summaries are ours):
 
-- grid: ``n`` evenly spaced coordinates over [lo, hi]; a coordinate within 1e-9 of the span of
+- grid: ``n`` evenly spaced coordinates over [lo, hi] (rounded to 12 decimals); a coordinate
+  within 1e-9 of the span of
   a point the grid must hold (0, the run itself; ½ and 1 between two runs) is set to it
   exactly, and a point the grid misses is added.
 - curvature at 0: κ = 2c of the least-squares quadratic a + b·x + c·x² through the points
@@ -28,8 +29,9 @@ MIN_FIT_POINTS = 5
 
 
 def grid(lo: float, hi: float, n: int, must=(0.0,)) -> np.ndarray:
-    """``n`` evenly spaced points over [lo, hi] holding every point of ``must`` exactly."""
-    x = np.linspace(lo, hi, n)
+    """``n`` evenly spaced points over [lo, hi] holding every point of ``must`` exactly (rounded
+    to 12 decimals: 0.15, not 0.15000000000000002, is the point evaluated and written)."""
+    x = np.round(np.linspace(lo, hi, n), 12)
     tol = 1e-9 * (hi - lo)
     for m in must:
         near = np.abs(x - m) <= tol

@@ -49,7 +49,12 @@ class Options:
 
     def slice_options(self) -> dict:
         """The options of a slices call as given (what a sweep's resume compares)."""
-        return self.settings(("slices", *SLICE_KEYS, "points", "grid"))
+        out = self.settings(("slices", *SLICE_KEYS, "points", "grid"))
+        if self.slices != "both":  # the other slice's resolution does not matter
+            out["grid" if self.slices == "1d" else "points"] = None
+        return out
 
     def pair_settings(self, **resolved) -> dict:
-        return self.settings(PAIR_KEYS, **resolved)
+        """The options of a connectivity (the seed and epochs only matter to a curve)."""
+        linear = {"seed": None, "curve_epochs": None} if self.curve == "linear" else {}
+        return self.settings(PAIR_KEYS, **{**linear, **resolved})

@@ -125,10 +125,32 @@ def _end_lines(ax, alphas, v) -> None:
     ax.plot([0, 1], [v[i0], v[i1]], color="gray", linestyle=":", linewidth=1)
 
 
+def _not_finite_note(ax, alphas, v) -> None:
+    """Say where the loss is not finite (not drawn): e.g. BatchNorm running variances
+    extrapolated beyond the end points can fall below 0."""
+    bad = np.asarray(alphas)[~np.isfinite(v)]
+    if len(bad):
+        where = (
+            f"α = {bad[0]:g}"
+            if len(bad) == 1
+            else f"{len(bad)} points, α in [{bad.min():g}, {bad.max():g}]"
+        )
+        ax.text(
+            0.5,
+            0.02,
+            f"not finite at {where} (not drawn)",
+            transform=ax.transAxes,
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="0.3",
+        )
+
+
 def plot_connectivity(alphas, values, title: str, curve=None):
     """Loss and error along α (θ_A at 0, θ_B at 1), train and test; ``curve``: (t, values) of a
     Bézier curve, drawn over the same axis."""
-    fig, (ax_loss, ax_err) = _figure((11.0, 4.4), 2)
+    fig, (ax_loss, ax_err) = _figure((11.0, 5.0), 2)
     a = np.asarray(alphas)
     panels = ((ax_loss, (0, 1), lambda v: v, "loss"), (ax_err, (2, 3), lambda v: 1 - v, "error"))
     for ax, (i, j), f, name in panels:
@@ -156,10 +178,13 @@ def plot_connectivity(alphas, values, title: str, curve=None):
                     label=f"Bézier curve, {split}",
                 )
         ax.set_xlabel("α  (0: run A, 1: run B)")
+        ax.set_xlim(a.min() - 0.02 * np.ptp(a), a.max() + 0.02 * np.ptp(a))
         ax.set_title(name + "  (dotted: the straight line between the end values)", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        # below the axes: the curves fill the panel
+        ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     _loss_axis(ax_loss, values[:, 0], values[:, 1])
+    _not_finite_note(ax_loss, a, values[:, 0] + values[:, 1])
     ax_err.set_ylabel("error (1 − accuracy)")
     fig.suptitle(title, fontsize=10)
     return fig

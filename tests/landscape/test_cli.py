@@ -107,3 +107,18 @@ def test_the_console_entry_point_runs_as_a_module(run):
         [sys.executable, "-m", "sam_runner.landscape.cli", "--help"], capture_output=True, text=True
     ).stdout
     assert "--to RUN_B" in help_text and "--pairs" in help_text and "--bn" in help_text
+
+
+def test_options_that_do_not_change_a_result_do_not_redo_it():
+    from sam_runner.landscape.options import Options
+
+    # the seed and the curve's epochs only matter to a Bézier curve; --bn-samples only to
+    # --bn recompute; the other slice's resolution only when both slices are drawn
+    assert Options(seed=3, curve_epochs=5).pair_settings() == Options().pair_settings()
+    assert Options(bn_samples=10).pair_settings() == Options().pair_settings()
+    assert (
+        Options(curve="bezier", seed=3).pair_settings() != Options(curve="bezier").pair_settings()
+    )
+    one_d = Options(slices="1d", grid=9).slice_options()
+    assert one_d == Options(slices="1d").slice_options()
+    assert Options(points=9).slice_options() != Options().slice_options()
