@@ -190,7 +190,13 @@ def _device(name: str):
         name == "cpu" or torch.cuda.is_available(),
         f"--device={name} but CUDA is not available here; use --device cpu or auto",
     )
-    return torch.device(name)
+    device = torch.device(name)
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    require(
+        device.index is None or device.index < count,
+        f"--device={name} but this machine has {count} GPU(s); choose cuda:0 to cuda:{count - 1}",
+    )
+    return device
 
 
 def _is_run_folder(path: Path) -> bool:
