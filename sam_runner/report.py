@@ -7,6 +7,8 @@ into the sweep folder (or ``--out``):
 - ``report.md``: one row per group with mean ± std and n of test accuracy, ECE, NLL,
   λ_max (and each ``--metric``), the job counts per status, and what is missing;
 - ``report.csv``: the same numbers, one row per group, one column per statistic;
+- where ``sam-landscape`` wrote into the jobs: per group, the basin width, the slice curvature
+  and the barrier between seeds (a report.md section, report.csv columns; landscape/summary.py);
 - ``acc_vs_rho.png``, ``lambda_max_vs_rho.png`` (log scale, with the TLC-SAM stability
   bound where the jobs logged what it needs), ``ece_vs_rho.png``, ``acc_vs_lambda_max.png``.
 
@@ -48,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UserError, require
+from .landscape.summary import csv_cells, csv_columns
+from .landscape.summary import landscape_section as _landscape
 from .plots.style import natural_key  # matplotlib is imported only when drawing
 from .registry import VARIANTS
 from .runfiles import atomic_write_bytes, finite, read_json, read_rows
@@ -335,6 +339,7 @@ def _group_row(key: tuple, members: list[Job], common: set, metrics) -> dict:
         **{s: counts.get(s, 0) for s in STATUSES},
         "stats": {m: stats([j.metrics.get(m) for j in done]) for m in metrics},
         "bounds": [(j.rho, j.bound) for j in done if j.bound is not None],
+        "dirs": [j.path for j in done],  # where landscape_section finds sam-landscape's files
         "above_bound": sum(lam > b for lam, b in checked),
     }
     row["stats"].update(
@@ -379,7 +384,7 @@ def _job_name(report: Report, job: Job) -> str:
 
 def render_markdown(report: Report, plots) -> str:
     """report.md: one section after another (each a function of the report and its plots)."""
-    sections = (_head, _group_table, _eos, _unfinished, _plot_links, _job_table, _notes)
+    sections = (_head, _group_table, _eos, _landscape, _unfinished, _plot_links, _job_table, _notes)
     return "\n".join(line for section in sections for line in section(report, plots))
 
 
@@ -475,6 +480,7 @@ def render_csv(report: Report) -> str:
     cols += [f"{k}_{s}" for k in report.metrics + BOUND_STATS for s in ("mean", "std", "n")] + [
         "above_bound"
     ]
+    cols += csv_columns()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(cols)
     for g in report.groups:
@@ -493,7 +499,7 @@ def render_csv(report: Report) -> str:
                 "" if s["std"] is None else repr(s["std"]),
                 s["n"],
             ]
-        w.writerow(row + [g["above_bound"]])
+        w.writerow(row + [g["above_bound"]] + csv_cells(g))
     return buf.getvalue()
 
 

@@ -1,0 +1,298 @@
+"""``sam-landscape``: loss-landscape slices around a run, and mode connectivity between runs.
+
+    sam-landscape RUN_DIR                    1-D and 2-D slices around the run
+    sam-landscape RUN_A --to RUN_B           the straight line between two runs (and its barrier)
+    sam-landscape SWEEP_DIR --pairs seeds    every pair of a sweep's jobs differing only in seed
+    sam-landscape SWEEP_DIR                  every completed job's slices
+
+The options are argparse flags, as sam-report's (not Hydra overrides: they set how a finished
+run is looked at, not a run). Bad input is one line, ``sam-landscape: error: ...``, exit 2,
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from ..errors import UserError, require
+from ..runfiles import CHECKPOINT
+from .options import Options
+
+PROG = "sam-landscape"
+SLICE_FLAGS = ("slices", "directions", "span", "points", "grid", "include_bias_bn", "fit_radius")
+PAIR_FLAGS = ("alpha_range", "alphas", "curve", "curve_epochs")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        self.exit(2, f"{PROG}: error: {message}\n")
+
+
+def _slice_flags(ap) -> None:
+    g = ap.add_argument_group("slices around one run (RUN_DIR, or each job of SWEEP_DIR)")
+    g.add_argument("--slices", choices=("1d", "2d", "both"), help="which slices (default both)")
+    g.add_argument(
+        "--directions",
+        choices=("random", "hessian"),
+        help="filter-normalized random directions (default), or the top Hessian eigenvectors",
+    )
+    g.add_argument("--span", nargs=2, type=float, metavar=("LO", "HI"), help="default -1 1")
+    g.add_argument("--points", type=int, help="points of the 1-D slice (default 51)")
+    g.add_argument("--grid", type=int, help="points per axis of the 2-D slice (default 21)")
+    g.add_argument(
+        "--include-bias-bn",
+        action="store_true",
+        default=None,
+        help="random directions also move biases and BatchNorm parameters (default: zero there)",
+    )
+    g.add_argument("--fit-radius", type=float, help="|α| of the quadratic fit (default 0.1)")
+
+
+def _pair_flags(ap) -> None:
+    g = ap.add_argument_group("between two runs (--to, --pairs)")
+    g.add_argument("--to", type=Path, metavar="RUN_B", help="the other run (same architecture)")
+    g.add_argument(
+        "--pairs", choices=("seeds",), help="SWEEP_DIR: every pair of jobs differing only in seed"
+    )
+    g.add_argument(
+        "--alpha-range", nargs=2, type=float, metavar=("LO", "HI"), help="default -0.25 1.25"
+    )
+    g.add_argument("--alphas", type=int, help="points along α (default 31; 0, 0.5, 1 among them)")
+    g.add_argument(
+        "--curve",
+        choices=("linear", "bezier"),
+        help="also train a quadratic Bézier curve between the runs (default linear: the line only)",
+    )
+    g.add_argument("--curve-epochs", type=int, help="epochs of curve training (default: the run's)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = _Parser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        epilog="docs/landscape.md: what is computed, the options and the files written.",
+    )
+    ap.add_argument("path", type=Path, metavar="RUN_DIR", help="a run folder, or a sweep folder")
+    _slice_flags(ap)
+    _pair_flags(ap)
+    g = ap.add_argument_group("evaluation")
+    g.add_argument(
+        "--seed",
+        type=int,
+        help="directions' seed (d1: seed, d2: seed + 1), Bézier t draws (default 0)",
+    )
+    g.add_argument(
+        "--bn",
+        choices=("eval", "recompute"),
+        help="BatchNorm: the run's running statistics (default), or recomputed at each point",
+    )
+    g.add_argument(
+        "--bn-samples", type=int, help="training samples of --bn recompute (default 4096)"
+    )
+    g.add_argument(
+        "--train-samples",
+        type=int,
+        help="training subset size (default: the run's metrics.hessian.num_samples)",
+    )
+    g.add_argument("--batch-size", type=int, help="samples per forward pass (default 4096)")
+    g.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    g.add_argument(
+        "--progress", choices=("auto", "bar", "none"), help="tqdm bar (auto: on a terminal)"
+    )
+    return ap
+
+
+def _check_modes(args) -> None:
+    given = {k for k, v in vars(args).items() if v is not None}
+    between = args.to is not None or args.pairs is not None
+    require(
+        not (args.to is not None and args.pairs), "--to and --pairs exclude each other; use one"
+    )
+    wrong = [k for k in (SLICE_FLAGS if between else PAIR_FLAGS) if k in given]
+    if wrong:
+        flag = "--" + wrong[0].replace("_", "-")
+        raise UserError(
+            f"{flag} applies to slices, not to --to or --pairs"
+            if between
+            else f"{flag} applies to --to or --pairs, not to slices"
+        )
+
+
+def _count(name: str, value, least: int) -> None:
+    require(value is None or value >= least, f"--{name}={value} must be an integer >= {least}")
+
+
+def _range(name: str, pair, accepted: str, ok) -> None:
+    if pair is None:
+        return
+    lo, hi = pair
+    require(
+        all(math.isfinite(v) for v in pair) and lo < hi and ok(lo, hi),
+        f"--{name} {lo:g} {hi:g} must be {accepted}",
+    )
+
+
+def _check_values(args) -> None:
+    _range(
+        "span",
+        args.span,
+        "two finite numbers LO < 0 < HI (0 is the run itself)",
+        lambda a, b: a < 0 < b,
+    )
+    _range(
+        "alpha-range",
+        args.alpha_range,
+        "two finite numbers LO <= 0 and HI >= 1 (α = 0 and 1 are the two runs)",
+        lambda a, b: a <= 0 and b >= 1,
+    )
+    for name, least in (("points", 3), ("grid", 3), ("alphas", 2), ("curve_epochs", 1)):
+        _count(name.replace("_", "-"), getattr(args, name), least)
+    for name in ("bn_samples", "train_samples", "batch_size"):
+        _count(name.replace("_", "-"), getattr(args, name), 1)
+    _count("seed", args.seed, 0)
+    r = args.fit_radius
+    require(
+        r is None or (math.isfinite(r) and r > 0),
+        f"--fit-radius={r} must be a finite number > 0",
+    )
+    require(
+        args.curve != "bezier" or args.to is not None or args.pairs,
+        "--curve bezier needs two runs: --to RUN_B, or --pairs seeds",
+    )
+    d = args.device
+    require(
+        d is None or d in ("auto", "cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit()),
+        f"--device={d} is unknown; choose auto, cpu, cuda or cuda:N",
+    )
+
+
+def options(args) -> Options:
+    """The checked flags as Options (a flag not given keeps its default)."""
+    _check_modes(args)
+    _check_values(args)
+    opt = Options()
+    for key in vars(opt):
+        value = getattr(args, key, None)
+        if value is not None:
+            setattr(opt, key, tuple(value) if isinstance(value, list) else value)
+    return opt
+
+
+def _device(name: str):
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    require(
+        name == "cpu" or torch.cuda.is_available(),
+        f"--device={name} but CUDA is not available here; use --device cpu or auto",
+    )
+    device = torch.device(name)
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    require(
+        device.index is None or device.index < count,
+        f"--device={name} but this machine has {count} GPU(s); choose cuda:0 to cuda:{count - 1}",
+    )
+    return device
+
+
+def _is_run_folder(path: Path) -> bool:
+    return any((path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
+
+
+def run(args, say=print) -> dict:
+    """What the flags ask for; returns the landscape.json written (or the sweep's counts)."""
+    opt = options(args)
+    path = args.path
+    require(
+        path.is_dir(),
+        f"folder {str(path)!r} does not exist or is not a folder; pass a run folder or a sweep "
+        "folder sam-run wrote",
+    )
+    device = _device(opt.device)
+    from . import pairs
+    from .runs import load_run
+
+    if args.pairs:
+        require(
+            not (path / CHECKPOINT).is_file(),
+            f"--pairs seeds needs a sweep folder; {path} is a run folder (two runs: --to RUN_B)",
+        )
+        return pairs.connect_pairs(path, opt, device, say)
+    if args.to is not None:
+        from .connectivity import connect
+
+        require(
+            args.to.is_dir(),
+            f"--to {str(args.to)!r} does not exist or is not a folder; pass a run folder",
+        )
+        run_a = load_run(path, device)
+        summary = connect(run_a, load_run(args.to, device), opt)
+        say(_pair_line(run_a.path, summary))
+        return summary
+    if not _is_run_folder(path):
+        return pairs.slice_jobs(path, opt, device, say)
+    from .slices import run_slices
+
+    summary = run_slices(load_run(path, device), opt)
+    say(_slice_lines(path, opt, summary))
+    return summary
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else f"{v:.4g}"
+
+
+def _slice_lines(path: Path, opt, s: dict) -> str:
+    out = [
+        f"L(θ): train loss {_num(s.get('train_loss'))}, test loss {_num(s.get('test_loss'))} "
+        f"({s.get('train_samples')} training samples, {s.get('test_samples')} test samples)"
+    ]
+    if opt.slices in ("1d", "both"):
+        out.append(
+            f"1-D slice: basin width {_num(s.get('basin_width_1d'))} (train loss <= L(θ) + 0.1), "
+            f"curvature {_num(s.get('curvature_1d'))}"
+        )
+    if opt.slices in ("2d", "both"):
+        widths = ", ".join(_num(w) for w in s.get("basin_width_2d") or [])
+        out.append(f"2-D slice: basin widths {widths} along its two axes")
+    out.append(f"written: {path / 'landscape'}/")
+    return "\n".join(out)
+
+
+def _pair_line(run_a: Path, s: dict) -> str:
+    line = (
+        f"barrier: train loss {_num(s.get('barrier_train_loss'))}, test loss "
+        f"{_num(s.get('barrier_test_loss'))}, train error {_num(s.get('barrier_train_error'))}, "
+        f"test error {_num(s.get('barrier_test_error'))}"
+    )
+    curve = s.get("curve")
+    if curve:
+        line += (
+            f"\nBézier curve: barrier train loss {_num(curve.get('barrier_train_loss'))}, "
+            f"mean train loss {_num(curve.get('mean_train_loss'))} "
+            f"(straight line {_num(curve.get('line_mean_train_loss'))})"
+        )
+    from .files import pair_folder
+
+    return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']))}/"
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        run(args)
+    except UserError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; files already written are complete", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The files sam-landscape writes, each atomically (runfiles.atomic_write): a kill leaves the
+old file or the new one, never half of one; landscape.json is written last. Torch-free:
+sam-report reads the names from here."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from pathlib import Path
+
+from ..runfiles import atomic_write, atomic_write_bytes, read_json, write_json
+
+FOLDER = "landscape"
+COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")  # the values at each point
+SUMMARY = "landscape.json"
+
+
+def clean(obj):
+    """JSON-safe: non-finite floats as null, numpy scalars and tuples as plain values."""
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_rows(path: Path, first: str, coords, values) -> None:
+    """A CSV: the coordinate, then COLUMNS; floats written exactly (repr)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([first, *COLUMNS])
+    for c, row in zip(coords, values):
+        w.writerow([repr(float(c)), *(repr(float(v)) for v in row)])
+    atomic_write_bytes(path, buf.getvalue().encode())
+
+
+def write_npz(path: Path, **arrays) -> None:
+    import numpy as np
+
+    atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+def update_summary(folder: Path, fresh: dict, replace=()) -> dict:
+    """landscape.json of ``folder``: what it held, less the keys in ``replace``, plus ``fresh``."""
+    path = Path(folder) / SUMMARY
+    old = read_json(path) or {}
+    merged = {k: v for k, v in old.items() if k not in replace}
+    merged.update(clean(fresh))
+    write_json(path, merged)
+    return merged
+
+
+def pair_folder(run_a: Path, run_b: Path) -> Path:
+    """RUN_A/landscape/<RUN_B's folder name> (characters other than letters, digits, ``._=-,+``
+    replaced by ``_``)."""
+    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", Path(run_b).name) or "run_b"
+    return Path(run_a) / FOLDER / name

@@ -1,0 +1,170 @@
+"""Slices of the loss around one run: θ₀ + α·d₁ (1-D) and θ₀ + α·d₁ + β·d₂ (2-D).
+
+Li et al. (2018): plotting the loss along filter-normalized random directions. Ours: the
+Hessian-eigenvector option's scaling (directions.py), the grids holding 0 exactly, and the
+summary numbers (geometry.py): the basin width and the quadratic curvature along the 1-D
+direction and along each axis of the 2-D plane (its lines through θ₀).
+
+Writes into RUN_DIR/landscape/: slice_1d.csv and slice_1d.png; slice_2d.npz, slice_2d.png and
+surface_2d.png; landscape.json (the settings of each slice and its summary numbers, merged
+with what the file held: a 2-D slice drawn later keeps the 1-D one's numbers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from .directions import filter_normalized, hessian_directions, norm, weight_norm
+from .evaluate import COLUMNS, Evaluator
+from .files import FOLDER, update_summary, write_npz, write_rows
+from .geometry import grid, index_of, line_summary
+from .plots import plot_contours, plot_slice_1d, plot_surface, save_png
+
+
+def train_samples(run, opt) -> int:
+    """--train-samples, else the run's curvature subset size (metrics.hessian.num_samples)."""
+    if opt.train_samples is not None:
+        return int(opt.train_samples)
+    return int(OmegaConf.select(run.cfg, "metrics.hessian.num_samples", default=4096))
+
+
+def make_evaluator(run, opt) -> Evaluator:
+    return Evaluator(run, train_samples(run, opt), opt.batch_size, opt.bn, opt.bn_samples)
+
+
+def _hessian_options(run) -> dict:
+    h = OmegaConf.select(run.cfg, "metrics.hessian", default=None) or {}
+    return {
+        "tol": float(h.get("tol", 1e-3)),
+        "max_iter": int(h.get("max_iter", 100)),
+        "method": str(h.get("method", "auto")),
+        "graph_cache_mb": float(h.get("graph_cache_mb", 1024)),
+        "batch_size": int(h.get("batch_size", 1024)),
+    }
+
+
+def make_directions(run, ev: Evaluator, opt, k: int) -> tuple[list, list]:
+    """k directions and a description of each (kind, seed, norm; eigenvalue for Hessian ones)."""
+    scale = weight_norm(run.model, opt.include_bias_bn)
+    if opt.directions == "random":
+        dirs = [filter_normalized(run.model, opt.seed + i, opt.include_bias_bn) for i in range(k)]
+        info = [{"kind": "filter-normalized random", "seed": opt.seed + i} for i in range(k)]
+    else:
+        h = _hessian_options(run)
+        x, y = ev.subset
+        step = h["batch_size"]
+        batches = [(x[i : i + step], y[i : i + step]) for i in range(0, len(y), step)]
+        criterion = ev.criterion
+        dirs, values, lz = hessian_directions(
+            run.model, lambda out, t: criterion(out.float(), t), batches, k, opt.seed, h, scale
+        )
+        info = [
+            {
+                "kind": f"Hessian eigenvector {i + 1}",
+                "eigenvalue": v,
+                "lanczos_seed": opt.seed,
+                **lz,
+            }
+            for i, v in enumerate(values)
+        ]
+    for d, i in zip(dirs, info):
+        i["norm"] = norm(d)
+    return dirs, info
+
+
+def _describe(info: dict) -> str:
+    if "seed" in info:
+        return f"filter-normalized random direction, seed {info['seed']}"
+    return f"{info['kind'].lower()}, λ = {info['eigenvalue']:.4g}"
+
+
+def _axis_label(symbol: str, info: dict) -> str:
+    return f"{symbol}  ({_describe(info)})"
+
+
+def _summary(coords, values, info: dict, radius: float) -> dict:
+    """Curvature and basin width of the train loss along one line, and κ per unit ‖d‖²."""
+    s = line_summary(coords, values, radius)
+    k, n = s["curvature"], info["norm"]
+    s["curvature_per_unit_norm"] = k / n**2 if k is not None and n > 0 else None
+    return s
+
+
+def _centre(values_at_centre) -> dict:
+    return {name: float(v) for name, v in zip(COLUMNS, values_at_centre)}
+
+
+def slice_1d(run, ev: Evaluator, opt, d, info) -> dict:
+    """The 1-D slice along ``d``: its files, and its part of landscape.json."""
+    x = grid(*opt.span, opt.points)
+    values = ev.sweep(x, lambda c: ev.move([d], [c]), "1-D slice", opt.progress)
+    out = Path(run.path) / FOLDER
+    write_rows(out / "slice_1d.csv", "coordinate", x, values)
+    s = _summary(x, values[:, 0], info, opt.fit_radius)
+    title = f"Loss along one direction — {run.label()}"
+    save_png(plot_slice_1d(x, values, title, _axis_label("α", info), s), out / "slice_1d.png")
+    centre = _centre(values[index_of(x, 0.0)])
+    settings = opt.slice_settings("1d", train_samples=ev.sizes["train_samples"])
+    return {
+        **centre,
+        "basin_width_1d": s["basin_width"],
+        "basin_clipped_1d": s["basin_clipped"],
+        "curvature_1d": s["curvature"],
+        "curvature_1d_per_unit_norm": s["curvature_per_unit_norm"],
+        "slice_1d": {"settings": settings, "direction": info, **s, "centre": centre},
+    }
+
+
+def slice_2d(run, ev: Evaluator, opt, dirs, infos) -> dict:
+    """The 2-D slice along ``dirs``: its files, and its part of landscape.json."""
+    xs = ys = grid(*opt.span, opt.grid)
+    points = [(a, b) for b in ys for a in xs]  # row-major: values[iy, ix]
+    flat = ev.sweep(points, lambda p: ev.move(dirs, p), "2-D slice", opt.progress)
+    values = flat.reshape(len(ys), len(xs), len(COLUMNS))
+    out = Path(run.path) / FOLDER
+    seeds = [i.get("seed", i.get("lanczos_seed")) for i in infos]
+    write_npz(
+        out / "slice_2d.npz",
+        x=xs,
+        y=ys,
+        **{name: values[:, :, k] for k, name in enumerate(COLUMNS)},
+        seeds=np.asarray(seeds),
+        directions=np.asarray([i["kind"] for i in infos]),
+    )
+    ix, iy = index_of(xs, 0.0), index_of(ys, 0.0)
+    lines = [_summary(xs, values[iy, :, 0], infos[0], opt.fit_radius)]
+    lines.append(_summary(ys, values[:, ix, 0], infos[1], opt.fit_radius))
+    xl, yl = _axis_label("α", infos[0]), _axis_label("β", infos[1])
+    title = f"Loss in a plane through θ — {run.label()}"
+    save_png(plot_contours(xs, ys, values, title, xl, yl), out / "slice_2d.png")
+    surface_title = "\n".join(
+        [
+            "Loss in a plane through θ",
+            run.label(),
+            *(f"{s}: {_describe(i)}" for s, i in zip("αβ", infos)),
+        ]
+    )
+    save_png(plot_surface(xs, ys, values, surface_title), out / "surface_2d.png")
+    settings = opt.slice_settings("2d", train_samples=ev.sizes["train_samples"])
+    return {
+        **_centre(values[iy, ix]),
+        "basin_width_2d": [s["basin_width"] for s in lines],
+        "curvature_2d": [s["curvature"] for s in lines],
+        "slice_2d": {"settings": settings, "directions": infos, "axes": lines},
+    }
+
+
+def run_slices(run, opt) -> dict:
+    """The slices ``opt.slices`` asks for, then landscape.json; returns what it now holds."""
+    ev = make_evaluator(run, opt)
+    fresh = {**run.describe(), **ev.sizes, "options": opt.slice_options()}
+    # one set of directions: the 1-D slice runs along the 2-D plane's first axis
+    dirs, infos = make_directions(run, ev, opt, 1 if opt.slices == "1d" else 2)
+    if opt.slices in ("1d", "both"):
+        fresh.update(slice_1d(run, ev, opt, dirs[0], infos[0]))
+    if opt.slices in ("2d", "both"):
+        fresh.update(slice_2d(run, ev, opt, dirs, infos))
+    return update_summary(Path(run.path) / FOLDER, fresh)

@@ -1,0 +1,124 @@
+"""sam-landscape's command line: one-line errors (exit 2, nothing written), the console script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from landscape_helpers import CNN, MLP, copy_run, trained
+
+from sam_runner.landscape.cli import main
+
+
+def fails(argv, capsys) -> str:
+    """The one line of a refused call (exit 2)."""
+    with pytest.raises(SystemExit) as exit_info:  # argparse's own refusals exit
+        code = main([str(a) for a in argv])
+        raise SystemExit(code)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sam-landscape: error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def run(tmp_path):
+    return copy_run(trained(*MLP), tmp_path / "run")
+
+
+def test_a_missing_folder(tmp_path, capsys):
+    line = fails([tmp_path / "nope"], capsys)
+    assert "nope" in line and "does not exist" in line
+
+
+def test_a_run_without_a_checkpoint(run, capsys):
+    (run / "checkpoints" / "last.pt").unlink()
+    line = fails([run], capsys)
+    assert "has no checkpoint" in line and str(run) in line
+    assert not (run / "landscape").exists()
+
+
+def test_an_unreadable_checkpoint(run, capsys):
+    (run / "checkpoints" / "last.pt").write_bytes(b"not a checkpoint")
+    assert "unreadable" in fails([run], capsys)
+
+
+def test_two_runs_of_different_architectures(run, capsys):
+    other = trained(*CNN)
+    line = fails([run, "--to", other], capsys)
+    assert "different architectures" in line and "mlp" in line and "cnn1d" in line
+    assert not (run / "landscape").exists()
+
+
+def test_a_folder_that_holds_no_run(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert "holds no run" in fails([tmp_path / "empty"], capsys)
+
+
+def test_pairs_of_a_run_folder(run, capsys):
+    assert "needs a sweep folder" in fails([run, "--pairs", "seeds"], capsys)
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--points", "1"], "--points=1 must be an integer >= 3"),
+        (["--grid", "0"], "--grid=0 must be an integer >= 3"),
+        (["--span", "1", "-1"], "--span 1 -1 must be two finite numbers LO < 0 < HI"),
+        (["--span", "0.1", "1"], "--span 0.1 1 must be"),
+        (["--span", "-1", "nan"], "must be two finite numbers"),
+        (["--fit-radius", "-1"], "--fit-radius=-1.0 must be a finite number > 0"),
+        (["--train-samples", "0"], "--train-samples=0 must be an integer >= 1"),
+        (["--seed", "-2"], "--seed=-2 must be an integer >= 0"),
+        (["--bn", "train"], "argument --bn: invalid choice: 'train'"),
+        (["--directions", "pca"], "argument --directions: invalid choice"),
+        (["--points", "ten"], "argument --points: invalid int value: 'ten'"),
+        (["--device", "tpu"], "--device=tpu is unknown; choose auto, cpu, cuda or cuda:N"),
+        (["--alphas", "5"], "--alphas applies to --to or --pairs, not to slices"),
+        (["--curve", "bezier"], "--curve applies to --to or --pairs"),
+        (["--to", "X", "--grid", "5"], "--grid applies to slices, not to --to or --pairs"),
+        (["--to", "X", "--pairs", "seeds"], "--to and --pairs exclude each other"),
+        (["--to", "X", "--alpha-range", "0.2", "1"], "--alpha-range 0.2 1 must be"),
+        (["--to", "X", "--alphas", "1"], "--alphas=1 must be an integer >= 2"),
+        (["--to", "X", "--curve-epochs", "0"], "--curve-epochs=0 must be an integer >= 1"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_options(run, capsys, argv, words):
+    assert words in fails([run, *argv], capsys)
+    assert not (run / "landscape").exists()
+
+
+def test_a_missing_run_b(run, capsys):
+    assert "--to" in fails([run, "--to", run.parent / "nope"], capsys)
+
+
+def test_the_console_entry_point_runs_as_a_module(run):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sam_runner.landscape.cli", str(run), "--points", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "sam-landscape: error: --points=0 must be an integer >= 3"
+    help_text = subprocess.run(
+        [sys.executable, "-m", "sam_runner.landscape.cli", "--help"], capture_output=True, text=True
+    ).stdout
+    assert "--to RUN_B" in help_text and "--pairs" in help_text and "--bn" in help_text
+
+
+def test_options_that_do_not_change_a_result_do_not_redo_it():
+    from sam_runner.landscape.options import Options
+
+    # the seed and the curve's epochs only matter to a Bézier curve; --bn-samples only to
+    # --bn recompute; the other slice's resolution only when both slices are drawn
+    assert Options(seed=3, curve_epochs=5).pair_settings() == Options().pair_settings()
+    assert Options(bn_samples=10).pair_settings() == Options().pair_settings()
+    assert (
+        Options(curve="bezier", seed=3).pair_settings() != Options(curve="bezier").pair_settings()
+    )
+    one_d = Options(slices="1d", grid=9).slice_options()
+    assert one_d == Options(slices="1d").slice_options()
+    assert Options(points=9).slice_options() != Options().slice_options()

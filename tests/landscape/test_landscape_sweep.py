@@ -1,0 +1,98 @@
+"""A sweep folder: seed pairs (resumable), every job's slices, and what sam-report makes of them."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import shutil
+import statistics
+
+import pytest
+from landscape_helpers import MLP, session_root, train_into
+
+from sam_runner.landscape.cli import main
+from sam_runner.report import main as report_main
+
+JOBS = [("sam", 0), ("sam", 1), ("base", 0), ("base", 1), ("sam", 2)]
+PAIRS = [("0", "1"), ("0", "4"), ("1", "4"), ("2", "3")]  # jobs of one group, differing in seed
+
+
+@functools.lru_cache(maxsize=None)
+def sweep_once():
+    """Five jobs of two groups, as `sam-run -m optimizer=sam,base seed=...` lays them out."""
+    root = session_root() / "sweep"
+    for num, (variant, seed) in enumerate(JOBS):
+        train_into(root / str(num), [*MLP, f"optimizer={variant}", f"seed={seed}"])
+    return root
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    return shutil.copytree(sweep_once(), tmp_path / "sweep")
+
+
+def pair_files(sweep):
+    return {(a, b): sweep / a / "landscape" / b / "landscape.json" for a, b in PAIRS}
+
+
+def test_seed_pairs_are_connected_once_and_a_second_call_skips_them(sweep, capsys):
+    argv = [str(sweep), "--pairs", "seeds", "--alphas", "5", "--progress", "none"]
+    assert main(argv) == 0
+    assert "4 seed pair(s) among 5 completed job(s): 0 already done, 4 to compute" in (
+        capsys.readouterr().out
+    )
+    files = pair_files(sweep)
+    assert all(f.exists() for f in files.values())
+    assert not (sweep / "0" / "landscape" / "2").exists()  # sam and base: not a seed pair
+    mtimes = {k: f.stat().st_mtime_ns for k, f in files.items()}
+    files[("1", "4")].unlink()  # as if stopped before this pair was done
+    assert main(argv) == 0
+    assert "3 already done, 1 to compute" in capsys.readouterr().out
+    assert all(files[k].stat().st_mtime_ns == mtimes[k] for k in files if k != ("1", "4"))
+    assert files[("1", "4")].exists()
+    assert main(argv) == 0
+    assert "4 already done, 0 to compute" in capsys.readouterr().out
+    assert main([*argv[:-4], "--alphas", "7", "--progress", "none"]) == 0  # other options: redone
+    assert "0 already done, 4 to compute" in capsys.readouterr().out
+
+
+def test_every_jobs_slices_and_the_report_columns(sweep, capsys):
+    assert main([str(sweep), "--slices", "1d", "--points", "11", "--progress", "none"]) == 0
+    assert "5 completed job(s): 0 already done, 5 to compute" in capsys.readouterr().out
+    assert main([str(sweep), "--slices", "1d", "--points", "11", "--progress", "none"]) == 0
+    assert "5 already done, 0 to compute" in capsys.readouterr().out
+    assert main([str(sweep), "--pairs", "seeds", "--alphas", "5", "--progress", "none"]) == 0
+    assert report_main([str(sweep), "--out", str(sweep / "report")]) == 0
+    with open(sweep / "report" / "report.csv") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    for variant, jobs, pairs in (
+        ("sam", ["0", "1", "4"], PAIRS[:3]),
+        ("base", ["2", "3"], PAIRS[3:]),
+    ):
+        row = rows[variant]
+        widths = [
+            json.loads((sweep / j / "landscape" / "landscape.json").read_text()) for j in jobs
+        ]
+        widths = [w["basin_width_1d"] for w in widths]
+        assert float(row["landscape_basin_width_mean"]) == pytest.approx(statistics.fmean(widths))
+        assert int(row["landscape_basin_width_n"]) == len(jobs)
+        barriers = [
+            json.loads((sweep / a / "landscape" / b / "landscape.json").read_text())
+            for a, b in pairs
+        ]
+        values = [b["barrier_test_error"] for b in barriers]
+        assert float(row["barrier_test_error_mean"]) == pytest.approx(statistics.fmean(values))
+        assert int(row["barrier_test_error_n"]) == len(pairs)
+    md = (sweep / "report" / "report.md").read_text()
+    assert "## Loss landscape" in md and "barrier, test error" in md
+
+
+def test_a_report_without_landscape_files_has_blank_columns_and_no_section(sweep):
+    assert report_main([str(sweep), "--out", str(sweep / "report")]) == 0
+    with open(sweep / "report" / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert all(
+        r["landscape_basin_width_mean"] == "" and r["barrier_train_loss_n"] == "0" for r in rows
+    )
+    assert "## Loss landscape" not in (sweep / "report" / "report.md").read_text()
