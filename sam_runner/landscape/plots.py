@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plots import log_scale, save_png
+from ..plots.style import log_scale, save_png
 
 __all__ = ["plot_slice_1d", "plot_contours", "plot_surface", "plot_connectivity", "save_png"]
 
