@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plots.style import log_scale, save_png
+from ..plots.style import figure, log_scale, save_png
 
 __all__ = ["plot_slice_1d", "plot_contours", "plot_surface", "plot_connectivity", "save_png"]
 
@@ -19,13 +19,9 @@ TRAIN, TEST = "C0", "C3"
 
 
 def _figure(size, ncols=1, projection=None):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=size, dpi=110)
-    FigureCanvasAgg(fig)
-    kw = {"projection": projection} if projection else {}
-    return fig, [fig.add_subplot(1, ncols, i + 1, **kw) for i in range(ncols)]
+    kw = {"subplot_kw": {"projection": projection}} if projection else {}
+    fig, axes = figure(1, ncols, size, **kw)
+    return fig, list(axes[0])
 
 
 def _loss_axis(ax, *series) -> None:
