@@ -136,6 +136,7 @@ DATASETS = Registry("dataset", "sam_runner.data.sources", tensors=True)
 SAMPLERS = Registry("dataset.sampler", "sam_runner.samplers")
 LOGGERS = Registry("logger", "sam_runner.loggers")
 MEASURES = Registry("metrics", "sam_runner.metrics.measures")
+CORRUPTIONS = Registry("metrics.corruptions.names", "sam_runner.data.corruptions", monotone=None)
 
 ALL = {
     r.key: r for r in (DATASETS, MODELS, BASE_OPTIMIZERS, VARIANTS, SCHEDULERS, LOGGERS, SAMPLERS)

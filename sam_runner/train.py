@@ -26,6 +26,7 @@ from .data import build_data
 from .errors import Interrupted, RunFolderConflict, UserError, integer, number, one_line, require
 from .loggers import NullLogger, build_logger
 from .metrics.evaluate import evaluate
+from .metrics.robustness import Robustness
 from .metrics.tracker import CurvatureTracker
 from .models import build_model
 from .optim.build import build_optimizer
@@ -245,6 +246,7 @@ class Run:
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock
         )
         self.test_set = TestSet(self)
+        self.robustness = Robustness(cfg, data, self.net, self.autocast, self.dist, self.clock)
         if self.dist.is_main:
             self.logger = build_logger(cfg.logger, self.run_dir, cfg)
         self.rng = RNGState(device)
@@ -390,7 +392,7 @@ class Run:
             **self.test_set.log_values(),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
-        for part in (self.optimizer, self.sampler, self.tracker):
+        for part in (self.optimizer, self.sampler, self.tracker, self.robustness):
             row.update(part.log_values())
         self.log_line(row)
         self.last = row

@@ -13,6 +13,7 @@ import torch
 from . import distributed
 from .data import validate as validate_dataset
 from .loggers import build_logger
+from .metrics.robustness import validate as validate_corruptions
 from .metrics.tracker import validate as validate_metrics
 from .models import build_model
 from .optim.build import build_optimizer
@@ -33,6 +34,7 @@ def validate_config(cfg) -> None:
         entry.check(cfg.dataset)
     validate_scheduler(cfg.scheduler)
     validate_metrics(cfg.metrics)
+    validate_corruptions(cfg.metrics, cfg.dataset)
     build_logger(cfg.logger, ".", cfg)  # checks its keys; starts nothing
     distributed.check_devices(cfg.trainer.get("devices", 1), str(cfg.trainer.device))
     with torch.device("meta"):
