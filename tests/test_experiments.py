@@ -33,6 +33,7 @@ STUDIES = [
     "long_tail",
     "spectral_muon",
     "variant_zoo",
+    "generalization_measures",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -56,6 +57,9 @@ EXPECTED = {
     "spectral_muon_mini": (12, "mlp", "mnist1d", "base sam spectral_sam"),
     "variant_zoo": (36, "resnet18", "cifar100", ZOO),
     "variant_zoo_mini": (24, "cnn1d", "mnist1d", ZOO),
+    # variant x rho x batch size x lr x seed, base once per rho: 8 base + 16 sam + 16 gsam
+    "generalization_measures": (40, "resnet18", "cifar10", "base sam gsam"),
+    "generalization_measures_mini": (40, "mlp", "mnist1d", "base sam gsam"),
 }
 
 
