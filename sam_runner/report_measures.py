@@ -139,20 +139,33 @@ def points_of(report) -> list[Point]:
 
 
 def sweep_axes(points: list[Point]) -> list[str]:
-    """Override keys with two or more values among the jobs (``seed`` excepted), in order."""
-    keys = list(dict.fromkeys(k for p in points for k in p.settings))
+    """Override keys with two or more values among the jobs (``seed`` excepted), in the order
+    of the overrides of the job that has the most (a collapsed job lacks some)."""
+    ordered = sorted(points, key=lambda p: -len(p.settings))
+    keys = list(dict.fromkeys(k for p in ordered for k in p.settings))
     values = {k: {p.settings[k] for p in points if k in p.settings} for k in keys}
     return [k for k in keys if k != "seed" and len(values[k]) >= 2]
 
 
 # ---------------------------------------------------------------------------- statistics
 def kendall_tau(x, y) -> float:
-    """Kendall's tau-b of paired values (NaN when undefined: fewer than 2, or a constant side)."""
+    """Kendall's tau-b of paired values: (concordant − discordant pairs) / √(pairs not tied in
+    x) / √(pairs not tied in y), clipped to [−1, 1], in the order of operations of
+    ``scipy.stats.kendalltau``, so that the two agree to the last bit (tested), at a fraction of
+    its cost per call (Ψ takes one τ per group); NaN when undefined (fewer than 2 pairs, or a
+    constant side). O(n²) pairs: a sweep's jobs are hundreds at most."""
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(x) < 2:
         return math.nan
-    from scipy.stats import kendalltau
-
-    return float(kendalltau(x, y).statistic)
+    i, j = np.triu_indices(len(x), 1)
+    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+    untied_x, untied_y = float(np.count_nonzero(dx)), float(np.count_nonzero(dy))
+    if untied_x == 0 or untied_y == 0:
+        return math.nan
+    tau = float(np.sum(dx * dy)) / np.sqrt(untied_x) / np.sqrt(untied_y)
+    return float(min(1.0, max(-1.0, tau)))  # scipy clips the rounding of ±1 likewise
 
 
 def _pairs(points, key, target) -> tuple[list, list]:
@@ -193,9 +206,18 @@ def granulated_tau(points: list[Point], key: str, axes: list[str]) -> tuple[floa
     return (statistics.fmean(defined) if defined else math.nan), per_axis
 
 
+_last: list = [None, None]  # (report, its table): report.md and the files share one computation
+
+
 def measures_table(report) -> Table | None:
     """Every measure's τ, Ψ and n, ranked by |τ| with gen_gap; None with fewer than
     ``MIN_JOBS`` completed jobs that have gen_gap and a measure."""
+    if _last[0] is not report:
+        _last[:] = [report, _measures_table(report)]
+    return _last[1]
+
+
+def _measures_table(report) -> Table | None:
     points = [p for p in points_of(report) if finite(p.gen_gap)]
     keys = sorted(
         {k for p in points for k in p.values if is_measure(k)},
@@ -224,6 +246,7 @@ def measures_table(report) -> Table | None:
 
 
 def _p_value(x, y) -> float:
+    """The p-value of τ (scipy's, for n of the whole sweep: computed once per measure)."""
     if len(x) < 2:
         return math.nan
     from scipy.stats import kendalltau
@@ -317,9 +340,11 @@ def _mce_lines(report, points) -> list[str]:
         "| group | mCE | n |",
         "|---|---|---|",
     ]
-    for group, mean, std, n in rows:
+    labels = {g["group"]: g["label"] for g in report.groups}  # without the shared overrides
+    order = {g["group"]: i for i, g in enumerate(report.groups)}
+    for group, mean, std, n in sorted(rows, key=lambda r: order.get(r[0], len(order))):
         cell = f"{mean:.1f}" + (f" ± {std:.1f}" if std is not None else "")
-        out.append(f"| {group} | {cell} | {n} |")
+        out.append(f"| {labels.get(group, group)} | {cell} | {n} |")
     return out + [""]
 
 

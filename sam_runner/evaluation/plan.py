@@ -3,9 +3,10 @@
 PATH is a run folder (it holds ``.hydra/`` or ``summary.json`` itself) or a sweep folder (every
 job folder under it, as ``sweep.plan.job_dirs`` finds them). Each job is
 
-- ``measure``: completed (summary.json says so), and its eval.json is absent, failed, or made
-  with other settings;
-- ``done``: its eval.json was made with these settings (skipped: a rerun finishes the rest);
+- ``measure``: completed (summary.json says so), and its eval.json is absent, failed, made
+  with other settings, or older than the checkpoint (the job was trained again);
+- ``done``: its eval.json was made with these settings, after the checkpoint was last written
+  (skipped: a rerun finishes the rest);
 - ``skip``: not completed (failed, diverged, running, killed): nothing to measure.
 
 Before anything is measured, every job to measure is checked against the settings: its config
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError, require
-from ..runfiles import read_json
+from ..runfiles import CHECKPOINT, read_json
 from ..sweep.plan import job_dirs
 
 EVAL_FILE = "eval.json"
@@ -61,7 +62,7 @@ def plan(path: Path, settings: dict) -> list[Job]:
             jobs.append(Job(d, name, "skip", f"not completed ({status})"))
             continue
         done = read_json(d / EVAL_FILE) or {}
-        if done.get("status") == "completed" and done.get("eval_settings") == settings:
+        if done.get("status") == "completed" and done.get("eval_settings") == settings and fresh(d):
             jobs.append(Job(d, name, "done", "already measured with these settings"))
         else:
             jobs.append(Job(d, name, "measure"))
@@ -71,6 +72,15 @@ def plan(path: Path, settings: dict) -> list[Job]:
         f"({'; '.join(f'{j.name}: {j.reason}' for j in jobs[:3])})",
     )
     return jobs
+
+
+def fresh(job_dir: Path) -> bool:
+    """Whether the job's eval.json is newer than its checkpoint (a job trained again since it was
+    measured is measured again)."""
+    try:
+        return (job_dir / CHECKPOINT).stat().st_mtime_ns <= (job_dir / EVAL_FILE).stat().st_mtime_ns
+    except OSError:
+        return False
 
 
 def check_jobs(jobs: list[Job], metrics_cfg) -> None:

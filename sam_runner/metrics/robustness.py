@@ -150,9 +150,7 @@ def _arrays(folder: Path, name: str, severity: int, labels, device):
         f"{folder / (name + '.npy')} does not hold severity {severity} of this test set "
         f"({n} images in the test set's order)",
     )
-    return (
-        torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous().to(device)
-    )
+    return torch.from_numpy(np.array(images)).permute(0, 3, 1, 2).contiguous().to(device)
 
 
 class _Corrupting:

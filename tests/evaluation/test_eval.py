@@ -103,6 +103,11 @@ def test_same_settings_skip_other_settings_measure_again(evaluated, tmp_path):
     code, out, _ = sam_eval(sweep, *EVAL_ARGS, "eval.workers=2")  # how it runs is no setting
     assert code == 0 and "0 to measure, 4 already measured with these settings" in out
     assert {j: (sweep / j / "eval.json").stat().st_mtime_ns for j in JOBS} == stamps
+    # a checkpoint written after the measurement (the job trained again): measured again
+    later = (sweep / "0" / "eval.json").stat().st_mtime_ns + 1_000_000
+    os.utime(sweep / "0" / CHECKPOINT, ns=(later, later))
+    code, out, _ = sam_eval(sweep, *EVAL_ARGS, "eval.progress=none")
+    assert code == 0 and "1 to measure, 3 already measured with these settings" in out
     code, out, _ = sam_eval(sweep, "metrics.hessian.enabled=false", "eval.progress=none")
     assert code == 0 and "4 to measure, 0 already measured" in out
     for job in JOBS:
