@@ -133,6 +133,7 @@ SAMPLERS = Registry("dataset.sampler", "sam_runner.samplers")
 LOGGERS = Registry("logger", "sam_runner.loggers")
 MEASURES = Registry("metrics", "sam_runner.metrics.measures")
 LOSSES = Registry("trainer.loss", "sam_runner.losses")
+CORRUPTIONS = Registry("metrics.corruptions.names", "sam_runner.data.corruptions", monotone=None)
 
 ALL = {
     r.key: r

@@ -54,6 +54,7 @@ from .landscape.summary import csv_cells, csv_columns
 from .landscape.summary import landscape_section as _landscape
 from .plots.style import natural_key  # matplotlib is imported only when drawing
 from .registry import VARIANTS
+from .report_measures import measures_section, write_measures
 from .runfiles import atomic_write_bytes, finite, read_json, read_rows
 from .settings import override_key, run_only
 from .sweep.plan import expected_jobs, job_dirs
@@ -384,7 +385,17 @@ def _job_name(report: Report, job: Job) -> str:
 
 def render_markdown(report: Report, plots) -> str:
     """report.md: one section after another (each a function of the report and its plots)."""
-    sections = (_head, _group_table, _eos, _landscape, _unfinished, _plot_links, _job_table, _notes)
+    sections = (
+        _head,
+        measures_section,
+        _group_table,
+        _eos,
+        _landscape,
+        _unfinished,
+        _plot_links,
+        _job_table,
+        _notes,
+    )
     return "\n".join(line for section in sections for line in section(report, plots))
 
 
@@ -543,13 +554,14 @@ def write_report(report: Report, out_dir=None) -> list[Path]:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         plots = write_plots(report, out_dir)
+        measures = write_measures(report, out_dir)  # measures.csv, measures.png
         atomic_write_bytes(out_dir / "report.csv", render_csv(report).encode())
         atomic_write_bytes(out_dir / "report.md", render_markdown(report, plots).encode())
     except OSError as e:
         raise UserError(
             f"cannot write the report into {out_dir} ({e.strerror or e}); choose another with --out"
         ) from None
-    return [out_dir / "report.md", out_dir / "report.csv", *plots]
+    return [out_dir / "report.md", out_dir / "report.csv", *plots, *measures]
 
 
 def main(argv=None) -> int:

@@ -26,6 +26,7 @@ from .errors import Interrupted, RunFolderConflict, UserError, integer, number, 
 from .loggers import NullLogger, build_logger
 from .losses import mean_loss, per_example
 from .metrics.evaluate import evaluate
+from .metrics.robustness import Robustness
 from .metrics.tracker import CurvatureTracker
 from .models import build_model
 from .optim.build import build_optimizer
@@ -250,6 +251,7 @@ class Run:
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
         )
         self.test_set = TestSet(self)
+        self.robustness = Robustness(cfg, data, self.net, self.autocast, self.dist, self.clock)
         if self.dist.is_main:
             self.logger = build_logger(cfg.logger, self.run_dir, cfg)
         self.rng = RNGState(device)
@@ -407,7 +409,7 @@ class Run:
             **self.test_set.log_values(),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
-        for part in (self.optimizer, self.sampler, self.tracker):
+        for part in (self.optimizer, self.sampler, self.tracker, self.robustness):
             row.update(part.log_values())
         self.log_line(row)
         self.last = row

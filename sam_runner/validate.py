@@ -13,6 +13,7 @@ import torch
 from . import distributed
 from .data import validate as validate_dataset
 from .loggers import build_logger
+from .metrics.robustness import validate as validate_corruptions
 from .metrics.tracker import validate as validate_metrics
 from .models import build_model
 from .optim.build import build_optimizer
@@ -33,10 +34,11 @@ def validate_config(cfg) -> None:
         entry.check(cfg.dataset)
     validate_scheduler(cfg.scheduler)
     validate_metrics(cfg.metrics)
+    validate_corruptions(cfg.metrics, cfg.dataset)
     build_logger(cfg.logger, ".", cfg)  # checks its keys; starts nothing
     distributed.check_devices(cfg.trainer.get("devices", 1), str(cfg.trainer.device))
     with torch.device("meta"):
-        model = build_model(_no_download(cfg.model), *_data_shape(cfg.dataset))
+        model = build_model(without_download(cfg.model), *_data_shape(cfg.dataset))
         build_optimizer(cfg, model, PLACEHOLDER_STEPS)
 
 
@@ -51,8 +53,9 @@ def _data_shape(dataset_cfg) -> tuple[tuple, int]:
     return tuple(shape), entry.num_classes or 2
 
 
-def _no_download(model_cfg):
-    """The model's config with pretrained weights off: validation builds the architecture only."""
+def without_download(model_cfg):
+    """The model's config with pretrained weights off: validation builds the architecture only (and
+    sam-eval, which loads the run's own weights)."""
     if not model_cfg.get("pretrained", False):
         return model_cfg
     from omegaconf import OmegaConf

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-SECTIONS = ["core", "optim", "metrics", "scale", "results", "eos", "landscape"]
+SECTIONS = ["core", "optim", "metrics", "scale", "results", "eos", "landscape", "eval"]
 
 
 def main(argv=None):

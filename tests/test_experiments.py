@@ -33,6 +33,7 @@ STUDIES = [
     "long_tail",
     "spectral_muon",
     "variant_zoo",
+    "generalization_measures",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -58,6 +59,9 @@ EXPECTED = {
     "variant_zoo_mini": (24, "cnn1d", "mnist1d", ZOO),
     "edge_of_stability": (16, "cnn mlp", "cifar10", "base sam"),
     "edge_of_stability_mini": (6, "mlp", "mnist1d", "base sam"),
+    # variant x rho x batch size x lr x seed, base once per rho: 8 base + 16 sam + 16 gsam
+    "generalization_measures": (40, "resnet18", "cifar10", "base sam gsam"),
+    "generalization_measures_mini": (40, "mlp", "mnist1d", "base sam gsam"),
 }
 
 

@@ -28,6 +28,7 @@ class Data:
     prepare: object = None  # x -> model input, without augmentation
     class_counts: list = field(default_factory=list)
     full_batch: bool = False  # one training batch holds the whole training set
+    clean_train_labels: torch.Tensor | None = None  # before label noise (train_tensors' are after)
 
     def train_subset(self, n: int, seed: int):
         """A fixed, seeded subset of the training set as model-ready tensors (for curvature);
@@ -89,7 +90,7 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
     tensors on the training device (no host-to-device copy per batch on a GPU)."""
     keep, y, counts = training_labels(cfg, a.y, a.num_classes, seed, world)
     x, n = a.x[keep], len(y)
-    x, y, xt, yt = (t.to(device) for t in (x, y, a.x_test, a.y_test))
+    x, y, xt, yt, clean = (t.to(device) for t in (x, y, a.x_test, a.y_test, a.y[keep]))
     if a.stats is not None:
         train_tf = Normalize(*a.stats, augment=bool(cfg.get("augment", True)))
         test_tf = Normalize(*a.stats, augment=False)
@@ -126,4 +127,5 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
         class_counts=counts,
         prepare=test_tf,
         full_batch=full,
+        clean_train_labels=clean,
     )

@@ -17,15 +17,7 @@ def evaluate(model, loader, criterion, autocast, dist, metrics_cfg, class_counts
     """The test_* keys of a metrics row, plus ``reliability`` (diagram bins, for summary.json
     only: the caller pops it out of the row). With ``metrics.class_splits`` set and the
     training set's per-class counts given, also the long-tail split accuracies."""
-    was_training = model.training
-    model.eval()
-    logits, labels = [], []
-    for x, y, _ in loader:
-        with autocast:
-            logits.append(model(x).float())
-        labels.append(y)
-    model.train(was_training)
-    logits, labels = dist.gather(torch.cat(logits)), dist.gather(torch.cat(labels))
+    logits, labels = predict(model, loader, autocast, dist)
     n_bins = int(metrics_cfg.get("ece_bins", 15))
     row = {
         "test_loss": float(criterion(logits, labels).mean()),
@@ -41,6 +33,21 @@ def evaluate(model, loader, criterion, autocast, dist, metrics_cfg, class_counts
             )
         )
     return row
+
+
+@torch.no_grad()
+def predict(model, loader, autocast, dist) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 logits, labels) of the whole set ``loader`` yields, in eval mode (the model's
+    mode restored), gathered over data-parallel processes."""
+    was_training = model.training
+    model.eval()
+    logits, labels = [], []
+    for x, y, _ in loader:
+        with autocast:
+            logits.append(model(x).float())
+        labels.append(y)
+    model.train(was_training)
+    return dist.gather(torch.cat(logits)), dist.gather(torch.cat(labels))
 
 
 def split_accuracy(pred, labels, class_counts, many: int, few: int) -> dict:

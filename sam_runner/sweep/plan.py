@@ -96,15 +96,16 @@ def collapse(jobs: list[list[str]]) -> tuple[list[list[str]], list[str]]:
     return kept, left_out
 
 
-def compose(overrides: list[str]):
-    """The config of one job, Hydra's part included, composed by Hydra's own compose."""
+def compose(overrides: list[str], config_name: str = "config"):
+    """The config of one job (or of ``sam-eval``: ``config_name="eval"``), Hydra's part included,
+    composed by Hydra's own compose."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     from ..paths import config_dir
 
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
 
 
 def fixed_config(arguments: list[str]):

@@ -261,3 +261,39 @@ def test_submitit_requeues_a_job_signalled_before_its_time_limit_and_it_resumes(
     assert "Requeued job" in logs and f"resuming {sweep_dir / '0'} from epoch" in logs, logs[-3000:]
     assert summary(sweep_dir / "0")["status"] == "completed"
     assert epochs(sweep_dir / "0") == list(range(1, 9))  # nothing lost, nothing repeated
+
+
+@pytest.mark.usefixtures("slurm")
+def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
+    """sam-eval with the training's SLURM preset: one array task per job folder, each writing its
+    job's eval.json; a rerun with the same settings submits nothing."""
+    sweep_dir = tmp_path / "sweep"
+    run = [sys.executable, "-m", "sam_runner.cli", "-m", *TINY, "trainer.epochs=1", "seed=0,1"]
+    out = subprocess.run(
+        [*run, f"hydra.sweep.dir={sweep_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sam_runner.evaluation.cli",
+        str(sweep_dir),
+        "metrics.hessian.num_samples=128",
+        "hydra/launcher=slurm",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.timeout_min=10",
+        "eval.progress=lines",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "submitted 2 task(s)" in out.stderr and (sweep_dir / ".sam-eval" / ".submitit").is_dir()
+    for job in ("0", "1"):
+        measured = json.loads((sweep_dir / job / "eval.json").read_text())
+        assert measured["status"] == "completed" and measured["lambda_max"] > 0
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "0 to measure, 2 already measured" in again.stdout
+    assert "submitted" not in again.stderr

@@ -1,0 +1,106 @@
+"""``sam-eval PATH [overrides]``: measure the completed jobs of a run or sweep folder at their final
+weights, into each job's eval.json (see the package docstring and docs/evaluation.md).
+
+Exit status: 0 when every job to measure was measured (or already was); 1 when any failed (each
+failure is in its eval.json; the others went on), naming them; 2 on bad input (one line, nothing
+written); 130 on Ctrl-C (the jobs done so far are kept: the same command finishes the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+
+PROG = "sam-eval"
+SHOWN = ("lambda_max", "gen_gap", "test_acc", "test_acc_c")  # on each job's closing line
+
+
+def parse(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description="Measure the completed runs of a run or sweep folder at their final weights "
+        "(train/test loss and accuracy, the generalization gaps, ECE, λ_max and the measures the "
+        "metrics settings enable, corruptions), into each job's eval.json.",
+        epilog="Overrides: the metrics group and keys as in training (metrics=full, "
+        "metrics.hessian.k=5, metrics.corruptions.enabled=true), eval.workers=N (local "
+        "processes), eval.device=cpu|cuda, eval.progress=bar|lines|none, hydra/launcher=slurm "
+        "(one SLURM array task per job, hydra.launcher.* as for sam-run).",
+    )
+    ap.add_argument("path", type=Path, metavar="PATH", help="a run folder or a sweep folder")
+    ap.add_argument("overrides", nargs="*", help="overrides of the eval settings (conf/eval.yaml)")
+    return ap.parse_args(argv)
+
+
+def fail(message: str, code: int = 2):
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv=None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        return evaluate_folder(args.path, args.overrides)
+    except UserError as e:
+        return fail(str(e))
+    except KeyboardInterrupt:
+        print(
+            f"{PROG}: interrupted; the jobs measured so far are kept: run the same command again "
+            "to measure the rest",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def evaluate_folder(path: Path, overrides: list[str]) -> int:
+    """Plan, check, measure, report (see the module docstring for the exit status)."""
+    from omegaconf import OmegaConf
+
+    from .launch import run_jobs
+    from .plan import check_jobs, plan
+    from .settings import compose_eval, eval_settings, launcher, plain
+
+    cfg = compose_eval(overrides, path)
+    jobs = plan(path, eval_settings(cfg))
+    check_jobs(jobs, cfg.metrics)
+    todo = [j for j in jobs if j.state == "measure"]
+    print(_header(path, jobs), flush=True)
+    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    records = run_jobs(todo, plain(cfg), launcher(cfg), params) if todo else {}
+    for job in todo:
+        print("  " + _line(job.name, records[job.name]), flush=True)
+    failed = [j for j in todo if records[j.name].get("status") != "completed"]
+    if failed:
+        names = "; ".join(f"{j.name} ({records[j.name].get('error')})" for j in failed)
+        return fail(f"{len(failed)} of {len(todo)} job(s) failed: {names}", 1)
+    return 0
+
+
+def _header(path: Path, jobs) -> str:
+    count = {s: sum(j.state == s for j in jobs) for s in ("measure", "done", "skip")}
+    line = (
+        f"sam-eval {path}: {len(jobs)} job(s): {count['measure']} to measure, {count['done']} "
+        f"already measured with these settings, {count['skip']} not completed"
+    )
+    skipped = [f"{j.name} ({j.reason})" for j in jobs if j.state == "skip"]
+    return line + ("\n  skipped: " + "; ".join(skipped) if skipped else "")
+
+
+def _line(name: str, record: dict) -> str:
+    if record.get("status") != "completed":
+        return f"{name}: {record.get('status')}: {record.get('error')}"
+    shown = " ".join(
+        f"{k}={record[k]:.4g}" for k in SHOWN if isinstance(record.get(k), (int, float))
+    )
+    return f"{name}: completed {shown}"
+
+
+def run() -> None:
+    """The console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

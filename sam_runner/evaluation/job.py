@@ -1,0 +1,143 @@
+"""One job measured at its final weights, into ``<job>/eval.json``.
+
+The model is rebuilt from the job's own stored config (``.hydra/config.yaml``) and its
+``checkpoints/last.pt`` (loaded weights-only; its stored settings must be the config's), on
+the data the job trained on (``build_data``: the same split, label noise and seed). Then, all in
+float32, eval mode, without augmentation and with the plain cross-entropy (no label smoothing),
+so that every job is measured alike:
+
+- ``train_loss``, ``train_acc``: the whole training set, against the labels the job trained on
+  (with label noise: the noisy ones), and ``train_loss_clean``, ``train_acc_clean`` against the
+  clean labels when ``dataset.label_noise`` > 0;
+- ``test_loss``, ``test_acc`` and the ECE family (``evaluate``: ``test_ece``,
+  ``test_ece_adaptive``, ``test_mce``, ``test_brier``, ``test_nll``);
+- ``gen_gap`` = train_acc − test_acc, ``gen_gap_loss`` = test_loss − train_loss;
+- λ_max and every enabled measure of the ``metrics`` settings, by the run's own
+  ``CurvatureTracker`` (its fixed seeded subset of the training set, its BatchNorm mode), as at
+  a run's final measurement;
+- with ``metrics.corruptions.enabled``: the corruption keys (``robustness.corruption_values``).
+
+eval.json is one flat object: these values, ``status`` (``completed`` or ``failed``, with the
+one-line ``error``), ``eval_time_s`` and ``eval_settings`` (the settings that produced it). It
+is written atomically, once, at the end; nothing else in the job folder is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from ..errors import UserError, one_line, require
+from ..runfiles import CHECKPOINT, Checkpoint, write_json
+from ..settings import require_same_config, result_config
+from .plan import EVAL_FILE
+
+
+def job_config(job_dir: Path):
+    """The config the job was trained with (its interpolations resolve on this machine)."""
+    path = Path(job_dir) / ".hydra" / "config.yaml"
+    try:
+        return OmegaConf.load(path)
+    except Exception as e:
+        raise UserError(f"{path} is missing or unreadable ({type(e).__name__})") from None
+
+
+def measure_job(job_dir, settings: dict) -> dict:
+    """Measure one job and write its eval.json (a failure too: status failed, the error)."""
+    job_dir, start = Path(job_dir), time.perf_counter()
+    try:
+        record = {"status": "completed", **measure(job_dir, settings)}
+    except Exception as e:  # Ctrl-C and SystemExit pass: nothing is written, a rerun redoes it
+        record = {"status": "failed", "error": one_line(e)}
+    record["eval_time_s"] = time.perf_counter() - start
+    record["eval_settings"] = settings["eval_settings"]
+    write_json(job_dir / EVAL_FILE, record)
+    return record
+
+
+def measure(job_dir: Path, settings: dict) -> dict:
+    from .. import distributed
+    from ..data import build_data
+    from ..metrics import robustness
+
+    cfg = job_config(job_dir)
+    metrics = OmegaConf.create(settings["metrics"])
+    device = distributed.resolve_device(str(settings["eval"]["device"]))
+    data = build_data(cfg.dataset, device, cfg.seed)
+    require(
+        data.train_tensors is not None,
+        f"dataset={cfg.dataset.name}: sam-eval measures datasets held as tensors, not image "
+        "folders",
+    )
+    model = load_model(cfg, data, job_dir, device)
+    out = set_values(model, data, metrics, cfg.dataset)
+    out.update(curvature_values(model, data, metrics, int(cfg.seed)))
+    if robustness.enabled(metrics):
+        values, sources = robustness.corruption_values(
+            model, data, metrics, cfg.dataset, int(cfg.seed)
+        )
+        out.update(values)
+        out["corruptions_source"] = "+".join(sources)
+    return out
+
+
+def load_model(cfg, data, job_dir: Path, device) -> nn.Module:
+    """The job's model with its final weights (the checkpoint must be this config's)."""
+    from ..models import build_model
+    from ..validate import without_download
+
+    path = job_dir / CHECKPOINT
+    state = Checkpoint(path).load()
+    require(state is not None, f"{path} is missing; sam-eval measures a run's final weights")
+    saved = (state.get("fingerprint") or {}).get("config")
+    require_same_config(saved, result_config(cfg), f"checkpoint {path}", job_dir)
+    torch.manual_seed(int(cfg.seed))
+    model = build_model(without_download(cfg.model), data.input_shape, data.num_classes)
+    model.load_state_dict(state["model"])
+    return model.to(device)
+
+
+def set_values(model, data, metrics, dataset_cfg) -> dict:
+    """Loss and accuracy of the whole training set and of the test set, the test set's ECE
+    family, and the generalization gaps (see the module docstring)."""
+    from .. import distributed
+    from ..data.loaders import TensorLoader
+    from ..metrics.evaluate import evaluate, predict
+
+    dist, plain = distributed.current(), contextlib.nullcontext()
+    ce = nn.CrossEntropyLoss(reduction="none")
+    x, y = data.train_tensors
+    loader = TensorLoader(x, y, 512, shuffle=False, transform=data.prepare)
+    logits, labels = predict(model, loader, plain, dist)
+    out = {
+        "train_loss": float(ce(logits, labels).mean()),
+        "train_acc": float((logits.argmax(1) == labels).float().mean()),
+    }
+    if float(dataset_cfg.get("label_noise", 0.0) or 0.0) > 0:
+        clean = data.clean_train_labels
+        out["train_loss_clean"] = float(ce(logits, clean).mean())
+        out["train_acc_clean"] = float((logits.argmax(1) == clean).float().mean())
+    test = evaluate(model, data.test, ce, plain, dist, metrics, data.class_counts)
+    test.pop("reliability", None)
+    out.update(test)
+    out["gen_gap"] = out["train_acc"] - out["test_acc"]
+    out["gen_gap_loss"] = out["test_loss"] - out["train_loss"]
+    return out
+
+
+def curvature_values(model, data, metrics, seed: int) -> dict:
+    """λ_max and the enabled measures, as the run's final measurement takes them (no optimizer:
+    no eos_ratio, a property of training, not of the weights)."""
+    from ..metrics.tracker import CurvatureTracker
+
+    tracker = CurvatureTracker(metrics, model, data, None, seed)
+    if not tracker.enabled:
+        return tracker.summary_extras()
+    out = tracker.measure(final=True)
+    out.update(tracker.summary_extras())
+    return out

@@ -1,0 +1,177 @@
+"""Running the jobs to measure, with a progress bar over jobs.
+
+- ``local`` launcher (the default), ``eval.workers`` = 1: one job after another in this process;
+- ``eval.workers`` = N > 1: a pool of N processes (a forkserver on a CPU, with an equal share of
+  the CPU threads each; spawned on a GPU), each ending with this one, however it ends;
+- ``hydra/launcher=slurm``: one task of a SLURM job array per job folder, through submitit, with
+  the parameters of conf/hydra/launcher/slurm.yaml (the preset training uses; its
+  ``array_parallelism`` caps the tasks running at once); ``hydra/launcher=submitit_local`` runs
+  the same array as local processes (for trying it without a cluster).
+
+Whatever the launcher, each job writes its own eval.json when it ends, so a killed sam-eval
+loses only the jobs in flight, and running it again measures those and the ones not started.
+A job whose process died before writing one is recorded as failed by this process.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ..errors import one_line
+from ..runfiles import write_json
+from .job import measure_job
+from .plan import EVAL_FILE, Job
+
+
+class Progress:
+    """A tqdm bar over jobs on a terminal (``bar``), else one line per finished job (``lines``)."""
+
+    def __init__(self, mode: str, total: int):
+        self.mode = ("bar" if sys.stderr.isatty() else "lines") if mode == "auto" else mode
+        self.total, self.done, self.bar = total, 0, None
+        if self.mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="sam-eval", unit="job", file=sys.stderr)
+
+    def finished(self, job: Job, record: dict) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"{job.name} {record.get('status')}")
+        elif self.mode == "lines":
+            took = record.get("eval_time_s")
+            took = f" in {took:.1f}s" if isinstance(took, (int, float)) else ""
+            error = f": {record['error']}" if record.get("error") else ""
+            print(
+                f"[{self.done}/{self.total}] {job.name} {record.get('status')}{took}{error}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_jobs(jobs: list[Job], settings: dict, launcher: str, launcher_params: dict) -> dict:
+    """{job name: its eval.json record}, every job run by the chosen launcher."""
+    progress = Progress(settings["eval"]["progress"], len(jobs))
+    try:
+        if launcher in ("slurm", "submitit"):
+            return _array(jobs, settings, launcher, launcher_params, progress)
+        if int(settings["eval"]["workers"]) > 1 and len(jobs) > 1:
+            return _pool(jobs, settings, progress)
+        out = {}
+        for job in jobs:
+            out[job.name] = measure_job(job.path, settings)
+            progress.finished(job, out[job.name])
+        return out
+    finally:
+        progress.close()
+
+
+def lost(job: Job, settings: dict, why: str) -> dict:
+    """The record of a job whose process ended early: its eval.json if it wrote one with these
+    settings, else a failure written now."""
+    from ..runfiles import read_json
+
+    record = read_json(job.path / EVAL_FILE) or {}
+    if record.get("eval_settings") == settings["eval_settings"]:
+        return record
+    record = {"status": "failed", "error": why, "eval_settings": settings["eval_settings"]}
+    write_json(job.path / EVAL_FILE, record)
+    return record
+
+
+# ---------------------------------------------------------------------------- a local pool
+def _worker_start(threads: int) -> None:
+    import torch
+
+    from .. import distributed
+
+    distributed._die_with_parent(None)  # PR_SET_PDEATHSIG: a killed sam-eval leaves no worker
+    torch.set_num_threads(threads)
+
+
+def _pool(jobs: list[Job], settings: dict, progress: Progress) -> dict:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from .. import distributed
+
+    workers = min(int(settings["eval"]["workers"]), len(jobs))
+    device = distributed.resolve_device(str(settings["eval"]["device"]))
+    forkserver = device.type == "cpu" and "forkserver" in mp.get_all_start_methods()
+    ctx = mp.get_context("forkserver" if forkserver else "spawn")
+    if forkserver:
+        ctx.set_forkserver_preload(["torch", "sam_runner.evaluation.job"])
+    threads = distributed.cpu_threads(workers) if device.type == "cpu" else 1
+    out = {}
+    with ProcessPoolExecutor(workers, ctx, initializer=_worker_start, initargs=(threads,)) as pool:
+        futures = {pool.submit(measure_job, j.path, settings): j for j in jobs}
+        for future in as_completed(futures):
+            job = futures[future]
+            try:
+                out[job.name] = future.result()
+            except Exception as e:  # the worker died (killed, out of memory)
+                out[job.name] = lost(job, settings, f"its worker process died ({one_line(e)})")
+            progress.finished(job, out[job.name])
+    return out
+
+
+# ---------------------------------------------------------------------------- a submitit array
+class Task:
+    """One array task: measure a job. Requeued as it was on a timeout or preemption (submitit
+    calls ``checkpoint``); the job is measured from the start again."""
+
+    def __call__(self, job_dir: str, settings: dict) -> dict:
+        return measure_job(Path(job_dir), settings)
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def executor(cluster: str, params: dict):
+    """A submitit executor with the launcher preset's parameters: submitit's own names for the
+    ones every cluster shares, ``<cluster>_<name>`` for the others (as its API asks)."""
+    import submitit
+
+    params = {k: v for k, v in params.items() if k != "_target_"}
+    folder = params.pop("submitit_folder")
+    timeouts = params.pop("max_num_timeout", None)
+    init = (
+        {"slurm_max_num_timeout": timeouts} if cluster == "slurm" and timeouts is not None else {}
+    )
+    ex = submitit.AutoExecutor(folder=folder, cluster=cluster, **init)
+    shared = submitit.AutoExecutor._valid_parameters()
+    ex.update_parameters(**{k if k in shared else f"{cluster}_{k}": v for k, v in params.items()})
+    return ex
+
+
+def _array(jobs, settings, launcher: str, params: dict, progress: Progress) -> dict:
+    ex = executor("slurm" if launcher == "slurm" else "local", dict(params))
+    tasks = ex.map_array(Task(), [str(j.path) for j in jobs], [settings] * len(jobs))
+    print(
+        f"sam-eval: submitted {len(tasks)} task(s) ({tasks[0].job_id.split('_')[0]}); "
+        f"their logs: {Path(params['submitit_folder']).parent}",
+        file=sys.stderr,
+        flush=True,
+    )
+    out, pending = {}, dict(enumerate(tasks))
+    while pending:
+        for i, task in list(pending.items()):
+            job = jobs[i]
+            if task.done():
+                try:
+                    out[job.name] = task.result()
+                except Exception as e:  # the task died or was cancelled before writing eval.json
+                    out[job.name] = lost(job, settings, f"its task ended early ({one_line(e)})")
+                progress.finished(job, out[job.name])
+                del pending[i]
+        time.sleep(0.5 if pending else 0)
+    return out

@@ -1,0 +1,103 @@
+"""Which job folders ``sam-eval PATH`` measures.
+
+PATH is a run folder (it holds ``.hydra/`` or ``summary.json`` itself) or a sweep folder (every
+job folder under it, as ``sweep.plan.job_dirs`` finds them). Each job is
+
+- ``measure``: completed (summary.json says so), and its eval.json is absent, failed, made
+  with other settings, or older than the checkpoint (the job was trained again);
+- ``done``: its eval.json was made with these settings, after the checkpoint was last written
+  (skipped: a rerun finishes the rest);
+- ``skip``: not completed (failed, diverged, running, killed): nothing to measure.
+
+Before anything is measured, every job to measure is checked against the settings: its config
+is readable and the settings apply to it (corruptions to its dataset); a refusal is one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError, require
+from ..runfiles import CHECKPOINT, read_json
+from ..sweep.plan import job_dirs
+
+EVAL_FILE = "eval.json"
+
+
+@dataclass
+class Job:
+    path: Path
+    name: str  # relative to PATH ("." for a run folder)
+    state: str  # measure | done | skip
+    reason: str = ""
+
+
+def job_folders(path: Path) -> list[Path]:
+    path = Path(path)
+    require(
+        path.is_dir(),
+        f"PATH={str(path)!r} is not a folder; pass a run folder or a sweep folder of sam-run",
+    )
+    if (path / ".hydra").is_dir() or (path / "summary.json").exists():
+        return [path]
+    dirs = job_dirs(path)
+    require(
+        bool(dirs),
+        f"PATH={str(path)!r} holds no run: no .hydra/ or summary.json in it or in a folder under "
+        "it; pass a run folder or a sweep folder of sam-run",
+    )
+    return dirs
+
+
+def plan(path: Path, settings: dict) -> list[Job]:
+    """Every job of PATH with what to do about it, in natural order."""
+    path = Path(path)
+    jobs = []
+    for d in job_folders(path):
+        name = str(d.relative_to(path)) if d != path else "."
+        summary = read_json(d / "summary.json") or {}
+        if summary.get("status") != "completed":
+            status = summary.get("status") or "no summary.json: running, or killed"
+            jobs.append(Job(d, name, "skip", f"not completed ({status})"))
+            continue
+        done = read_json(d / EVAL_FILE) or {}
+        if done.get("status") == "completed" and done.get("eval_settings") == settings and fresh(d):
+            jobs.append(Job(d, name, "done", "already measured with these settings"))
+        else:
+            jobs.append(Job(d, name, "measure"))
+    require(
+        any(j.state != "skip" for j in jobs),
+        f"PATH={str(path)!r} holds no completed run to measure "
+        f"({'; '.join(f'{j.name}: {j.reason}' for j in jobs[:3])})",
+    )
+    return jobs
+
+
+def fresh(job_dir: Path) -> bool:
+    """Whether the job's eval.json is newer than its checkpoint (a job trained again since it was
+    measured is measured again)."""
+    try:
+        return (job_dir / CHECKPOINT).stat().st_mtime_ns <= (job_dir / EVAL_FILE).stat().st_mtime_ns
+    except OSError:
+        return False
+
+
+def check_jobs(jobs: list[Job], metrics_cfg) -> None:
+    """One line for the first job the settings do not apply to (corruptions to its dataset): bad
+    input, refused before anything runs. A job that cannot be measured (its config or checkpoint
+    unreadable or missing) is not refused here: it fails, into its eval.json, and the rest go on."""
+    from ..metrics.robustness import validate as validate_corruptions
+    from .job import job_config
+
+    for job in jobs:
+        if job.state != "measure":
+            continue
+        try:
+            cfg = job_config(job.path)
+        except UserError:
+            continue
+        try:
+            validate_corruptions(metrics_cfg, cfg.dataset)
+        except UserError as e:
+            raise UserError(f"job {job.name}: {e}") from None

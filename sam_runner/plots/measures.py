@@ -1,0 +1,71 @@
+"""``measures.png`` (``sam-report``): one scatter per measure of the generalization gap against the
+measure, one point per completed job, each variant in its colour (style.variant_color), the
+panels in the ranking's order, each titled with its τ and Ψ. A measure whose positive values
+span a decade or more is drawn on a log axis."""
+
+from __future__ import annotations
+
+import math
+
+from ..runfiles import finite
+from .style import FONT, figure, log_scale, variant_color
+
+NCOLS = 4
+
+
+def plot_measures(table, label):
+    """The grid of a ``report_measures.Table``; ``label(key)`` names a measure."""
+    from matplotlib.lines import Line2D
+
+    rows = table.rows
+    ncols = min(NCOLS, len(rows))
+    nrows = math.ceil(len(rows) / ncols)
+    fig, axes = figure(nrows, ncols, size=(3.3 * ncols + 1.6, 2.9 * nrows + 0.7), sharey=True)
+    variants = sorted({p.variant for p in table.points}, key=lambda v: (v != "base", v))
+    for ax, row in zip(axes.flat, rows):
+        _panel(ax, table.points, row, label)
+    for ax in list(axes.flat)[len(rows) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("gen. gap (train − test acc.)", fontsize=FONT)
+    handles = [
+        Line2D([], [], marker="o", linestyle="", color=variant_color(v), markeredgecolor="black")
+        for v in variants
+    ]
+    fig.legend(handles, variants, loc="outside right center", fontsize=FONT, frameon=False)
+    fig.suptitle(
+        f"Generalization gap against each measure ({len(table.points)} completed jobs); "
+        "τ: Kendall tau-b, Ψ: granulated",
+        fontsize=FONT + 1,
+    )
+    return fig
+
+
+def _panel(ax, points, row, label) -> None:
+    key = row["measure"]
+    for p in points:
+        x, y = p.values.get(key), p.gen_gap
+        if finite(x) and finite(y):
+            ax.scatter(
+                x,
+                y,
+                s=22,
+                color=variant_color(p.variant),
+                edgecolors="black",
+                linewidths=0.3,
+                alpha=0.85,
+            )
+    xs = [p.values[key] for p in points if finite(p.values.get(key))]
+    if xs and min(xs) > 0 and max(xs) / min(xs) >= 10:
+        log_scale(ax, "x", xs)
+    else:  # a few short ticks: panels are narrow
+        from matplotlib import ticker
+
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(4))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.4g}"))
+    tau, psi = row["tau_gen_gap"], row["psi"]
+    stat = lambda v: f"{v:+.2f}" if finite(v) else "—"  # noqa: E731
+    ax.set_title(f"{label(key)}\nτ = {stat(tau)}, Ψ = {stat(psi)}", fontsize=FONT)
+    ax.set_xlabel(key, fontsize=FONT - 1)
+    ax.tick_params(labelsize=FONT - 2)
+    ax.grid(alpha=0.3)

@@ -1,0 +1,377 @@
+"""Which measure tracks generalization: ``sam-report``'s measures section, ``measures.csv`` and
+``measures.png``.
+
+Per completed job, its measures and its generalization, from its eval.json when ``sam-eval``
+measured it (status completed: eval.json wins), else from training (summary.json, and the last
+evaluation line of metrics.jsonl for what summary.json lacks). The targets: ``gen_gap`` =
+train_acc − test_acc, and the test error 1 − test_acc. From training logs, train_acc is the
+running mean of the last epoch (train mode, with augmentation): an estimate, which sam-eval
+replaces by the whole training set in eval mode.
+
+For each measure (``MEASURE_KEYS``: λ_max, λ_k, tr(H), every sharpness measure, Fisher–Rao, the
+Armijo curvature, the calibration errors, the corruption accuracy and ECE):
+
+- Kendall's τ (tau-b, ``scipy.stats.kendalltau``) with gen_gap and with the test error, across
+  the completed jobs that have both the measure and the target;
+- the granulated Kendall coefficient Ψ of Jiang et al. 2020: for each axis of the sweep (each
+  override key with two or more values, ``seed`` excepted), ψ_axis = the mean τ (with gen_gap)
+  over the groups of jobs that differ only in that axis; Ψ = the mean of ψ over the axes.
+
+Choices of ours: ``seed`` is no axis (jobs of different seeds are never in one group); a job
+without an axis's override (a variant that ignores it, e.g. ``base`` and ``optimizer.rho``: our
+sweeper runs it once for every value) belongs to every group that matches it on its other
+values; groups of one job, and groups where τ is undefined (a constant measure or gap), are left
+out of the means; tau-b in every group (Jiang et al. rank without ties). Measures are ranked by
+|τ| with gen_gap. mCE: each corruption's error relative to the mean error of the sweep's
+completed ``base`` jobs (the reference model of Hendrycks & Dietterich 2019's CE), averaged over
+corruptions, in %.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .runfiles import atomic_write_bytes, finite, read_json, read_rows
+from .settings import override_key, run_only
+
+LABELS = {
+    "lambda_max": "λ_max",
+    "hessian_trace": "tr(H)",
+    "sharpness_worst": "worst-case sharpness",
+    "sharpness_avg": "average sharpness",
+    "sharpness_dir": "directional sharpness (mean)",
+    "sharpness_dir_max": "directional sharpness (max)",
+    "armijo_curvature": "Armijo curvature 2(1−c)/α",
+    "fisher_rao": "Fisher–Rao tr(F⁻¹H)",
+    "test_ece": "ECE",
+    "test_ece_adaptive": "adaptive ECE",
+    "test_mce": "MCE",
+    "test_brier": "Brier score",
+    "test_acc_c": "corruption accuracy",
+    "test_ece_c": "corruption ECE",
+}
+MEASURE_KEYS = tuple(LABELS)
+LAMBDA_K = re.compile(r"lambda_(\d+)$")
+MIN_JOBS = 3  # fewer completed jobs: no section, no files
+CORRUPTION_PREFIX = "test_acc_c_"
+
+
+def label(key: str) -> str:
+    k = LAMBDA_K.match(key)
+    return f"λ_{k.group(1)}" if k else LABELS.get(key, key)
+
+
+def is_measure(key: str) -> bool:
+    return key in LABELS or bool(LAMBDA_K.match(key))
+
+
+@dataclass
+class Point:
+    """One completed job: its measures, targets, sweep settings and where they came from."""
+
+    name: str
+    variant: str
+    settings: dict  # override key -> value (how-it-runs keys left out)
+    values: dict  # every number the job has (measures, targets, corruption accuracies)
+    source: str  # eval.json | training
+
+    @property
+    def gen_gap(self):
+        return self.values.get("gen_gap")
+
+    @property
+    def test_error(self):
+        acc = self.values.get("test_acc")
+        return 1.0 - acc if finite(acc) else None
+
+
+@dataclass
+class Table:
+    points: list
+    axes: list
+    rows: list = field(default_factory=list)  # one dict per measure, ranked
+
+    def sources(self) -> dict:
+        return {s: sum(p.source == s for p in self.points) for s in ("eval.json", "training")}
+
+
+# ---------------------------------------------------------------------------- reading jobs
+def _training_values(path: Path) -> dict:
+    summary = read_json(path / "summary.json") or {}
+    last = next((r for r in reversed(read_rows(path / "metrics.jsonl")) if "train_acc" in r), {})
+    values = {**last, **{k: v for k, v in summary.items() if finite(v)}}
+    if finite(values.get("train_acc")) and finite(values.get("test_acc")):
+        values["gen_gap"] = values["train_acc"] - values["test_acc"]
+    if finite(values.get("train_loss")) and finite(values.get("test_loss")):
+        values["gen_gap_loss"] = values["test_loss"] - values["train_loss"]
+    return values
+
+
+def job_values(path: Path) -> tuple[dict, str]:
+    """(the job's numbers, their source): eval.json when sam-eval measured the job, else the
+    training logs."""
+    measured = read_json(path / "eval.json") or {}
+    if measured.get("status") == "completed":
+        return {k: v for k, v in measured.items() if finite(v)}, "eval.json"
+    return {k: v for k, v in _training_values(path).items() if finite(v)}, "training"
+
+
+def _settings(overrides) -> dict:
+    keep = [o for o in overrides if not run_only(override_key(o)) and "=" in o]
+    return {override_key(o): o.split("=", 1)[1] for o in keep if not o.startswith("hydra")}
+
+
+def points_of(report) -> list[Point]:
+    out = []
+    for job in report.jobs:
+        if job.status != "completed" or job.path is None:
+            continue
+        values, source = job_values(job.path)
+        name = str(job.path.relative_to(report.sweep_dir)) or "."
+        out.append(Point(name, job.variant, _settings(job.overrides), values, source))
+    return out
+
+
+def sweep_axes(points: list[Point]) -> list[str]:
+    """Override keys with two or more values among the jobs (``seed`` excepted), in the order
+    of the overrides of the job that has the most (a collapsed job lacks some)."""
+    ordered = sorted(points, key=lambda p: -len(p.settings))
+    keys = list(dict.fromkeys(k for p in ordered for k in p.settings))
+    values = {k: {p.settings[k] for p in points if k in p.settings} for k in keys}
+    return [k for k in keys if k != "seed" and len(values[k]) >= 2]
+
+
+# ---------------------------------------------------------------------------- statistics
+def kendall_tau(x, y) -> float:
+    """Kendall's tau-b of paired values: (concordant − discordant pairs) / √(pairs not tied in
+    x) / √(pairs not tied in y), clipped to [−1, 1], in the order of operations of
+    ``scipy.stats.kendalltau``, so that the two agree to the last bit (tested), at a fraction of
+    its cost per call (Ψ takes one τ per group); NaN when undefined (fewer than 2 pairs, or a
+    constant side). O(n²) pairs: a sweep's jobs are hundreds at most."""
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2:
+        return math.nan
+    i, j = np.triu_indices(len(x), 1)
+    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+    untied_x, untied_y = float(np.count_nonzero(dx)), float(np.count_nonzero(dy))
+    if untied_x == 0 or untied_y == 0:
+        return math.nan
+    tau = float(np.sum(dx * dy)) / np.sqrt(untied_x) / np.sqrt(untied_y)
+    return float(min(1.0, max(-1.0, tau)))  # scipy clips the rounding of ±1 likewise
+
+
+def _pairs(points, key, target) -> tuple[list, list]:
+    pairs = [(p.values.get(key), target(p)) for p in points]
+    pairs = [(a, b) for a, b in pairs if finite(a) and finite(b)]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
+def groups_differing_in(points: list[Point], axis: str) -> list[list[Point]]:
+    """The groups of jobs equal on every setting but ``axis``; a job without a setting that
+    others have (a variant that ignores it) joins every group equal to it on the rest."""
+    others = [k for k in dict.fromkeys(k for p in points for k in p.settings) if k != axis]
+    sig = lambda p: tuple(p.settings.get(k) for k in others)  # noqa: E731
+    groups: dict = {}
+    for p in points:
+        if None not in sig(p):
+            groups.setdefault(sig(p), []).append(p)
+    for p in points:
+        if None in sig(p):
+            s = sig(p)
+            match = [g for g in groups if all(a is None or a == b for a, b in zip(s, g))]
+            for g in match or [s]:
+                groups.setdefault(g, []).append(p)
+    return list(groups.values())
+
+
+def granulated_tau(points: list[Point], key: str, axes: list[str]) -> tuple[float, dict]:
+    """(Ψ, {axis: ψ_axis}) of a measure against gen_gap (see the module docstring)."""
+    per_axis = {}
+    for axis in axes:
+        taus = []
+        for group in groups_differing_in(points, axis):
+            t = kendall_tau(*_pairs(group, key, lambda p: p.gen_gap))
+            if math.isfinite(t):
+                taus.append(t)
+        per_axis[axis] = statistics.fmean(taus) if taus else math.nan
+    defined = [v for v in per_axis.values() if math.isfinite(v)]
+    return (statistics.fmean(defined) if defined else math.nan), per_axis
+
+
+_last: list = [None, None]  # (report, its table): report.md and the files share one computation
+
+
+def measures_table(report) -> Table | None:
+    """Every measure's τ, Ψ and n, ranked by |τ| with gen_gap; None with fewer than
+    ``MIN_JOBS`` completed jobs that have gen_gap and a measure."""
+    if _last[0] is not report:
+        _last[:] = [report, _measures_table(report)]
+    return _last[1]
+
+
+def _measures_table(report) -> Table | None:
+    points = [p for p in points_of(report) if finite(p.gen_gap)]
+    keys = sorted(
+        {k for p in points for k in p.values if is_measure(k)},
+        key=lambda k: (MEASURE_KEYS.index(k) if k in LABELS else 0.5, k),
+    )
+    if len(points) < MIN_JOBS or not keys:
+        return None
+    table = Table(points, sweep_axes(points))
+    for key in keys:
+        x, gap = _pairs(points, key, lambda p: p.gen_gap)
+        _, err = _pairs(points, key, lambda p: p.test_error)
+        psi, per_axis = granulated_tau(points, key, table.axes)
+        table.rows.append(
+            {
+                "measure": key,
+                "tau_gen_gap": kendall_tau(x, gap),
+                "p_gen_gap": _p_value(x, gap),
+                "tau_test_error": kendall_tau(_pairs(points, key, lambda p: p.test_error)[0], err),
+                "psi": psi,
+                **{f"psi_{a}": v for a, v in per_axis.items()},
+                "n": len(x),
+            }
+        )
+    table.rows.sort(key=lambda r: -abs(r["tau_gen_gap"]) if math.isfinite(r["tau_gen_gap"]) else 1)
+    return table
+
+
+def _p_value(x, y) -> float:
+    """The p-value of τ (scipy's, for n of the whole sweep: computed once per measure)."""
+    if len(x) < 2:
+        return math.nan
+    from scipy.stats import kendalltau
+
+    return float(kendalltau(x, y).pvalue)
+
+
+# ---------------------------------------------------------------------------- mCE
+def mce_rows(report, points: list[Point]) -> list[tuple[str, float, float | None, int]]:
+    """(group, mean mCE %, its sample std, n) per group of the jobs with corruption accuracies,
+    relative to the mean corruption errors of the completed base jobs; [] without base jobs."""
+    from .report import group_overrides
+
+    names = sorted({k for p in points for k in p.values if k.startswith(CORRUPTION_PREFIX)})
+    base = [p for p in points if p.variant == "base"]
+    ref = {
+        c: statistics.fmean([1 - p.values[c] for p in base if c in p.values] or [math.nan])
+        for c in names
+    }
+    names = [c for c in names if finite(ref[c]) and ref[c] > 0]
+    if not names or not base:
+        return []
+    by_group: dict = {}
+    for p, job in _completed(report, points):
+        if all(c in p.values for c in names):
+            mce = 100 * statistics.fmean((1 - p.values[c]) / ref[c] for c in names)
+            by_group.setdefault(
+                " ".join(group_overrides(job.overrides)) or "(defaults)", []
+            ).append(mce)
+    return [
+        (g, statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else None, len(v))
+        for g, v in by_group.items()
+    ]
+
+
+def _completed(report, points):
+    by_name = {p.name: p for p in points}
+    for job in report.jobs:
+        if job.path is not None and job.status == "completed":
+            p = by_name.get(str(job.path.relative_to(report.sweep_dir)) or ".")
+            if p is not None:
+                yield p, job
+
+
+# ---------------------------------------------------------------------------- output
+def _f(v, spec="+.3f") -> str:
+    return format(v, spec) if finite(v) else "—"
+
+
+def measures_section(report, _plots=None) -> list[str]:
+    """The report.md section (a section function of ``report.render_markdown``): the ranking
+    table, the mCE table when the jobs have corruption accuracies and the sweep has base jobs,
+    and measures.png."""
+    table = measures_table(report)
+    if table is None:
+        return []
+    src = table.sources()
+    axes = ", ".join(f"`{a}`" for a in table.axes) or "none: Ψ is undefined"
+    head = ["rank", "measure", "τ with gen gap", "τ with test error", "Ψ"]
+    head += [f"ψ {a}" for a in table.axes] + ["n"]
+    out = [
+        "## Which measure tracks generalization",
+        "",
+        f"Kendall's τ (tau-b) of each measure with the generalization gap (gen_gap = train − "
+        f"test accuracy) and with the test error across the {len(table.points)} completed jobs; "
+        "Ψ, the granulated Kendall coefficient (Jiang et al. 2020): the mean over the sweep's "
+        f"axes ({axes}) of ψ, the mean τ with gen_gap over the groups of jobs that differ only "
+        "in that axis. Ranked by |τ| with gen_gap. Measured by sam-eval (eval.json): "
+        f"{src['eval.json']} job(s); from the training logs: {src['training']}.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for i, r in enumerate(table.rows, 1):
+        cells = [str(i), f"{label(r['measure'])} (`{r['measure']}`)", _f(r["tau_gen_gap"])]
+        cells += [_f(r["tau_test_error"]), _f(r["psi"])]
+        cells += [_f(r[f"psi_{a}"]) for a in table.axes] + [str(r["n"])]
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", *_mce_lines(report, table.points), "![measures](measures.png)", ""]
+    return out
+
+
+def _mce_lines(report, points) -> list[str]:
+    rows = mce_rows(report, points)
+    if not rows:
+        return []
+    out = [
+        "mCE (%): each corruption's error relative to the mean error of the sweep's base jobs, "
+        "averaged over corruptions (100 = as robust as base); mean ± std over seeds.",
+        "",
+        "| group | mCE | n |",
+        "|---|---|---|",
+    ]
+    labels = {g["group"]: g["label"] for g in report.groups}  # without the shared overrides
+    order = {g["group"]: i for i, g in enumerate(report.groups)}
+    for group, mean, std, n in sorted(rows, key=lambda r: order.get(r[0], len(order))):
+        cell = f"{mean:.1f}" + (f" ± {std:.1f}" if std is not None else "")
+        out.append(f"| {labels.get(group, group)} | {cell} | {n} |")
+    return out + [""]
+
+
+def render_measures_csv(table: Table) -> str:
+    buf = io.StringIO()
+    cols = ["measure", "tau_gen_gap", "tau_test_error", "psi"]
+    cols += [f"psi_{a}" for a in table.axes] + ["p_gen_gap", "n", "label"]
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(cols)
+    for r in table.rows:
+        row = [r["measure"]] + [_csv(r[c]) for c in cols[1:-2]]
+        w.writerow(row + [r["n"], label(r["measure"])])
+    return buf.getvalue()
+
+
+def _csv(v) -> str:
+    return repr(float(v)) if finite(v) else ""
+
+
+def write_measures(report, out_dir: Path) -> list[Path]:
+    """measures.csv and measures.png, when the jobs carry measures (else nothing)."""
+    table = measures_table(report)
+    if table is None:
+        return []
+    from .plots.measures import plot_measures
+    from .plots.style import save_png
+
+    csv_path = Path(out_dir) / "measures.csv"
+    atomic_write_bytes(csv_path, render_measures_csv(table).encode())
+    return [csv_path, save_png(plot_measures(table, label), Path(out_dir) / "measures.png")]

@@ -1,0 +1,115 @@
+"""Bench section "eval": what sam-eval costs (python scripts/bench.py --only eval).
+
+- eval_per_job_s: wall seconds of measuring one default-model job (the default config: MNIST-1D,
+  cnn1d, SAM; trained for one epoch) with ``metrics=full``, in this process, everything included
+  (data, the model rebuilt from its checkpoint, the training and test sets, λ_1..3, trace,
+  density, every sharpness measure); the median of ``--repeats``.
+- corruptions_over_clean_eval: the corruption evaluation of that job (every MNIST-1D corruption
+  at its five severities: ``corrupted_copies`` = 15 copies of the test set) over one clean
+  test-set evaluation (``evaluate``), each the median of ``--repeats``, measured alternately.
+  Each corrupted copy is one more pass over the test set, so the target is ≤ 1.2 × copies
+  (no per-sample Python work in the generation).
+- corruptions_over_clean_eval_image, corrupted_copies_image: the same on CIFAR-shaped data
+  (2,000 random 8-bit 32×32 colour test images, the ``cnn`` model): the nine generated image
+  corruptions × 5 severities = 45 copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from benchutil import median_time
+from omegaconf import OmegaConf
+from torch import nn
+
+from sam_runner import distributed
+from sam_runner.data import Arrays, tensor_data
+from sam_runner.metrics.evaluate import evaluate
+from sam_runner.metrics.robustness import corruption_values
+from sam_runner.models import build_model
+
+
+def _compose(config_name, overrides):
+    from sam_runner.sweep.plan import compose
+
+    return compose(overrides, config_name)
+
+
+def _trained_default_job(folder: Path) -> Path:
+    from sam_runner.train import train
+
+    cfg = _compose("config", ["trainer.epochs=1", "trainer.progress=none", "metrics=off"])
+    cfg_plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    del cfg_plain["hydra"]
+    job = folder / "job"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg_plain))
+    train(cfg_plain, job)
+    return job
+
+
+def _eval_per_job(job: Path, repeats: int) -> float:
+    from sam_runner.evaluation.job import measure_job
+    from sam_runner.evaluation.settings import compose_eval, plain
+
+    settings = plain(compose_eval(["metrics=full"], job))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        record = measure_job(job, settings)
+        times.append(time.perf_counter() - t0)
+        assert record["status"] == "completed", record.get("error")
+    return statistics.median(times)
+
+
+def _ratio(model, data, dataset_cfg, repeats: int) -> tuple[float, int]:
+    """(corruption evaluation / clean evaluation, corrupted copies evaluated)."""
+    metrics = OmegaConf.create({"ece_bins": 15, "corruptions": {"enabled": True}})
+    dist, plain = distributed.current(), contextlib.nullcontext()
+    ce = nn.CrossEntropyLoss(reduction="none")
+    clean = lambda: evaluate(model, data.test, ce, plain, dist, metrics)  # noqa: E731
+    corrupted = lambda: corruption_values(model, data, metrics, dataset_cfg, 0)  # noqa: E731
+    values, _ = corrupted()
+    copies = 5 * sum(k.startswith("test_acc_c_") for k in values)
+    ratios = []
+    for _ in range(repeats):  # alternated: slow drift of a shared machine cancels
+        ratios.append(median_time(corrupted, 1, 0) / median_time(clean, 3, 0))
+    return statistics.median(ratios), copies
+
+
+def _image_case(repeats: int) -> tuple[float, int]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (2000, 3, 32, 32), generator=g, dtype=torch.uint8)
+    y = torch.randint(0, 10, (2000,), generator=g)
+    stats = ((0.5, 0.5, 0.5), (0.29, 0.29, 0.29))
+    ds = OmegaConf.create({"name": "cifar10", "batch_size": 128, "augment": False, "data_dir": "."})
+    data = tensor_data(Arrays(x[:500], y[:500], x, y, 10, stats), ds, torch.device("cpu"), 0)
+    torch.manual_seed(0)
+    model = build_model(OmegaConf.create({"arch": "cnn", "channels": 32}), (3, 32, 32), 10)
+    return _ratio(model.eval(), data, ds, repeats)
+
+
+def run(args) -> dict:
+    quick = bool(getattr(args, "quick", False))
+    repeats = 1 if quick else max(3, int(getattr(args, "repeats", 5)))
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        job = _trained_default_job(Path(d))
+        out["eval_per_job_s"] = _eval_per_job(job, repeats)
+        from sam_runner.data import build_data
+        from sam_runner.evaluation.job import job_config, load_model
+
+        cfg = job_config(job)
+        data = build_data(cfg.dataset, torch.device("cpu"), cfg.seed)
+        model = load_model(cfg, data, job, torch.device("cpu")).eval()
+        ratio, copies = _ratio(model, data, cfg.dataset, repeats)
+    out.update(corruptions_over_clean_eval=ratio, corrupted_copies=copies)
+    out["corruptions_target"] = 1.2 * copies
+    ratio, copies = _image_case(repeats)
+    out.update(corruptions_over_clean_eval_image=ratio, corrupted_copies_image=copies)
+    return out
