@@ -16,8 +16,6 @@ A job whose process died before writing one is recorded as failed by this proces
 from __future__ import annotations
 
 import sys
-import time
-from pathlib import Path
 
 from ..errors import one_line
 from ..runfiles import write_json
@@ -61,7 +59,8 @@ def run_jobs(jobs: list[Job], settings: dict, launcher: str, launcher_params: di
     progress = Progress(settings["eval"]["progress"], len(jobs))
     try:
         if launcher in ("slurm", "submitit"):
-            return _array(jobs, settings, launcher, launcher_params, progress)
+            cluster = "slurm" if launcher == "slurm" else "local"
+            return _array(jobs, settings, cluster, launcher_params, progress)
         if int(settings["eval"]["workers"]) > 1 and len(jobs) > 1:
             return _pool(jobs, settings, progress)
         out = {}
@@ -123,55 +122,17 @@ def _pool(jobs: list[Job], settings: dict, progress: Progress) -> dict:
 
 
 # ---------------------------------------------------------------------------- a submitit array
-class Task:
-    """One array task: measure a job. Requeued as it was on a timeout or preemption (submitit
-    calls ``checkpoint``); the job is measured from the start again."""
+def _array(jobs, settings, cluster: str, params: dict, progress: Progress) -> dict:
+    from ..sweep.array import run_array
 
-    def __call__(self, job_dir: str, settings: dict) -> dict:
-        return measure_job(Path(job_dir), settings)
+    out = {}
 
-    def checkpoint(self, *args, **kwargs):
-        import submitit
+    def done(i: int, record, error) -> None:
+        job = jobs[i]
+        if error is not None:  # the task died or was cancelled before writing eval.json
+            record = lost(job, settings, f"its task ended early ({one_line(error)})")
+        out[job.name] = record
+        progress.finished(job, record)
 
-        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
-
-
-def executor(cluster: str, params: dict):
-    """A submitit executor with the launcher preset's parameters: submitit's own names for the
-    ones every cluster shares, ``<cluster>_<name>`` for the others (as its API asks)."""
-    import submitit
-
-    params = {k: v for k, v in params.items() if k != "_target_"}
-    folder = params.pop("submitit_folder")
-    timeouts = params.pop("max_num_timeout", None)
-    init = (
-        {"slurm_max_num_timeout": timeouts} if cluster == "slurm" and timeouts is not None else {}
-    )
-    ex = submitit.AutoExecutor(folder=folder, cluster=cluster, **init)
-    shared = submitit.AutoExecutor._valid_parameters()
-    ex.update_parameters(**{k if k in shared else f"{cluster}_{k}": v for k, v in params.items()})
-    return ex
-
-
-def _array(jobs, settings, launcher: str, params: dict, progress: Progress) -> dict:
-    ex = executor("slurm" if launcher == "slurm" else "local", dict(params))
-    tasks = ex.map_array(Task(), [str(j.path) for j in jobs], [settings] * len(jobs))
-    print(
-        f"sam-eval: submitted {len(tasks)} task(s) ({tasks[0].job_id.split('_')[0]}); "
-        f"their logs: {Path(params['submitit_folder']).parent}",
-        file=sys.stderr,
-        flush=True,
-    )
-    out, pending = {}, dict(enumerate(tasks))
-    while pending:
-        for i, task in list(pending.items()):
-            job = jobs[i]
-            if task.done():
-                try:
-                    out[job.name] = task.result()
-                except Exception as e:  # the task died or was cancelled before writing eval.json
-                    out[job.name] = lost(job, settings, f"its task ended early ({one_line(e)})")
-                progress.finished(job, out[job.name])
-                del pending[i]
-        time.sleep(0.5 if pending else 0)
+    run_array(measure_job, [(j.path, settings) for j in jobs], cluster, params, done, "sam-eval")
     return out

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import difflib
 import re
-import shutil
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from ..errors import UserError, first_line, integer, require
 from ..settings import flatten
+from ..sweep.array import check_cluster, cluster_of
 
 CONFIG = "eval"
 FORMAT = 1  # what eval.json holds; a change of what is computed bumps it (and measures again)
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "bar", "lines", "none")
-SUBMITIT = ("SlurmLauncher", "LocalLauncher")  # launchers that run an array of tasks
 
 
 def compose_eval(overrides: list[str], path: Path):
@@ -108,12 +107,7 @@ def check(cfg) -> None:
     )
     validate_metrics(cfg.metrics)
     validate_corruptions(cfg.metrics)
-    if launcher(cfg) == "slurm":
-        require(
-            shutil.which("sbatch") is not None,
-            "hydra/launcher=slurm needs SLURM's sbatch on PATH, and it is not; run on a SLURM "
-            "login node or use the local launcher (eval.workers=N)",
-        )
+    check_cluster("slurm" if launcher(cfg) == "slurm" else None, "hydra/launcher=slurm")
     if e.device == "cuda":
         import torch
 
@@ -123,10 +117,8 @@ def check(cfg) -> None:
 def launcher(cfg) -> str:
     """``local`` (this machine: in this process, or a pool of eval.workers processes), ``slurm``
     (a SLURM array through submitit), or ``submitit`` (submitit's local processes)."""
-    target = str(OmegaConf.select(cfg, "hydra.launcher._target_", default=""))
-    if target.endswith("SlurmLauncher"):
-        return "slurm"
-    return "submitit" if target.endswith("LocalLauncher") else "local"
+    cluster = cluster_of(OmegaConf.select(cfg, "hydra.launcher._target_"))
+    return {"slurm": "slurm", "local": "submitit"}.get(cluster, "local")
 
 
 def eval_settings(cfg) -> dict:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import UserError, require
 from ..runfiles import CHECKPOINT
+from ..sweep.array import TasksFailed
 from .options import Options
 
 PROG = "sam-landscape"
@@ -102,6 +103,20 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--progress", choices=("auto", "bar", "none"), help="tqdm bar (auto: on a terminal)"
     )
+    g = ap.add_argument_group("a sweep folder's jobs or pairs as a job array")
+    g.add_argument(
+        "--launcher",
+        choices=("local", "slurm", "submitit_local"),
+        help="local: one after another here (default); slurm: one task of a SLURM array per job "
+        "or pair, with sam-run's hydra/launcher=slurm preset; submitit_local: that array as "
+        "local processes",
+    )
+    g.add_argument(
+        "--launcher-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a key of that preset (partition=gpu, gpus_per_task=1, timeout_min=60); repeatable",
+    )
     return ap
 
 
@@ -110,6 +125,16 @@ def _check_modes(args) -> None:
     between = args.to is not None or args.pairs is not None
     require(
         not (args.to is not None and args.pairs), "--to and --pairs exclude each other; use one"
+    )
+    array = args.launcher not in (None, "local") or args.launcher_option
+    require(
+        not array or (args.to is None and not _is_run_folder(args.path)),
+        "--launcher and --launcher-option apply to a sweep folder (its jobs' slices, or "
+        "--pairs seeds), not to one run or --to",
+    )
+    require(
+        not args.launcher_option or args.launcher not in (None, "local"),
+        "--launcher-option sets the array's launcher: add --launcher slurm (or submitit_local)",
     )
     wrong = [k for k in (SLICE_FLAGS if between else PAIR_FLAGS) if k in given]
     if wrong:
@@ -212,7 +237,16 @@ def run(args, say=print) -> dict:
         f"folder {str(path)!r} does not exist or is not a folder; pass a run folder or a sweep "
         "folder sam-run wrote",
     )
-    device = _device(opt.device)
+    array = None
+    if args.launcher not in (None, "local"):
+        from ..sweep.array import CLUSTERS, check_cluster, launcher_params
+
+        check_cluster(CLUSTERS[args.launcher], f"--launcher {args.launcher}")
+        array = (
+            CLUSTERS[args.launcher],
+            launcher_params(args.launcher, args.launcher_option or [], path / ".sam-landscape"),
+        )
+    device = _device(opt.device) if array is None else None  # a task resolves it where it runs
     from . import pairs
     from .runs import load_run
 
@@ -221,7 +255,7 @@ def run(args, say=print) -> dict:
             not (path / CHECKPOINT).is_file(),
             f"--pairs seeds needs a sweep folder; {path} is a run folder (two runs: --to RUN_B)",
         )
-        return pairs.connect_pairs(path, opt, device, say)
+        return pairs.connect_pairs(path, opt, device, say, array)
     if args.to is not None:
         from .connectivity import connect
 
@@ -234,7 +268,7 @@ def run(args, say=print) -> dict:
         say(_pair_line(run_a.path, summary))
         return summary
     if not _is_run_folder(path):
-        return pairs.slice_jobs(path, opt, device, say)
+        return pairs.slice_jobs(path, opt, device, say, array)
     from .slices import run_slices
 
     summary = run_slices(load_run(path, device), opt)
@@ -288,6 +322,9 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except TasksFailed as e:  # the others' results are written; the same command retries these
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; files already written are complete", file=sys.stderr)
         return 130

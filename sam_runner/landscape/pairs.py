@@ -47,8 +47,9 @@ def seed_pairs(jobs: list[Path]) -> list[tuple[Path, Path]]:
     return [pair for members in groups.values() for pair in itertools.combinations(members, 2)]
 
 
-def connect_pairs(sweep_dir: Path, opt, device, say=print) -> dict:
-    """Connect every seed pair not done yet; counts of pairs, skipped and computed."""
+def connect_pairs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
+    """Connect every seed pair not done yet; counts of pairs, skipped and computed (and failed,
+    with ``array``: (submitit cluster, launcher parameters), one task a pair)."""
     jobs = completed_jobs(sweep_dir)
     pairs = seed_pairs(jobs)
     todo = [(a, b) for a, b in pairs if not connectivity_done(a, b, opt)]
@@ -56,12 +57,14 @@ def connect_pairs(sweep_dir: Path, opt, device, say=print) -> dict:
         f"{len(pairs)} seed pair(s) among {len(jobs)} completed job(s): "
         f"{len(pairs) - len(todo)} already done, {len(todo)} to compute"
     )
+    names = [f"{_rel(a, sweep_dir)} → {_rel(b, sweep_dir)}" for a, b in todo]
+    counts = {"pairs": len(pairs), "skipped": len(pairs) - len(todo), "computed": len(todo)}
+    if array is not None:
+        return {**counts, **_in_array(connect_task, todo, opt, array, names, _barriers, say)}
     for i, (a, b) in enumerate(todo, 1):
         summary = connect(load_run(a, device), load_run(b, device), opt)
-        say(
-            f"  [{i}/{len(todo)}] {_rel(a, sweep_dir)} → {_rel(b, sweep_dir)}: {_barriers(summary)}"
-        )
-    return {"pairs": len(pairs), "skipped": len(pairs) - len(todo), "computed": len(todo)}
+        say(f"  [{i}/{len(todo)}] {names[i - 1]}: {_barriers(summary)}")
+    return counts
 
 
 def slices_done(job: Path, opt) -> bool:
@@ -69,19 +72,64 @@ def slices_done(job: Path, opt) -> bool:
     return held.get("options") == clean(opt.slice_options())
 
 
-def slice_jobs(sweep_dir: Path, opt, device, say=print) -> dict:
-    """Every completed job's slices, skipping jobs whose slices have these options already."""
+def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
+    """Every completed job's slices, skipping jobs whose slices have these options already (one
+    task a job with ``array``)."""
     jobs = completed_jobs(sweep_dir)
     todo = [j for j in jobs if not slices_done(j, opt)]
     say(
         f"{len(jobs)} completed job(s): {len(jobs) - len(todo)} already done, "
         f"{len(todo)} to compute"
     )
+    names = [_rel(j, sweep_dir) for j in todo]
+    counts = {"jobs": len(jobs), "skipped": len(jobs) - len(todo), "computed": len(todo)}
+    if array is not None:
+        items = [(j,) for j in todo]
+        return {**counts, **_in_array(slice_task, items, opt, array, names, _width, say)}
     for i, job in enumerate(todo, 1):
         summary = run_slices(load_run(job, device), opt)
-        width = summary.get("basin_width_1d")
-        say(f"  [{i}/{len(todo)}] {_rel(job, sweep_dir)}: basin width {_fmt(width)}")
-    return {"jobs": len(jobs), "skipped": len(jobs) - len(todo), "computed": len(todo)}
+        say(f"  [{i}/{len(todo)}] {names[i - 1]}: {_width(summary)}")
+    return counts
+
+
+# ------------------------------------------------------------------------- as a job array
+def slice_task(job: Path, opt) -> dict:
+    """One array task: a job's slices, on the device its node has (``--device``)."""
+    from .cli import _device
+
+    return run_slices(load_run(job, _device(opt.device)), opt)
+
+
+def connect_task(a: Path, b: Path, opt) -> dict:
+    """One array task: a seed pair's connectivity."""
+    from .cli import _device
+
+    device = _device(opt.device)
+    return connect(load_run(a, device), load_run(b, device), opt)
+
+
+def _in_array(task, items, opt, array, names, describe, say) -> dict:
+    """The items as one task each; a failed task is named and the others go on. Raises
+    TasksFailed at the end when any failed."""
+    from ..errors import one_line
+    from ..sweep.array import TasksFailed, run_array
+
+    if not items:
+        return {}
+    cluster, params = array
+    failed, finished = [], []
+
+    def done(i: int, summary, error) -> None:
+        finished.append(i)
+        line = describe(summary) if error is None else f"failed: {one_line(error)}"
+        say(f"  [{len(finished)}/{len(items)}] {names[i]}: {line}")
+        if error is not None:
+            failed.append(f"{names[i]} ({one_line(error)})")
+
+    run_array(task, [(*item, opt) for item in items], cluster, params, done, "sam-landscape")
+    if failed:
+        raise TasksFailed(f"{len(failed)} of {len(items)} task(s) failed: {'; '.join(failed)}")
+    return {"failed": 0}
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -93,6 +141,10 @@ def _rel(path: Path, root: Path) -> str:
 
 def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.4g}"
+
+
+def _width(s: dict) -> str:
+    return f"basin width {_fmt(s.get('basin_width_1d'))}"
 
 
 def _barriers(s: dict) -> str:

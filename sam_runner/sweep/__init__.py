@@ -12,4 +12,6 @@ checkpoints/last.pt when it was interrupted, and runs it from the start otherwis
   a failed job;
 - callback.py: the Hydra callback (checks before a sweep, one line per job after it);
 - lines.py: ``sam-sweep-lines``, a sweep as one line of overrides per job for a SLURM array.
+- array.py: a submitit job array of per-job work for the commands that look at finished runs
+  (``sam-eval``, ``sam-landscape``), with sam-run's launcher presets.
 """

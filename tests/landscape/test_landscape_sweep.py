@@ -96,3 +96,49 @@ def test_a_report_without_landscape_files_has_blank_columns_and_no_section(sweep
         r["landscape_basin_width_mean"] == "" and r["barrier_train_loss_n"] == "0" for r in rows
     )
     assert "## Loss landscape" not in (sweep / "report" / "report.md").read_text()
+
+
+def test_seed_pairs_as_a_submitit_array_equal_the_local_ones_and_resume(sweep, tmp_path, capsys):
+    """One task a pair (submitit's local processes: the SLURM array's code path without a
+    cluster); the same numbers as computing the pairs here, and a rerun submits nothing."""
+    local = shutil.copytree(sweep, tmp_path / "local")
+    argv = ["--pairs", "seeds", "--alphas", "5", "--progress", "none"]
+    assert main([str(local), *argv]) == 0
+    array = [*argv, "--launcher", "submitit_local", "--launcher-option", "timeout_min=10"]
+    assert main([str(sweep), *array]) == 0
+    captured = capsys.readouterr()
+    assert "submitted 4 task(s)" in captured.err and (sweep / ".sam-landscape").is_dir()
+    for (a, b), f in pair_files(sweep).items():
+        got, want = (json.loads(p.read_text()) for p in (f, local / a / "landscape" / b / f.name))
+        for key in ("barrier_train_loss", "barrier_test_error"):
+            assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-12), (a, b, key)
+    assert main([str(sweep), *array]) == 0
+    captured = capsys.readouterr()
+    assert "4 already done, 0 to compute" in captured.out and "submitted" not in captured.err
+
+
+@pytest.mark.parametrize(
+    ("job", "args", "message"),
+    [
+        ("0", ["--launcher", "slurm"], "--launcher and --launcher-option apply to a sweep"),
+        ("", ["--launcher-option", "partition=x"], "--launcher-option sets the array's launcher"),
+    ],
+)
+def test_array_flags_are_refused_where_they_do_not_apply(sweep, capsys, job, args, message):
+    assert main([str(sweep / job), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sam-landscape: error: {message}") and err.count("\n") == 1, err
+
+
+def test_an_unknown_launcher_option_names_the_keys(sweep, capsys):
+    argv = [str(sweep), "--launcher", "submitit_local", "--launcher-option", "partiton=gpu"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(
+            "sam-landscape: error: --launcher-option partiton=gpu: partiton is not a key of the "
+            "submitit_local launcher; its keys are"
+        )
+        and err.count("\n") == 1
+    ), err
+    assert not (sweep / ".sam-landscape").exists()

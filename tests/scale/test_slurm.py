@@ -297,3 +297,44 @@ def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "0 to measure, 2 already measured" in again.stdout
     assert "submitted" not in again.stderr
+
+
+@pytest.mark.usefixtures("slurm")
+def test_sam_landscape_computes_a_sweeps_slices_as_a_slurm_array(tmp_path):
+    """sam-landscape --launcher slurm on a sweep: one array task per job, each writing its job's
+    landscape.json; a rerun with the same options submits nothing."""
+    sweep_dir = tmp_path / "sweep"
+    run = [sys.executable, "-m", "sam_runner.cli", "-m", *TINY, "trainer.epochs=1", "seed=0,1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [*run, f"hydra.sweep.dir={sweep_dir}"], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sam_runner.landscape.cli",
+        str(sweep_dir),
+        "--slices",
+        "1d",
+        "--points",
+        "7",
+        "--launcher",
+        "slurm",
+        "--launcher-option",
+        "cpus_per_task=1",
+        "--launcher-option",
+        "timeout_min=10",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "submitted 2 task(s)" in out.stderr
+    assert (sweep_dir / ".sam-landscape" / ".submitit").is_dir()
+    for job in ("0", "1"):
+        folder = sweep_dir / job / "landscape"
+        held = json.loads((folder / "landscape.json").read_text())
+        rows = (folder / "slice_1d.csv").read_text().splitlines()
+        assert held["basin_width_1d"] > 0 and len(rows) == 1 + 7  # the header and 7 points
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and "2 already done, 0 to compute" in again.stdout
+    assert "submitted" not in again.stderr

@@ -1,0 +1,141 @@
+"""One task of a submitit job array per item (a job folder, a pair of job folders), for the
+commands that look at finished runs (``sam-eval``, ``sam-landscape``), with the launcher preset
+that training uses: ``slurm`` (conf/hydra/launcher/slurm.yaml: partition, time limit, GPUs,
+``array_parallelism``, requeue on timeout) or ``submitit_local`` (the same array as local
+processes, for trying it without a cluster).
+
+A task requeued after a timeout or a preemption starts its item again from the beginning: each
+item is minutes of work that writes its result file only when it ends.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from omegaconf import OmegaConf
+
+from ..errors import UserError, first_line, require
+
+CLUSTERS = {"slurm": "slurm", "submitit_local": "local"}  # launcher preset -> submitit cluster
+
+
+def cluster_of(target) -> str | None:
+    """The submitit cluster of a Hydra launcher's ``_target_``; None for a non-array launcher."""
+    target = str(target or "")
+    if target.endswith("SlurmLauncher"):
+        return "slurm"
+    return "local" if target.endswith("LocalLauncher") else None
+
+
+def check_cluster(cluster: str | None, name: str) -> None:
+    """SLURM needs sbatch here (the login node): say so before anything is submitted."""
+    import shutil
+
+    require(
+        cluster != "slurm" or shutil.which("sbatch") is not None,
+        f"{name} needs SLURM's sbatch on PATH, and it is not; run on a SLURM login node or "
+        "run locally",
+    )
+
+
+def launcher_params(launcher: str, options: list[str], folder: Path) -> dict:
+    """``hydra.launcher`` of the preset ``launcher`` with ``options`` (``KEY=VALUE`` of its keys)
+    set, for an array whose submitit files go under ``folder``; one-line errors."""
+    from hydra.errors import HydraException
+
+    from .plan import compose
+
+    require(
+        launcher in CLUSTERS,
+        f"--launcher={launcher} is unknown; choose local, {', '.join(CLUSTERS)}",
+    )
+    for option in options:
+        require(
+            "=" in option and option.split("=", 1)[0].strip(),
+            f"--launcher-option {option!r} is not KEY=VALUE (e.g. partition=gpu, gpus_per_task=1)",
+        )
+    overrides = [f"hydra/launcher={launcher}", f"hydra.sweep.dir={Path(folder).absolute()}"]
+    try:
+        cfg = compose([*overrides, *(f"hydra.launcher.{o}" for o in options)], "eval")
+    except HydraException as e:
+        keys = compose(overrides, "eval").hydra.launcher
+        bad = next((o for o in options if o.split("=", 1)[0].strip() not in keys), None)
+        if bad is not None:
+            raise UserError(
+                f"--launcher-option {bad}: {bad.split('=', 1)[0]} is not a key of the {launcher} "
+                f"launcher; its keys are {', '.join(k for k in keys if k != '_target_')}"
+            ) from None
+        raise UserError(f"--launcher-option: {first_line(str(e.__cause__ or e))}") from None
+    return OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+
+
+class TasksFailed(Exception):
+    """Some tasks of an array failed (the others' results are written)."""
+
+
+class Task:
+    """One array task: ``fn(*args)``. Requeued as it was on a timeout or preemption (submitit
+    calls ``checkpoint``)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def executor(cluster: str, params: dict):
+    """A submitit executor with the launcher preset's parameters: submitit's own names for the
+    ones every cluster shares, ``<cluster>_<name>`` for the others (as its API asks)."""
+    import submitit
+
+    params = {k: v for k, v in params.items() if k != "_target_"}
+    folder = params.pop("submitit_folder")
+    timeouts = params.pop("max_num_timeout", None)
+    init = (
+        {"slurm_max_num_timeout": timeouts} if cluster == "slurm" and timeouts is not None else {}
+    )
+    ex = submitit.AutoExecutor(folder=folder, cluster=cluster, **init)
+    shared = submitit.AutoExecutor._valid_parameters()
+    ex.update_parameters(**{k if k in shared else f"{cluster}_{k}": v for k, v in params.items()})
+    return ex
+
+
+def run_array(
+    fn: Callable,
+    items: list[tuple],
+    cluster: str,
+    params: dict,
+    done: Callable[[int, object, Exception | None], None],
+    prog: str,
+) -> None:
+    """``fn(*item)`` for each item, one array task each; ``done(index, result, error)`` as each
+    task ends (``error``: what the task raised, or why it died), in the order they end."""
+    ex = executor(cluster, dict(params))
+    tasks = ex.map_array(Task(fn), *(list(column) for column in zip(*items)))
+    print(
+        f"{prog}: submitted {len(tasks)} task(s) ({tasks[0].job_id.split('_')[0]}); "
+        f"their logs: {Path(params['submitit_folder']).parent}",
+        file=sys.stderr,
+        flush=True,
+    )
+    pending = dict(enumerate(tasks))
+    while pending:
+        for i, task in list(pending.items()):
+            if task.done():
+                try:
+                    result, error = task.result(), None
+                except Exception as e:  # it raised, died or was cancelled
+                    result, error = None, e
+                done(i, result, error)
+                del pending[i]
+        if pending:
+            time.sleep(0.5)
