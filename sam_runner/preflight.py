@@ -105,7 +105,7 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
             "https://hydra.cc/docs/advanced/override_grammar/basic/"
         ), []
     except MissingConfigException as e:
-        return _unknown_option(e), []
+        return unknown_option(e), []
     except ConfigCompositionException as e:
         return _composition_error(e, job), []
     except UserError as e:
@@ -137,8 +137,9 @@ def _added_keys(job: list[str]) -> str | None:
     return None
 
 
-def _unknown_option(e) -> str:
-    """``optimizer=foo is unknown; choose one of ...`` from Hydra's MissingConfigException."""
+def unknown_option(e) -> str:
+    """``optimizer=foo is unknown (did you mean ...?); choose one of ...`` from Hydra's
+    MissingConfigException (sam-run's and sam-eval's)."""
     found = re.search(r"Could not find '([^']+)'", str(e))
     if not found or not e.options:
         return first_line(str(e))

@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..errors import UserError, first_line, integer, require
+from ..preflight import unknown_option
 from ..settings import flatten
 from ..sweep.array import check_cluster, cluster_of
 
@@ -46,7 +47,7 @@ def compose_eval(overrides: list[str], path: Path):
             "https://hydra.cc/docs/advanced/override_grammar/basic/"
         ) from None
     except MissingConfigException as e:
-        raise UserError(_unknown_option(e)) from None
+        raise UserError(unknown_option(e)) from None
     except ConfigCompositionException as e:
         bad = re.match(r"Could not override '([^']+)'", str(e))
         if bad is None:
@@ -54,17 +55,6 @@ def compose_eval(overrides: list[str], path: Path):
         raise UserError(_unknown_key(bad.group(1), overrides, folder)) from None
     check(cfg)
     return cfg
-
-
-def _unknown_option(e) -> str:
-    """``metrics=fulll is unknown (did you mean full?); choose one of ...``."""
-    found = re.search(r"Could not find '([^']+)'", str(e))
-    if not found or not e.options:
-        return first_line(str(e))
-    group, _, value = found.group(1).rpartition("/")
-    near = difflib.get_close_matches(value, e.options, n=1)
-    hint = f" (did you mean {near[0]}?)" if near else ""
-    return f"{group}={value} is unknown{hint}; choose one of {', '.join(sorted(e.options))}"
 
 
 def _unknown_key(key: str, overrides: list[str], folder: list[str]) -> str:
