@@ -101,3 +101,24 @@ def test_repository_paths_in_code_spans_exist(doc):
         if REPO_PATH.match(span.strip()) and not (ROOT / span.strip()).exists()
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_the_python_example_of_the_variants_page_runs_and_steps():
+    """docs/variants.md#from-python, run as written on a small model: one step changes the
+    weights, and the loss it returns is the loss at θ."""
+    import torch
+
+    text = (ROOT / "docs" / "variants.md").read_text()
+    section = text[text.index("## from Python") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    x, y = torch.randn(16, 5), torch.randint(0, 3, (16,))
+    loss_fn = torch.nn.functional.cross_entropy
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        at_theta = loss_fn(model(x), y)
+    scope = {"torch": torch, "model": model, "loss_fn": loss_fn, "x": x, "y": y}
+    exec(compile(code, "docs/variants.md", "exec"), scope)
+    assert torch.equal(scope["loss"], at_theta)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
