@@ -163,7 +163,9 @@ def _unknown_key(key: str, job: list[str]) -> str:
     for part in parent.split(".") if parent else []:
         node = node.get(part) if isinstance(node, dict) else None
     if not isinstance(node, dict):  # the parent is no section either: match the whole key
-        paths = [p for p in _paths(tree) if not p.startswith("hydra.") or key.startswith("hydra.")]
+        paths = [
+            p for p in config_paths(tree) if not p.startswith("hydra.") or key.startswith("hydra.")
+        ]
         near = difflib.get_close_matches(key, paths, n=1)
         return f"{key} is not a key; " + (
             f"did you mean {near[0]}?" if near else "`sam-run --cfg job` lists the keys"
@@ -177,12 +179,13 @@ def _unknown_key(key: str, job: list[str]) -> str:
     return f"{key} is not a key{where}; choose one of {', '.join(keys)}"
 
 
-def _paths(tree: dict, prefix: str = "") -> list[str]:
+def config_paths(tree: dict, prefix: str = "") -> list[str]:
+    """Every key of a config tree, sections and leaves, dotted."""
     out = []
     for k, v in tree.items():
         out.append(f"{prefix}{k}")
         if isinstance(v, dict):
-            out += _paths(v, f"{prefix}{k}.")
+            out += config_paths(v, f"{prefix}{k}.")
     return out
 
 

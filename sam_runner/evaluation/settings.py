@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..errors import UserError, first_line, integer, require
-from ..preflight import unknown_option
+from ..preflight import config_paths, unknown_option
 from ..settings import flatten
 from ..sweep.array import check_cluster, cluster_of
 
@@ -68,19 +68,11 @@ def _unknown_key(key: str, overrides: list[str], folder: list[str]) -> str:
     except Exception:
         return f"{key} is not a key of sam-eval's settings; `metrics.*` and `eval.*` are"
     tree = {k: v for k, v in OmegaConf.to_container(cfg).items() if k != "hydra"}
-    keys = list(flatten(tree)) + [k for k in _sections(tree)]
+    keys = config_paths(tree)
     near = difflib.get_close_matches(key, keys, n=1)
     if near:
         return f"{key} is not a key; did you mean {near[0]}?"
     return f"{key} is not a key; sam-eval's keys are metrics.* and eval.* ({', '.join(tree)})"
-
-
-def _sections(tree: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out += [f"{prefix}{k}", *_sections(v, f"{prefix}{k}.")]
-    return out
 
 
 def check(cfg) -> None:
