@@ -16,9 +16,7 @@ LAST = 1 / 3  # the plateau: the last third of the measured steps
 def traces(report) -> list[dict]:
     """One trace per completed job that measured λ_max at three or more steps within epochs."""
     out = []
-    for job in report.jobs:
-        if job.status != "completed" or job.path is None:
-            continue
+    for job in report.completed():
         rows = [
             r
             for r in read_rows(job.path / "metrics.jsonl")

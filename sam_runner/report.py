@@ -151,6 +151,10 @@ class Report:
     def counts(self) -> Counter:
         return Counter(j.status for j in self.jobs)
 
+    def completed(self) -> list:
+        """The completed jobs that have a folder (what the analyses read files from)."""
+        return [j for j in self.jobs if j.status == "completed" and j.path is not None]
+
 
 def _read_yaml(path: Path):
     import yaml

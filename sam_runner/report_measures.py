@@ -129,9 +129,7 @@ def _settings(overrides) -> dict:
 
 def points_of(report) -> list[Point]:
     out = []
-    for job in report.jobs:
-        if job.status != "completed" or job.path is None:
-            continue
+    for job in report.completed():
         values, source = job_values(job.path)
         name = str(job.path.relative_to(report.sweep_dir)) or "."
         out.append(Point(name, job.variant, _settings(job.overrides), values, source))

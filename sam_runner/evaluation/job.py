@@ -13,8 +13,8 @@ so that every job is measured alike:
   ``test_ece_adaptive``, ``test_mce``, ``test_brier``, ``test_nll``);
 - ``gen_gap`` = train_acc − test_acc, ``gen_gap_loss`` = test_loss − train_loss;
 - λ_max and every enabled measure of the ``metrics`` settings, by the run's own
-  ``CurvatureTracker`` (its fixed seeded subset of the training set, its BatchNorm mode), as at
-  a run's final measurement;
+  ``CurvatureTracker`` (its fixed seeded subset of the training set, its BatchNorm mode, the
+  loss the job trained on), as at a run's final measurement;
 - with ``metrics.corruptions.enabled``: the corruption keys (``robustness.corruption_values``).
 
 eval.json is one flat object: these values, ``status`` (``completed`` or ``failed``, with the
@@ -76,7 +76,8 @@ def measure(job_dir: Path, settings: dict) -> dict:
     )
     model = load_model(cfg, data, job_dir, device)
     out = set_values(model, data, metrics, cfg.dataset)
-    out.update(curvature_values(model, data, metrics, int(cfg.seed)))
+    loss = str(OmegaConf.select(cfg, "trainer.loss", default="cross_entropy"))
+    out.update(curvature_values(model, data, metrics, int(cfg.seed), loss))
     if robustness.enabled(metrics):
         values, sources = robustness.corruption_values(
             model, data, metrics, cfg.dataset, int(cfg.seed)
@@ -130,12 +131,14 @@ def set_values(model, data, metrics, dataset_cfg) -> dict:
     return out
 
 
-def curvature_values(model, data, metrics, seed: int) -> dict:
-    """λ_max and the enabled measures, as the run's final measurement takes them (no optimizer:
-    no eos_ratio, a property of training, not of the weights)."""
+def curvature_values(model, data, metrics, seed: int, loss: str = "cross_entropy") -> dict:
+    """λ_max and the enabled measures, as the run's final measurement takes them: of the loss
+    the job trained on (``trainer.loss``: an MSE job's Hessian is the MSE's), without an
+    optimizer (no eos_ratio, a property of training, not of the weights)."""
+    from ..losses import mean_loss
     from ..metrics.tracker import CurvatureTracker
 
-    tracker = CurvatureTracker(metrics, model, data, None, seed)
+    tracker = CurvatureTracker(metrics, model, data, None, seed, loss_fn=mean_loss(loss))
     if not tracker.enabled:
         return tracker.summary_extras()
     out = tracker.measure(final=True)

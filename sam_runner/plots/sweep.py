@@ -55,20 +55,16 @@ def plot_metric_vs_rho(
         ax.set_ylabel(ylabel, fontsize=FONT)
         ax.set_title(panel or None, fontsize=FONT)
         if not drawn:
-            ax.text(
-                0.5,
-                0.5,
-                "no completed job logged this",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-                color="gray",
-            )
+            _say_empty(ax, "no completed job logged this")
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     _figure_legend(fig, axes)
     fig.suptitle(title or f"{ylabel} against ρ", fontsize=FONT + 2)
     return fig
+
+
+def _say_empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
 def _draw_panel(ax, members: list[dict], metric: str, logy: bool, bounds: bool) -> list:
@@ -191,15 +187,7 @@ def plot_acc_vs_lambda(points):
         log_scale(ax, "x", [p[0] for pts in by_variant.values() for p in pts])
         ax.legend(fontsize=FONT, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     else:
-        ax.text(
-            0.5,
-            0.5,
-            "no completed job logged λ_max",
-            ha="center",
-            va="center",
-            transform=ax.transAxes,
-            color="gray",
-        )
+        _say_empty(ax, "no completed job logged λ_max")
     ax.set_xlabel("λ_max (top Hessian eigenvalue, log scale)", fontsize=FONT)
     ax.set_ylabel("test accuracy", fontsize=FONT)
     ax.set_title("test accuracy against sharpness, one point per job", fontsize=FONT + 1)

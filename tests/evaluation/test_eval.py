@@ -72,6 +72,28 @@ def test_lambda_max_equals_the_one_training_logged_to_the_lanczos_tolerance(eval
         assert record(sweep, job)["hessian_bn_mode"] == summary(sweep, job)["hessian_bn_mode"]
 
 
+def test_an_mse_jobs_lambda_max_is_of_the_mse_it_trained_on(tmp_path):
+    """trainer.loss=mse: sam-eval measures the Hessian of the job's own loss (the cross-entropy's
+    top eigenvalue differs by far on the same weights), as training logged it."""
+    run = tmp_path / "run"
+    args = ["model=mlp", "model.hidden=[16]", "trainer.loss=mse", "trainer.epochs=1"]
+    args += ["dataset.num_samples=600", "metrics.hessian.num_samples=128", "trainer.progress=none"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "sam_runner.cli", *args, f"hydra.run.dir={run}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=ENV,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, _, err = sam_eval(run, "metrics.hessian.num_samples=128")
+    assert code == 0, err
+    measured = json.loads((run / "eval.json").read_text())["lambda_max"]
+    logged = json.loads((run / "summary.json").read_text())["lambda_max"]
+    assert abs(measured - logged) <= 2e-3 * abs(logged), (measured, logged)
+
+
 def test_nothing_but_eval_json_is_touched(evaluated):
     sweep, before, _, _ = evaluated
     assert fingerprint(sweep) == before
