@@ -36,6 +36,7 @@ batches, see objective.py). Every measure restores the parameters it moves.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -197,11 +198,15 @@ def _fisher_diagonal(obj: Objective, chunk: int = 256) -> torch.Tensor:
         per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))
         total = torch.zeros(obj.numel, device=obj.device, dtype=obj.dtype)
         n = 0
-        for x, y in obj.batches:
-            for i in range(0, len(y), chunk):
-                gs = per_sample(params, x[i : i + chunk], y[i : i + chunk])
-                total += torch.cat([t.pow(2).sum(0).reshape(-1) for t in gs])
-                n += len(y[i : i + chunk])
+        with warnings.catch_warnings():
+            # vmap's fallback for ops without a batching rule (pooling, unfold) is exact, only
+            # slower; its warning would be printed once per run, to no use for the user
+            warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
+            for x, y in obj.batches:
+                for i in range(0, len(y), chunk):
+                    gs = per_sample(params, x[i : i + chunk], y[i : i + chunk])
+                    total += torch.cat([t.pow(2).sum(0).reshape(-1) for t in gs])
+                    n += len(y[i : i + chunk])
         return total / n
 
 
