@@ -194,6 +194,9 @@ def test_ctrl_c_is_one_line_and_resumable_and_a_folder_refuses_other_settings(tm
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as in a terminal: a suite started in the background (`cmd &`) passes SIGINT on
+        # ignored, and Python then never raises KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics, ckpt = run_dir / "metrics.jsonl", run_dir / "checkpoints" / "last.pt"
     wait_for(ckpt.exists, "the first checkpoint", proc)
