@@ -98,6 +98,7 @@ def test_a_report_without_landscape_files_has_blank_columns_and_no_section(sweep
     assert "## Loss landscape" not in (sweep / "report" / "report.md").read_text()
 
 
+@pytest.mark.slow  # CI runs the array path on real SLURM (tests/scale/test_slurm.py)
 def test_seed_pairs_as_a_submitit_array_equal_the_local_ones_and_resume(sweep, tmp_path, capsys):
     """One task a pair (submitit's local processes: the SLURM array's code path without a
     cluster); the same numbers as computing the pairs here, and a rerun submits nothing."""
