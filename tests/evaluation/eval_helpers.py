@@ -43,8 +43,14 @@ def trained_sweep() -> Path:
     root = Path(tempfile.mkdtemp(prefix="sam-eval-"))
     atexit.register(shutil.rmtree, root, True)
     sweep = root / "sweep"
+    sam_run(*TRAIN_ARGS, f"hydra.sweep.dir={sweep}")
+    return sweep
+
+
+def sam_run(*args: str) -> None:
+    """``sam-run args`` in a process of its own (one torch thread), which must succeed."""
     proc = subprocess.run(
-        [sys.executable, "-m", "sam_runner.cli", *TRAIN_ARGS, f"hydra.sweep.dir={sweep}"],
+        [sys.executable, "-m", "sam_runner.cli", *args],
         capture_output=True,
         text=True,
         timeout=900,
@@ -52,7 +58,6 @@ def trained_sweep() -> Path:
         env=ENV,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return sweep
 
 
 def copy_of(sweep: Path, dst: Path) -> Path:

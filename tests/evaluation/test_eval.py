@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import wait_for
-from eval_helpers import ENV, EVAL_ARGS, JOBS, ROOT, copy_of, fingerprint, sam_eval, trained_sweep
+from eval_helpers import (
+    ENV,
+    EVAL_ARGS,
+    JOBS,
+    ROOT,
+    copy_of,
+    fingerprint,
+    sam_eval,
+    sam_run,
+    trained_sweep,
+)
 
 from sam_runner.data import build_data
 from sam_runner.evaluation.job import job_config
@@ -78,15 +88,7 @@ def test_an_mse_jobs_lambda_max_is_of_the_mse_it_trained_on(tmp_path):
     run = tmp_path / "run"
     args = ["model=mlp", "model.hidden=[16]", "trainer.loss=mse", "trainer.epochs=1"]
     args += ["dataset.num_samples=600", "metrics.hessian.num_samples=128", "trainer.progress=none"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "sam_runner.cli", *args, f"hydra.run.dir={run}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env=ENV,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    sam_run(*args, f"hydra.run.dir={run}")
     code, _, err = sam_eval(run, "metrics.hessian.num_samples=128")
     assert code == 0, err
     measured = json.loads((run / "eval.json").read_text())["lambda_max"]

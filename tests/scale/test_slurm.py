@@ -263,11 +263,9 @@ def test_submitit_requeues_a_job_signalled_before_its_time_limit_and_it_resumes(
     assert epochs(sweep_dir / "0") == list(range(1, 9))  # nothing lost, nothing repeated
 
 
-@pytest.mark.usefixtures("slurm")
-def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
-    """sam-eval with the training's SLURM preset: one array task per job folder, each writing its
-    job's eval.json; a rerun with the same settings submits nothing."""
-    sweep_dir = tmp_path / "sweep"
+def two_trained_jobs(sweep_dir: Path) -> Path:
+    """A local sweep of two tiny completed jobs (seeds 0 and 1) for the commands that look at
+    finished runs."""
     run = [sys.executable, "-m", "sam_runner.cli", "-m", *TINY, "trainer.epochs=1", "seed=0,1"]
     out = subprocess.run(
         [*run, f"hydra.sweep.dir={sweep_dir}"],
@@ -277,6 +275,14 @@ def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    return sweep_dir
+
+
+@pytest.mark.usefixtures("slurm")
+def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
+    """sam-eval with the training's SLURM preset: one array task per job folder, each writing its
+    job's eval.json; a rerun with the same settings submits nothing."""
+    sweep_dir = two_trained_jobs(tmp_path / "sweep")
     cmd = [
         sys.executable,
         "-m",
@@ -303,13 +309,8 @@ def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
 def test_sam_landscape_computes_a_sweeps_slices_as_a_slurm_array(tmp_path):
     """sam-landscape --launcher slurm on a sweep: one array task per job, each writing its job's
     landscape.json; a rerun with the same options submits nothing."""
-    sweep_dir = tmp_path / "sweep"
-    run = [sys.executable, "-m", "sam_runner.cli", "-m", *TINY, "trainer.epochs=1", "seed=0,1"]
+    sweep_dir = two_trained_jobs(tmp_path / "sweep")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run(
-        [*run, f"hydra.sweep.dir={sweep_dir}"], capture_output=True, text=True, timeout=600, env=env
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
     cmd = [
         sys.executable,
         "-m",
