@@ -1,4 +1,5 @@
-"""Training losses (``trainer.loss=<name>``): per-example losses from logits and integer labels.
+"""Training losses (``trainer.loss=<name>``): per-example losses from logits and integer labels,
+or soft targets (N, classes) where MixUp/CutMix mixed the batch.
 
 Everything that uses the loss takes it from here: the training passes (per example, for the
 samplers and CSAM), the test loss, the Hessian and every sharpness measure.
@@ -15,6 +16,8 @@ from .registry import LOSSES
 @LOSSES.register("cross_entropy", "softmax cross-entropy (trainer.label_smoothing applies)")
 def cross_entropy(label_smoothing: float = 0.0):
     def loss(logits, targets):
+        # soft targets: F.cross_entropy takes class probabilities as they are
+        targets = targets.float() if targets.is_floating_point() else targets
         return F.cross_entropy(
             logits.float(), targets, label_smoothing=label_smoothing, reduction="none"
         )
@@ -32,10 +35,16 @@ def mse(label_smoothing: float = 0.0):
 
     def loss(logits, targets):
         logits = logits.float()
-        onehot = F.one_hot(targets, logits.shape[1]).to(logits.dtype)
-        return 0.5 * (logits - onehot).square().sum(dim=1)
+        return 0.5 * (logits - target_vectors(targets, logits)).square().sum(dim=1)
 
     return loss
+
+
+def target_vectors(targets, logits):
+    """One-hot vectors of integer labels; soft targets (N, classes) as they are."""
+    if targets.is_floating_point():
+        return targets.to(logits.dtype)
+    return F.one_hot(targets, logits.shape[1]).to(logits.dtype)
 
 
 def per_example(name: str, label_smoothing: float = 0.0):

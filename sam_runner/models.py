@@ -8,6 +8,7 @@ parameter groups (and GEAR-SAM's blocks) are read off this structure.
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -329,12 +330,21 @@ def timm_model(cfg, input_shape, num_classes):
         close = difflib.get_close_matches(str(name), timm.list_models(), n=5, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
         raise UserError(f"model.name={name!r} is not a timm model{hint}")
+    local = cfg.get("pretrained_file")  # no hub here: timm loads a local file
+    extra = {}
+    if local not in (None, ""):
+        require(
+            Path(str(local)).is_file(),
+            f"model.pretrained_file={local} does not exist; give a timm weights file",
+        )
+        extra = {"pretrained_cfg_overlay": dict(file=str(local))}
     try:
         return timm.create_model(
             name,
             pretrained=bool(cfg.get("pretrained", False)),
             num_classes=num_classes,
             in_chans=input_shape[0],
+            **extra,
         )
     except Exception as e:
         raise UserError(
@@ -360,3 +370,118 @@ def build_model(cfg, input_shape: tuple, num_classes: int, arch: str | None = No
             f"{other}"
         )
     return entry.target(cfg, tuple(input_shape), num_classes)
+
+
+# ---------------------------------------------------------------- starting from given weights
+INIT_WEIGHTS = {"last": "last.pt", "averaged": "averaged.pt"}  # model.init_weights of a run folder
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, AveragedModel, torch.compile
+
+
+def init_path(model_cfg) -> Path | None:
+    """The file ``model.init_from`` names: a run folder's checkpoints/last.pt (averaged.pt with
+    ``model.init_weights=averaged``), a checkpoint file or a state_dict file; None when unset."""
+    given = model_cfg.get("init_from")
+    if given in (None, ""):
+        return None
+    weights = model_cfg.get("init_weights", "last")
+    require(
+        weights in INIT_WEIGHTS,
+        f"model.init_weights={weights!r} is unknown; choose {' or '.join(INIT_WEIGHTS)}",
+    )
+    path = Path(str(given)).expanduser()
+    if path.is_dir():
+        path = path / "checkpoints" / INIT_WEIGHTS[weights]
+    require(
+        path.is_file(),
+        f"model.init_from={given}: {path} does not exist (give a run folder, a checkpoint file "
+        "or a state_dict file)",
+    )
+    return path
+
+
+def initial_state(model_cfg) -> tuple[dict, dict] | None:
+    """(the state dict ``model.init_from`` holds, a record of where it came from), or None."""
+    path = init_path(model_cfg)
+    if path is None:
+        return None
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)  # data, never code
+    except Exception as e:
+        raise UserError(
+            f"model.init_from={path} is not a readable torch file ({type(e).__name__})"
+        ) from None
+    nested = isinstance(obj, dict) and isinstance(obj.get("model"), dict)
+    state = obj["model"] if nested else obj
+    require(
+        isinstance(state, dict) and state and all(torch.is_tensor(v) for v in state.values()),
+        f"model.init_from={path} holds no state dict (a mapping of names to tensors)",
+    )
+    for prefix in WRAPPER_PREFIXES:
+        if all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix) :]: v for k, v in state.items()}
+    state.pop("n_averaged", None)
+    record = {
+        "path": str(path.resolve()),
+        "kind": "checkpoint" if nested else "state_dict",
+        "reset_head": bool(model_cfg.get("reset_head", False)),
+    }
+    if nested and "epoch" in obj:
+        record["epoch"] = int(obj["epoch"])
+    return state, record
+
+
+def classifier_name(model: nn.Module) -> str | None:
+    """The classifier's module name: timm's ``get_classifier()``, else the last Linear."""
+    target = model.get_classifier() if hasattr(model, "get_classifier") else None
+    name = None
+    for n, m in model.named_modules():
+        if (m is target) if target is not None else isinstance(m, nn.Linear):
+            name = n
+    return name
+
+
+def _fitting(state: dict, own: dict, path, skip: str | None) -> dict:
+    """``state`` without the skipped classifier, or a one-line error naming the first tensor
+    that does not fit ``own`` (the model's state dict)."""
+    skipped = lambda k: skip is not None and k.startswith(f"{skip}.")
+    kept = {k: v for k, v in state.items() if not skipped(k)}
+    for k, v in own.items():
+        if skipped(k):
+            continue
+        require(k in kept, f"model.init_from={path} does not fit this model: it has no {k}")
+        if tuple(kept[k].shape) != tuple(v.shape):
+            raise UserError(
+                f"model.init_from={path} does not fit this model: {k} is "
+                f"{list(kept[k].shape)} there and {list(v.shape)} here (another class count: "
+                "model.reset_head=true)"
+            )
+    extra = next((k for k in kept if k not in own), None)
+    require(extra is None, f"model.init_from={path} does not fit this model: {extra} is not in it")
+    return kept
+
+
+def load_initial_weights(model_cfg, model: nn.Module) -> dict | None:
+    """Load ``model.init_from``'s weights into ``model`` (with ``model.reset_head``, all but the
+    classifier, which keeps its fresh initialisation); returns where they came from."""
+    found = initial_state(model_cfg)
+    if found is None:
+        return None
+    state, record = found
+    skip = classifier_name(model) if record["reset_head"] else None
+    own = model.state_dict()
+    kept = _fitting(state, own, record["path"], skip)
+    model.load_state_dict({**own, **kept})
+    return record
+
+
+def check_initial_weights(model_cfg, input_shape, num_classes, classes_known=True) -> None:
+    """Preflight: ``model.init_from`` exists and fits the model (built on the meta device); the
+    classifier is not compared when the class count is not known before the data is read."""
+    found = initial_state(model_cfg)
+    if found is None:
+        return
+    state, record = found
+    with torch.device("meta"):
+        model = build_model(model_cfg, input_shape, num_classes)
+    head = record["reset_head"] or not classes_known
+    _fitting(state, model.state_dict(), record["path"], classifier_name(model) if head else None)

@@ -20,15 +20,18 @@ from pathlib import Path
 import torch
 
 from . import distributed
+from .averaging import build_averaging
+from .averaging import validate as validate_averaging
 from .clock import Clock
 from .data import build_data
+from .data.augment import Mixing
 from .errors import Interrupted, RunFolderConflict, UserError, integer, number, one_line, require
 from .loggers import NullLogger, build_logger
 from .losses import mean_loss, per_example
 from .metrics.evaluate import evaluate
 from .metrics.robustness import Robustness
 from .metrics.tracker import CurvatureTracker
-from .models import build_model
+from .models import build_model, check_initial_weights, load_initial_weights
 from .optim.build import build_optimizer
 from .progress import Progress, print_final
 from .provenance import provenance
@@ -76,6 +79,18 @@ def validate(cfg) -> None:
         if t.get(key) is not None:
             integer(f"trainer.{key}", t[key], "an integer >= 1 (or null)", lambda n: n >= 1)
     per_example(t.get("loss", "cross_entropy"), float(t.get("label_smoothing", 0.0)))
+    validate_averaging(cfg)
+    _check_init_from(cfg)
+
+
+def _check_init_from(cfg) -> None:
+    """``model.init_from`` exists and fits the model, before anything is read or trained."""
+    from .registry import DATASETS
+    from .validate import _data_shape, without_download
+
+    shape, classes = _data_shape(cfg.dataset)
+    known = DATASETS.entry(cfg.dataset.name).num_classes is not None
+    check_initial_weights(without_download(cfg.model), shape, classes, known)
 
 
 def fingerprint(cfg, model, world: int = 1) -> dict:
@@ -199,6 +214,11 @@ class TestSet:
         self.reliability = row.pop("reliability", None)  # diagram bins go to summary.json only
         return row
 
+    def measure(self, model) -> dict:
+        """The test-set keys of another model (the averaged weights)."""
+        r = self.run
+        return evaluate(model, r.data.test, r.criterion, r.autocast, r.dist, r.cfg.metrics)
+
 
 class Run:
     def __init__(self, cfg, run_dir: Path, overrides: list[str]):
@@ -226,6 +246,7 @@ class Run:
         )
         torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
         self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
+        self.init_from = load_initial_weights(cfg.model, model)  # given weights, if any
         if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
             model.to(memory_format=torch.channels_last)
         self.steps_per_epoch = len(data.train)
@@ -251,6 +272,11 @@ class Run:
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
         )
         self.test_set = TestSet(self)
+        self.mixing = Mixing(cfg.dataset, data.num_classes, cfg.seed, data.input_shape)
+        self.averaging = build_averaging(
+            cfg, model, self.optimizer, self.clock, data.train_plain, self.test_set.measure
+        )
+        self.scheduler = self.averaging.schedule(self.scheduler, self.steps_per_epoch)
         self.robustness = Robustness(cfg, data, self.net, self.autocast, self.dist, self.clock)
         if self.dist.is_main:
             self.logger = build_logger(cfg.logger, self.run_dir, cfg)
@@ -277,6 +303,7 @@ class Run:
             "rng": self.rng,
             "clock": self.clock,
             "logger": self.logger,
+            **({"averaging": self.averaging} if self.averaging.enabled else {}),
         }
 
     def resume(self) -> None:
@@ -322,13 +349,15 @@ class Run:
         stats = EpochStats(self.device, self.dist)
         bar = self.progress.epoch_bar(clock.epoch)
         for x, y, idx in self.data.train:
-            parts = (v.tensor_split(t.accumulate) for v in (x, y, idx))
-            micro = [m for m in zip(*parts) if len(m[1])]
+            x, target = self.mixing(x, y, clock.step)  # soft targets under MixUp/CutMix
+            parts = (v.tensor_split(t.accumulate) for v in (x, target, y, idx))
+            micro = [m for m in zip(*parts) if len(m[2])]
             counts = {"correct": 0}
             loss = self.optimizer.step(functools.partial(self.forward_backward, micro, counts))
             self.scheduler.step()
             self.scaler.update()
             clock.step += 1
+            self.averaging.after_step()
             stats.add(loss, counts["correct"], len(y), clock.step)
             bar.update(stats.loss_sum, stats.correct, stats.seen)
             curvature = self.tracker.log_values()
@@ -353,6 +382,7 @@ class Run:
             self.error = f"loss became non-finite at epoch {clock.epoch}, step {at}"
             return False
         self.sampler.end_epoch(self.data.train)
+        self.averaging.end_epoch()
         return True
 
     def forward_backward(self, micro, counts: dict):
@@ -361,13 +391,13 @@ class Run:
         optimizer, net = self.optimizer, self.net
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
-        batch = sum(len(ym) for _, ym, _ in micro)
-        for i, (xm, ym, im) in enumerate(micro):
+        batch = sum(len(ym) for _, _, ym, _ in micro)
+        for i, (xm, tm, ym, im) in enumerate(micro):
             # under DDP a synced pass all-reduces once, on its last micro-batch
             quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
             with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast:
                 out = net(xm)
-            per_sample = self.criterion(out, ym)
+            per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
             # weighted by size: the step's mean loss even when the batch does not split evenly
             loss = optimizer.reduce_loss(per_sample, out, ym) * (len(ym) / batch)
             self.scaler.scale(loss).backward()
@@ -409,7 +439,7 @@ class Run:
             **self.test_set.log_values(),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
-        for part in (self.optimizer, self.sampler, self.tracker, self.robustness):
+        for part in (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging):
             row.update(part.log_values())
         self.log_line(row)
         self.last = row
@@ -421,6 +451,7 @@ class Run:
         if self.dist.is_main:
             state = {name: part.state_dict() for name, part in self.parts().items()}
             self.checkpoint.save({**state, "fingerprint": self.fingerprint})
+            self.averaging.save(self.run_dir)
         self.saved = (self.clock.epoch, self.clock.step)
 
     def log_line(self, row: dict) -> None:
@@ -447,6 +478,9 @@ class Run:
             **provenance(self.model, self.cfg.model, self.data.input_shape, self.device),
         }
         summary.update(self.tracker.summary_extras())
+        summary.update(self.averaging.summary_values(last, self.lambda_max_of))
+        if self.init_from is not None:
+            summary["init_from"] = self.init_from
         if self.test_set.reliability is not None:
             summary["reliability"] = self.test_set.reliability
         summary.update(
@@ -461,6 +495,16 @@ class Run:
             self.logger.finish(self.status)
             print_final(summary, self.run_dir)
         return summary
+
+    def lambda_max_of(self, model):
+        """The run's curvature measurement (its settings, samples and loss) on other weights."""
+        if not self.tracker.enabled:
+            return None
+        loss = mean_loss(self.cfg.trainer.get("loss", "cross_entropy"))
+        other = CurvatureTracker(
+            self.cfg.metrics, model, self.data, self.optimizer, self.cfg.seed, self.clock, loss
+        )
+        return other.measure(final=True).get("lambda_max")
 
     # ------------------------------------------------------------------ stopping early
     @contextlib.contextmanager

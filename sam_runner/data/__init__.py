@@ -13,6 +13,8 @@ import torch
 
 from ..errors import integer, number
 from ..registry import DATASETS
+from .augment import tensor_policy
+from .augment import validate as validate_augment
 from .labels import batch_size, training_labels
 from .loaders import Normalize, TensorLoader
 
@@ -29,6 +31,7 @@ class Data:
     class_counts: list = field(default_factory=list)
     full_batch: bool = False  # one training batch holds the whole training set
     clean_train_labels: torch.Tensor | None = None  # before label noise (train_tensors' are after)
+    train_plain: object = None  # the training set in order, un-augmented (BatchNorm statistics)
 
     def train_subset(self, n: int, seed: int):
         """A fixed, seeded subset of the training set as model-ready tensors (for curvature);
@@ -73,6 +76,7 @@ def validate(cfg) -> None:
         "a fraction in [0, 1)",
         lambda f: 0 <= f < 1,
     )
+    validate_augment(cfg)
     if entry.meta.get("check"):
         entry.check(cfg)
 
@@ -92,7 +96,8 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
     x, n = a.x[keep], len(y)
     x, y, xt, yt, clean = (t.to(device) for t in (x, y, a.x_test, a.y_test, a.y[keep]))
     if a.stats is not None:
-        train_tf = Normalize(*a.stats, augment=bool(cfg.get("augment", True)))
+        crop_flip, policy = tensor_policy(cfg.get("augment", True), int(x.shape[-1]))
+        train_tf = Normalize(*a.stats, augment=crop_flip, policy=policy)
         test_tf = Normalize(*a.stats, augment=False)
     else:
         train_tf = test_tf = None
@@ -117,6 +122,9 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
         rank=rank,
         world=world,
     )
+    plain = TensorLoader(
+        x, y, max(batch_size(cfg, n), 512), shuffle=False, transform=test_tf, rank=rank, world=world
+    )
     return Data(
         train,
         test,
@@ -128,4 +136,5 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
         prepare=test_tf,
         full_batch=full,
         clean_train_labels=clean,
+        train_plain=plain,
     )

@@ -1,8 +1,8 @@
 """Loaders of training and test batches ``(x, y, idx)``.
 
 ``TensorLoader``: an in-memory dataset (on the training device), shuffled with its own seeded
-generator (one per epoch, so a resumed epoch sees the same batches) and augmented per batch on
-tensors. ``FolderLoader``: a torchvision DataLoader with workers over an image folder.
+generator (one per epoch, so a resumed epoch sees the same batches) and augmented per sample on
+tensors (augment.py's policies). ``FolderLoader``: a torchvision DataLoader with workers over an image folder.
 """
 
 from __future__ import annotations
@@ -73,20 +73,23 @@ class TensorLoader:
 
 
 class Normalize:
-    """uint8 (or float) images → float, optional crop-and-flip, per-channel normalisation."""
+    """uint8 (or float) images → float, optional crop-and-flip and a per-sample policy operation
+    (augment.py), per-channel normalisation."""
 
-    def __init__(self, mean, std, augment=False, pad=4, scale=255.0):
+    def __init__(self, mean, std, augment=False, pad=4, scale=255.0, policy=None):
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
-        self.augment, self.pad, self.scale = augment, pad, scale
+        self.augment, self.pad, self.scale, self.policy = augment, pad, scale, policy
 
     def __call__(self, x, g, batch=None):
         """``batch`` = (size, share): ``x`` is the ``share`` (a slice) of a global batch of
         ``size``.
         """
-        x = x.float().div_(self.scale)
         if self.augment:
             x = random_crop_flip(x, self.pad, g, batch)
+        if self.policy is not None:  # on the stored images (uint8: the policies' own range)
+            x = self.policy(x, g, batch)
+        x = x.float().div_(self.scale)
         mean, std = self.mean.to(x.device), self.std.to(x.device)
         return (x - mean) / std
 

@@ -15,6 +15,7 @@ from ..errors import UserError, integer, require
 from ..registry import DATASETS
 from ..runfiles import atomic_write
 from . import Arrays, Data
+from .augment import folder_transform
 from .labels import training_labels
 from .loaders import FolderLoader, Indexed
 
@@ -188,11 +189,7 @@ def image_folder(cfg, seed, rank, world):
         )
     size = int(cfg.get("image_size", 224))
     norm = T.Normalize(*IMAGENET_STATS)
-    train_tf = (
-        T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), norm])
-        if cfg.get("augment", True)
-        else T.Compose([T.Resize(size), T.CenterCrop(size), T.ToTensor(), norm])
-    )
+    train_tf = folder_transform(cfg.get("augment", True), size, *IMAGENET_STATS)
     test_tf = T.Compose([T.Resize(int(size * 8 / 7)), T.CenterCrop(size), T.ToTensor(), norm])
     train, test = (
         datasets.ImageFolder(root / "train", train_tf),
@@ -213,4 +210,8 @@ def image_folder(cfg, seed, rank, world):
     )
     tl = FolderLoader(Indexed(train), cfg.batch_size, True, seed, workers, True, rank, world)
     vl = FolderLoader(Indexed(test), cfg.batch_size, False, seed, workers, False, rank, world)
-    return Data(tl, vl, c, (3, size, size), n, class_counts=counts)
+    plain = datasets.ImageFolder(root / "train", test_tf)  # un-augmented, for BatchNorm statistics
+    plain.samples = plain.imgs = train.samples
+    plain.targets = train.targets
+    pl = FolderLoader(Indexed(plain), cfg.batch_size, False, seed, workers, False, rank, world)
+    return Data(tl, vl, c, (3, size, size), n, class_counts=counts, train_plain=pl)

@@ -1,0 +1,239 @@
+"""Weight averaging (``trainer.weight_averaging=<name>``): ``none``, ``swa`` (Izmailov et al.
+2018) and ``ema``, on ``torch.optim.swa_utils``.
+
+``swa``: from the first step of epoch ``trainer.swa_start`` the learning rate follows
+``SWALR`` (cosine-annealed to ``trainer.swa_lr`` over ``trainer.swa_anneal_epochs``, then
+constant) instead of the run's scheduler, and the weights at the end of each epoch from then
+on join an equal average. ``ema``: after every optimizer step, avg ← d·avg + (1 − d)·w with
+d = ``trainer.ema_decay`` (the first step copies w). Only parameters are averaged; before each
+evaluation the averaged weights' BatchNorm statistics are recomputed (``update_bn``) on the
+un-augmented training set, and the averaged weights are evaluated on the test set
+(``avg_test_*``). Each checkpoint also writes ``checkpoints/averaged.pt``: ``{"model": state
+dict (the model's own keys, BatchNorm statistics recomputed), "kind", "n_averaged", "epoch",
+"step"}``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from .errors import integer, number
+from .registry import Registry
+
+AVERAGING = Registry("trainer.weight_averaging", "sam_runner.averaging")
+AVERAGED = Path("checkpoints") / "averaged.pt"
+LOGGED = ("test_acc", "test_loss", "test_ece")  # of the averaged weights, as avg_<key>
+
+
+def validate(cfg) -> None:
+    """``trainer.weight_averaging`` and the keys of the chosen averaging."""
+    t = cfg.trainer
+    name = AVERAGING.entry(t.get("weight_averaging", "none")).name
+    if name == "swa":
+        start = t.get("swa_start")
+        if start is not None:
+            integer(
+                "trainer.swa_start",
+                start,
+                f"an epoch in [1, trainer.epochs={t.epochs}] (or null: the last quarter)",
+                lambda s: 1 <= s <= int(t.epochs),
+            )
+        number("trainer.swa_lr", t.get("swa_lr", 0.05), "a number > 0", lambda v: v > 0)
+        integer(
+            "trainer.swa_anneal_epochs",
+            t.get("swa_anneal_epochs", 1),
+            "an integer >= 0",
+            lambda a: a >= 0,
+        )
+    if name == "ema":
+        number(
+            "trainer.ema_decay", t.get("ema_decay", 0.999), "a number in (0, 1)", lambda d: 0 < d < 1
+        )
+
+
+def swa_start(trainer_cfg) -> int:
+    """The first averaged epoch: ``trainer.swa_start``, or the start of the last quarter."""
+    start = trainer_cfg.get("swa_start")
+    return int(start) if start is not None else math.floor(0.75 * int(trainer_cfg.epochs)) + 1
+
+
+def build_averaging(cfg, model, optimizer, clock, plain_batches, measure):
+    """The run's averaging; ``measure(model)`` evaluates a model on the test set (a metrics row),
+    ``plain_batches`` are the un-augmented training batches (BatchNorm statistics)."""
+    validate(cfg)
+    entry = AVERAGING.entry(cfg.trainer.get("weight_averaging", "none"))
+    return entry.target(cfg.trainer, model, optimizer, clock, plain_batches, measure)
+
+
+@AVERAGING.register("none", "the last weights only")
+class NoAveraging:
+    enabled = False
+
+    def __init__(self, *_args):
+        pass
+
+    def schedule(self, scheduler, steps_per_epoch: int):  # noqa: ARG002
+        return scheduler
+
+    def after_step(self) -> None:
+        pass
+
+    def end_epoch(self) -> None:
+        pass
+
+    def log_values(self) -> dict:
+        return {}
+
+    def save(self, run_dir: Path) -> None:
+        pass
+
+    def summary_values(self, last: dict, lambda_max_of) -> dict:  # noqa: ARG002
+        return {}
+
+
+class Averaged(NoAveraging):
+    """An ``AveragedModel`` of the run's model, its evaluation and its files."""
+
+    enabled = True
+    kind = ""
+
+    def __init__(self, model, clock, plain_batches, measure, **average):
+        from torch.optim.swa_utils import AveragedModel
+
+        self.model, self.clock, self.plain, self.measure = model, clock, plain_batches, measure
+        self.averaged = AveragedModel(model, use_buffers=False, **average)
+
+    @property
+    def n_averaged(self) -> int:
+        return int(self.averaged.n_averaged)
+
+    def update(self) -> None:
+        self.averaged.update_parameters(self.model)
+
+    def prepared(self) -> torch.nn.Module:
+        """The averaged weights with their BatchNorm statistics recomputed on the un-augmented
+        training set (forked RNG: training draws alike with and without averaging)."""
+        from torch.optim.swa_utils import update_bn
+
+        module = self.averaged.module
+        device = next(module.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            update_bn(self.plain, module)
+        module.eval()
+        return module
+
+    def log_values(self) -> dict:
+        if self.n_averaged == 0:  # SWA before swa_start: nothing averaged yet
+            return {f"avg_{k}": None for k in LOGGED}
+        row = self.measure(self.prepared())
+        return {f"avg_{k}": row.get(k) for k in LOGGED}
+
+    def weights(self) -> dict:
+        """averaged.pt's content (the module's own keys: loadable into the run's model)."""
+        state = {k: v.detach().cpu() for k, v in self.averaged.module.state_dict().items()}
+        return {
+            "model": state,
+            "kind": self.kind,
+            "n_averaged": self.n_averaged,
+            "epoch": int(self.clock.epoch),
+            "step": int(self.clock.step),
+        }
+
+    def save(self, run_dir: Path) -> None:
+        """checkpoints/averaged.pt, atomically, once something is averaged."""
+        from .runfiles import atomic_write
+
+        if self.n_averaged:
+            weights = self.weights()
+            atomic_write(Path(run_dir) / AVERAGED, lambda f: torch.save(weights, f))
+
+    def summary_values(self, last: dict, lambda_max_of) -> dict:
+        """avg_test_acc, avg_test_ece, avg_lambda_max (the run's curvature measurement on the
+        averaged weights, as the last evaluation left their BatchNorm statistics)."""
+        out = {k: last.get(k) for k in ("avg_test_acc", "avg_test_ece", "avg_test_loss")}
+        out["avg_lambda_max"] = lambda_max_of(self.averaged.module) if self.n_averaged else None
+        out["weight_averaging"] = {"kind": self.kind, "n_averaged": self.n_averaged}
+        return out
+
+    def state_dict(self) -> dict:
+        return {"averaged": self.averaged.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.averaged.load_state_dict(state["averaged"])
+
+
+@AVERAGING.register("swa", "SWA: an equal average of epoch-end weights from trainer.swa_start")
+class SWA(Averaged):
+    kind = "swa"
+
+    def __init__(self, trainer_cfg, model, optimizer, clock, plain_batches, measure):
+        super().__init__(model, clock, plain_batches, measure)
+        self.start = swa_start(trainer_cfg)
+        self.optimizer = optimizer
+        self.swa_lr = float(trainer_cfg.get("swa_lr", 0.05))
+        self.anneal_epochs = int(trainer_cfg.get("swa_anneal_epochs", 1))
+
+    def schedule(self, scheduler, steps_per_epoch: int):
+        return SWASchedule(self, scheduler, steps_per_epoch)
+
+    def end_epoch(self) -> None:
+        if self.clock.epoch >= self.start:
+            self.update()
+
+
+class SWASchedule:
+    """The run's scheduler until epoch ``swa_start``, then ``SWALR`` (stepped per optimizer
+    step, annealing over ``swa_anneal_epochs`` epochs' steps)."""
+
+    def __init__(self, swa: SWA, base, steps_per_epoch: int):
+        self.swa, self.base, self.swalr = swa, base, None
+        self.steps_per_epoch = steps_per_epoch
+
+    def _swalr(self):
+        from torch.optim.swa_utils import SWALR
+
+        if self.swalr is None:
+            steps = self.swa.anneal_epochs * self.steps_per_epoch
+            self.swalr = SWALR(
+                self.swa.optimizer, swa_lr=self.swa.swa_lr, anneal_epochs=steps, anneal_strategy="cos"
+            )
+        return self.swalr
+
+    def step(self) -> None:
+        if self.swa.clock.epoch >= self.swa.start:
+            self._swalr().step()
+        else:
+            self.base.step()
+
+    def get_last_lr(self):
+        return (self.swalr or self.base).get_last_lr()
+
+    def state_dict(self) -> dict:
+        swa = None
+        if self.swalr is not None:  # its anneal function is code, not data
+            swa = {k: v for k, v in self.swalr.state_dict().items() if k != "anneal_func"}
+        return {"base": self.base.state_dict(), "swa": swa}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.base.load_state_dict(state["base"])
+        if state.get("swa") is not None:
+            self._swalr().load_state_dict(state["swa"])
+
+
+@AVERAGING.register("ema", "EMA of the weights after every step (trainer.ema_decay)")
+class EMA(Averaged):
+    kind = "ema"
+
+    def __init__(self, trainer_cfg, model, optimizer, clock, plain_batches, measure):
+        from torch.optim.swa_utils import get_ema_multi_avg_fn
+
+        decay = float(trainer_cfg.get("ema_decay", 0.999))
+        super().__init__(
+            model, clock, plain_batches, measure, multi_avg_fn=get_ema_multi_avg_fn(decay)
+        )
+
+    def after_step(self) -> None:
+        self.update()

@@ -1,0 +1,161 @@
+"""Augmentation policies (``dataset.augment=<name>``) and MixUp/CutMix (``dataset.mixup_alpha``,
+``dataset.cutmix_alpha``), all from torchvision's ``transforms.v2``.
+
+Every policy but ``none`` starts from the basic crop and flip; its extra operation (Cutout,
+AutoAugment, RandAugment, TrivialAugment) is drawn **per sample**. On tensor datasets the
+operation runs on the device, sample by sample, each sample under its own seed drawn from the
+loader's (seed, epoch) generator: an epoch's augmented batches depend on (seed, epoch) alone,
+so a resumed epoch repeats them, and no two samples of a batch share one sampled operation.
+Folder datasets run the same operations in their DataLoader workers.
+
+MixUp and CutMix mix a whole training batch (one λ per batch, the papers' convention) into
+soft targets, seeded by (seed, step); the loss takes the soft targets, accuracy the hard labels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import UserError, number
+from ..registry import Registry
+
+AUGMENTS = Registry("dataset.augment", "sam_runner.data.augment", basic=True)
+CUTOUT_SIDE = 0.5  # the hole's side over the image's: 16×16 on 32×32, as the SAM paper's CIFAR
+LEGACY = {True: "basic", False: "none"}  # dataset.augment=true/false, from before the policies
+
+
+def _v2():
+    from torchvision.transforms import v2
+
+    return v2
+
+
+@AUGMENTS.register("none", "no augmentation", basic=False)
+def no_op(_size):
+    return None
+
+
+@AUGMENTS.register("basic", "random crop (4-pixel padding; folders: resized crop) and flip")
+def basic(_size):
+    return None
+
+
+@AUGMENTS.register("cutout", "basic, then one 16×16 hole (Cutout, DeVries & Taylor 2017)")
+def cutout(_size):
+    # a square of CUTOUT_SIDE² of the area, inside the image, zero-filled
+    area = CUTOUT_SIDE**2
+    return _v2().RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0), value=0)
+
+
+@AUGMENTS.register("autoaugment", "basic, then AutoAugment (CIFAR10 policy on 32², else ImageNet)")
+def autoaugment(size):
+    v2 = _v2()
+    policy = v2.AutoAugmentPolicy.CIFAR10 if size == 32 else v2.AutoAugmentPolicy.IMAGENET
+    return v2.AutoAugment(policy)
+
+
+@AUGMENTS.register("randaugment", "basic, then RandAugment (2 operations, magnitude 9)")
+def randaugment(_size):
+    return _v2().RandAugment()
+
+
+@AUGMENTS.register("trivialaugment", "basic, then TrivialAugment (one operation, any strength)")
+def trivialaugment(_size):
+    return _v2().TrivialAugmentWide()
+
+
+def policy_name(value) -> str:
+    """``dataset.augment`` as a policy name (true/false: basic/none), or a one-line error."""
+    if isinstance(value, bool):
+        return LEGACY[value]
+    return AUGMENTS.entry(value).name
+
+
+def validate(cfg) -> None:
+    """``dataset.augment``, ``dataset.mixup_alpha`` and ``dataset.cutmix_alpha``."""
+    policy_name(cfg.get("augment", True))
+    for key in ("mixup_alpha", "cutmix_alpha"):
+        number(f"dataset.{key}", cfg.get(key, 0.0), "a number >= 0 (0 = off)", lambda a: a >= 0)
+
+
+class TensorPolicy:
+    """A policy's extra operation on a batch of uint8 images (N, C, H, W), each sample under its
+    own seed; ``batch`` = (size, share) as in ``random_crop_flip``: the seeds are drawn for the
+    whole global batch and this share's are kept."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def __call__(self, x, g, batch=None):
+        size, share = batch if batch is not None else (len(x), slice(None))
+        seeds = torch.randint(0, 2**62, (size,), generator=g)[share].tolist()
+        out = torch.empty_like(x)
+        # v2 draws from the global RNG: forked, so training's own draws (dropout) are untouched
+        with torch.random.fork_rng(devices=[]):
+            for i, seed in enumerate(seeds):
+                torch.manual_seed(seed)
+                out[i] = self.op(x[i])
+        return out
+
+
+def tensor_policy(value, size: int) -> tuple[bool, TensorPolicy | None]:
+    """(whether to crop and flip, the per-sample extra operation or None) of a policy."""
+    entry = AUGMENTS.entry(policy_name(value))
+    op = entry.target(size)
+    return entry.basic, (TensorPolicy(op) if op is not None else None)
+
+
+def folder_transform(value, size: int, mean, std):
+    """The training transform of an image folder: PIL image in, normalised float tensor out."""
+    v2 = _v2()
+    entry = AUGMENTS.entry(policy_name(value))
+    if not entry.basic:
+        head = [v2.Resize(size), v2.CenterCrop(size)]
+    else:
+        head = [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
+    op = entry.target(size)
+    geometric = [] if op is None or entry.name == "cutout" else [op]
+    tail = [op] if entry.name == "cutout" else []
+    return v2.Compose(
+        [
+            *head,
+            *geometric,
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean, std),
+            *tail,
+        ]
+    )
+
+
+class Mixing:
+    """MixUp and/or CutMix of a training batch into soft targets (both on: one of the two per
+    batch, at random), seeded by (seed, step); off, the batch and its labels pass through."""
+
+    def __init__(self, dataset_cfg, num_classes: int, seed: int, input_shape=(3, 32, 32)):
+        v2 = _v2()
+        mixup = float(dataset_cfg.get("mixup_alpha", 0.0) or 0.0)
+        cutmix = float(dataset_cfg.get("cutmix_alpha", 0.0) or 0.0)
+        if cutmix > 0 and len(input_shape) != 3:
+            raise UserError(
+                f"dataset.cutmix_alpha={cutmix:g} needs images, not inputs of shape "
+                f"{tuple(input_shape)}; use dataset.mixup_alpha"
+            )
+        ops = []
+        if mixup > 0:
+            ops.append(v2.MixUp(alpha=mixup, num_classes=num_classes))
+        if cutmix > 0:
+            ops.append(v2.CutMix(alpha=cutmix, num_classes=num_classes))
+        self.op = None if not ops else ops[0] if len(ops) == 1 else v2.RandomChoice(ops)
+        self.seed = seed
+
+    def __call__(self, x, y, step: int):
+        """(inputs, targets): soft targets (N, classes) when mixing, else ``y`` itself."""
+        if self.op is None:
+            return x, y
+        shape = x.shape
+        images = x if x.dim() == 4 else x.reshape(len(x), shape[1], 1, -1)  # 1-D signals: 1 row
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 1_000_003 + step)
+            mixed, targets = self.op(images, y)
+        return mixed.reshape(shape), targets
