@@ -50,7 +50,10 @@ def validate(cfg) -> None:
         )
     if name == "ema":
         number(
-            "trainer.ema_decay", t.get("ema_decay", 0.999), "a number in (0, 1)", lambda d: 0 < d < 1
+            "trainer.ema_decay",
+            t.get("ema_decay", 0.999),
+            "a number in (0, 1)",
+            lambda d: 0 < d < 1,
         )
 
 
@@ -198,7 +201,10 @@ class SWASchedule:
         if self.swalr is None:
             steps = self.swa.anneal_epochs * self.steps_per_epoch
             self.swalr = SWALR(
-                self.swa.optimizer, swa_lr=self.swa.swa_lr, anneal_epochs=steps, anneal_strategy="cos"
+                self.swa.optimizer,
+                swa_lr=self.swa.swa_lr,
+                anneal_epochs=steps,
+                anneal_strategy="cos",
             )
         return self.swalr
 
@@ -227,7 +233,7 @@ class SWASchedule:
 class EMA(Averaged):
     kind = "ema"
 
-    def __init__(self, trainer_cfg, model, optimizer, clock, plain_batches, measure):
+    def __init__(self, trainer_cfg, model, _optimizer, clock, plain_batches, measure):
         from torch.optim.swa_utils import get_ema_multi_avg_fn
 
         decay = float(trainer_cfg.get("ema_decay", 0.999))

@@ -2,7 +2,8 @@
 
 ``TensorLoader``: an in-memory dataset (on the training device), shuffled with its own seeded
 generator (one per epoch, so a resumed epoch sees the same batches) and augmented per sample on
-tensors (augment.py's policies). ``FolderLoader``: a torchvision DataLoader with workers over an image folder.
+tensors (augment.py's policies). ``FolderLoader``: a torchvision DataLoader with workers over an
+image folder.
 """
 
 from __future__ import annotations
