@@ -1,0 +1,180 @@
+"""trainer.weight_averaging (SWA, EMA) and model.init_from: against torch.optim.swa_utils fed the
+same weights, exact resume, starting from a finished run's weights, and the bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import compose, run_cli, stopped_early_of
+from torch.optim.swa_utils import AveragedModel, update_bn
+
+from sam_runner.data import build_data
+from sam_runner.errors import UserError
+from sam_runner.models import build_model, load_initial_weights
+from sam_runner.train import train
+
+# digits, a small CNN, a constant learning rate: a shorter run is the prefix of a longer one
+SMALL = [
+    "dataset=digits",
+    "model=cnn",
+    "model.channels=4",
+    "scheduler=constant",
+    "optimizer=base",
+    "metrics.hessian.enabled=false",
+    "trainer.progress=none",
+]
+
+
+def weights(run_dir, name="last.pt"):
+    return torch.load(run_dir / "checkpoints" / name, weights_only=True)
+
+
+def rows(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "time_s"} for line in lines]
+
+
+def fed(states, **average):
+    """An AveragedModel fed ``states`` (model state dicts) in order."""
+    cfg = compose(*SMALL)
+    model = build_model(cfg.model, (1, 8, 8), 10)
+    averaged = AveragedModel(model, use_buffers=False, **average)
+    for state in states:
+        model.load_state_dict(state)
+        averaged.update_parameters(model)
+    return averaged
+
+
+def test_swa_equals_averaged_model_fed_the_epoch_end_weights_and_bn_is_recomputed(tmp_path):
+    swa = [*SMALL, "trainer.weight_averaging=swa", "trainer.swa_start=1"]
+    for epochs in (1, 2, 3):
+        train(compose(*swa, f"trainer.epochs={epochs}"), tmp_path / str(epochs), [])
+    saved = weights(tmp_path / "3", "averaged.pt")
+    assert (saved["kind"], saved["n_averaged"], saved["epoch"]) == ("swa", 3, 3)
+    averaged = fed([weights(tmp_path / str(e))["model"] for e in (1, 2, 3)])
+    for name, p in averaged.module.named_parameters():
+        assert torch.allclose(saved["model"][name], p, atol=1e-6), name
+    # BatchNorm statistics: update_bn over the un-augmented training set
+    data = build_data(compose(*swa).dataset, torch.device("cpu"), 0)
+    update_bn(data.train_plain, averaged.module)
+    for name, b in averaged.module.named_buffers():
+        assert torch.allclose(saved["model"][name].float(), b.float(), atol=1e-5), name
+    assert set(saved["model"]) == set(weights(tmp_path / "3")["model"])  # plain module keys
+    summary = json.loads((tmp_path / "3" / "summary.json").read_text())
+    assert summary["avg_test_acc"] is not None and summary["avg_test_ece"] is not None
+    last_row = rows(tmp_path / "3")[-1]
+    assert summary["avg_test_acc"] == last_row["avg_test_acc"]
+    # the lr: SWALR from epoch 1, annealed to swa_lr within the first epoch
+    assert last_row["lr"] == pytest.approx(0.05)
+
+
+def test_ema_equals_its_recurrence_step_by_step(tmp_path):
+    ema = [*SMALL, "trainer.weight_averaging=ema", "trainer.ema_decay=0.5"]
+    for steps in (1, 2, 3):
+        train(compose(*ema, f"trainer.steps={steps}"), tmp_path / str(steps), [])
+    w = [weights(tmp_path / str(s))["model"] for s in (1, 2, 3)]
+    saved = weights(tmp_path / "3", "averaged.pt")
+    assert (saved["kind"], saved["n_averaged"], saved["step"]) == ("ema", 3, 3)
+    model = build_model(compose(*SMALL).model, (1, 8, 8), 10)
+    for name, _ in model.named_parameters():
+        expected = 0.5 * (0.5 * w[0][name] + 0.5 * w[1][name]) + 0.5 * w[2][name]
+        assert torch.allclose(saved["model"][name], expected, atol=1e-6), name
+
+
+def test_a_run_stopped_and_resumed_with_swa_ends_like_an_uninterrupted_one(tmp_path):
+    swa = [*SMALL, "trainer.weight_averaging=swa", "trainer.swa_start=2"]
+    train(compose(*swa, "trainer.epochs=3"), tmp_path / "whole", [])
+    train(compose(*swa, "trainer.epochs=2"), tmp_path / "split", [])
+    stopped_early_of(tmp_path / "split", 3)
+    train(compose(*swa, "trainer.epochs=3"), tmp_path / "split", [])
+    assert rows(tmp_path / "split") == rows(tmp_path / "whole")
+    a, b = (weights(tmp_path / d, "averaged.pt") for d in ("split", "whole"))
+    assert a["n_averaged"] == b["n_averaged"] == 2
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
+
+
+def test_init_from_a_finished_run_reproduces_its_test_accuracy_and_reset_head(tmp_path):
+    src = tmp_path / "src"
+    done = train(compose(*SMALL, "trainer.epochs=1"), src, [])
+    cfg = compose(*SMALL, f"model.init_from={src}")
+    data = build_data(cfg.dataset, torch.device("cpu"), 0)
+    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    record = load_initial_weights(cfg.model, model)
+    assert record["kind"] == "checkpoint" and record["path"].endswith("last.pt")
+    model.eval()  # an evaluation before training (step 0)
+    correct = sum(int((model(x).argmax(1) == y).sum()) for x, y, _ in data.test)
+    assert correct / len(data.test.y) == pytest.approx(done["test_acc"])
+    # another class count: the classifier afresh (as the seed initialises it), the rest loaded
+    head = compose(
+        *SMALL, f"model.init_from={src / 'checkpoints' / 'last.pt'}", "model.reset_head=true"
+    )
+    torch.manual_seed(0)
+    fresh = build_model(head.model, (1, 8, 8), 5)
+    torch.manual_seed(0)
+    five = build_model(head.model, (1, 8, 8), 5)
+    load_initial_weights(head.model, five)
+    trained = weights(src)["model"]
+    for k, v in five.state_dict().items():
+        expected = fresh.state_dict()[k] if k.startswith("head.2.") else trained[k]
+        assert torch.equal(v, expected), k
+    # a plain state_dict file; summary.json records where the weights came from
+    plain = tmp_path / "plain.pt"
+    torch.save(trained, plain)
+    started = train(
+        compose(*SMALL, "trainer.epochs=1", f"model.init_from={plain}"), tmp_path / "ft", []
+    )
+    assert started["init_from"]["kind"] == "state_dict" and started["init_from"]["path"] == str(
+        plain
+    )
+
+
+def test_init_from_that_does_not_fit_names_the_first_tensor(tmp_path):
+    src = tmp_path / "src"
+    train(compose(*SMALL, "trainer.epochs=1"), src, [])
+    cfg = compose(*SMALL, "model.channels=8", f"model.init_from={src}")
+    with pytest.raises(UserError) as e:
+        load_initial_weights(cfg.model, build_model(cfg.model, (1, 8, 8), 10))
+    assert "stem.0.weight is [4, 1, 3, 3] there and [8, 1, 3, 3] here" in str(e.value)
+
+
+BAD = [
+    (["dataset.augment=autoaugmnet"], "'autoaugmnet' is unknown (did you mean autoaugment?)"),
+    (["dataset.mixup_alpha=-1"], "dataset.mixup_alpha=-1 must be a number >= 0"),
+    (["trainer.weight_averaging=swaa"], "'swaa' is unknown (did you mean swa?)"),
+    (
+        ["trainer.weight_averaging=swa", "trainer.swa_start=9", "trainer.epochs=3"],
+        "trainer.swa_start=9 must be an epoch in [1, trainer.epochs=3]",
+    ),
+    (
+        ["trainer.weight_averaging=ema", "trainer.ema_decay=1.0"],
+        "trainer.ema_decay=1.0 must be a number in (0, 1)",
+    ),
+    (["model.init_from=/nowhere/run"], "model.init_from=/nowhere/run: /nowhere/run does not exist"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[b[1].split("=")[0] for b in BAD])
+def test_bad_recipe_input_is_one_line_exit_2_before_anything_runs(argv, message, capsys, tmp_path):
+    code, _, err = run_cli([*argv, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert message in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_sweep_with_a_mismatched_init_from_fails_before_its_first_job(capsys, tmp_path):
+    src = tmp_path / "src"
+    train(compose(*SMALL, "trainer.epochs=1"), src, [])
+    code, _, err = run_cli(
+        [
+            "-m",
+            *SMALL,
+            "model.channels=4,8",
+            f"model.init_from={src}",
+            f"hydra.sweep.dir={tmp_path / 's'}",
+        ],
+        capsys,
+    )
+    assert code == 2 and "does not fit this model: stem.0.weight" in err, err
+    assert not list((tmp_path / "s").glob("*/metrics.jsonl"))
