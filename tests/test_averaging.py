@@ -178,3 +178,32 @@ def test_a_sweep_with_a_mismatched_init_from_fails_before_its_first_job(capsys, 
     )
     assert code == 2 and "does not fit this model: stem.0.weight" in err, err
     assert not list((tmp_path / "s").glob("*/metrics.jsonl"))
+
+
+def test_cifar10_autoaugment_mixup_and_swa_run_from_cifar_files(tmp_path, monkeypatch):
+    """`sam-run dataset=cifar10 dataset.augment=autoaugment trainer.weight_averaging=swa` on
+    files in CIFAR's real format (a small CNN for speed), MixUp on."""
+    from cifar_files import install
+
+    install(monkeypatch, tmp_path / "data", "cifar10", n_train=64, n_test=40)
+    summary = train(
+        compose(
+            "dataset=cifar10",
+            "dataset.augment=autoaugment",
+            "dataset.mixup_alpha=0.2",
+            "trainer.weight_averaging=swa",
+            f"dataset.data_dir={tmp_path / 'data'}",
+            "dataset.batch_size=16",
+            "model=cnn",
+            "model.channels=4",
+            "trainer.epochs=2",
+            "metrics.hessian.num_samples=32",
+            "metrics.hessian.max_iter=5",
+            "trainer.progress=none",
+        ),
+        tmp_path / "run",
+        [],
+    )
+    assert summary["status"] == "completed" and 0 <= summary["test_acc"] <= 1
+    assert summary["avg_test_acc"] is not None and summary["avg_lambda_max"] is not None
+    assert weights(tmp_path / "run", "averaged.pt")["n_averaged"] == 1  # swa_start: epoch 2

@@ -311,3 +311,29 @@ def test_bad_subset_or_batch_is_one_line(kw, message):
     with pytest.raises(UserError, match=re.escape(message)) as e:
         build_data(cfg(name="digits", **kw), torch.device("cpu"), seed=0)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("policy", ["trivialaugment", "cutout"])
+def test_image_folder_policy_in_the_workers_and_an_unaugmented_training_pass(tmp_path, policy):
+    c = OmegaConf.merge(_image_tree(tmp_path), {"augment": policy, "num_workers": 1})
+    d = build_data(c, torch.device("cpu"), seed=0)
+    d.train.set_epoch(1)
+    first = [x for x, _, _ in d.train]
+    d.train.set_epoch(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, (x for x, _, _ in d.train)))
+    plain = torch.cat([x for x, _, _ in d.train_plain])  # every training image, in order
+    assert plain.shape == (8, 3, 16, 16) and torch.equal(
+        plain, torch.cat([x for x, _, _ in d.train_plain])
+    )
+
+
+def test_cifar_policy_batches_and_the_plain_training_pass(tmp_path, monkeypatch):
+    install(monkeypatch, tmp_path, "cifar10", n_train=50, n_test=20)
+    c = cfg(
+        name="cifar10", data_dir=str(tmp_path), download=False, augment="randaugment", batch_size=10
+    )
+    d = build_data(c, torch.device("cpu"), seed=0)
+    x, _, idx = next(iter(d.train))
+    assert x.shape == (10, 3, 32, 32) and x.dtype == torch.float32
+    plain = next(iter(d.train_plain))[0]
+    assert torch.equal(plain, d.prepare(d.train_tensors[0][:50], None))  # un-augmented, in order
