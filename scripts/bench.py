@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-SECTIONS = ["core", "optim", "metrics", "scale", "results", "eos", "landscape", "eval"]
+SECTIONS = ["core", "optim", "metrics", "scale", "results", "eos", "landscape", "eval", "augment"]
 
 
 def main(argv=None):

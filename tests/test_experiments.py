@@ -62,6 +62,9 @@ EXPECTED = {
     # variant x rho x batch size x lr x seed, base once per rho: 8 base + 16 sam + 16 gsam
     "generalization_measures": (40, "resnet18", "cifar10", "base sam gsam"),
     "generalization_measures_mini": (40, "mlp", "mnist1d", "base sam gsam"),
+    # variant x weight averaging (none, swa) x seed
+    "swa_vs_sam": (12, "resnet18", "cifar100", "base sam"),
+    "swa_vs_sam_mini": (8, "cnn", "digits", "base sam"),
 }
 
 
