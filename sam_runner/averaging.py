@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 
 from .errors import integer, number
-from .registry import Registry
+from .registry import WEIGHT_AVERAGING as AVERAGING
 
-AVERAGING = Registry("trainer.weight_averaging", "sam_runner.averaging")
 AVERAGED = Path("checkpoints") / "averaged.pt"
 LOGGED = ("test_acc", "test_loss", "test_ece")  # of the averaged weights, as avg_<key>
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError, number
-from ..registry import Registry
+from ..registry import AUGMENTS
 
-AUGMENTS = Registry("dataset.augment", "sam_runner.data.augment", basic=True)
 CUTOUT_SIDE = 0.5  # the hole's side over the image's: 16×16 on 32×32, as the SAM paper's CIFAR
 LEGACY = {True: "basic", False: "none"}  # dataset.augment=true/false, from before the policies
 
