@@ -144,3 +144,30 @@ def test_auto_fits_the_dataset():
     assert isinstance(build_model(auto, (3, 32, 32), 100).layer4, torch.nn.Sequential)
     assert build_model(auto, (1, 8, 8), 10).stem[0].kernel_size == (3, 3)  # the small cnn on digits
     assert type(build_model(auto, (1, 40), 10).stem[0]).__name__ == "Conv1d"
+
+
+def test_timm_takes_a_local_pretrained_file_and_adapts_the_classifier(tmp_path):
+    """No hub here: model.pretrained_file goes to timm's own loader (pretrained_cfg_overlay)."""
+    import timm
+
+    source = timm.create_model("test_byobnet", num_classes=7)
+    path = tmp_path / "weights.pth"
+    torch.save(source.state_dict(), path)
+    cfg = OmegaConf.create(
+        dict(arch="timm", name="test_byobnet", pretrained=True, pretrained_file=str(path))
+    )
+    model = build_model(cfg, (3, 32, 32), 5)
+    assert model.get_classifier().out_features == 5
+    for k, v in model.state_dict().items():
+        if not k.startswith("head."):
+            assert torch.equal(v, source.state_dict()[k]), k
+    with pytest.raises(UserError, match="model.pretrained_file=.*does not exist"):
+        build_model(OmegaConf.merge(cfg, {"pretrained_file": str(tmp_path / "no")}), (3, 32, 32), 5)
+
+
+def test_reset_head_finds_the_classifier_of_timm_and_of_our_models():
+    from sam_runner.models import classifier_name
+
+    cnn = build_model(OmegaConf.create({"arch": "cnn"}), (3, 8, 8), 10)
+    vit = build_model(OmegaConf.create({"arch": "vit_tiny", "patch_size": 4}), (3, 8, 8), 10)
+    assert classifier_name(cnn) == "head.2" and classifier_name(vit) == "head"
