@@ -272,11 +272,7 @@ class Run:
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
         )
         self.test_set = TestSet(self)
-        self.mixing = Mixing(cfg.dataset, data.num_classes, cfg.seed, data.input_shape)
-        self.averaging = build_averaging(
-            cfg, model, self.optimizer, self.clock, data.train_plain, self.test_set.measure
-        )
-        self.scheduler = self.averaging.schedule(self.scheduler, self.steps_per_epoch)
+        self.build_recipe(model, data)
         self.robustness = Robustness(cfg, data, self.net, self.autocast, self.dist, self.clock)
         if self.dist.is_main:
             self.logger = build_logger(cfg.logger, self.run_dir, cfg)
@@ -290,6 +286,16 @@ class Run:
             self.steps_per_epoch,
             enabled=self.dist.is_main,
         )
+
+    def build_recipe(self, model, data) -> None:
+        """MixUp/CutMix of the training batches, and the weight averaging (SWA also takes over
+        the learning rate's schedule from trainer.swa_start)."""
+        cfg = self.cfg
+        self.mixing = Mixing(cfg.dataset, data.num_classes, cfg.seed, data.input_shape)
+        self.averaging = build_averaging(
+            cfg, model, self.optimizer, self.clock, data.train_plain, self.test_set.measure
+        )
+        self.scheduler = self.averaging.schedule(self.scheduler, self.steps_per_epoch)
 
     def parts(self) -> dict:
         """Every stateful part of the run, by its name in the checkpoint."""
