@@ -207,3 +207,10 @@ def test_cifar10_autoaugment_mixup_and_swa_run_from_cifar_files(tmp_path, monkey
     assert summary["status"] == "completed" and 0 <= summary["test_acc"] <= 1
     assert summary["avg_test_acc"] is not None and summary["avg_lambda_max"] is not None
     assert weights(tmp_path / "run", "averaged.pt")["n_averaged"] == 1  # swa_start: epoch 2
+
+
+def test_the_run_folder_name_says_where_the_weights_came_from():
+    from sam_runner.sweep.plan import folder_name
+
+    name = folder_name(["model.init_from=/runs/a", "model.reset_head=true"])
+    assert name == "model.init_from-_runs_a__model.reset_head-true"
