@@ -13,6 +13,7 @@ import sys
 import pytest
 from conftest import compose, wait_for
 
+from sam_runner.errors import UserError
 from sam_runner.preflight import preflight
 from sam_runner.sweep.hydra_api import search_space
 from sam_runner.sweep.objective import job_value
@@ -107,6 +108,9 @@ def test_a_diverged_trial_returns_the_worst_value(tmp_path):
     done = {"status": "completed", "val_acc": 0.5, "test_acc": 0.4}
     cfg.trainer.objective = "test_acc"
     assert job_value(cfg, tmp_path / "run", done) == 0.4
+    cfg.trainer.objective = "val_accuracy"  # misspelt: one line naming the keys there are
+    with pytest.raises(UserError, match=r"trainer.objective=val_accuracy is not a key .*val_acc"):
+        job_value(cfg, tmp_path / "run", done)
 
 
 @pytest.mark.slow
@@ -143,12 +147,24 @@ def test_sigkill_during_trial_3_then_the_same_command_ends_with_4_trials(tmp_pat
     study = optuna.load_study(study_name="search", storage=f"sqlite:///{sweep / 'optuna.db'}")
     states = [t.state.name for t in study.trials]
     assert states == ["COMPLETE"] * 4
+    # the resumed sampler draws new values, not the first trials' again
+    assert len({tuple(sorted(t.params.items())) for t in study.trials}) == 4
     for t in study.trials:
         summary = json.loads((sweep / str(t.number) / "summary.json").read_text())
         assert summary["status"] == "completed" and t.value == summary["val_acc"]
         assert set(summary["overrides"][:2]) == {f"{k}={v}" for k, v in t.params.items()}
     assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1", "2", "3"]
     assert "best trial #" in again.stdout
+
+    other = subprocess.run(
+        [*cmd, "optimizer.rho=tag(log, interval(0.02, 0.2))"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
+    assert other.returncode == 2 and "holds the Optuna study of another search" in other.stderr
+    assert other.stderr.strip().count("\n") == 0, other.stderr
 
     from sam_runner.report import main as report_main
 

@@ -13,6 +13,7 @@ returns the worst value and the search goes on.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from pathlib import Path
@@ -36,6 +37,11 @@ LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 
 class Search(OptunaSweeperImpl):
     def sweep(self, arguments: list[str]) -> None:
+        if isinstance(self.sampler, functools.partial):  # GridSampler: built from the space
+            fail(
+                "hydra/sweeper/sampler=grid is not supported by the resumable search; a grid "
+                "sweep (key=a,b,c without hparams_search) runs every combination"
+            )
         self._process_searchspace_config()
         space, fixed = create_params_from_overrides(
             self._parse_sweeper_params_config() + list(arguments)
@@ -72,6 +78,7 @@ class Search(OptunaSweeperImpl):
             direction=self.way,
             load_if_exists=True,
         )
+        self.continue_sampling(study)
         what = {
             "space": {k: repr(d) for k, d in self.space.items()},
             "settings": job_key(self.fixed, _exclude(self.config)),
@@ -87,6 +94,16 @@ class Search(OptunaSweeperImpl):
                 "differ); use another hydra.sweep.dir, or delete the folder to start over"
             )
         return study
+
+    def continue_sampling(self, study) -> None:
+        """A resumed study's sampler, seeded ``seed + trials so far``: the sampler made afresh
+        with the preset's seed would draw the first trials' values again."""
+        conf = OmegaConf.select(self.config, "hydra.sweeper.sampler")
+        seed = OmegaConf.select(self.config, "hydra.sweeper.sampler.seed")
+        if study.trials and conf is not None and seed is not None:
+            from hydra.utils import instantiate
+
+            study.sampler = instantiate(conf, seed=int(seed) + len(study.trials))
 
     def batches(self, numbers: list[int]) -> list[list[int]]:
         """Runs of consecutive trial numbers, at most ``n_jobs`` each (one launch each: a

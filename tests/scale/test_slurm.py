@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -374,5 +375,5 @@ def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
     for t in study.trials:
         assert t.value == summary(sweep_dir / str(t.number))["val_acc"]
     # both trials were tasks of one submitit array (<array id>_<task>)
-    tasks = {p.name for p in (sweep_dir / ".submitit").iterdir() if "_" in p.name}
+    tasks = {p.name for p in (sweep_dir / ".submitit").iterdir() if re.match(r"\d+_\d+$", p.name)}
     assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks
