@@ -208,3 +208,12 @@ def test_search_report_ranks_trials_and_puts_failed_ones_last(tmp_path):
     md = (tmp_path / "search.md").read_text()
     assert "## Best trial: #2" in md and "| acc | 0.7 | 0.6 |" in md
     assert "optimizer.rho (log)" not in md and paths[-1].name == "search_optimizer.rho.png"
+
+
+def test_sweep_lines_refuses_a_search_in_one_line(capsys):
+    from sam_runner.sweep.lines import lines_main
+
+    with pytest.raises(SystemExit) as e:
+        lines_main(["hparams_search=sam_rho_lr"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "run it with sam-run -m" in err
