@@ -96,14 +96,30 @@ def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None
     searched = hydra_api.search_space(lines)
     keys = {s.key for s in searched}
     base = [o for o in lines if override_key(o) not in keys]
-    objective.require_for_search(hydra_api.compose(base))
+    cfg = hydra_api.compose(base)
+    objective.require_for_search(cfg)
     jobs = [(base, None)]
     for s in searched:
         where = f"the search space {s.key}={s.text}"
         if s.malformed:
             raise UserError(f"{where} is malformed: {s.malformed}")
+        _require_used(s.key, cfg, where)
         jobs += [([*base, f"{s.key}={b}"], f"{where}: its bound {s.key}={b}") for b in s.bounds]
     return jobs
+
+
+def _require_used(key: str, cfg, where: str) -> None:
+    """A searched optimizer option the variant ignores (``optimizer=base`` and ρ) would spend
+    every trial on one setting: refused."""
+    from .registry import VARIANTS
+
+    name = str(cfg.optimizer.name)
+    ignored = VARIANTS.entry(name).ignored_options if name in VARIANTS else ()
+    if key.startswith("optimizer.") and key.split(".", 1)[1] in ignored:
+        raise UserError(
+            f"{where}: optimizer={name} ignores {key}, so every trial would train the same "
+            "model; search another variant, or drop the key from the space"
+        )
 
 
 def check_jobs(args) -> tuple[str | None, list[str]]:

@@ -47,6 +47,7 @@ def test_a_bad_bound_is_named_before_anything_runs(tmp_path, capsys, monkeypatch
     assert "optimizer.rho=-1 is refused" in refused(capsys, "optimizer.rho=choice(0.1,-1)")
     assert "needs bounds > 0" in refused(capsys, "optimizer.rho=tag(log, interval(0, 0.5))")
     assert "not below" in refused(capsys, "optimizer.rho=interval(0.5, 0.1)")
+    assert "optimizer=base ignores optimizer.rho" in refused(capsys, "optimizer=base")
     assert not (tmp_path / "multirun").exists()  # nothing written
 
 
