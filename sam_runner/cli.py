@@ -25,12 +25,26 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("sam_runner_groups", config_groups)
 
 
-def run_job(cfg: DictConfig):
-    """The task Hydra runs for each job: train, turning user errors into one line.
+def run_job(cfg: DictConfig) -> float | None:
+    """The task Hydra runs for each job: train, turning user errors into one line; returns the
+    job's objective (``trainer.objective``, the number a search sweeper optimises; None without
+    one), the worst value when the job failed or diverged.
 
     In a sweep (-m) a failing job never stops the sweep: its summary.json records the
     failure, and the sweep callback (sam_runner.sweep) exits non-zero at the end.
     """
+    from .sweep.objective import job_value
+
+    run_dir, summary = train_job(cfg)
+    try:
+        return job_value(cfg, run_dir, summary)
+    except UserError as e:  # a misspelt objective: stop here rather than rank every trial last
+        print(f"sam-run: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def train_job(cfg: DictConfig) -> tuple[str, dict]:
+    """(the job's run folder, its summary), a failed job's recorded in a sweep."""
     from hydra.types import RunMode
 
     from .sweep.jobs import record_failure, run_parallel
@@ -39,14 +53,14 @@ def run_job(cfg: DictConfig):
     run_dir, overrides = hc.runtime.output_dir, list(hc.overrides.task)
     sweeping = hc.mode == RunMode.MULTIRUN
     try:
-        return run_parallel(cfg, run_dir, overrides)
+        return run_dir, run_parallel(cfg, run_dir, overrides)
     except UserError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(f"sam-run: error: {e}", file=sys.stderr)
         # another run's folder stops the sweep, untouched
         if sweeping and not isinstance(e, RunFolderConflict):
-            return record_failure(run_dir, overrides, str(e))
+            return run_dir, record_failure(run_dir, overrides, str(e))
         _remove_if_new(Path(run_dir))
         sys.exit(2)
     except Exception as e:
@@ -57,7 +71,7 @@ def run_job(cfg: DictConfig):
         traceback.print_exc()  # a bug, not bad input: the whole story, then the sweep goes on
         msg = one_line(e)
         print(f"sam-run: job {hc.job.num} failed: {msg}", file=sys.stderr)
-        return record_failure(run_dir, overrides, msg)
+        return run_dir, record_failure(run_dir, overrides, msg)
 
 
 register_resolvers()
@@ -75,7 +89,7 @@ def _remove_if_new(run_dir: Path) -> None:
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
-def _main(cfg: DictConfig):
+def _main(cfg: DictConfig) -> float | None:
     return run_job(cfg)
 
 

@@ -35,9 +35,9 @@ created: Path | None = None
 
 def preflight(argv: list[str]) -> list[str]:
     """``argv`` checked (exit 2 with one line on a bad input), with its default folder added."""
-    from hydra._internal.utils import get_args_parser
+    from .sweep.hydra_api import args_parser
 
-    args = get_args_parser().parse_args(argv)
+    args = args_parser().parse_args(argv)
     if os.environ.get("HYDRA_FULL_ERROR") == "1" or _not_a_run(args):
         return argv
     message, notes = check_jobs(args)
@@ -69,14 +69,57 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def jobs_of(args) -> list[list[str]]:
-    """The overrides of every job of the command (one for a run), without repeats."""
+def jobs_of(args) -> list[tuple[list[str], str | None]]:
+    """The overrides of every job of the command (one for a run), without repeats, each with
+    the search bound it stands for (None: a job that runs). A search's jobs are not known
+    before it runs: its fixed settings stand for them, once alone and once with each bound of
+    each searched key."""
     if not args.multirun:
-        return [args.overrides]
+        return [(args.overrides, None)]
+    from .sweep import hydra_api
     from .sweep.plan import expand, fixed_config, sweeper_params
 
-    jobs = expand(args.overrides, sweeper_params(fixed_config(args.overrides)))
-    return list({tuple(j): list(j) for j in jobs}.values())
+    fixed = fixed_config(args.overrides)
+    if hydra_api.is_search(OmegaConf.select(fixed, "hydra.sweeper._target_", default="")):
+        return search_jobs(args.overrides, fixed)
+    jobs = expand(args.overrides, sweeper_params(fixed))
+    return [(list(j), None) for j in {tuple(j): j for j in jobs}.values()]
+
+
+def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None]]:
+    """A search's settings without the searched keys, then with each bound of each searched key
+    (UserError on a malformed space, or without an objective to select on)."""
+    from .sweep import hydra_api, objective
+    from .sweep.plan import sweeper_params
+
+    lines = [f"{k}={v}" for k, v in sweeper_params(fixed).items()] + list(arguments)
+    searched = hydra_api.search_space(lines)
+    keys = {s.key for s in searched}
+    base = [o for o in lines if override_key(o) not in keys]
+    cfg = hydra_api.compose(base)
+    objective.require_for_search(cfg)
+    jobs = [(base, None)]
+    for s in searched:
+        where = f"the search space {s.key}={s.text}"
+        if s.malformed:
+            raise UserError(f"{where} is malformed: {s.malformed}")
+        _require_used(s.key, cfg, where)
+        jobs += [([*base, f"{s.key}={b}"], f"{where}: its bound {s.key}={b}") for b in s.bounds]
+    return jobs
+
+
+def _require_used(key: str, cfg, where: str) -> None:
+    """A searched optimizer option the variant ignores (``optimizer=base`` and ρ) would spend
+    every trial on one setting: refused."""
+    from .registry import VARIANTS
+
+    name = str(cfg.optimizer.name)
+    ignored = VARIANTS.entry(name).ignored_options if name in VARIANTS else ()
+    if key.startswith("optimizer.") and key.split(".", 1)[1] in ignored:
+        raise UserError(
+            f"{where}: optimizer={name} ignores {key}, so every trial would train the same "
+            "model; search another variant, or drop the key from the space"
+        )
 
 
 def check_jobs(args) -> tuple[str | None, list[str]]:
@@ -87,17 +130,19 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
         OverrideParseException,
     )
 
+    from .sweep import objective
     from .sweep.plan import compose
     from .validate import validate_config, warnings
 
-    notes, job = {}, args.overrides
+    notes, job, bound = {}, args.overrides, None
     try:
-        for job in jobs_of(args):
+        for job, bound in jobs_of(args):
             cfg = compose(job)
             message = _added_keys(job)
             if message:
                 return message, []
             validate_config(cfg)
+            objective.validate(cfg)
             notes.update(dict.fromkeys(warnings(cfg)))
     except OverrideParseException as e:
         return (
@@ -105,12 +150,17 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
             "https://hydra.cc/docs/advanced/override_grammar/basic/"
         ), []
     except MissingConfigException as e:
-        return unknown_option(e), []
+        return _bound(bound, unknown_option(e)), []
     except ConfigCompositionException as e:
-        return _composition_error(e, job), []
+        return _bound(bound, _composition_error(e, job)), []
     except UserError as e:
-        return str(e), []
+        return _bound(bound, str(e)), []
     return None, list(notes)
+
+
+def _bound(bound: str | None, message: str) -> str:
+    """A job's error; a search bound's names the bound first (the rest of the space is fine)."""
+    return message if bound is None else f"{bound} is refused: {message}"
 
 
 def _composition_error(e, job) -> str:

@@ -595,9 +595,13 @@ def main(argv=None) -> int:
         "--out", type=Path, help="where to write the report (default: the sweep folder)"
     )
     args = ap.parse_args(argv)
+    from .search_report import is_search, write_search_report
+
     try:
         report = build_report(args.sweep_dir, args.metric, args.ignore)
         paths = write_report(report, args.out)
+        if is_search(args.sweep_dir):  # a search's study: its trials table and figures too
+            paths += write_search_report(args.sweep_dir, args.out)
     except UserError as e:
         print(f"sam-report: error: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import sys
@@ -220,6 +221,41 @@ class TestSet:
         return evaluate(model, r.data.test, r.criterion, r.autocast, r.dist, r.cfg.metrics)
 
 
+class ValSet:
+    """The validation-split keys of an evaluated metrics line (none without ``dataset.val_split``)
+    and, for summary.json, the final and the best validation accuracy with its epoch."""
+
+    KEYS = ("loss", "acc", "ece", "nll")
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def log_values(self) -> dict:
+        r = self.run
+        if r.data.val is None:
+            return {}
+        row = evaluate(r.net, r.data.val, r.criterion, r.autocast, r.dist, r.cfg.metrics)
+        return {f"val_{k}": row[f"test_{k}"] for k in self.KEYS}
+
+    def summary_values(self) -> dict:
+        from .sweep.objective import objective_key
+
+        key, out = objective_key(self.run.cfg), {}
+        if key is not None:  # a model chosen on test data is no held-out result: say so
+            out.update(objective=key, selected_on_test=key.startswith("test_"))
+        path = self.run.run_dir / "metrics.jsonl"  # every evaluation, resumed runs' included
+        lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        lines = [x for x in lines if isinstance(x.get("val_acc"), (int, float))]
+        if lines:
+            best = max(lines, key=lambda x: x["val_acc"])  # the first of equals: the earliest
+            out.update(
+                val_acc=lines[-1]["val_acc"],
+                best_val_acc=best["val_acc"],
+                best_val_epoch=best["epoch"],
+            )
+        return out
+
+
 class Run:
     def __init__(self, cfg, run_dir: Path, overrides: list[str]):
         self.cfg, self.run_dir, self.overrides = cfg, run_dir, overrides
@@ -273,6 +309,7 @@ class Run:
         )
         self.test_set = TestSet(self)
         self.build_recipe(model, data)
+        self.val_set = ValSet(self)
         self.robustness = Robustness(cfg, data, self.net, self.autocast, self.dist, self.clock)
         if self.dist.is_main:
             self.logger = build_logger(cfg.logger, self.run_dir, cfg)
@@ -443,6 +480,7 @@ class Run:
             "step": clock.step,
             **self.stats,
             **self.test_set.log_values(),
+            **self.val_set.log_values(),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
         for part in (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging):
@@ -495,6 +533,7 @@ class Run:
         if self.error:
             summary["error"] = self.error
         if self.dist.is_main:
+            summary.update(self.val_set.summary_values())
             write_json(self.run_dir / "summary.json", summary)
             _write_plots(self.run_dir)
             self.logger.summary(summary)

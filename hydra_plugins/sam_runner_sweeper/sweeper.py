@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import sys
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
+from sam_runner.sweep.hydra_api import basic_sweeper_class
 from sam_runner.sweep.plan import collapse, product
 
 
-class Sweeper(BasicSweeper):
+class Sweeper(basic_sweeper_class()):
     @staticmethod
     def split_arguments(overrides, max_batch_size):
         jobs, left_out = collapse(product(overrides))

@@ -15,7 +15,7 @@ from ..errors import integer, number
 from ..registry import DATASETS
 from .augment import tensor_policy
 from .augment import validate as validate_augment
-from .labels import batch_size, training_labels
+from .labels import batch_size, training_labels, validation_split
 from .loaders import Normalize, TensorLoader
 
 
@@ -32,6 +32,7 @@ class Data:
     full_batch: bool = False  # one training batch holds the whole training set
     clean_train_labels: torch.Tensor | None = None  # before label noise (train_tensors' are after)
     train_plain: object = None  # the training set in order, un-augmented (BatchNorm statistics)
+    val: object = None  # batches of the validation split (dataset.val_split), None without one
 
     def train_subset(self, n: int, seed: int):
         """A fixed, seeded subset of the training set as model-ready tensors (for curvature);
@@ -70,6 +71,7 @@ def validate(cfg) -> None:
             "an integer >= the number of classes (or null)",
             lambda n: n >= (entry.num_classes or 1),
         )
+    validate_val_split(cfg.get("val_split", 0))
     number(
         "dataset.label_noise",
         cfg.get("label_noise", 0.0),
@@ -79,6 +81,14 @@ def validate(cfg) -> None:
     validate_augment(cfg)
     if entry.meta.get("check"):
         entry.check(cfg)
+
+
+def validate_val_split(value) -> None:
+    """``dataset.val_split``: 0 (off), a fraction in (0, 1), or a count (an integer >= 1)."""
+    accepted = "0 (off), a fraction in (0, 1) or a count (an integer >= 1)"
+    x = number("dataset.val_split", 0 if value is None else value, accepted, lambda v: v >= 0)
+    if x >= 1:
+        integer("dataset.val_split", value, accepted)
 
 
 def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
@@ -92,7 +102,8 @@ def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
 def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
     """In-memory loaders over a source's arrays: the training labels as the study sets them, the
     tensors on the training device (no host-to-device copy per batch on a GPU)."""
-    keep, y, counts = training_labels(cfg, a.y, a.num_classes, seed, world)
+    pool, held = validation_split(a.y, a.num_classes, cfg.get("val_split", 0), seed)
+    keep, y, counts = training_labels(cfg, a.y, a.num_classes, seed, world, pool)
     x, n = a.x[keep], len(y)
     x, y, xt, yt, clean = (t.to(device) for t in (x, y, a.x_test, a.y_test, a.y[keep]))
     if a.stats is not None:
@@ -125,6 +136,12 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
     plain = TensorLoader(
         x, y, max(batch_size(cfg, n), 512), shuffle=False, transform=test_tf, rank=rank, world=world
     )
+    val = None
+    if len(held):  # held out of training: clean labels, no augmentation, the test set's loader
+        xv, yv = a.x[held].to(device), a.y[held].to(device)
+        val = TensorLoader(
+            xv, yv, test.batch_size, shuffle=False, transform=test_tf, rank=rank, world=world
+        )
     return Data(
         train,
         test,
@@ -137,4 +154,5 @@ def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1
         full_batch=full,
         clean_train_labels=clean,
         train_plain=plain,
+        val=val,
     )

@@ -1,4 +1,5 @@
-"""Training labels as a study sets them: a long-tailed cut of the classes, then label noise."""
+"""Training labels as a study sets them: a validation split held out first, then a long-tailed
+cut of the classes, then label noise."""
 
 from __future__ import annotations
 
@@ -62,13 +63,58 @@ def batch_size(cfg, n: int) -> int:
     return n if cfg.batch_size == "full" else int(cfg.batch_size)
 
 
-def training_labels(cfg, y, num_classes: int, seed: int, world: int):
-    """(kept indices, training labels, clean class counts): a class-balanced subset, the long-tail
-    cut, then label noise; the counts (which define the many/medium/few split) are of the clean
-    labels. Checks the batch size against the training set."""
-    keep = torch.arange(len(y))
+def validation_size(val_split, n: int) -> int:
+    """``dataset.val_split`` as a number of examples of a training set of ``n``: a fraction in
+    (0, 1) of it, or a count (an integer >= 1); 0 (or null) is no validation split."""
+    if not val_split:
+        return 0
+    size = int(round(float(val_split) * n)) if float(val_split) < 1 else int(val_split)
+    require(
+        0 < size < n,
+        f"dataset.val_split={val_split} holds out {size} of the {n} training examples; "
+        f"use a fraction in (0, 1) or a count between 1 and {n - 1}",
+    )
+    return size
+
+
+def validation_split(y: torch.Tensor, num_classes: int, val_split, seed: int):
+    """(training pool, validation indices), both sorted: ``dataset.val_split`` of the training
+    set held out, stratified (each class gives its share of the split, the largest remainders
+    one more) and drawn by a generator seeded with ``seed``. It depends on the labels, the seed
+    and ``val_split`` alone, so adding ``train_subset``, a long tail or label noise (applied to
+    the pool afterwards) leaves it unchanged."""
+    n = len(y)
+    size = validation_size(val_split, n)
+    if size == 0:
+        return torch.arange(n), torch.arange(0)
+    counts = torch.bincount(y, minlength=num_classes).double()
+    share = counts * size / n
+    take = share.floor().long()
+    extra = size - int(take.sum())
+    take[torch.argsort(share - share.floor(), descending=True, stable=True)[:extra]] += 1
+    g = torch.Generator().manual_seed(seed + 15485863)
+    val = []
+    for c in range(num_classes):
+        members = torch.nonzero(y == c).flatten()
+        val.append(members[torch.randperm(len(members), generator=g)[: int(take[c])]])
+    val = torch.cat(val).sort().values
+    held = torch.zeros(n, dtype=torch.bool)
+    held[val] = True
+    require(
+        bool(torch.all(torch.bincount(y[~held], minlength=num_classes) > 0)),
+        f"dataset.val_split={val_split} leaves a class without training examples; hold out less",
+    )
+    return torch.nonzero(~held).flatten(), val
+
+
+def training_labels(cfg, y, num_classes: int, seed: int, world: int, pool=None):
+    """(kept indices, training labels, clean class counts): from ``pool`` (the indices left by
+    the validation split; default all), a class-balanced subset, the long-tail cut, then label
+    noise; the counts (which define the many/medium/few split) are of the clean labels. Checks
+    the batch size against the training set."""
+    keep = torch.arange(len(y)) if pool is None else pool
     if cfg.get("train_subset") is not None:  # fixed by the seed: every job of a seed trains on it
-        keep = balanced_subset(y, num_classes, int(cfg.train_subset), seed)
+        keep = keep[balanced_subset(y[keep], num_classes, int(cfg.train_subset), seed)]
     ratio = cfg.get("imbalance_ratio")
     if ratio is not None:  # a long-tailed training set; the test set stays whole
         ratio = number(

@@ -16,7 +16,7 @@ from ..registry import DATASETS
 from ..runfiles import atomic_write
 from . import Arrays, Data
 from .augment import folder_transform
-from .labels import training_labels
+from .labels import training_labels, validation_split
 from .loaders import FolderLoader, Indexed
 
 CIFAR_STATS = {
@@ -195,8 +195,9 @@ def image_folder(cfg, seed, rank, world):
         datasets.ImageFolder(root / "train", train_tf),
         datasets.ImageFolder(root / "val", test_tf),
     )
-    c = len(train.classes)
-    keep, targets, counts = training_labels(cfg, torch.as_tensor(train.targets), c, seed, world)
+    c, labels = len(train.classes), torch.as_tensor(train.targets)
+    pool, held = validation_split(labels, c, cfg.get("val_split", 0), seed)
+    keep, targets, counts = training_labels(cfg, labels, c, seed, world, pool)
     train.samples = train.imgs = [
         (train.samples[i][0], int(t)) for i, t in zip(keep.tolist(), targets)
     ]
@@ -214,4 +215,8 @@ def image_folder(cfg, seed, rank, world):
     plain.samples = plain.imgs = train.samples
     plain.targets = train.targets
     pl = FolderLoader(Indexed(plain), cfg.batch_size, False, seed, workers, False, rank, world)
-    return Data(tl, vl, c, (3, size, size), n, class_counts=counts, train_plain=pl)
+    val = None
+    if len(held):  # training images held out, with the test transform (no augmentation)
+        held = torch.utils.data.Subset(datasets.ImageFolder(root / "train", test_tf), held.tolist())
+        val = FolderLoader(Indexed(held), cfg.batch_size, False, seed, workers, False, rank, world)
+    return Data(tl, vl, c, (3, size, size), n, class_counts=counts, train_plain=pl, val=val)

@@ -7,7 +7,10 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from omegaconf import OmegaConf
+
 from ..errors import UserError, first_line
+from . import hydra_api
 from .callback import fail, print_report, report
 from .plan import expand, fixed_config, sweeper_params
 
@@ -37,7 +40,13 @@ def lines_main(argv=None) -> None:
         if args.report:
             print_report(*report(args.report, args.jobs), prog=PROG)
             return
-        jobs = expand(args.overrides, sweeper_params(fixed_config(args.overrides)))
+        fixed = fixed_config(args.overrides)
+        if hydra_api.is_search(OmegaConf.select(fixed, "hydra.sweeper._target_", default="")):
+            raise UserError(
+                "a search asks its trials one batch at a time, so it has no lines to list; run "
+                "it with sam-run -m (hydra/launcher=slurm submits each batch as a job array)"
+            )
+        jobs = expand(args.overrides, sweeper_params(fixed))
     except UserError as e:
         fail(str(e), 2, PROG)
     except Exception as e:  # Hydra's grammar and config errors

@@ -9,7 +9,6 @@ runs, not what it computes); a job that left no folder at all is ``missing``.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from pathlib import Path
@@ -19,6 +18,7 @@ from omegaconf import OmegaConf
 from ..errors import RunFolderConflict, UserError
 from ..runfiles import holds_results, read_json
 from ..settings import RUN_ONLY_KEYS, describe_changes, override_key, run_only
+from . import hydra_api
 
 DEFAULT_EXCLUDE = ("trainer.device", "trainer.progress")
 NAME_LIMIT = 120  # characters of a folder name; longer names end in a hash of the whole
@@ -48,17 +48,8 @@ def _safe(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------- expansion
-@functools.lru_cache(maxsize=None)
 def _parser():
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from ..paths import config_dir
-
-    return OverridesParser.create(
-        config_loader=ConfigLoaderImpl(config_search_path=create_config_search_path(config_dir()))
-    )
+    return hydra_api.overrides_parser()
 
 
 def expand(arguments: list[str], sweeper_params=None) -> list[list[str]]:
@@ -70,9 +61,7 @@ def expand(arguments: list[str], sweeper_params=None) -> list[list[str]]:
 
 def product(parsed) -> list[list[str]]:
     """Every combination of parsed overrides, in Hydra's basic-sweeper order."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    return hydra_api.basic_product(parsed)
 
 
 def collapse(jobs: list[list[str]]) -> tuple[list[list[str]], list[str]]:
@@ -99,13 +88,7 @@ def collapse(jobs: list[list[str]]) -> tuple[list[list[str]], list[str]]:
 def compose(overrides: list[str], config_name: str = "config"):
     """The config of one job (or of ``sam-eval``: ``config_name="eval"``), Hydra's part included,
     composed by Hydra's own compose."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from ..paths import config_dir
-
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    return hydra_api.compose(overrides, config_name)
 
 
 def fixed_config(arguments: list[str]):
@@ -121,9 +104,7 @@ def sweeper_params(cfg) -> dict:
     return dict(OmegaConf.to_container(params, resolve=False)) if params else {}
 
 
-def knows_jobs(sweeper_target) -> bool:
-    """Whether a sweeper's jobs are known in advance (Hydra's basic sweeper, and ours on it)."""
-    return str(sweeper_target).endswith(("BasicSweeper", "sam_runner_sweeper.sweeper.Sweeper"))
+knows_jobs = hydra_api.knows_jobs
 
 
 def expected_jobs(sweep_dir) -> list[list[str]] | None:

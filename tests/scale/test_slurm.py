@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -339,3 +340,40 @@ def test_sam_landscape_computes_a_sweeps_slices_as_a_slurm_array(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and "2 already done, 0 to compute" in again.stdout
     assert "submitted" not in again.stderr
+
+
+@pytest.mark.usefixtures("slurm")
+def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
+    """hparams_search under hydra/launcher=slurm: 2 trials at once (n_jobs=2), one array."""
+    import optuna
+
+    sweep_dir = tmp_path / "search"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sam_runner.cli",
+            "-m",
+            "hydra/launcher=slurm",
+            "hparams_search=sam_rho_lr",
+            *TINY,
+            "trainer.epochs=1",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.n_jobs=2",
+            f"hydra.sweep.dir={sweep_dir}",
+            "hydra.launcher.cpus_per_task=1",
+            "hydra.launcher.timeout_min=10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    for t in study.trials:
+        assert t.value == summary(sweep_dir / str(t.number))["val_acc"]
+    # both trials were tasks of one submitit array (<array id>_<task>)
+    tasks = {p.name for p in (sweep_dir / ".submitit").iterdir() if re.match(r"\d+_\d+$", p.name)}
+    assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks

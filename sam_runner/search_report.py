@@ -1,0 +1,206 @@
+"""The report of a search folder (``sam-run -m hparams_search=...``): its Optuna study and the
+trials' run folders, as tables and figures.
+
+Writes, into the report folder:
+
+- ``search.md``: the trials sorted by the objective (best first; failed and diverged trials,
+  which scored the worst value, last), the best trial's settings, and its validation metrics
+  beside its test metrics (the test numbers of the model the validation split selected);
+- ``search.csv``: the trials table, one row per trial;
+- ``search_<key>.png``: the objective against each searched key, one point per trial with a
+  finite objective, on a log axis where the space is logarithmic.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UserError
+from .runfiles import atomic_write_bytes, read_json
+from .sweep.search import STORAGE_FILE, STUDY_NAME
+
+METRICS = ("loss", "acc", "ece", "nll")
+
+
+@dataclass
+class Trial:
+    number: int
+    state: str
+    value: float | None
+    params: dict
+    folder: Path
+    summary: dict = field(default_factory=dict)
+
+
+@dataclass
+class Study:
+    sweep_dir: Path
+    direction: str  # maximize | minimize
+    objective: str
+    trials: list[Trial]
+    log_keys: set
+
+    def ranked(self) -> list[Trial]:
+        """Best first; trials without a finite value last, by number."""
+        sign = -1 if self.direction == "maximize" else 1
+        good = [t for t in self.trials if t.value is not None and math.isfinite(t.value)]
+        rest = [t for t in self.trials if t not in good]
+        return sorted(good, key=lambda t: (sign * t.value, t.number)) + rest
+
+
+def is_search(sweep_dir) -> bool:
+    """Whether a folder holds a search's study (the sweeper's SQLite storage)."""
+    return (Path(sweep_dir) / STORAGE_FILE).is_file()
+
+
+def load_study(sweep_dir) -> Study:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sweep_dir = Path(sweep_dir)
+    storage = f"sqlite:///{(sweep_dir / STORAGE_FILE).absolute()}"
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    if not names:
+        raise UserError(f"{sweep_dir / STORAGE_FILE} holds no Optuna study")
+    study = optuna.load_study(
+        study_name=STUDY_NAME if STUDY_NAME in names else names[0], storage=storage
+    )
+    trials, log_keys, objective = [], set(), None
+    for t in study.trials:
+        folder = sweep_dir / str(t.number)
+        summary = read_json(folder / "summary.json") or {}
+        objective = objective or summary.get("objective")
+        trials.append(Trial(t.number, t.state.name, t.value, dict(t.params), folder, summary))
+        log_keys |= {
+            k
+            for k, d in t.distributions.items()
+            if "Log" in type(d).__name__ or getattr(d, "log", False)
+        }
+    return Study(
+        sweep_dir, study.direction.name.lower(), objective or "objective", trials, log_keys
+    )
+
+
+def write_search_report(sweep_dir, out_dir=None) -> list[Path]:
+    """search.md, search.csv and one search_<key>.png per searched key, into ``out_dir``
+    (default: the sweep folder); their paths."""
+    study = load_study(sweep_dir)
+    out_dir = Path(out_dir or sweep_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = [scatter(study, key, out_dir) for key in searched_keys(study)]
+    atomic_write_bytes(out_dir / "search.csv", render_csv(study).encode())
+    atomic_write_bytes(out_dir / "search.md", render_markdown(study, plots).encode())
+    return [out_dir / "search.md", out_dir / "search.csv", *plots]
+
+
+def searched_keys(study: Study) -> list[str]:
+    return list(dict.fromkeys(k for t in study.trials for k in t.params))
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def table_rows(study: Study) -> tuple[list[str], list[list]]:
+    keys = searched_keys(study)
+    head = [
+        "rank",
+        "trial",
+        "status",
+        f"objective ({study.objective})",
+        *keys,
+        "val_acc",
+        "test_acc",
+    ]
+    rows = []
+    for rank, t in enumerate(study.ranked(), 1):
+        status = t.summary.get("status") or t.state.lower()
+        rows.append(
+            [
+                rank,
+                t.number,
+                status,
+                t.value,
+                *(t.params.get(k) for k in keys),
+                t.summary.get("val_acc"),
+                t.summary.get("test_acc"),
+            ]
+        )
+    return head, rows
+
+
+def render_csv(study: Study) -> str:
+    buf = io.StringIO()
+    head, rows = table_rows(study)
+    w = csv.writer(buf)
+    w.writerow(head)
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def render_markdown(study: Study, plots: list[Path]) -> str:
+    head, rows = table_rows(study)
+    lines = [
+        f"# Search {study.sweep_dir}",
+        "",
+        f"{len(study.trials)} trial(s); objective {study.objective} ({study.direction}).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    best = study.ranked()[0] if study.trials else None
+    if best is not None and best.value is not None and math.isfinite(best.value):
+        lines += ["", f"## Best trial: #{best.number}", ""]
+        lines += [
+            f"- `{o}`"
+            for o in best.summary.get("overrides") or [f"{k}={v}" for k, v in best.params.items()]
+        ]
+        lines += ["", "| metric | validation | test |", "|---|---|---|"]
+        lines += [
+            f"| {m} | {_cell(best.summary.get(f'val_{m}', _last(best, f'val_{m}')))} | "
+            f"{_cell(best.summary.get(f'test_{m}', _last(best, f'test_{m}')))} |"
+            for m in METRICS
+        ]
+        if best.summary.get("selected_on_test"):
+            lines += [
+                "",
+                "Selected on test data (trainer.objective names a test metric): the "
+                "test numbers are not a held-out estimate.",
+            ]
+    lines += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
+    return "\n".join(lines) + "\n"
+
+
+def _last(trial: Trial, key: str):
+    """A key of the trial's final metrics line (val_loss, val_ece ... are not in summary.json)."""
+    from .sweep.objective import final_line
+
+    return final_line(trial.folder).get(key)
+
+
+def scatter(study: Study, key: str, out_dir: Path) -> Path:
+    from .plots.style import figure, log_scale, save_png
+
+    points = [
+        (t.params[key], t.value)
+        for t in study.trials
+        if key in t.params and t.value is not None and math.isfinite(t.value)
+    ]
+    fig, axes = figure()
+    ax = axes[0][0]
+    numeric = all(isinstance(x, (int, float)) for x, _ in points)
+    xs = [x if numeric else str(x) for x, _ in points]
+    ax.scatter(xs, [v for _, v in points], s=24)
+    if key in study.log_keys and numeric:
+        log_scale(ax, "x", xs)
+    ax.set_xlabel(key + (" (log)" if key in study.log_keys else ""))
+    ax.set_ylabel(study.objective)
+    ax.set_title(f"{study.objective} against {key} ({len(points)} trials)")
+    return save_png(fig, out_dir / f"search_{key.replace('/', '_')}.png")
