@@ -95,7 +95,7 @@ def _fake_sweep(root: Path, epochs: int) -> int:
 def run(args) -> dict:
     from sam_runner.loggers import NullLogger, build_logger
     from sam_runner.plots.run import write_run_plots
-    from sam_runner.report import build_report, write_report
+    from sam_runner.results.report import build_report, write_report
 
     repeats = 2 if args.quick else max(3, args.repeats)
     epochs = 20 if args.quick else 200

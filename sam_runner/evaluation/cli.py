@@ -26,8 +26,9 @@ def parse(argv) -> argparse.Namespace:
         "metrics settings enable, corruptions), into each job's eval.json.",
         epilog="Overrides: the metrics group and keys as in training (metrics=full, "
         "metrics.hessian.k=5, metrics.corruptions.enabled=true), eval.workers=N (local "
-        "processes), eval.device=cpu|cuda, eval.progress=bar|lines|none, hydra/launcher=slurm "
-        "(one SLURM array task per job, hydra.launcher.* as for sam-run).",
+        "processes), eval.device=cpu|cuda, eval.progress=bar|lines|none, "
+        "eval.weights=last|averaged (averaged: checkpoints/averaged.pt, into eval_averaged.json), "
+        "hydra/launcher=slurm (one SLURM array task per job, hydra.launcher.* as for sam-run).",
     )
     ap.add_argument("path", type=Path, metavar="PATH", help="a run folder or a sweep folder")
     ap.add_argument("overrides", nargs="*", help="overrides of the eval settings (conf/eval.yaml)")
@@ -63,7 +64,7 @@ def evaluate_folder(path: Path, overrides: list[str]) -> int:
     from .settings import compose_eval, eval_settings, launcher, plain
 
     cfg = compose_eval(overrides, path)
-    jobs = plan(path, eval_settings(cfg))
+    jobs = plan(path, eval_settings(cfg), str(cfg.eval.weights))
     check_jobs(jobs, cfg.metrics)
     todo = [j for j in jobs if j.state == "measure"]
     print(_header(path, jobs), flush=True)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import one_line
+from ..results.rundir import eval_file
 from ..runfiles import write_json
 from .job import measure_job
-from .plan import EVAL_FILE, Job
+from .plan import Job
 
 
 class Progress:
@@ -77,11 +78,12 @@ def lost(job: Job, settings: dict, why: str) -> dict:
     settings, else a failure written now."""
     from ..runfiles import read_json
 
-    record = read_json(job.path / EVAL_FILE) or {}
+    target = job.path / eval_file(str(settings["eval"].get("weights", "last")))
+    record = read_json(target) or {}
     if record.get("eval_settings") == settings["eval_settings"]:
         return record
     record = {"status": "failed", "error": why, "eval_settings": settings["eval_settings"]}
-    write_json(job.path / EVAL_FILE, record)
+    write_json(target, record)
     return record
 
 

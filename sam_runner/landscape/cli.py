@@ -247,8 +247,8 @@ def run(args, say=print) -> dict:
             launcher_params(args.launcher, args.launcher_option or [], path / ".sam-landscape"),
         )
     device = _device(opt.device) if array is None else None  # a task resolves it where it runs
+    from ..results.rundir import load_run
     from . import pairs
-    from .runs import load_run
 
     if args.pairs:
         require(

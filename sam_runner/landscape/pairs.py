@@ -3,7 +3,7 @@
 
 The jobs are the sweep's completed job folders (``sweep.plan.job_dirs``, summary status
 ``completed``, a checkpoint); two jobs are of one group when their overrides agree once
-``seed`` and the how-it-runs keys are left out (``report.group_overrides``: the groups of
+``seed`` and the how-it-runs keys are left out (``results.sweep.group_overrides``: the groups of
 sam-report). In each group every pair (A, B) with A before B in the sweep's order is connected
 once, into A's landscape/ folder. A pair (or a job's slices) whose landscape.json was written
 with the same options is skipped: a stopped call, run again, does only what is left.
@@ -15,12 +15,12 @@ import itertools
 from pathlib import Path
 
 from ..errors import require
-from ..report import group_overrides
+from ..results.rundir import load_run
+from ..results.sweep import group_overrides
 from ..runfiles import CHECKPOINT, read_json
 from ..sweep.plan import job_dirs, saved_overrides
 from .connectivity import connect, connectivity_done
 from .files import FOLDER, SUMMARY, clean
-from .runs import load_run
 from .slices import run_slices
 
 

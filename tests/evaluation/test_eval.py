@@ -26,8 +26,8 @@ from eval_helpers import (
 )
 
 from sam_runner.data import build_data
-from sam_runner.evaluation.job import job_config
 from sam_runner.models import build_model
+from sam_runner.results.rundir import RunDir
 from sam_runner.runfiles import CHECKPOINT, Checkpoint
 
 
@@ -105,7 +105,7 @@ def test_nothing_but_eval_json_is_touched(evaluated):
 def test_train_accuracy_is_the_whole_training_set_in_eval_mode(evaluated):
     sweep = evaluated[0]
     job = sweep / "2"
-    cfg = job_config(job)
+    cfg = RunDir(job).omega_config()
     data = build_data(cfg.dataset, torch.device("cpu"), cfg.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     model.load_state_dict(Checkpoint(job / CHECKPOINT).load()["model"])
