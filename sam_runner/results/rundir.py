@@ -27,6 +27,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..registry import VARIANTS
 from ..runfiles import CHECKPOINT, Checkpoint, read_json, read_rows
 
 AVERAGED = Path("checkpoints") / "averaged.pt"
@@ -81,6 +82,12 @@ def get(cfg, dotted: str):
             return None
         cfg = cfg.get(part)
     return cfg
+
+
+def has_rho(variant: str) -> bool:
+    """Whether a variant's ``optimizer.rho`` is a perturbation radius (not for ``base``; an unknown
+    variant is taken at its configured ρ)."""
+    return VARIANTS.entry(variant).has_rho if variant in VARIANTS else True
 
 
 class RunDir:
@@ -297,8 +304,6 @@ class LoadedRun:
 
     @property
     def rho(self) -> float | None:
-        from .sweep import has_rho
-
         rho = self.cfg.optimizer.get("rho")
         return float(rho) if has_rho(self.variant) and rho is not None else None
 

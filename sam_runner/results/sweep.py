@@ -31,11 +31,10 @@ from pathlib import Path
 
 from ..errors import require
 from ..plots.style import natural_key  # matplotlib is imported only when drawing
-from ..registry import VARIANTS
 from ..runfiles import finite
 from ..settings import override_key, run_only
 from ..sweep.plan import expected_jobs, job_dirs
-from .rundir import RunDir
+from .rundir import RunDir, has_rho
 
 DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
 BOUND_STATS = ("bound", "lambda_max_over_bound")  # per group, over jobs with both λ_max and a bound
@@ -139,12 +138,6 @@ class Report:
     def completed(self) -> list:
         """The completed jobs that have a folder (what the analyses read files from)."""
         return [j for j in self.jobs if j.status == "completed" and j.path is not None]
-
-
-def has_rho(variant: str) -> bool:
-    """Whether a variant's ``optimizer.rho`` is a perturbation radius (not for ``base``; an unknown
-    variant is taken at its configured ρ)."""
-    return VARIANTS.entry(variant).has_rho if variant in VARIANTS else True
 
 
 def load_job(path: Path, metrics, name: str = "", source: str = "") -> Job:
