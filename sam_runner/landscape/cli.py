@@ -99,6 +99,12 @@ def parser() -> argparse.ArgumentParser:
         help="training subset size (default: the run's metrics.hessian.num_samples)",
     )
     g.add_argument("--batch-size", type=int, help="samples per forward pass (default 4096)")
+    g.add_argument(
+        "--weights",
+        choices=("last", "averaged"),
+        help="the run's final weights (default, into landscape/) or its averaged ones "
+        "(checkpoints/averaged.pt of trainer.weight_averaging, into landscape_averaged/)",
+    )
     g.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     g.add_argument(
         "--progress", choices=("auto", "bar", "none"), help="tqdm bar (auto: on a terminal)"
@@ -263,15 +269,15 @@ def run(args, say=print) -> dict:
             args.to.is_dir(),
             f"--to {str(args.to)!r} does not exist or is not a folder; pass a run folder",
         )
-        run_a = load_run(path, device)
-        summary = connect(run_a, load_run(args.to, device), opt)
+        run_a = load_run(path, device, opt.weights)
+        summary = connect(run_a, load_run(args.to, device, opt.weights), opt)
         say(_pair_line(run_a.path, summary))
         return summary
     if not _is_run_folder(path):
         return pairs.slice_jobs(path, opt, device, say, array)
     from .slices import run_slices
 
-    summary = run_slices(load_run(path, device), opt)
+    summary = run_slices(load_run(path, device, opt.weights), opt)
     say(_slice_lines(path, opt, summary))
     return summary
 
@@ -281,6 +287,8 @@ def _num(v) -> str:
 
 
 def _slice_lines(path: Path, opt, s: dict) -> str:
+    from .files import folder
+
     out = [
         f"L(θ): train loss {_num(s.get('train_loss'))}, test loss {_num(s.get('test_loss'))} "
         f"({s.get('train_samples')} training samples, {s.get('test_samples')} test samples)"
@@ -293,7 +301,7 @@ def _slice_lines(path: Path, opt, s: dict) -> str:
     if opt.slices in ("2d", "both"):
         widths = ", ".join(_num(w) for w in s.get("basin_width_2d") or [])
         out.append(f"2-D slice: basin widths {widths} along its two axes")
-    out.append(f"written: {path / 'landscape'}/")
+    out.append(f"written: {folder(path, opt.weights)}/")
     return "\n".join(out)
 
 
@@ -312,7 +320,8 @@ def _pair_line(run_a: Path, s: dict) -> str:
         )
     from .files import pair_folder
 
-    return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']))}/"
+    weights = (s.get("run_a") or {}).get("weights", "last")
+    return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']), weights)}/"
 
 
 def main(argv=None) -> int:

@@ -20,7 +20,7 @@ from ..results.sweep import group_overrides
 from ..runfiles import CHECKPOINT, read_json
 from ..sweep.plan import job_dirs, saved_overrides
 from .connectivity import connect, connectivity_done
-from .files import FOLDER, SUMMARY, clean
+from .files import SUMMARY, clean, folder
 from .slices import run_slices
 
 
@@ -62,13 +62,13 @@ def connect_pairs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
     if array is not None:
         return {**counts, **_in_array(connect_task, todo, opt, array, names, _barriers, say)}
     for i, (a, b) in enumerate(todo, 1):
-        summary = connect(load_run(a, device), load_run(b, device), opt)
+        summary = connect(load_run(a, device, opt.weights), load_run(b, device, opt.weights), opt)
         say(f"  [{i}/{len(todo)}] {names[i - 1]}: {_barriers(summary)}")
     return counts
 
 
 def slices_done(job: Path, opt) -> bool:
-    held = read_json(job / FOLDER / SUMMARY) or {}
+    held = read_json(folder(job, opt.weights) / SUMMARY) or {}
     return held.get("options") == clean(opt.slice_options())
 
 
@@ -87,7 +87,7 @@ def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
         items = [(j,) for j in todo]
         return {**counts, **_in_array(slice_task, items, opt, array, names, _width, say)}
     for i, job in enumerate(todo, 1):
-        summary = run_slices(load_run(job, device), opt)
+        summary = run_slices(load_run(job, device, opt.weights), opt)
         say(f"  [{i}/{len(todo)}] {names[i - 1]}: {_width(summary)}")
     return counts
 
@@ -97,7 +97,7 @@ def slice_task(job: Path, opt) -> dict:
     """One array task: a job's slices, on the device its node has (``--device``)."""
     from .cli import _device
 
-    return run_slices(load_run(job, _device(opt.device)), opt)
+    return run_slices(load_run(job, _device(opt.device), opt.weights), opt)
 
 
 def connect_task(a: Path, b: Path, opt) -> dict:
@@ -105,7 +105,7 @@ def connect_task(a: Path, b: Path, opt) -> dict:
     from .cli import _device
 
     device = _device(opt.device)
-    return connect(load_run(a, device), load_run(b, device), opt)
+    return connect(load_run(a, device, opt.weights), load_run(b, device, opt.weights), opt)
 
 
 def _in_array(task, items, opt, array, names, describe, say) -> dict:

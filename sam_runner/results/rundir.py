@@ -34,7 +34,7 @@ AVERAGED = Path("checkpoints") / "averaged.pt"
 WEIGHTS = ("last", "averaged")
 STATUSES = ("completed", "diverged", "failed")
 EVAL_FILES = {"last": "eval.json", "averaged": "eval_averaged.json"}
-LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}
+LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}  # landscape/files.py
 
 
 def check_weights(weights: str, spelling: str = "weights") -> str:

@@ -122,3 +122,23 @@ def test_options_that_do_not_change_a_result_do_not_redo_it():
     one_d = Options(slices="1d", grid=9).slice_options()
     assert one_d == Options(slices="1d").slice_options()
     assert Options(points=9).slice_options() != Options().slice_options()
+
+
+def test_averaged_weights_go_into_their_own_folder(run, capsys):
+    import json
+
+    import torch
+
+    line = fails([run, "--weights", "averaged"], capsys)
+    assert "averaged.pt" in line and str(run) in line
+    model = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["model"]
+    model = {k: v * 0.5 if v.is_floating_point() else v for k, v in model.items()}
+    averaged = {"model": model, "kind": "ema", "n_averaged": 5, "epoch": 1, "step": 4}
+    torch.save(averaged, run / "checkpoints" / "averaged.pt")
+    flags = ["--slices", "1d", "--points", "5", "--train-samples", "64"]
+    assert main([str(run), *flags, "--weights", "averaged"]) == 0
+    assert main([str(run), *flags]) == 0
+    avg = json.loads((run / "landscape_averaged" / "landscape.json").read_text())
+    last = json.loads((run / "landscape" / "landscape.json").read_text())
+    assert avg["weights"] == "averaged" and "weights" not in last
+    assert avg["train_loss"] != last["train_loss"]  # L(θ) at the other weights
