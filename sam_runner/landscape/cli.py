@@ -25,6 +25,8 @@ from .options import Options
 PROG = "sam-landscape"
 SLICE_FLAGS = ("slices", "directions", "span", "points", "grid", "include_bias_bn", "fit_radius")
 PAIR_FLAGS = ("alpha_range", "alphas", "curve", "curve_epochs")
+PROGRESS = ("auto", "bar", "none")
+LAUNCHERS = ("local", "slurm", "submitit_local")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,6 +79,15 @@ def parser() -> argparse.ArgumentParser:
         epilog="docs/landscape.md: what is computed, the options and the files written.",
     )
     ap.add_argument("path", type=Path, metavar="RUN_DIR", help="a run folder, or a sweep folder")
+    ap.add_argument(
+        "settings",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="how it runs, spelled as for sam-run: trainer.device=auto|cpu|cuda|cuda:N, "
+        "trainer.progress=auto|bar|none, hydra/launcher=local|slurm|submitit_local, "
+        "hydra.launcher.KEY=VALUE (--device, --progress, --launcher, --launcher-option: the "
+        "earlier spellings)",
+    )
     _slice_flags(ap)
     _pair_flags(ap)
     g = ap.add_argument_group("evaluation")
@@ -106,13 +117,11 @@ def parser() -> argparse.ArgumentParser:
         "(checkpoints/averaged.pt of trainer.weight_averaging, into landscape_averaged/)",
     )
     g.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
-    g.add_argument(
-        "--progress", choices=("auto", "bar", "none"), help="tqdm bar (auto: on a terminal)"
-    )
+    g.add_argument("--progress", choices=PROGRESS, help="tqdm bar (auto: on a terminal)")
     g = ap.add_argument_group("a sweep folder's jobs or pairs as a job array")
     g.add_argument(
         "--launcher",
-        choices=("local", "slurm", "submitit_local"),
+        choices=LAUNCHERS,
         help="local: one after another here (default); slurm: one task of a SLURM array per job "
         "or pair, with sam-run's hydra/launcher=slurm preset; submitit_local: that array as "
         "local processes",
@@ -234,8 +243,47 @@ def _is_run_folder(path: Path) -> bool:
     return any((path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
 
 
+FLAG_OF = {"trainer.device": "device", "trainer.progress": "progress", "hydra/launcher": "launcher"}
+CHOICES = {"trainer.progress": PROGRESS, "hydra/launcher": LAUNCHERS}
+
+
+def run_settings(args) -> list[str]:
+    """sam-run's spellings (results/grammar.py) into the flags' places; the notes of the earlier
+    spellings used."""
+    from ..results.grammar import deprecated, require_known, split_run_words
+
+    words = list(getattr(args, "settings", None) or [])
+    require_known(
+        words, PROG, "trainer.device=, trainer.progress=, hydra/launcher=, hydra.launcher.KEY="
+    )
+    given, launcher_options, _ = split_run_words(words)
+    notes = [
+        deprecated(PROG, f"--{flag.replace('_', '-')}", new)
+        for flag, new in (
+            ("device", "trainer.device="),
+            ("progress", "trainer.progress="),
+            ("launcher", "hydra/launcher="),
+            ("launcher_option", "hydra.launcher.KEY=VALUE"),
+        )
+        if getattr(args, flag, None) is not None
+    ]
+    for key, value in given.items():
+        accepted = CHOICES.get(key)
+        require(
+            accepted is None or value in accepted,
+            f"{key}={value!r} is unknown; choose one of {', '.join(accepted or ())}",
+        )
+        setattr(args, FLAG_OF[key], value)
+    if launcher_options:
+        args.launcher_option = [*(args.launcher_option or []), *launcher_options]
+    return notes
+
+
 def run(args, say=print) -> dict:
     """What the flags ask for; returns the landscape.json written (or the sweep's counts)."""
+    from ..results.grammar import say_notes
+
+    notes = run_settings(args)
     opt = options(args)
     path = args.path
     require(
@@ -253,6 +301,7 @@ def run(args, say=print) -> dict:
             launcher_params(args.launcher, args.launcher_option or [], path / ".sam-landscape"),
         )
     device = _device(opt.device) if array is None else None  # a task resolves it where it runs
+    say_notes(notes)  # the input is good: now the notices of earlier spellings
     from ..results.rundir import load_run
     from . import pairs
 
@@ -325,7 +374,7 @@ def _pair_line(run_a: Path, s: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_intermixed_args(argv)
     try:
         run(args)
     except UserError as e:

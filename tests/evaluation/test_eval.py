@@ -298,3 +298,14 @@ def test_averaged_weights_are_measured_into_their_own_file(evaluated, tmp_path):
     assert code == 0, err
     again = json.loads((run / "eval_averaged.json").read_text())
     assert again["test_loss"] != pytest.approx(averaged["test_loss"], rel=1e-6)
+
+
+def test_sam_runs_spellings_and_the_earlier_ones(evaluated, tmp_path):
+    run = copy_of(evaluated[0] / "3", tmp_path / "run")
+    code, _, err = sam_eval(run, *EVAL_ARGS, "trainer.device=tpu")
+    assert code == 2 and "trainer.device='tpu' is unknown" in err and "eval.device" not in err
+    code, out, err = sam_eval(run, *EVAL_ARGS, "trainer.device=cpu", "trainer.progress=none")
+    assert code == 0 and "already measured" in out and "deprecated" not in err
+    code, out, err = sam_eval(run, *EVAL_ARGS, "eval.device=cpu", "eval.progress=none")
+    notes = [x for x in err.splitlines() if "deprecated" in x]
+    assert code == 0 and len(notes) == 2 and "spell it trainer.device=" in notes[0]

@@ -142,3 +142,20 @@ def test_averaged_weights_go_into_their_own_folder(run, capsys):
     last = json.loads((run / "landscape" / "landscape.json").read_text())
     assert avg["weights"] == "averaged" and "weights" not in last
     assert avg["train_loss"] != last["train_loss"]  # L(θ) at the other weights
+
+
+def test_sam_runs_spellings_and_the_earlier_ones_give_one_result(run, capsys):
+    flags = ["--slices", "1d", "--points", "5", "--train-samples", "64"]
+    assert main([str(run), *flags, "trainer.device=cpu", "trainer.progress=none"]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    new = (run / "landscape" / "slice_1d.csv").read_text()
+    assert main([str(run), *flags, "--points", "7", "--device", "cpu", "--progress", "none"]) == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if "deprecated" in x]
+    assert len(notes) == 2 and "trainer.device=" in notes[0] and "trainer.progress=" in notes[1]
+    assert main([str(run), *flags, "--device", "cpu", "--progress", "none"]) == 0
+    assert (run / "landscape" / "slice_1d.csv").read_text() == new
+    capsys.readouterr()
+    line = fails([run, "trainer.progress=lines"], capsys)
+    assert "trainer.progress='lines' is unknown" in line
+    line = fails([run, "optimizer.rho=1"], capsys)
+    assert "'optimizer.rho=1' is not a sam-landscape setting" in line
