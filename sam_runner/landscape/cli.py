@@ -26,6 +26,12 @@ PROG = "sam-landscape"
 SLICE_FLAGS = ("slices", "directions", "span", "points", "grid", "include_bias_bn", "fit_radius")
 PAIR_FLAGS = ("alpha_range", "alphas", "curve", "curve_epochs")
 PROGRESS = ("auto", "bar", "none")
+SETTINGS_HELP = (
+    "how it runs, spelled as for sam-run: trainer.device=auto|cpu|cuda|cuda:N, "
+    "trainer.progress=auto|bar|none, hydra/launcher=local|slurm|submitit_local, "
+    "hydra.launcher.KEY=VALUE (--device, --progress, --launcher, --launcher-option: the "
+    "earlier spellings)"
+)
 LAUNCHERS = ("local", "slurm", "submitit_local")
 
 
@@ -79,15 +85,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="docs/landscape.md: what is computed, the options and the files written.",
     )
     ap.add_argument("path", type=Path, metavar="RUN_DIR", help="a run folder, or a sweep folder")
-    ap.add_argument(
-        "settings",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help="how it runs, spelled as for sam-run: trainer.device=auto|cpu|cuda|cuda:N, "
-        "trainer.progress=auto|bar|none, hydra/launcher=local|slurm|submitit_local, "
-        "hydra.launcher.KEY=VALUE (--device, --progress, --launcher, --launcher-option: the "
-        "earlier spellings)",
-    )
+    ap.add_argument("settings", nargs="*", metavar="KEY=VALUE", help=SETTINGS_HELP)
     _slice_flags(ap)
     _pair_flags(ap)
     g = ap.add_argument_group("evaluation")

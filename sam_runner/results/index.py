@@ -64,6 +64,9 @@ def connect(db: Path) -> sqlite3.Connection:
     try:
         con = sqlite3.connect(str(db), timeout=BUSY_TIMEOUT_S, isolation_level=None)
         con.execute("PRAGMA journal_mode=WAL")
+        con.execute(
+            "PRAGMA synchronous=NORMAL"
+        )  # WAL: a crash loses the last commits, never the file
         con.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
     except sqlite3.Error as e:
         raise UserError(f"--db {db}: cannot open it as an SQLite database ({e})") from None
@@ -127,18 +130,26 @@ def run_row(run: RunDir, sweep_dir: Path) -> dict:
     return row
 
 
+_known: dict = {}  # (connection id, table) -> columns seen: re-read only when a key is new
+
+
 def _columns(con, table: str) -> set:
-    return {r[1] for r in con.execute(f"PRAGMA table_info({quote(table)})")}
+    cols = {r[1] for r in con.execute(f"PRAGMA table_info({quote(table)})")}
+    _known[(id(con), table)] = cols
+    return cols
 
 
 def _insert(con, table: str, rows: list[dict], verb: str = "INSERT") -> None:
     if not rows:
         return
-    have = _columns(con, table)
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    for k in keys:
-        if k not in have:
-            con.execute(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(k)}")
+    have = _known.get((id(con), table), set())
+    if not set(keys) <= have:  # inside the write lock: another indexer may have added them
+        have = _columns(con, table)
+        for k in keys:
+            if k not in have:
+                con.execute(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(k)}")
+                have.add(k)
     sql = (
         f"{verb} INTO {quote(table)} ({', '.join(map(quote, keys))}) "
         f"VALUES ({', '.join('?' * len(keys))})"
@@ -201,8 +212,14 @@ def index(paths, db: Path) -> dict:
                 counts[index_folder(con, run_dir, sweep_dir)] += 1
             counts["removed"] += _remove_gone(con, Path(p).resolve(), {str(d) for d, _ in found})
     finally:
+        _forget(con)
         con.close()
     return counts
+
+
+def _forget(con) -> None:
+    for key in [k for k in _known if k[0] == id(con)]:
+        del _known[key]
 
 
 def _remove_gone(con, root: Path, present: set) -> int:
@@ -263,7 +280,7 @@ def parser() -> argparse.ArgumentParser:
         prog="sam-index",
         description="Index run and sweep folders into an SQLite database (tables runs, epochs).",
         epilog='Example: sam-index multirun/ --query \'SELECT "optimizer.name", avg(test_acc) '
-        'FROM runs GROUP BY 1\'',
+        "FROM runs GROUP BY 1'",
     )
     ap.add_argument("paths", nargs="*", type=Path, metavar="PATH", help="run or sweep folders")
     ap.add_argument("--db", type=Path, default=Path(DEFAULT_DB), help=f"default {DEFAULT_DB}")
