@@ -21,7 +21,7 @@ from ..errors import one_line
 from ..results.rundir import eval_file
 from ..runfiles import write_json
 from .job import measure_job
-from .plan import Job
+from .plan import Measurement
 
 
 class Progress:
@@ -35,7 +35,7 @@ class Progress:
 
             self.bar = tqdm(total=total, desc="sam-eval", unit="job", file=sys.stderr)
 
-    def finished(self, job: Job, record: dict) -> None:
+    def finished(self, job: Measurement, record: dict) -> None:
         self.done += 1
         if self.bar is not None:
             self.bar.update(1)
@@ -55,7 +55,7 @@ class Progress:
             self.bar.close()
 
 
-def run_jobs(jobs: list[Job], settings: dict, launcher: str, launcher_params: dict) -> dict:
+def run_jobs(jobs: list[Measurement], settings: dict, launcher: str, launcher_params: dict) -> dict:
     """{job name: its eval.json record}, every job run by the chosen launcher."""
     progress = Progress(settings["eval"]["progress"], len(jobs))
     try:
@@ -73,7 +73,7 @@ def run_jobs(jobs: list[Job], settings: dict, launcher: str, launcher_params: di
         progress.close()
 
 
-def lost(job: Job, settings: dict, why: str) -> dict:
+def lost(job: Measurement, settings: dict, why: str) -> dict:
     """The record of a job whose process ended early: its eval.json if it wrote one with these
     settings, else a failure written now."""
     from ..runfiles import read_json
@@ -97,7 +97,7 @@ def _worker_start(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _pool(jobs: list[Job], settings: dict, progress: Progress) -> dict:
+def _pool(jobs: list[Measurement], settings: dict, progress: Progress) -> dict:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 

@@ -27,7 +27,9 @@ EVAL_FILE = eval_file("last")
 
 
 @dataclass
-class Job:
+class Measurement:
+    """What sam-eval does about one job folder (the job itself: ``results.rundir.RunDir``)."""
+
     path: Path
     name: str  # relative to PATH ("." for a run folder)
     state: str  # measure | done | skip
@@ -51,7 +53,7 @@ def job_folders(path: Path) -> list[Path]:
     return dirs
 
 
-def plan(path: Path, settings: dict, weights: str = "last") -> list[Job]:
+def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]:
     """Every job of PATH with what to do about it, in natural order (``weights``: which of the
     job's weights, into which file: eval.json, or eval_averaged.json for averaged.pt)."""
     path = Path(path)
@@ -61,7 +63,7 @@ def plan(path: Path, settings: dict, weights: str = "last") -> list[Job]:
         summary = read_json(d / "summary.json") or {}
         if summary.get("status") != "completed":
             status = summary.get("status") or "no summary.json: running, or killed"
-            jobs.append(Job(d, name, "skip", f"not completed ({status})"))
+            jobs.append(Measurement(d, name, "skip", f"not completed ({status})"))
             continue
         require(
             weights != "averaged" or (d / AVERAGED).is_file(),
@@ -71,9 +73,9 @@ def plan(path: Path, settings: dict, weights: str = "last") -> list[Job]:
         done = read_json(d / eval_file(weights)) or {}
         fresh_ = fresh(d, weights)
         if done.get("status") == "completed" and done.get("eval_settings") == settings and fresh_:
-            jobs.append(Job(d, name, "done", "already measured with these settings"))
+            jobs.append(Measurement(d, name, "done", "already measured with these settings"))
         else:
-            jobs.append(Job(d, name, "measure"))
+            jobs.append(Measurement(d, name, "measure"))
     require(
         any(j.state != "skip" for j in jobs),
         f"PATH={str(path)!r} holds no completed run to measure "
@@ -93,7 +95,7 @@ def fresh(job_dir: Path, weights: str = "last") -> bool:
         return False
 
 
-def check_jobs(jobs: list[Job], metrics_cfg) -> None:
+def check_jobs(jobs: list[Measurement], metrics_cfg) -> None:
     """One line for the first job the settings do not apply to (corruptions to its dataset): bad
     input, refused before anything runs. A job that cannot be measured (its config or checkpoint
     unreadable or missing) is not refused here: it fails, into its eval.json, and the rest go on."""
