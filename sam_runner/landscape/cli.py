@@ -245,26 +245,15 @@ FLAG_OF = {"trainer.device": "device", "trainer.progress": "progress", "hydra/la
 CHOICES = {"trainer.progress": PROGRESS, "hydra/launcher": LAUNCHERS}
 
 
-def run_settings(args) -> list[str]:
-    """sam-run's spellings (results/grammar.py) into the flags' places; the notes of the earlier
-    spellings used."""
-    from ..results.grammar import deprecated, require_known, split_run_words
+def run_settings(args) -> None:
+    """sam-run's spellings (results/grammar.py) into the flags' places."""
+    from ..results.grammar import require_known, split_run_words
 
     words = list(getattr(args, "settings", None) or [])
     require_known(
         words, PROG, "trainer.device=, trainer.progress=, hydra/launcher=, hydra.launcher.KEY="
     )
     given, launcher_options, _ = split_run_words(words)
-    notes = [
-        deprecated(PROG, f"--{flag.replace('_', '-')}", new)
-        for flag, new in (
-            ("device", "trainer.device="),
-            ("progress", "trainer.progress="),
-            ("launcher", "hydra/launcher="),
-            ("launcher_option", "hydra.launcher.KEY=VALUE"),
-        )
-        if getattr(args, flag, None) is not None
-    ]
     for key, value in given.items():
         accepted = CHOICES.get(key)
         require(
@@ -274,14 +263,11 @@ def run_settings(args) -> list[str]:
         setattr(args, FLAG_OF[key], value)
     if launcher_options:
         args.launcher_option = [*(args.launcher_option or []), *launcher_options]
-    return notes
 
 
 def run(args, say=print) -> dict:
     """What the flags ask for; returns the landscape.json written (or the sweep's counts)."""
-    from ..results.grammar import say_notes
-
-    notes = run_settings(args)
+    run_settings(args)
     opt = options(args)
     path = args.path
     require(
@@ -299,7 +285,6 @@ def run(args, say=print) -> dict:
             launcher_params(args.launcher, args.launcher_option or [], path / ".sam-landscape"),
         )
     device = _device(opt.device) if array is None else None  # a task resolves it where it runs
-    say_notes(notes)  # the input is good: now the notices of earlier spellings
     from ..results.rundir import load_run
     from . import pairs
 
@@ -371,7 +356,71 @@ def _pair_line(run_a: Path, s: dict) -> str:
     return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']), weights)}/"
 
 
+RUN_SPELLING = {
+    "device": "trainer.device=",
+    "progress": "trainer.progress=",
+    "launcher": "hydra/launcher=",
+    "launcher_option": "hydra.launcher.KEY=VALUE",
+}
+
+
+def _as_flags(word: str, actions: dict) -> list[str]:
+    """``landscape.KEY=VALUE`` as the flag argparse reads (``landscape.span=[-1,1]``: ``--span
+    -1 1``; ``landscape.include_bias_bn=true``: ``--include-bias-bn``)."""
+    import difflib
+
+    key, value = word[len("landscape.") :].split("=", 1)
+    if key not in actions:
+        near = difflib.get_close_matches(key, list(actions), n=1)
+        hint = f" (did you mean landscape.{near[0]}?)" if near else ""
+        raise UserError(
+            f"landscape.{key} is not an option{hint}; choose one of "
+            + ", ".join(f"landscape.{k}" for k in actions)
+        )
+    action = actions[key]
+    flag = action.option_strings[0]
+    if action.nargs == 0:
+        require(
+            value.lower() in ("true", "false"),
+            f"landscape.{key}={value!r} must be true or false",
+        )
+        return [flag] if value.lower() == "true" else []
+    if action.nargs == 2:
+        return [flag, *value.strip("[]").split(",")]
+    return [flag, value]
+
+
+def translate(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The one grammar (results/grammar.py): ``landscape.KEY=VALUE`` words as flags; and the
+    notes of the earlier spellings (the flags) used."""
+    from ..results.grammar import deprecated
+
+    actions = {
+        a.dest: a
+        for a in parser()._actions
+        if a.option_strings and a.dest not in ("help", *RUN_SPELLING)
+    }
+    by_flag = {o: a.dest for a in parser()._actions for o in a.option_strings}
+    out, notes = [], []
+    for word in argv:
+        if word.startswith("landscape.") and "=" in word:
+            out += _as_flags(word, actions)
+            continue
+        dest = by_flag.get(word.split("=", 1)[0]) if word.startswith("--") else None
+        if dest is not None and dest != "help":
+            new = RUN_SPELLING.get(dest, f"landscape.{dest}=")
+            notes.append(deprecated(PROG, word.split("=", 1)[0], new))
+        out.append(word)
+    return out, notes
+
+
 def main(argv=None) -> int:
+    argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    try:
+        argv, notes = translate(argv)
+    except UserError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
     args = parser().parse_intermixed_args(argv)
     try:
         run(args)
@@ -384,6 +433,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; files already written are complete", file=sys.stderr)
         return 130
+    from ..results.grammar import say_notes
+
+    say_notes(notes)  # after the work: an error stays one line
     return 0
 
 

@@ -4,10 +4,12 @@ sam-run's own spellings, as ``key=value`` words after PATH::
     trainer.device=auto|cpu|cuda[:N]    trainer.progress=auto|bar|lines|none
     hydra/launcher=local|slurm|submitit_local    hydra.launcher.KEY=VALUE (the preset's keys)
 
-Each command's own options keep their form (sam-eval: Hydra overrides of conf/eval.yaml;
-sam-landscape: flags). The earlier spellings (``eval.device=``, ``eval.progress=``;
-``--device``, ``--progress``, ``--launcher``, ``--launcher-option``) still work for this
-release, with a one-line notice once the input is checked.
+and each command's own options as ``key=value`` words of its own section too: sam-eval's
+``metrics.*`` and ``eval.*`` (Hydra overrides of conf/eval.yaml), sam-landscape's
+``landscape.*`` (``landscape.points=11``, ``landscape.span=[-1,1]``, ``landscape.to=RUN_B``,
+``landscape.weights=averaged``). The earlier spellings (``eval.device=``, ``eval.progress=``;
+sam-landscape's flags, ``--points 11``) still work for this release, with a one-line notice
+once the input is checked.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def require_known(words, command: str, accepted: str) -> None:
 
 
 def deprecated(command: str, old: str, new: str) -> str:
-    return f"{command}: note: {old} is deprecated; spell it {new}, as sam-run does"
+    return f"{command}: note: {old} is deprecated (it goes in the next release); spell it {new}"
 
 
 def say_notes(notes) -> None:

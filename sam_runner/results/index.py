@@ -256,7 +256,10 @@ def query(db: Path, sql: str) -> tuple[list[str], list[tuple]]:
 def selected_runs(db: Path, where: str | None) -> list[tuple[str, str]]:
     """(run_dir, sweep_dir) of the runs the condition selects (sam-report --db --where)."""
     sql = "SELECT run_dir, sweep_dir FROM runs" + (f" WHERE {where}" if where else "")
-    _, rows = query(db, sql + " ORDER BY sweep_dir, run_dir")
+    try:
+        _, rows = query(db, sql + " ORDER BY sweep_dir, run_dir")
+    except UserError as e:
+        raise UserError(str(e).replace("--query failed", f"--where {where!r} failed")) from None
     require(bool(rows), f"no run of {db} matches --where {where!r}")
     return [(str(a), str(b)) for a, b in rows]
 

@@ -144,18 +144,24 @@ def test_averaged_weights_go_into_their_own_folder(run, capsys):
     assert avg["train_loss"] != last["train_loss"]  # L(θ) at the other weights
 
 
-def test_sam_runs_spellings_and_the_earlier_ones_give_one_result(run, capsys):
-    flags = ["--slices", "1d", "--points", "5", "--train-samples", "64"]
-    assert main([str(run), *flags, "trainer.device=cpu", "trainer.progress=none"]) == 0
+def test_the_one_grammar_and_the_earlier_flags_give_one_result(run, capsys):
+    words = ["landscape.slices=1d", "landscape.points=5", "landscape.train_samples=64"]
+    assert main([str(run), *words, "trainer.device=cpu", "trainer.progress=none"]) == 0
     assert "deprecated" not in capsys.readouterr().err
     new = (run / "landscape" / "slice_1d.csv").read_text()
-    assert main([str(run), *flags, "--points", "7", "--device", "cpu", "--progress", "none"]) == 0
-    notes = [x for x in capsys.readouterr().err.splitlines() if "deprecated" in x]
-    assert len(notes) == 2 and "trainer.device=" in notes[0] and "trainer.progress=" in notes[1]
+    flags = ["--slices", "1d", "--points", "7", "--train-samples", "64"]
     assert main([str(run), *flags, "--device", "cpu", "--progress", "none"]) == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if "deprecated" in x]
+    assert len(notes) == 5 and "spell it landscape.points=" in notes[1]
+    assert "spell it trainer.device=" in notes[3] and "spell it trainer.progress=" in notes[4]
+    assert main([str(run), *words, "--device", "cpu", "trainer.progress=none"]) == 0
     assert (run / "landscape" / "slice_1d.csv").read_text() == new
     capsys.readouterr()
     line = fails([run, "trainer.progress=lines"], capsys)
     assert "trainer.progress='lines' is unknown" in line
     line = fails([run, "optimizer.rho=1"], capsys)
     assert "'optimizer.rho=1' is not a sam-landscape setting" in line
+    line = fails([run, "landscape.pionts=5"], capsys)
+    assert "landscape.pionts is not an option (did you mean landscape.points?)" in line
+    line = fails([run, "landscape.span=[1,2]"], capsys)
+    assert "--span 1 2 must be" in line
