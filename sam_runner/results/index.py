@@ -8,7 +8,7 @@ Tables (the standard library's sqlite3; any SQL client, pandas or DuckDB reads t
   ``summary.json`` value under its own name (``test_acc``; nested ones dotted:
   ``versions.torch``; a name the config already has gets ``summary.``), and sam-eval's and
   sam-landscape's numbers prefixed by their file: ``eval.lambda_max``,
-  ``eval_averaged.test_acc``, ``landscape.basin_width_1d``;
+  ``eval_averaged.test_acc``, ``landscape.basin_width_1d``, ``landscape_averaged.…``;
 - ``epochs``: one row per ``metrics.jsonl`` line: ``run_dir``, ``epoch``, ``step``, then one
   column per key of the lines;
 - ``files`` and ``meta``: what each folder's files were when it was read, and the schema.
@@ -45,6 +45,7 @@ WATCHED = (  # the files a row is made of: a change of any re-reads the folder
     eval_file("last"),
     eval_file("averaged"),
     f"{landscape_folder('last')}/landscape.json",
+    f"{landscape_folder('averaged')}/landscape.json",
 )
 SKIPPED_SUMMARY_KEYS = ("config", "reliability")  # the config has its own columns; bins are big
 TABLES = {
@@ -124,9 +125,11 @@ def run_row(run: RunDir, sweep_dir: Path) -> dict:
         prefix = eval_file(weights).removesuffix(".json")
         for k, v in flatten(run.eval(weights) or {}).items():
             row[f"{prefix}.{k}"] = _value(v)
-    for k, v in flatten(run.landscape() or {}).items():
-        if not isinstance(v, (dict, list)):
-            row[f"landscape.{k}"] = _value(v)
+    for weights in ("last", "averaged"):
+        prefix = landscape_folder(weights)
+        for k, v in flatten(run.landscape(weights) or {}).items():
+            if not isinstance(v, (dict, list)):
+                row[f"{prefix}.{k}"] = _value(v)
     return row
 
 

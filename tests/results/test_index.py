@@ -43,6 +43,8 @@ def test_runs_hold_each_jobs_summary_and_eval_values(tmp_path):
     sweep = copy_sweep(tmp_path / "s")
     job = sorted(p for p in sweep.iterdir() if (p / "summary.json").is_file())[0]
     (job / "eval.json").write_text(json.dumps({"status": "completed", "lambda_max": 3.5}))
+    (job / "landscape").mkdir()
+    (job / "landscape" / "landscape.json").write_text(json.dumps({"basin_width_1d": 0.4}))
     db = tmp_path / "r.sqlite"
     assert main([str(sweep), "--db", str(db)]) == 0
     runs = {r["run_dir"]: r for r in rows(db, "SELECT * FROM runs")}
@@ -55,6 +57,7 @@ def test_runs_hold_each_jobs_summary_and_eval_values(tmp_path):
             assert row[key] == summary[key], key
         assert row["optimizer.name"] and row["seed"] is not None
     assert runs[str(job.resolve())]["eval.lambda_max"] == 3.5
+    assert runs[str(job.resolve())]["landscape.basin_width_1d"] == 0.4
     lines = rows(db, f"SELECT * FROM epochs WHERE run_dir = '{job.resolve()}' ORDER BY step")
     logged = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
     assert [r["test_acc"] for r in lines] == [x.get("test_acc") for x in logged]
