@@ -163,3 +163,5 @@ def test_a_report_of_two_sweeps_equals_the_report_of_one_holding_their_jobs(tmp_
     out = tmp_path / "r3"
     assert report_main(["--db", str(db), "--where", "status = 'completed'", "--out", str(out)]) == 0
     assert _csv_without_from(out / "report.csv") == _csv_without_from(one)
+    bad = ["--db", str(db), "--where", "nope = 1", "--out", str(tmp_path / "r4")]
+    assert report_main(bad) == 2 and not (tmp_path / "r4").exists()
