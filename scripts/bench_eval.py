@@ -101,12 +101,10 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory() as d:
         job = _trained_default_job(Path(d))
         out["eval_per_job_s"] = _eval_per_job(job, repeats)
-        from sam_runner.data import build_data
-        from sam_runner.evaluation.job import job_config, load_model
+        from sam_runner.results.rundir import RunDir
 
-        cfg = job_config(job)
-        data = build_data(cfg.dataset, torch.device("cpu"), cfg.seed)
-        model = load_model(cfg, data, job, torch.device("cpu")).eval()
+        run = RunDir(job).load(torch.device("cpu"), strict=True)
+        cfg, data, model = run.cfg, run.data, run.model
         ratio, copies = _ratio(model, data, cfg.dataset, repeats)
     out.update(corruptions_over_clean_eval=ratio, corrupted_copies=copies)
     out["corruptions_target"] = 1.2 * copies

@@ -6,6 +6,11 @@
 - results.run_plots_s: write_run_plots on a 200-epoch run (curves + reliability).
 - results.report_s / results.report_jobs: sam-report's build + write on a synthetic sweep
   (3 variants × 4 ρ × 3 seeds, plus base; 200 epochs each), in-process.
+- results.index_s_per_1000_jobs: the first sam-index of 1,000 small job folders (3 sweeps,
+  each job with the default config's .hydra/config.yaml and 10 metrics lines); target ≤ 10 s.
+- results.reindex_unchanged_s: sam-index of the same 1,000 folders again, nothing changed
+  (no folder read); target ≤ 1 s.
+- results.report_1000_jobs_3_sweeps_s: sam-report A B C over those 3 sweeps (build + write).
 """
 
 from __future__ import annotations
@@ -92,10 +97,52 @@ def _fake_sweep(root: Path, epochs: int) -> int:
     return n
 
 
+def _many_sweeps(root: Path, n_jobs: int = 1000, sweeps: int = 3, epochs: int = 10) -> list:
+    """``sweeps`` folders of ``n_jobs`` jobs in all, each with a real composed config."""
+    from omegaconf import OmegaConf
+
+    from sam_runner.sweep.plan import compose
+
+    base = OmegaConf.to_container(compose([]), resolve=False)
+    base.pop("hydra", None)
+    rng, paths = random.Random(1), [root / f"sweep{i}" for i in range(sweeps)]
+    variants = ("base", "sam", "asam", "gear_sam")
+    for i in range(n_jobs):
+        variant, seed = variants[i % 4], (i // 4) % 5
+        rho = (0.01, 0.05, 0.1, 0.2)[(i // 20) % 4]
+        overrides = [f"optimizer={variant}", f"seed={seed}", f"optimizer.rho={rho}"]
+        cfg = dict(base, seed=seed, optimizer=dict(base["optimizer"], name=variant, rho=rho))
+        _fake_job(paths[i % sweeps] / str(i), overrides, OmegaConf.to_yaml(cfg), epochs, rng)
+    return paths
+
+
+def _index_figures(tmp: Path, repeats: int) -> dict:
+    from sam_runner.results.index import index
+    from sam_runner.results.report import build_report, write_report
+
+    sweeps = _many_sweeps(tmp / "many")
+    firsts, n = [], {"i": 0}
+
+    def first():
+        n["i"] += 1
+        firsts.append(index(sweeps, tmp / f"first{n['i']}.sqlite"))
+
+    out = {"results.index_s_per_1000_jobs": median_time(first, repeats)}
+    assert firsts[-1]["read"] == 1000, firsts[-1]
+    again = tmp / f"first{n['i']}.sqlite"
+    out["results.reindex_unchanged_s"] = median_time(lambda: index(sweeps, again), repeats)
+    assert index(sweeps, again)["read"] == 0
+    report_dir = tmp / "report"
+    out["results.report_1000_jobs_3_sweeps_s"] = median_time(
+        lambda: write_report(build_report(sweeps), report_dir), max(1, repeats // 2)
+    )
+    return out
+
+
 def run(args) -> dict:
     from sam_runner.loggers import NullLogger, build_logger
     from sam_runner.plots.run import write_run_plots
-    from sam_runner.report import build_report, write_report
+    from sam_runner.results.report import build_report, write_report
 
     repeats = 2 if args.quick else max(3, args.repeats)
     epochs = 20 if args.quick else 200
@@ -106,6 +153,7 @@ def run(args) -> dict:
         rows = [_row(e, rng) for e in range(1, 51)]
         cfg = _cfg()
         logger = build_logger(cfg.logger, tmp / "wandb_run", cfg)
+        logger.start()  # a logger logs once started (the run starts it after resuming)
         state = {"i": 0}
 
         def log_one():
@@ -123,7 +171,9 @@ def run(args) -> dict:
 
         def init_finish():
             n["i"] += 1
-            build_logger(cfg.logger, tmp / f"init{n['i']}", cfg).finish("completed")
+            one = build_logger(cfg.logger, tmp / f"init{n['i']}", cfg)
+            one.start()
+            one.finish("completed")
 
         out["results.wandb_init_finish_s"] = median_time(init_finish, repeats, warmup=1)
 
@@ -141,6 +191,7 @@ def run(args) -> dict:
         out["results.report_s"] = median_time(
             lambda: write_report(build_report(sweep)), repeats, warmup=1
         )
+        out.update(_index_figures(tmp, repeats))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -170,13 +170,15 @@ def test_mini_study_runs_and_reports(preset, tmp_path):
             "diverged",
         )
     rep = subprocess.run(
-        [sys.executable, "-m", "sam_runner.report", str(sweep)], capture_output=True, text=True
+        [sys.executable, "-m", "sam_runner.results.report", str(sweep)],
+        capture_output=True,
+        text=True,
     )
     assert rep.returncode == 0, rep.stderr
     assert (sweep / "report.md").exists() and (sweep / "report.csv").exists()
     if preset == "edge_of_stability_mini":  # GD's λ_max reaches 2/η and stays there
-        from sam_runner.eos_report import plateau, traces
-        from sam_runner.report import build_report
+        from sam_runner.results.eos import plateau, traces
+        from sam_runner.results.report import build_report
 
         gd = [t for t in traces(build_report(sweep)) if t["job"].variant == "base"]
         assert len(gd) == 3 and all(0.85 <= plateau(t, "threshold") <= 1.3 for t in gd), [

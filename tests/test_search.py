@@ -179,8 +179,8 @@ def test_sigkill_during_trial_3_then_the_same_command_ends_with_4_trials(tmp_pat
 def test_search_report_ranks_trials_and_puts_failed_ones_last(tmp_path):
     import optuna
 
+    from sam_runner.results.search import write_search_report
     from sam_runner.runfiles import write_json
-    from sam_runner.search_report import write_search_report
 
     study = optuna.create_study(
         study_name="search", direction="maximize", storage=f"sqlite:///{tmp_path / 'optuna.db'}"

@@ -52,3 +52,63 @@ def test_code_and_docs_point_only_inside_the_repository():
         if OUTSIDE.search(line)
     ]
     assert not hits, hits
+
+
+def _module_name(path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path, name: str, known: set) -> set:
+    """The package's modules ``path`` imports, at any level (inside functions too: an import
+    deferred into a function hides a cycle, it does not remove it)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            targets = [base, *(f"{base}.{a.name}" for a in node.names)]
+        else:
+            continue
+        out |= {t for t in targets if t in known}
+    return out - {name}
+
+
+def import_graph(root_package: str = "sam_runner") -> dict:
+    paths = {_module_name(p): p for p in (ROOT / root_package).rglob("*.py")}
+    return {n: _imports(p, n, set(paths)) for n, p in paths.items()}
+
+
+def cycles_through(graph: dict, prefix: str) -> list[list[str]]:
+    """Import cycles that pass through a module whose name starts with ``prefix``."""
+    found = []
+    for start in (n for n in graph if n.startswith(prefix)):
+        stack = [(start, [start])]
+        seen = set()
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    found.append(trail)
+                elif nxt not in seen and not nxt.endswith("__init__"):
+                    seen.add(nxt)
+                    stack.append((nxt, [*trail, nxt]))
+    return found
+
+
+def test_the_results_package_has_no_import_cycle():
+    graph = import_graph()
+    assert "sam_runner.results.rundir" in graph
+    cycles = cycles_through(graph, "sam_runner.results")
+    assert not cycles, [" -> ".join(c) for c in cycles[:5]]
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = {"sam_runner.results.a": {"sam_runner.b"}, "sam_runner.b": {"sam_runner.results.a"}}
+    assert cycles_through(graph, "sam_runner.results") == [["sam_runner.results.a", "sam_runner.b"]]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
+from ..results.grammar import deprecated, say_notes
 
 PROG = "sam-eval"
 SHOWN = ("lambda_max", "gen_gap", "test_acc", "test_acc_c")  # on each job's closing line
@@ -26,8 +27,10 @@ def parse(argv) -> argparse.Namespace:
         "metrics settings enable, corruptions), into each job's eval.json.",
         epilog="Overrides: the metrics group and keys as in training (metrics=full, "
         "metrics.hessian.k=5, metrics.corruptions.enabled=true), eval.workers=N (local "
-        "processes), eval.device=cpu|cuda, eval.progress=bar|lines|none, hydra/launcher=slurm "
-        "(one SLURM array task per job, hydra.launcher.* as for sam-run).",
+        "processes), trainer.device=cpu|cuda, trainer.progress=bar|lines|none (as for sam-run; "
+        "eval.device= and eval.progress= are the earlier spellings), "
+        "eval.weights=last|averaged (averaged: checkpoints/averaged.pt, into eval_averaged.json), "
+        "hydra/launcher=slurm (one SLURM array task per job, hydra.launcher.* as for sam-run).",
     )
     ap.add_argument("path", type=Path, metavar="PATH", help="a run folder or a sweep folder")
     ap.add_argument("overrides", nargs="*", help="overrides of the eval settings (conf/eval.yaml)")
@@ -54,17 +57,52 @@ def main(argv=None) -> int:
         return 130
 
 
+OLD_SPELLINGS = {"eval.device": "trainer.device", "eval.progress": "trainer.progress"}
+
+
+def run_spellings(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """sam-run's spellings (results/grammar.py) as this config's keys, and the notes of the
+    earlier spellings used."""
+    out, notes = [], []
+    new = {v: k for k, v in OLD_SPELLINGS.items()}
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key in new:
+            out.append(f"{new[key]}={value}")
+            continue
+        if key in OLD_SPELLINGS:
+            notes.append(deprecated(PROG, f"{key}=", f"{OLD_SPELLINGS[key]}="))
+        out.append(o)
+    return out, notes
+
+
+def _compose(overrides: list[str], path: Path):
+    """The eval config; an error about a setting names it as it was spelled."""
+    from .settings import compose_eval
+
+    translated, notes = run_spellings(overrides)
+    try:
+        return compose_eval(translated, path), notes
+    except UserError as e:
+        text = str(e)
+        for old, new in OLD_SPELLINGS.items():
+            if any(o.startswith(new + "=") for o in overrides):
+                text = text.replace(old, new)
+        raise UserError(text) from None
+
+
 def evaluate_folder(path: Path, overrides: list[str]) -> int:
     """Plan, check, measure, report (see the module docstring for the exit status)."""
     from omegaconf import OmegaConf
 
     from .launch import run_jobs
     from .plan import check_jobs, plan
-    from .settings import compose_eval, eval_settings, launcher, plain
+    from .settings import eval_settings, launcher, plain
 
-    cfg = compose_eval(overrides, path)
-    jobs = plan(path, eval_settings(cfg))
+    cfg, notes = _compose(overrides, path)
+    jobs = plan(path, eval_settings(cfg), str(cfg.eval.weights))
     check_jobs(jobs, cfg.metrics)
+    say_notes(notes)  # the input is good: now the notices of earlier spellings
     todo = [j for j in jobs if j.state == "measure"]
     print(_header(path, jobs), flush=True)
     params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)

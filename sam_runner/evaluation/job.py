@@ -1,8 +1,9 @@
 """One job measured at its final weights, into ``<job>/eval.json``.
 
-The model is rebuilt from the job's own stored config (``.hydra/config.yaml``) and its
-``checkpoints/last.pt`` (loaded weights-only; its stored settings must be the config's), on
-the data the job trained on (``build_data``: the same split, label noise and seed). Then, all in
+The model is rebuilt by the run-folder reader (``results.rundir.RunDir.load``) from the job's
+own stored config and its ``checkpoints/last.pt`` (loaded weights-only; its stored settings must
+be the config's) or, with ``eval.weights=averaged``, its ``checkpoints/averaged.pt``, on the data
+the job trained on (``build_data``: the same split, label noise and seed). Then, all in
 float32, eval mode, without augmentation and with the plain cross-entropy (no label smoothing),
 so that every job is measured alike:
 
@@ -17,9 +18,10 @@ so that every job is measured alike:
   loss the job trained on), as at a run's final measurement;
 - with ``metrics.corruptions.enabled``: the corruption keys (``robustness.corruption_values``).
 
-eval.json is one flat object: these values, ``status`` (``completed`` or ``failed``, with the
-one-line ``error``), ``eval_time_s`` and ``eval_settings`` (the settings that produced it). It
-is written atomically, once, at the end; nothing else in the job folder is touched.
+eval.json (``eval_averaged.json`` for the averaged weights) is one flat object: these values,
+``status`` (``completed`` or ``failed``, with the one-line ``error``), ``eval_time_s`` and
+``eval_settings`` (the settings that produced it). It is written atomically, once, at the end;
+nothing else in the job folder is touched.
 """
 
 from __future__ import annotations
@@ -28,23 +30,12 @@ import contextlib
 import time
 from pathlib import Path
 
-import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from ..errors import UserError, one_line, require
-from ..runfiles import CHECKPOINT, Checkpoint, write_json
-from ..settings import require_same_config, result_config
-from .plan import EVAL_FILE
-
-
-def job_config(job_dir: Path):
-    """The config the job was trained with (its interpolations resolve on this machine)."""
-    path = Path(job_dir) / ".hydra" / "config.yaml"
-    try:
-        return OmegaConf.load(path)
-    except Exception as e:
-        raise UserError(f"{path} is missing or unreadable ({type(e).__name__})") from None
+from ..errors import one_line
+from ..results.rundir import RunDir, eval_file
+from ..runfiles import write_json
 
 
 def measure_job(job_dir, settings: dict) -> dict:
@@ -56,25 +47,18 @@ def measure_job(job_dir, settings: dict) -> dict:
         record = {"status": "failed", "error": one_line(e)}
     record["eval_time_s"] = time.perf_counter() - start
     record["eval_settings"] = settings["eval_settings"]
-    write_json(job_dir / EVAL_FILE, record)
+    write_json(job_dir / eval_file(weights_of(settings)), record)
     return record
 
 
 def measure(job_dir: Path, settings: dict) -> dict:
     from .. import distributed
-    from ..data import build_data
     from ..metrics import robustness
 
-    cfg = job_config(job_dir)
     metrics = OmegaConf.create(settings["metrics"])
     device = distributed.resolve_device(str(settings["eval"]["device"]))
-    data = build_data(cfg.dataset, device, cfg.seed)
-    require(
-        data.train_tensors is not None,
-        f"dataset={cfg.dataset.name}: sam-eval measures datasets held as tensors, not image "
-        "folders",
-    )
-    model = load_model(cfg, data, job_dir, device)
+    run = RunDir(job_dir).load(device, weights_of(settings), "sam-eval", strict=True)
+    cfg, data, model = run.cfg, run.data, run.model
     out = set_values(model, data, metrics, cfg.dataset)
     loss = str(OmegaConf.select(cfg, "trainer.loss", default="cross_entropy"))
     out.update(curvature_values(model, data, metrics, int(cfg.seed), loss))
@@ -87,20 +71,9 @@ def measure(job_dir: Path, settings: dict) -> dict:
     return out
 
 
-def load_model(cfg, data, job_dir: Path, device) -> nn.Module:
-    """The job's model with its final weights (the checkpoint must be this config's)."""
-    from ..models import build_model
-    from ..validate import without_download
-
-    path = job_dir / CHECKPOINT
-    state = Checkpoint(path).load()
-    require(state is not None, f"{path} is missing; sam-eval measures a run's final weights")
-    saved = (state.get("fingerprint") or {}).get("config")
-    require_same_config(saved, result_config(cfg), f"checkpoint {path}", job_dir)
-    torch.manual_seed(int(cfg.seed))
-    model = build_model(without_download(cfg.model), data.input_shape, data.num_classes)
-    model.load_state_dict(state["model"])
-    return model.to(device)
+def weights_of(settings: dict) -> str:
+    """``eval.weights``: last (checkpoints/last.pt) or averaged (checkpoints/averaged.pt)."""
+    return str(settings["eval"].get("weights", "last"))
 
 
 def set_values(model, data, metrics, dataset_cfg) -> dict:

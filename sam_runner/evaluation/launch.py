@@ -18,9 +18,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import one_line
+from ..results.rundir import eval_file
 from ..runfiles import write_json
 from .job import measure_job
-from .plan import EVAL_FILE, Job
+from .plan import Measurement
 
 
 class Progress:
@@ -34,7 +35,7 @@ class Progress:
 
             self.bar = tqdm(total=total, desc="sam-eval", unit="job", file=sys.stderr)
 
-    def finished(self, job: Job, record: dict) -> None:
+    def finished(self, job: Measurement, record: dict) -> None:
         self.done += 1
         if self.bar is not None:
             self.bar.update(1)
@@ -54,7 +55,7 @@ class Progress:
             self.bar.close()
 
 
-def run_jobs(jobs: list[Job], settings: dict, launcher: str, launcher_params: dict) -> dict:
+def run_jobs(jobs: list[Measurement], settings: dict, launcher: str, launcher_params: dict) -> dict:
     """{job name: its eval.json record}, every job run by the chosen launcher."""
     progress = Progress(settings["eval"]["progress"], len(jobs))
     try:
@@ -72,16 +73,17 @@ def run_jobs(jobs: list[Job], settings: dict, launcher: str, launcher_params: di
         progress.close()
 
 
-def lost(job: Job, settings: dict, why: str) -> dict:
+def lost(job: Measurement, settings: dict, why: str) -> dict:
     """The record of a job whose process ended early: its eval.json if it wrote one with these
     settings, else a failure written now."""
     from ..runfiles import read_json
 
-    record = read_json(job.path / EVAL_FILE) or {}
+    target = job.path / eval_file(str(settings["eval"].get("weights", "last")))
+    record = read_json(target) or {}
     if record.get("eval_settings") == settings["eval_settings"]:
         return record
     record = {"status": "failed", "error": why, "eval_settings": settings["eval_settings"]}
-    write_json(job.path / EVAL_FILE, record)
+    write_json(target, record)
     return record
 
 
@@ -95,7 +97,7 @@ def _worker_start(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _pool(jobs: list[Job], settings: dict, progress: Progress) -> dict:
+def _pool(jobs: list[Measurement], settings: dict, progress: Progress) -> dict:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 

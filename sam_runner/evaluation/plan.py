@@ -19,14 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..results.rundir import AVERAGED, RunDir, eval_file
 from ..runfiles import CHECKPOINT, read_json
 from ..sweep.plan import job_dirs
 
-EVAL_FILE = "eval.json"
+EVAL_FILE = eval_file("last")
 
 
 @dataclass
-class Job:
+class Measurement:
+    """What sam-eval does about one job folder (the job itself: ``results.rundir.RunDir``)."""
+
     path: Path
     name: str  # relative to PATH ("." for a run folder)
     state: str  # measure | done | skip
@@ -50,8 +53,9 @@ def job_folders(path: Path) -> list[Path]:
     return dirs
 
 
-def plan(path: Path, settings: dict) -> list[Job]:
-    """Every job of PATH with what to do about it, in natural order."""
+def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]:
+    """Every job of PATH with what to do about it, in natural order (``weights``: which of the
+    job's weights, into which file: eval.json, or eval_averaged.json for averaged.pt)."""
     path = Path(path)
     jobs = []
     for d in job_folders(path):
@@ -59,13 +63,19 @@ def plan(path: Path, settings: dict) -> list[Job]:
         summary = read_json(d / "summary.json") or {}
         if summary.get("status") != "completed":
             status = summary.get("status") or "no summary.json: running, or killed"
-            jobs.append(Job(d, name, "skip", f"not completed ({status})"))
+            jobs.append(Measurement(d, name, "skip", f"not completed ({status})"))
             continue
-        done = read_json(d / EVAL_FILE) or {}
-        if done.get("status") == "completed" and done.get("eval_settings") == settings and fresh(d):
-            jobs.append(Job(d, name, "done", "already measured with these settings"))
+        require(
+            weights != "averaged" or (d / AVERAGED).is_file(),
+            f"job {name} has no averaged weights ({d / AVERAGED}); train it with "
+            "trainer.weight_averaging=swa or ema, or measure eval.weights=last",
+        )
+        done = read_json(d / eval_file(weights)) or {}
+        fresh_ = fresh(d, weights)
+        if done.get("status") == "completed" and done.get("eval_settings") == settings and fresh_:
+            jobs.append(Measurement(d, name, "done", "already measured with these settings"))
         else:
-            jobs.append(Job(d, name, "measure"))
+            jobs.append(Measurement(d, name, "measure"))
     require(
         any(j.state != "skip" for j in jobs),
         f"PATH={str(path)!r} holds no completed run to measure "
@@ -74,27 +84,28 @@ def plan(path: Path, settings: dict) -> list[Job]:
     return jobs
 
 
-def fresh(job_dir: Path) -> bool:
-    """Whether the job's eval.json is newer than its checkpoint (a job trained again since it was
+def fresh(job_dir: Path, weights: str = "last") -> bool:
+    """Whether the job's eval file is newer than its weights (a job trained again since it was
     measured is measured again)."""
+    source = CHECKPOINT if weights == "last" else AVERAGED
     try:
-        return (job_dir / CHECKPOINT).stat().st_mtime_ns <= (job_dir / EVAL_FILE).stat().st_mtime_ns
+        measured = (job_dir / eval_file(weights)).stat().st_mtime_ns
+        return (job_dir / source).stat().st_mtime_ns <= measured
     except OSError:
         return False
 
 
-def check_jobs(jobs: list[Job], metrics_cfg) -> None:
+def check_jobs(jobs: list[Measurement], metrics_cfg) -> None:
     """One line for the first job the settings do not apply to (corruptions to its dataset): bad
     input, refused before anything runs. A job that cannot be measured (its config or checkpoint
     unreadable or missing) is not refused here: it fails, into its eval.json, and the rest go on."""
     from ..metrics.robustness import validate as validate_corruptions
-    from .job import job_config
 
     for job in jobs:
         if job.state != "measure":
             continue
         try:
-            cfg = job_config(job.path)
+            cfg = RunDir(job.path).omega_config("sam-eval")
         except UserError:
             continue
         try:

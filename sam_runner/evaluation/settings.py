@@ -87,6 +87,9 @@ def check(cfg) -> None:
         e.progress in PROGRESS,
         f"eval.progress={e.progress!r} is unknown; choose one of {', '.join(PROGRESS)}",
     )
+    from ..results.rundir import check_weights
+
+    check_weights(str(e.get("weights", "last")), "eval.weights")
     validate_metrics(cfg.metrics)
     validate_corruptions(cfg.metrics)
     check_cluster("slurm" if launcher(cfg) == "slurm" else None, "hydra/launcher=slurm")

@@ -6,7 +6,7 @@
 - connectivity.py: the loss along the straight line between two runs and its barrier;
   bezier.py: a quadratic Bézier curve between them, trained with the run's own optimizer;
 - pairs.py: every pair of a sweep's jobs that differ only in seed (resumable);
-- summary.py: what ``sam-report`` reads back (torch-free, like the report).
+- what ``sam-report`` reads back is in ``sam_runner/results/landscape.py`` (torch-free).
 
 docs/landscape.md says what is computed, which parts come from which paper, and which are ours.
 Importing this package imports nothing heavy.

@@ -25,6 +25,14 @@ from .options import Options
 PROG = "sam-landscape"
 SLICE_FLAGS = ("slices", "directions", "span", "points", "grid", "include_bias_bn", "fit_radius")
 PAIR_FLAGS = ("alpha_range", "alphas", "curve", "curve_epochs")
+PROGRESS = ("auto", "bar", "none")
+SETTINGS_HELP = (
+    "how it runs, spelled as for sam-run: trainer.device=auto|cpu|cuda|cuda:N, "
+    "trainer.progress=auto|bar|none, hydra/launcher=local|slurm|submitit_local, "
+    "hydra.launcher.KEY=VALUE (--device, --progress, --launcher, --launcher-option: the "
+    "earlier spellings)"
+)
+LAUNCHERS = ("local", "slurm", "submitit_local")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,6 +85,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="docs/landscape.md: what is computed, the options and the files written.",
     )
     ap.add_argument("path", type=Path, metavar="RUN_DIR", help="a run folder, or a sweep folder")
+    ap.add_argument("settings", nargs="*", metavar="KEY=VALUE", help=SETTINGS_HELP)
     _slice_flags(ap)
     _pair_flags(ap)
     g = ap.add_argument_group("evaluation")
@@ -99,14 +108,18 @@ def parser() -> argparse.ArgumentParser:
         help="training subset size (default: the run's metrics.hessian.num_samples)",
     )
     g.add_argument("--batch-size", type=int, help="samples per forward pass (default 4096)")
-    g.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     g.add_argument(
-        "--progress", choices=("auto", "bar", "none"), help="tqdm bar (auto: on a terminal)"
+        "--weights",
+        choices=("last", "averaged"),
+        help="the run's final weights (default, into landscape/) or its averaged ones "
+        "(checkpoints/averaged.pt of trainer.weight_averaging, into landscape_averaged/)",
     )
+    g.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    g.add_argument("--progress", choices=PROGRESS, help="tqdm bar (auto: on a terminal)")
     g = ap.add_argument_group("a sweep folder's jobs or pairs as a job array")
     g.add_argument(
         "--launcher",
-        choices=("local", "slurm", "submitit_local"),
+        choices=LAUNCHERS,
         help="local: one after another here (default); slurm: one task of a SLURM array per job "
         "or pair, with sam-run's hydra/launcher=slurm preset; submitit_local: that array as "
         "local processes",
@@ -228,8 +241,33 @@ def _is_run_folder(path: Path) -> bool:
     return any((path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
 
 
+FLAG_OF = {"trainer.device": "device", "trainer.progress": "progress", "hydra/launcher": "launcher"}
+CHOICES = {"trainer.progress": PROGRESS, "hydra/launcher": LAUNCHERS}
+
+
+def run_settings(args) -> None:
+    """sam-run's spellings (results/grammar.py) into the flags' places."""
+    from ..results.grammar import require_known, split_run_words
+
+    words = list(getattr(args, "settings", None) or [])
+    require_known(
+        words, PROG, "trainer.device=, trainer.progress=, hydra/launcher=, hydra.launcher.KEY="
+    )
+    given, launcher_options, _ = split_run_words(words)
+    for key, value in given.items():
+        accepted = CHOICES.get(key)
+        require(
+            accepted is None or value in accepted,
+            f"{key}={value!r} is unknown; choose one of {', '.join(accepted or ())}",
+        )
+        setattr(args, FLAG_OF[key], value)
+    if launcher_options:
+        args.launcher_option = [*(args.launcher_option or []), *launcher_options]
+
+
 def run(args, say=print) -> dict:
     """What the flags ask for; returns the landscape.json written (or the sweep's counts)."""
+    run_settings(args)
     opt = options(args)
     path = args.path
     require(
@@ -247,8 +285,8 @@ def run(args, say=print) -> dict:
             launcher_params(args.launcher, args.launcher_option or [], path / ".sam-landscape"),
         )
     device = _device(opt.device) if array is None else None  # a task resolves it where it runs
+    from ..results.rundir import load_run
     from . import pairs
-    from .runs import load_run
 
     if args.pairs:
         require(
@@ -263,15 +301,15 @@ def run(args, say=print) -> dict:
             args.to.is_dir(),
             f"--to {str(args.to)!r} does not exist or is not a folder; pass a run folder",
         )
-        run_a = load_run(path, device)
-        summary = connect(run_a, load_run(args.to, device), opt)
+        run_a = load_run(path, device, opt.weights)
+        summary = connect(run_a, load_run(args.to, device, opt.weights), opt)
         say(_pair_line(run_a.path, summary))
         return summary
     if not _is_run_folder(path):
         return pairs.slice_jobs(path, opt, device, say, array)
     from .slices import run_slices
 
-    summary = run_slices(load_run(path, device), opt)
+    summary = run_slices(load_run(path, device, opt.weights), opt)
     say(_slice_lines(path, opt, summary))
     return summary
 
@@ -281,6 +319,8 @@ def _num(v) -> str:
 
 
 def _slice_lines(path: Path, opt, s: dict) -> str:
+    from .files import folder
+
     out = [
         f"L(θ): train loss {_num(s.get('train_loss'))}, test loss {_num(s.get('test_loss'))} "
         f"({s.get('train_samples')} training samples, {s.get('test_samples')} test samples)"
@@ -293,7 +333,7 @@ def _slice_lines(path: Path, opt, s: dict) -> str:
     if opt.slices in ("2d", "both"):
         widths = ", ".join(_num(w) for w in s.get("basin_width_2d") or [])
         out.append(f"2-D slice: basin widths {widths} along its two axes")
-    out.append(f"written: {path / 'landscape'}/")
+    out.append(f"written: {folder(path, opt.weights)}/")
     return "\n".join(out)
 
 
@@ -312,11 +352,76 @@ def _pair_line(run_a: Path, s: dict) -> str:
         )
     from .files import pair_folder
 
-    return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']))}/"
+    weights = (s.get("run_a") or {}).get("weights", "last")
+    return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']), weights)}/"
+
+
+RUN_SPELLING = {
+    "device": "trainer.device=",
+    "progress": "trainer.progress=",
+    "launcher": "hydra/launcher=",
+    "launcher_option": "hydra.launcher.KEY=VALUE",
+}
+
+
+def _as_flags(word: str, actions: dict) -> list[str]:
+    """``landscape.KEY=VALUE`` as the flag argparse reads (``landscape.span=[-1,1]``: ``--span
+    -1 1``; ``landscape.include_bias_bn=true``: ``--include-bias-bn``)."""
+    import difflib
+
+    key, value = word[len("landscape.") :].split("=", 1)
+    if key not in actions:
+        near = difflib.get_close_matches(key, list(actions), n=1)
+        hint = f" (did you mean landscape.{near[0]}?)" if near else ""
+        raise UserError(
+            f"landscape.{key} is not an option{hint}; choose one of "
+            + ", ".join(f"landscape.{k}" for k in actions)
+        )
+    action = actions[key]
+    flag = action.option_strings[0]
+    if action.nargs == 0:
+        require(
+            value.lower() in ("true", "false"),
+            f"landscape.{key}={value!r} must be true or false",
+        )
+        return [flag] if value.lower() == "true" else []
+    if action.nargs == 2:
+        return [flag, *value.strip("[]").split(",")]
+    return [flag, value]
+
+
+def translate(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The one grammar (results/grammar.py): ``landscape.KEY=VALUE`` words as flags; and the
+    notes of the earlier spellings (the flags) used."""
+    from ..results.grammar import deprecated
+
+    actions = {
+        a.dest: a
+        for a in parser()._actions
+        if a.option_strings and a.dest not in ("help", *RUN_SPELLING)
+    }
+    by_flag = {o: a.dest for a in parser()._actions for o in a.option_strings}
+    out, notes = [], []
+    for word in argv:
+        if word.startswith("landscape.") and "=" in word:
+            out += _as_flags(word, actions)
+            continue
+        dest = by_flag.get(word.split("=", 1)[0]) if word.startswith("--") else None
+        if dest is not None and dest != "help":
+            new = RUN_SPELLING.get(dest, f"landscape.{dest}=")
+            notes.append(deprecated(PROG, word.split("=", 1)[0], new))
+        out.append(word)
+    return out, notes
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    try:
+        argv, notes = translate(argv)
+    except UserError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    args = parser().parse_intermixed_args(argv)
     try:
         run(args)
     except UserError as e:
@@ -328,6 +433,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; files already written are complete", file=sys.stderr)
         return 130
+    from ..results.grammar import say_notes
+
+    say_notes(notes)  # after the work: an error stays one line
     return 0
 
 

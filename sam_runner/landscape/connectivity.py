@@ -88,7 +88,7 @@ def _ends(alphas, values) -> dict:
 def connect(run_a, run_b, opt) -> dict:
     """The connectivity of two loaded runs: its files and its landscape.json (returned)."""
     check_same_architecture(run_a, run_b)
-    out = pair_folder(run_a.path, run_b.path)
+    out = pair_folder(run_a.path, run_b.path, run_a.weights)
     held = (read_json(out / SUMMARY) or {}).get("run_b") or {}
     if held.get("run") not in (None, str(run_b.path)):
         raise UserError(
@@ -145,6 +145,6 @@ def _barrier_line(what: str, s: dict) -> str:
 
 def connectivity_done(run_a_dir: Path, run_b_dir: Path, opt) -> bool:
     """Whether RUN_A/landscape/<B> holds the connectivity to this run B with these options."""
-    held = read_json(pair_folder(run_a_dir, run_b_dir) / SUMMARY) or {}
+    held = read_json(pair_folder(run_a_dir, run_b_dir, opt.weights) / SUMMARY) or {}
     same_b = (held.get("run_b") or {}).get("run") == str(Path(run_b_dir).resolve())
     return same_b and held.get("options") == clean(opt.pair_settings())

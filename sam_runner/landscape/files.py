@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ..runfiles import atomic_write, atomic_write_bytes, read_json, write_json
 
-FOLDER = "landscape"
+FOLDER = "landscape"  # the last weights'; the averaged weights': landscape_averaged
+FOLDERS = {"last": FOLDER, "averaged": f"{FOLDER}_averaged"}
 COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")  # the values at each point
 SUMMARY = "landscape.json"
 
@@ -56,8 +57,13 @@ def update_summary(folder: Path, fresh: dict, replace=()) -> dict:
     return merged
 
 
-def pair_folder(run_a: Path, run_b: Path) -> Path:
+def folder(run: Path, weights: str = "last") -> Path:
+    """RUN/landscape (the last weights) or RUN/landscape_averaged (the averaged weights)."""
+    return Path(run) / FOLDERS[weights]
+
+
+def pair_folder(run_a: Path, run_b: Path, weights: str = "last") -> Path:
     """RUN_A/landscape/<RUN_B's folder name> (characters other than letters, digits, ``._=-,+``
     replaced by ``_``)."""
     name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", Path(run_b).name) or "run_b"
-    return Path(run_a) / FOLDER / name
+    return folder(run_a, weights) / name

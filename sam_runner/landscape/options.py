@@ -33,6 +33,7 @@ class Options:
     batch_size: int = 4096
     device: str = "auto"
     progress: str = "auto"
+    weights: str = "last"  # last | averaged: which weights, and which folder the files go in
 
     def settings(self, keys, **resolved) -> dict:
         """The options in ``keys`` plus the evaluation's, with ``resolved`` defaults filled in."""

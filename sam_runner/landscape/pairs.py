@@ -3,7 +3,7 @@
 
 The jobs are the sweep's completed job folders (``sweep.plan.job_dirs``, summary status
 ``completed``, a checkpoint); two jobs are of one group when their overrides agree once
-``seed`` and the how-it-runs keys are left out (``report.group_overrides``: the groups of
+``seed`` and the how-it-runs keys are left out (``results.sweep.group_overrides``: the groups of
 sam-report). In each group every pair (A, B) with A before B in the sweep's order is connected
 once, into A's landscape/ folder. A pair (or a job's slices) whose landscape.json was written
 with the same options is skipped: a stopped call, run again, does only what is left.
@@ -15,12 +15,12 @@ import itertools
 from pathlib import Path
 
 from ..errors import require
-from ..report import group_overrides
+from ..results.rundir import load_run
+from ..results.sweep import group_overrides
 from ..runfiles import CHECKPOINT, read_json
 from ..sweep.plan import job_dirs, saved_overrides
 from .connectivity import connect, connectivity_done
-from .files import FOLDER, SUMMARY, clean
-from .runs import load_run
+from .files import SUMMARY, clean, folder
 from .slices import run_slices
 
 
@@ -62,13 +62,13 @@ def connect_pairs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
     if array is not None:
         return {**counts, **_in_array(connect_task, todo, opt, array, names, _barriers, say)}
     for i, (a, b) in enumerate(todo, 1):
-        summary = connect(load_run(a, device), load_run(b, device), opt)
+        summary = connect(load_run(a, device, opt.weights), load_run(b, device, opt.weights), opt)
         say(f"  [{i}/{len(todo)}] {names[i - 1]}: {_barriers(summary)}")
     return counts
 
 
 def slices_done(job: Path, opt) -> bool:
-    held = read_json(job / FOLDER / SUMMARY) or {}
+    held = read_json(folder(job, opt.weights) / SUMMARY) or {}
     return held.get("options") == clean(opt.slice_options())
 
 
@@ -87,7 +87,7 @@ def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
         items = [(j,) for j in todo]
         return {**counts, **_in_array(slice_task, items, opt, array, names, _width, say)}
     for i, job in enumerate(todo, 1):
-        summary = run_slices(load_run(job, device), opt)
+        summary = run_slices(load_run(job, device, opt.weights), opt)
         say(f"  [{i}/{len(todo)}] {names[i - 1]}: {_width(summary)}")
     return counts
 
@@ -97,7 +97,7 @@ def slice_task(job: Path, opt) -> dict:
     """One array task: a job's slices, on the device its node has (``--device``)."""
     from .cli import _device
 
-    return run_slices(load_run(job, _device(opt.device)), opt)
+    return run_slices(load_run(job, _device(opt.device), opt.weights), opt)
 
 
 def connect_task(a: Path, b: Path, opt) -> dict:
@@ -105,7 +105,7 @@ def connect_task(a: Path, b: Path, opt) -> dict:
     from .cli import _device
 
     device = _device(opt.device)
-    return connect(load_run(a, device), load_run(b, device), opt)
+    return connect(load_run(a, device, opt.weights), load_run(b, device, opt.weights), opt)
 
 
 def _in_array(task, items, opt, array, names, describe, say) -> dict:

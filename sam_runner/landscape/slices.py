@@ -12,14 +12,12 @@ with what the file held: a 2-D slice drawn later keeps the 1-D one's numbers).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 from omegaconf import OmegaConf
 
 from .directions import filter_normalized, hessian_directions, norm, weight_norm
 from .evaluate import COLUMNS, Evaluator
-from .files import FOLDER, update_summary, write_npz, write_rows
+from .files import folder, update_summary, write_npz, write_rows
 from .geometry import grid, index_of, line_summary
 from .plots import plot_contours, plot_slice_1d, plot_surface, save_png
 
@@ -101,7 +99,7 @@ def slice_1d(run, ev: Evaluator, opt, d, info) -> dict:
     """The 1-D slice along ``d``: its files, and its part of landscape.json."""
     x = grid(*opt.span, opt.points)
     values = ev.sweep(x, lambda c: ev.move([d], [c]), "1-D slice", opt.progress)
-    out = Path(run.path) / FOLDER
+    out = folder(run.path, run.weights)
     write_rows(out / "slice_1d.csv", "coordinate", x, values)
     s = _summary(x, values[:, 0], info, opt.fit_radius)
     title = f"Loss along one direction — {run.label()}"
@@ -124,7 +122,7 @@ def slice_2d(run, ev: Evaluator, opt, dirs, infos) -> dict:
     points = [(a, b) for b in ys for a in xs]  # row-major: values[iy, ix]
     flat = ev.sweep(points, lambda p: ev.move(dirs, p), "2-D slice", opt.progress)
     values = flat.reshape(len(ys), len(xs), len(COLUMNS))
-    out = Path(run.path) / FOLDER
+    out = folder(run.path, run.weights)
     seeds = [i.get("seed", i.get("lanczos_seed")) for i in infos]
     write_npz(
         out / "slice_2d.npz",
@@ -167,4 +165,4 @@ def run_slices(run, opt) -> dict:
         fresh.update(slice_1d(run, ev, opt, dirs[0], infos[0]))
     if opt.slices in ("2d", "both"):
         fresh.update(slice_2d(run, ev, opt, dirs, infos))
-    return update_summary(Path(run.path) / FOLDER, fresh)
+    return update_summary(folder(run.path, run.weights), fresh)

@@ -4,6 +4,10 @@ the logger; a logger mirrors them somewhere else (Weights & Biases). Only rank 0
 Interface: ``start()`` once the run knows whether it resumes (``load_state_dict`` restores the
 ``run_id`` of the run it continues, kept in the checkpoint), ``log(row)`` per metrics line,
 ``summary(dict)`` once at the end, ``finish(status)``.
+
+Several at once: ``logger=[wandb,tensorboard]`` (Hydra composes both yaml files into
+``logger``; each one's ``loggers.<name>: true`` says it was chosen): one ``Loggers`` that
+passes every call to each, in the order given.
 """
 
 from __future__ import annotations
@@ -40,6 +44,50 @@ def none(_cfg, _run_dir, _full_cfg) -> NullLogger:
     return NullLogger()
 
 
+class Loggers:
+    """Several loggers as one (``logger=[wandb,tensorboard]``). Its state holds each one's, by
+    name, and the first ``run_id`` (W&B's) where the single-logger state keeps it."""
+
+    def __init__(self, parts: dict):
+        self.parts = parts
+
+    @property
+    def run_id(self):
+        return next((p.run_id for p in self.parts.values() if p.run_id), None)
+
+    def start(self) -> None:
+        for p in self.parts.values():
+            p.start()
+
+    def log(self, row: dict) -> None:
+        for p in self.parts.values():
+            p.log(row)
+
+    def summary(self, summary: dict) -> None:
+        for p in self.parts.values():
+            p.summary(summary)
+
+    def finish(self, status: str) -> None:
+        for p in self.parts.values():
+            p.finish(status)
+
+    def state_dict(self) -> dict:
+        return {"run_id": self.run_id, "parts": {n: p.state_dict() for n, p in self.parts.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, p in self.parts.items():  # a checkpoint of one logger: its state for each
+            p.load_state_dict((state.get("parts") or {}).get(name, state))
+
+
+def chosen(cfg) -> list[str]:
+    """The loggers ``cfg`` chooses: those of ``loggers`` set true, else ``name``."""
+    marked = [str(k) for k, v in (cfg.get("loggers") or {}).items() if v]
+    return [m for m in marked if m != "none"] or [str(cfg.get("name", "none"))]
+
+
 def build_logger(cfg, run_dir, full_cfg):
-    """The logger ``cfg.name`` names, not yet started."""
-    return LOGGERS.build(cfg.get("name", "none"), cfg, run_dir, full_cfg)
+    """The logger (or loggers) ``cfg`` chooses, not yet started."""
+    names = chosen(cfg)
+    if len(names) == 1:
+        return LOGGERS.build(names[0], cfg, run_dir, full_cfg)
+    return Loggers({n: LOGGERS.build(n, cfg, run_dir, full_cfg) for n in names})

@@ -17,6 +17,9 @@ from pathlib import Path
 
 from ..errors import UserError, require
 
+# where a search keeps its Optuna study (in the sweep folder), and the study's name
+STORAGE_FILE, STUDY_NAME = "optuna.db", "search"
+
 DIRECTIONS = ("auto", "maximize", "minimize")
 
 

@@ -28,10 +28,9 @@ from omegaconf import OmegaConf
 from ..errors import UserError
 from . import objective
 from .callback import _exclude, fail
+from .objective import STORAGE_FILE, STUDY_NAME
 from .plan import check_job, job_key
 
-STORAGE_FILE = "optuna.db"
-STUDY_NAME = "search"
 LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 
 

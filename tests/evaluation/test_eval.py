@@ -26,8 +26,8 @@ from eval_helpers import (
 )
 
 from sam_runner.data import build_data
-from sam_runner.evaluation.job import job_config
 from sam_runner.models import build_model
+from sam_runner.results.rundir import RunDir
 from sam_runner.runfiles import CHECKPOINT, Checkpoint
 
 
@@ -105,7 +105,7 @@ def test_nothing_but_eval_json_is_touched(evaluated):
 def test_train_accuracy_is_the_whole_training_set_in_eval_mode(evaluated):
     sweep = evaluated[0]
     job = sweep / "2"
-    cfg = job_config(job)
+    cfg = RunDir(job).omega_config()
     data = build_data(cfg.dataset, torch.device("cpu"), cfg.seed)
     model = build_model(cfg.model, data.input_shape, data.num_classes)
     model.load_state_dict(Checkpoint(job / CHECKPOINT).load()["model"])
@@ -265,3 +265,47 @@ def test_an_array_launcher_runs_one_task_per_job(evaluated, tmp_path):
         assert record(sweep, job)["test_acc_c"] == pytest.approx(
             record(evaluated[0], job)["test_acc_c"], abs=1e-6
         )
+
+
+def write_averaged(run, scale: float = 1.0) -> None:
+    """checkpoints/averaged.pt in trainer.weight_averaging's format: last.pt's model weights,
+    floating-point tensors scaled by ``scale``."""
+    model = torch.load(run / CHECKPOINT, map_location="cpu", weights_only=True)["model"]
+    model = {k: v * scale if v.is_floating_point() else v for k, v in model.items()}
+    averaged = {"model": model, "kind": "swa", "n_averaged": 3, "epoch": 1, "step": 10}
+    torch.save(averaged, run / "checkpoints" / "averaged.pt")
+
+
+def test_averaged_weights_are_measured_into_their_own_file(evaluated, tmp_path):
+    run = copy_of(evaluated[0] / "3", tmp_path / "run")
+    last = json.loads((run / "eval.json").read_text())
+    code, _, err = sam_eval(run, "eval.weights=averaged", *EVAL_ARGS)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "averaged.pt" in err
+    assert not (run / "eval_averaged.json").exists()
+    write_averaged(run)  # the same weights: the same numbers, in the other file
+    code, _, err = sam_eval(
+        run, "eval.weights=averaged", *EVAL_ARGS, "metrics.hessian.enabled=false"
+    )
+    assert code == 0, err
+    averaged = json.loads((run / "eval_averaged.json").read_text())
+    assert json.loads((run / "eval.json").read_text()) == last
+    for key in ("test_acc", "test_loss", "train_acc", "gen_gap"):
+        assert averaged[key] == pytest.approx(last[key], rel=1e-5), key
+    write_averaged(run, 0.5)  # other weights: measured again, other numbers
+    code, _, err = sam_eval(
+        run, "eval.weights=averaged", *EVAL_ARGS, "metrics.hessian.enabled=false"
+    )
+    assert code == 0, err
+    again = json.loads((run / "eval_averaged.json").read_text())
+    assert again["test_loss"] != pytest.approx(averaged["test_loss"], rel=1e-6)
+
+
+def test_sam_runs_spellings_and_the_earlier_ones(evaluated, tmp_path):
+    run = copy_of(evaluated[0] / "3", tmp_path / "run")
+    code, _, err = sam_eval(run, *EVAL_ARGS, "trainer.device=tpu")
+    assert code == 2 and "trainer.device='tpu' is unknown" in err and "eval.device" not in err
+    code, out, err = sam_eval(run, *EVAL_ARGS, "trainer.device=cpu", "trainer.progress=none")
+    assert code == 0 and "already measured" in out and "deprecated" not in err
+    code, out, err = sam_eval(run, *EVAL_ARGS, "eval.device=cpu", "eval.progress=none")
+    notes = [x for x in err.splitlines() if "deprecated" in x]
+    assert code == 0 and len(notes) == 2 and "spell it trainer.device=" in notes[0]

@@ -122,3 +122,46 @@ def test_options_that_do_not_change_a_result_do_not_redo_it():
     one_d = Options(slices="1d", grid=9).slice_options()
     assert one_d == Options(slices="1d").slice_options()
     assert Options(points=9).slice_options() != Options().slice_options()
+
+
+def test_averaged_weights_go_into_their_own_folder(run, capsys):
+    import json
+
+    import torch
+
+    line = fails([run, "--weights", "averaged"], capsys)
+    assert "averaged.pt" in line and str(run) in line
+    model = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["model"]
+    model = {k: v * 0.5 if v.is_floating_point() else v for k, v in model.items()}
+    averaged = {"model": model, "kind": "ema", "n_averaged": 5, "epoch": 1, "step": 4}
+    torch.save(averaged, run / "checkpoints" / "averaged.pt")
+    flags = ["--slices", "1d", "--points", "5", "--train-samples", "64"]
+    assert main([str(run), *flags, "--weights", "averaged"]) == 0
+    assert main([str(run), *flags]) == 0
+    avg = json.loads((run / "landscape_averaged" / "landscape.json").read_text())
+    last = json.loads((run / "landscape" / "landscape.json").read_text())
+    assert avg["weights"] == "averaged" and "weights" not in last
+    assert avg["train_loss"] != last["train_loss"]  # L(θ) at the other weights
+
+
+def test_the_one_grammar_and_the_earlier_flags_give_one_result(run, capsys):
+    words = ["landscape.slices=1d", "landscape.points=5", "landscape.train_samples=64"]
+    assert main([str(run), *words, "trainer.device=cpu", "trainer.progress=none"]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    new = (run / "landscape" / "slice_1d.csv").read_text()
+    flags = ["--slices", "1d", "--points", "7", "--train-samples", "64"]
+    assert main([str(run), *flags, "--device", "cpu", "--progress", "none"]) == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if "deprecated" in x]
+    assert len(notes) == 5 and "spell it landscape.points=" in notes[1]
+    assert "spell it trainer.device=" in notes[3] and "spell it trainer.progress=" in notes[4]
+    assert main([str(run), *words, "--device", "cpu", "trainer.progress=none"]) == 0
+    assert (run / "landscape" / "slice_1d.csv").read_text() == new
+    capsys.readouterr()
+    line = fails([run, "trainer.progress=lines"], capsys)
+    assert "trainer.progress='lines' is unknown" in line
+    line = fails([run, "optimizer.rho=1"], capsys)
+    assert "'optimizer.rho=1' is not a sam-landscape setting" in line
+    line = fails([run, "landscape.pionts=5"], capsys)
+    assert "landscape.pionts is not an option (did you mean landscape.points?)" in line
+    line = fails([run, "landscape.span=[1,2]"], capsys)
+    assert "--span 1 2 must be" in line

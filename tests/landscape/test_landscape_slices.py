@@ -18,9 +18,9 @@ from sam_runner.landscape.cli import main
 from sam_runner.landscape.directions import filter_normalized
 from sam_runner.landscape.evaluate import COLUMNS
 from sam_runner.landscape.options import Options
-from sam_runner.landscape.runs import LoadedRun, load_run
 from sam_runner.landscape.slices import make_evaluator, run_slices
 from sam_runner.models import build_model
+from sam_runner.results.rundir import LoadedRun, load_run
 from sam_runner.runfiles import read_rows
 
 SMALL = ["--points", "11", "--grid", "5", "--progress", "none"]

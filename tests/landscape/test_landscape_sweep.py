@@ -12,7 +12,7 @@ import pytest
 from landscape_helpers import MLP, session_root, train_into
 
 from sam_runner.landscape.cli import main
-from sam_runner.report import main as report_main
+from sam_runner.results.report import main as report_main
 
 JOBS = [("sam", 0), ("sam", 1), ("base", 0), ("base", 1), ("sam", 2)]
 PAIRS = [("0", "1"), ("0", "4"), ("1", "4"), ("2", "3")]  # jobs of one group, differing in seed

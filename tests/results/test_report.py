@@ -14,7 +14,8 @@ import pytest
 import yaml
 from results_helpers import SWEEP_ARGS, copy_sweep, shared_sweep
 
-from sam_runner.report import build_report, group_overrides, main, near_end, tlc_bound
+from sam_runner.results.report import build_report, main
+from sam_runner.results.sweep import group_overrides, near_end, tlc_bound
 
 METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
 
@@ -310,8 +311,8 @@ def test_a_sweep_over_the_step_size_reports_its_edge_of_stability(tmp_path, caps
     over the last third of the steps, computed from the jobs' own lines."""
     from conftest import run_cli
 
-    from sam_runner.eos_report import plateau, traces
-    from sam_runner.report import write_report
+    from sam_runner.results.eos import plateau, traces
+    from sam_runner.results.report import write_report
 
     args = [
         "-m",

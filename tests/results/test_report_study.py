@@ -7,7 +7,7 @@ import json
 
 import yaml
 
-from sam_runner.report import build_report, write_report
+from sam_runner.results.report import build_report, write_report
 
 
 def _job(folder, n, optimizer, seed, acc, few, extra=(), done=True):

@@ -325,7 +325,7 @@ def test_a_variant_that_ignores_a_swept_option_runs_once(tmp_path, capsys):
     assert "optimizer=base optimizer.rho=0.1" not in out and sorted(
         p.name for p in tmp_path.iterdir() if p.is_dir()
     ) == ["0", "1", "2"]
-    from sam_runner.report import build_report
+    from sam_runner.results.report import build_report
 
     report = build_report(tmp_path)
     assert len(report.jobs) == 3 and [g["variant"] for g in report.groups].count("base") == 1
@@ -335,7 +335,7 @@ def test_sweep_lines_report_and_sam_report_count_the_same_jobs(tmp_path, capsys)
     """A half-run sweep: both count the jobs the sweep calls for, missing ones included."""
     from conftest import run_cli
 
-    from sam_runner.report import build_report
+    from sam_runner.results.report import build_report
 
     code, _, err = run_cli(
         ["-m", *TINY, "trainer.epochs=1", "seed=0,1,2", f"hydra.sweep.dir={tmp_path}"], capsys

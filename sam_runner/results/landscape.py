@@ -6,15 +6,17 @@ of the group's jobs connected by ``sam-landscape SWEEP_DIR --pairs seeds`` (or b
 between two of them; a group's jobs differ only in seed) of the barriers
 (``landscape/<job>/landscape.json``). report.py calls ``landscape_section`` (a section of
 report.md, present when some job has landscape files) and ``csv_columns``/``csv_cells``
-(columns of report.csv, always present, blank where nothing was computed).
+(columns of report.csv, always present, blank where nothing was computed), registered as the
+report's ``landscape`` section.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..runfiles import read_json
-from .files import FOLDER, SUMMARY
+from .rundir import RunDir
+from .sections import SECTIONS
+from .sweep import stats
 
 JOB_KEYS = {"basin_width": "basin_width_1d", "curvature": "curvature_1d"}
 PAIR_KEYS = ("barrier_train_loss", "barrier_test_loss", "barrier_train_error", "barrier_test_error")
@@ -32,20 +34,14 @@ def _resolved(path) -> str:
 
 def pair_summaries(job: Path) -> list[dict]:
     """The connectivity results stored under a job's landscape/ folder."""
-    return [
-        s
-        for p in sorted((Path(job) / FOLDER).glob(f"*/{SUMMARY}"))
-        if isinstance(s := read_json(p), dict) and isinstance(s.get("run_b"), dict)
-    ]
+    return RunDir(job).pair_summaries()
 
 
 def group_landscape(dirs) -> dict:
     """{key: stats} over a group's job folders (``dirs``): slice numbers per job, barriers per
     pair of them."""
-    from ..report import stats  # report.py imports this module: not at import time
-
     dirs = [d for d in dirs if d is not None]
-    jobs = [read_json(Path(d) / FOLDER / SUMMARY) or {} for d in dirs]
+    jobs = [RunDir(d).landscape() or {} for d in dirs]
     out = {k: stats([j.get(key) for j in jobs]) for k, key in JOB_KEYS.items()}
     members = {_resolved(d) for d in dirs}
     pairs = [
@@ -65,6 +61,28 @@ def _cell(s: dict) -> str:
     return text + f" (n={s['n']})"
 
 
+def csv_columns() -> list[str]:
+    keys = [f"landscape_{k}" for k in JOB_KEYS] + list(PAIR_KEYS)
+    return [f"{k}_{s}" for k in keys for s in ("mean", "std", "n")]
+
+
+def csv_cells(group: dict) -> list:
+    s = group_landscape(group.get("dirs", []))
+    cells = []
+    for k in (*JOB_KEYS, *PAIR_KEYS):
+        v = s[k]
+        cells += ["" if v["mean"] is None else repr(v["mean"])]
+        cells += ["" if v["std"] is None else repr(v["std"]), v["n"]]
+    return cells
+
+
+@SECTIONS.register(
+    "landscape",
+    "basin width, curvature and barriers of sam-landscape",
+    order=50,
+    csv_columns=csv_columns,
+    csv_cells=csv_cells,
+)
 def landscape_section(report, _plots) -> list[str]:
     """report.md's landscape section: one row per group with landscape files."""
     rows = []
@@ -91,18 +109,3 @@ def landscape_section(report, _plots) -> list[str]:
         "Written by sam-landscape; see docs/landscape.md of sam-runner.",
         "",
     ]
-
-
-def csv_columns() -> list[str]:
-    keys = [f"landscape_{k}" for k in JOB_KEYS] + list(PAIR_KEYS)
-    return [f"{k}_{s}" for k in keys for s in ("mean", "std", "n")]
-
-
-def csv_cells(group: dict) -> list:
-    s = group_landscape(group.get("dirs", []))
-    cells = []
-    for k in (*JOB_KEYS, *PAIR_KEYS):
-        v = s[k]
-        cells += ["" if v["mean"] is None else repr(v["mean"])]
-        cells += ["" if v["std"] is None else repr(v["std"]), v["n"]]
-    return cells

@@ -37,8 +37,10 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runfiles import atomic_write_bytes, finite, read_json, read_rows
-from .settings import override_key, run_only
+from ..runfiles import finite
+from ..settings import override_key, run_only
+from .rundir import RunDir
+from .sections import SECTIONS
 
 LABELS = {
     "lambda_max": "λ_max",
@@ -102,9 +104,9 @@ class Table:
 
 
 # ---------------------------------------------------------------------------- reading jobs
-def _training_values(path: Path) -> dict:
-    summary = read_json(path / "summary.json") or {}
-    last = next((r for r in reversed(read_rows(path / "metrics.jsonl")) if "train_acc" in r), {})
+def _training_values(run: RunDir) -> dict:
+    summary = run.summary or {}
+    last = next((r for r in reversed(run.rows()) if "train_acc" in r), {})
     values = {**last, **{k: v for k, v in summary.items() if finite(v)}}
     if finite(values.get("train_acc")) and finite(values.get("test_acc")):
         values["gen_gap"] = values["train_acc"] - values["test_acc"]
@@ -116,10 +118,11 @@ def _training_values(path: Path) -> dict:
 def job_values(path: Path) -> tuple[dict, str]:
     """(the job's numbers, their source): eval.json when sam-eval measured the job, else the
     training logs."""
-    measured = read_json(path / "eval.json") or {}
+    run = RunDir(path)
+    measured = run.eval() or {}
     if measured.get("status") == "completed":
         return {k: v for k, v in measured.items() if finite(v)}, "eval.json"
-    return {k: v for k, v in _training_values(path).items() if finite(v)}, "training"
+    return {k: v for k, v in _training_values(run).items() if finite(v)}, "training"
 
 
 def _settings(overrides) -> dict:
@@ -131,8 +134,7 @@ def points_of(report) -> list[Point]:
     out = []
     for job in report.completed():
         values, source = job_values(job.path)
-        name = str(job.path.relative_to(report.sweep_dir)) or "."
-        out.append(Point(name, job.variant, _settings(job.overrides), values, source))
+        out.append(Point(job.name, job.variant, _settings(job.overrides), values, source))
     return out
 
 
@@ -252,52 +254,30 @@ def _p_value(x, y) -> float:
     return float(kendalltau(x, y).pvalue)
 
 
-# ---------------------------------------------------------------------------- mCE
-def mce_rows(report, points: list[Point]) -> list[tuple[str, float, float | None, int]]:
-    """(group, mean mCE %, its sample std, n) per group of the jobs with corruption accuracies,
-    relative to the mean corruption errors of the completed base jobs; [] without base jobs."""
-    from .report import group_overrides
-
-    names = sorted({k for p in points for k in p.values if k.startswith(CORRUPTION_PREFIX)})
-    base = [p for p in points if p.variant == "base"]
-    ref = {
-        c: statistics.fmean([1 - p.values[c] for p in base if c in p.values] or [math.nan])
-        for c in names
-    }
-    names = [c for c in names if finite(ref[c]) and ref[c] > 0]
-    if not names or not base:
-        return []
-    by_group: dict = {}
-    for p, job in _completed(report, points):
-        if all(c in p.values for c in names):
-            mce = 100 * statistics.fmean((1 - p.values[c]) / ref[c] for c in names)
-            by_group.setdefault(
-                " ".join(group_overrides(job.overrides)) or "(defaults)", []
-            ).append(mce)
-    return [
-        (g, statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else None, len(v))
-        for g, v in by_group.items()
-    ]
-
-
-def _completed(report, points):
-    by_name = {p.name: p for p in points}
-    for job in report.jobs:
-        if job.path is not None and job.status == "completed":
-            p = by_name.get(str(job.path.relative_to(report.sweep_dir)) or ".")
-            if p is not None:
-                yield p, job
-
-
 # ---------------------------------------------------------------------------- output
 def _f(v, spec="+.3f") -> str:
     return format(v, spec) if finite(v) else "—"
 
 
+def write_measures(report, out_dir: Path) -> list[Path]:
+    """measures.csv and measures.png, when the jobs carry measures (else nothing)."""
+    table = measures_table(report)
+    if table is None:
+        return []
+    from ..plots.measures import plot_measures
+    from ..plots.style import save_png
+    from ..runfiles import atomic_write_bytes
+
+    csv_path = Path(out_dir) / "measures.csv"
+    atomic_write_bytes(csv_path, render_measures_csv(table).encode())
+    return [csv_path, save_png(plot_measures(table, label), Path(out_dir) / "measures.png")]
+
+
+@SECTIONS.register(
+    "measures", "which measure tracks generalization (Kendall τ, Ψ)", order=10, files=write_measures
+)
 def measures_section(report, _plots=None) -> list[str]:
-    """The report.md section (a section function of ``report.render_markdown``): the ranking
-    table, the mCE table when the jobs have corruption accuracies and the sweep has base jobs,
-    and measures.png."""
+    """The report.md section: the ranking table and measures.png."""
     table = measures_table(report)
     if table is None:
         return []
@@ -323,27 +303,8 @@ def measures_section(report, _plots=None) -> list[str]:
         cells += [_f(r["tau_test_error"]), _f(r["psi"])]
         cells += [_f(r[f"psi_{a}"]) for a in table.axes] + [str(r["n"])]
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", *_mce_lines(report, table.points), "![measures](measures.png)", ""]
+    out += ["", "![measures](measures.png)", ""]
     return out
-
-
-def _mce_lines(report, points) -> list[str]:
-    rows = mce_rows(report, points)
-    if not rows:
-        return []
-    out = [
-        "mCE (%): each corruption's error relative to the mean error of the sweep's base jobs, "
-        "averaged over corruptions (100 = as robust as base); mean ± std over seeds.",
-        "",
-        "| group | mCE | n |",
-        "|---|---|---|",
-    ]
-    labels = {g["group"]: g["label"] for g in report.groups}  # without the shared overrides
-    order = {g["group"]: i for i, g in enumerate(report.groups)}
-    for group, mean, std, n in sorted(rows, key=lambda r: order.get(r[0], len(order))):
-        cell = f"{mean:.1f}" + (f" ± {std:.1f}" if std is not None else "")
-        out.append(f"| {labels.get(group, group)} | {cell} | {n} |")
-    return out + [""]
 
 
 def render_measures_csv(table: Table) -> str:
@@ -360,16 +321,3 @@ def render_measures_csv(table: Table) -> str:
 
 def _csv(v) -> str:
     return repr(float(v)) if finite(v) else ""
-
-
-def write_measures(report, out_dir: Path) -> list[Path]:
-    """measures.csv and measures.png, when the jobs carry measures (else nothing)."""
-    table = measures_table(report)
-    if table is None:
-        return []
-    from .plots.measures import plot_measures
-    from .plots.style import save_png
-
-    csv_path = Path(out_dir) / "measures.csv"
-    atomic_write_bytes(csv_path, render_measures_csv(table).encode())
-    return [csv_path, save_png(plot_measures(table, label), Path(out_dir) / "measures.png")]

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import statistics
 
-from .runfiles import finite, read_rows
+from ..runfiles import finite
+from .rundir import RunDir
+from .sections import SECTIONS
+from .sweep import group_overrides, stats
 
 LAST = 1 / 3  # the plateau: the last third of the measured steps
 
@@ -19,7 +22,7 @@ def traces(report) -> list[dict]:
     for job in report.completed():
         rows = [
             r
-            for r in read_rows(job.path / "metrics.jsonl")
+            for r in RunDir(job.path).rows()
             if finite(r.get("lambda_max")) and finite(r.get("step")) and "train_loss" not in r
         ]
         if len(rows) >= 3:
@@ -46,11 +49,15 @@ def plateau(trace: dict, key: str) -> float | None:
     return statistics.fmean(ratios) if ratios else None
 
 
+@SECTIONS.register("edge_of_stability", "λ_max against its stability threshold", order=40)
+def eos_section(report, _plots=None) -> list[str]:
+    return section(report, traces(report))
+
+
 def section(report, traces_: list[dict]) -> list[str]:
     """report.md's edge-of-stability table: one row per group (the jobs differing in seed)."""
     if not traces_:
         return []
-    from .report import group_overrides, stats
 
     groups: dict = {}
     for t in traces_:

@@ -19,9 +19,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
-from .runfiles import atomic_write_bytes, read_json
-from .sweep.search import STORAGE_FILE, STUDY_NAME
+from ..errors import UserError
+from ..runfiles import atomic_write_bytes, read_json
+from ..sweep.objective import STORAGE_FILE, STUDY_NAME, final_line
+from .sections import SECTIONS
 
 METRICS = ("loss", "acc", "ece", "nll")
 
@@ -180,13 +181,11 @@ def render_markdown(study: Study, plots: list[Path]) -> str:
 
 def _last(trial: Trial, key: str):
     """A key of the trial's final metrics line (val_loss, val_ece ... are not in summary.json)."""
-    from .sweep.objective import final_line
-
     return final_line(trial.folder).get(key)
 
 
 def scatter(study: Study, key: str, out_dir: Path) -> Path:
-    from .plots.style import figure, log_scale, save_png
+    from ..plots.style import figure, log_scale, save_png
 
     points = [
         (t.params[key], t.value)
@@ -204,3 +203,27 @@ def scatter(study: Study, key: str, out_dir: Path) -> Path:
     ax.set_ylabel(study.objective)
     ax.set_title(f"{study.objective} against {key} ({len(points)} trials)")
     return save_png(fig, out_dir / f"search_{key.replace('/', '_')}.png")
+
+
+def _search_sources(report) -> list[Path]:
+    return [Path(s) for s in report.sources or [report.sweep_dir] if is_search(s)]
+
+
+def _search_files(report, out_dir) -> list[Path]:
+    """Each search source's trials table and figures (a subfolder when there are several)."""
+    sources = _search_sources(report)
+    return [
+        p
+        for s in sources
+        for p in write_search_report(s, Path(out_dir) / (s.name if len(sources) > 1 else ""))
+    ]
+
+
+@SECTIONS.register("search", "an Optuna search's trials", order=15, files=_search_files)
+def search_section(report, _plots=None) -> list[str]:
+    sources = _search_sources(report)
+    if not sources:
+        return []
+    names = ["search.md"] if len(sources) == 1 else [f"{s.name}/search.md" for s in sources]
+    links = [f"The trials, ranked by the objective: [{n}]({n})." for n in names]
+    return ["## Search", "", *links, ""]

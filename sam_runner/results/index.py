@@ -1,0 +1,324 @@
+"""``sam-index PATH... [--db FILE]``: every run folder under PATH into one SQLite database.
+
+Tables (the standard library's sqlite3; any SQL client, pandas or DuckDB reads them):
+
+- ``runs``: one row per run folder: ``run_dir`` (absolute), ``sweep_dir`` (the sweep folder it
+  was found in; a run folder given itself: its own folder), ``status``, ``indexed_at`` (UTC,
+  ISO 8601), every flattened config key named as in overrides (``optimizer.rho``), every
+  ``summary.json`` value under its own name (``test_acc``; nested ones dotted:
+  ``versions.torch``; a name the config already has gets ``summary.``), and sam-eval's and
+  sam-landscape's numbers prefixed by their file: ``eval.lambda_max``,
+  ``eval_averaged.test_acc``, ``landscape.basin_width_1d``, ``landscape_averaged.…``;
+- ``epochs``: one row per ``metrics.jsonl`` line: ``run_dir``, ``epoch``, ``step``, then one
+  column per key of the lines;
+- ``files`` and ``meta``: what each folder's files were when it was read, and the schema.
+
+Incremental: a folder whose files' sizes and modification times did not change is not read
+again; a folder gone from under a PATH loses its rows. Two indexers at once are safe: WAL, a
+busy timeout, one transaction per folder. A schema of another version is dropped and rebuilt.
+The run folders are only read, never written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sqlite3
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import UserError, require
+from ..settings import flatten
+from ..sweep.plan import job_dirs
+from .rundir import RunDir, eval_file, landscape_folder
+
+SCHEMA = 1  # bump when the tables' meaning changes: an older database is rebuilt by itself
+DEFAULT_DB = "sam-results.sqlite"
+BUSY_TIMEOUT_S = 60
+WATCHED = (  # the files a row is made of: a change of any re-reads the folder
+    "summary.json",
+    "metrics.jsonl",
+    ".hydra/config.yaml",
+    ".hydra/overrides.yaml",
+    eval_file("last"),
+    eval_file("averaged"),
+    f"{landscape_folder('last')}/landscape.json",
+    f"{landscape_folder('averaged')}/landscape.json",
+)
+SKIPPED_SUMMARY_KEYS = ("config", "reliability")  # the config has its own columns; bins are big
+TABLES = {
+    "runs": "run_dir TEXT PRIMARY KEY, sweep_dir TEXT, status TEXT, indexed_at TEXT",
+    "epochs": "run_dir TEXT, epoch REAL, step REAL",
+    "files": "run_dir TEXT PRIMARY KEY, signature TEXT",
+    "meta": "key TEXT PRIMARY KEY, value TEXT",
+}
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def connect(db: Path) -> sqlite3.Connection:
+    """The database, in WAL mode with a busy timeout, its schema current (rebuilt if not)."""
+    try:
+        con = sqlite3.connect(str(db), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute(
+            "PRAGMA synchronous=NORMAL"
+        )  # WAL: a crash loses the last commits, never the file
+        con.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
+    except sqlite3.Error as e:
+        raise UserError(f"--db {db}: cannot open it as an SQLite database ({e})") from None
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        version = None
+        if "meta" in tables:
+            row = con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            version = row[0] if row else None
+        if version != str(SCHEMA):
+            for t in tables:
+                con.execute(f"DROP TABLE {quote(t)}")
+            for t, cols in TABLES.items():
+                con.execute(f"CREATE TABLE {t} ({cols})")
+            con.execute("CREATE INDEX epochs_run ON epochs (run_dir)")
+            con.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
+        con.execute("COMMIT")
+    except sqlite3.DatabaseError as e:
+        con.execute("ROLLBACK")
+        raise UserError(f"--db {db} is not a results database ({e}); choose another file") from None
+    return con
+
+
+def signature(run_dir: Path) -> str:
+    """Size and modification time of each watched file (absent: null): no file is read."""
+    out = {}
+    for name in WATCHED:
+        try:
+            st = (run_dir / name).stat()
+            out[name] = [st.st_size, st.st_mtime_ns]
+        except OSError:
+            out[name] = None
+    return json.dumps(out, sort_keys=True)
+
+
+def _value(v):
+    if isinstance(v, bool):
+        return int(v)
+    if v is None or isinstance(v, (int, float, str)):
+        return v
+    return json.dumps(v)
+
+
+def run_row(run: RunDir, sweep_dir: Path) -> dict:
+    """The ``runs`` row of one folder (see the module docstring)."""
+    row = {"run_dir": str(run.path), "sweep_dir": str(sweep_dir), "status": run.status}
+    row["indexed_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    config = {k: v for k, v in flatten(run.config(checkpoint=False)).items() if k != "hydra"}
+    row.update({k: _value(v) for k, v in config.items()})
+    summary = {k: v for k, v in (run.summary or {}).items() if k not in SKIPPED_SUMMARY_KEYS}
+    for k, v in flatten(summary).items():
+        row["summary." + k if k in row else k] = _value(v)
+    for weights in ("last", "averaged"):
+        prefix = eval_file(weights).removesuffix(".json")
+        for k, v in flatten(run.eval(weights) or {}).items():
+            row[f"{prefix}.{k}"] = _value(v)
+    for weights in ("last", "averaged"):
+        prefix = landscape_folder(weights)
+        for k, v in flatten(run.landscape(weights) or {}).items():
+            if not isinstance(v, (dict, list)):
+                row[f"{prefix}.{k}"] = _value(v)
+    return row
+
+
+_known: dict = {}  # (connection id, table) -> columns seen: re-read only when a key is new
+
+
+def _columns(con, table: str) -> set:
+    cols = {r[1] for r in con.execute(f"PRAGMA table_info({quote(table)})")}
+    _known[(id(con), table)] = cols
+    return cols
+
+
+def _insert(con, table: str, rows: list[dict], verb: str = "INSERT") -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    have = _known.get((id(con), table), set())
+    if not set(keys) <= have:  # inside the write lock: another indexer may have added them
+        have = _columns(con, table)
+        for k in keys:
+            if k not in have:
+                con.execute(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(k)}")
+                have.add(k)
+    sql = (
+        f"{verb} INTO {quote(table)} ({', '.join(map(quote, keys))}) "
+        f"VALUES ({', '.join('?' * len(keys))})"
+    )
+    con.executemany(sql, [[r.get(k) for k in keys] for r in rows])
+
+
+def _delete(con, run_dir: str) -> None:
+    for table in ("runs", "epochs", "files"):
+        con.execute(f"DELETE FROM {table} WHERE run_dir = ?", (run_dir,))
+
+
+def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
+    """``read``, ``unchanged`` or ``skipped`` (a corrupt summary.json: one warning line)."""
+    sig = signature(run_dir)
+    old = con.execute("SELECT signature FROM files WHERE run_dir = ?", (str(run_dir),)).fetchone()
+    if old and old[0] == sig:
+        return "unchanged"
+    run = RunDir(run_dir)
+    if (run_dir / "summary.json").is_file() and run.summary is None:
+        print(
+            f"sam-index: warning: {run_dir}: summary.json is not readable JSON; folder skipped",
+            file=sys.stderr,
+        )
+        return "skipped"
+    row = run_row(run, sweep_dir)
+    lines = [{"run_dir": str(run_dir), **{k: _value(v) for k, v in r.items()}} for r in run.rows()]
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        _delete(con, str(run_dir))
+        _insert(con, "runs", [row])
+        _insert(con, "epochs", lines)
+        _insert(con, "files", [{"run_dir": str(run_dir), "signature": sig}])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return "read"
+
+
+def folders(path: Path) -> list[tuple[Path, Path]]:
+    """(run folder, its sweep folder) of every run under PATH (absolute)."""
+    path = path.resolve()
+    if RunDir(path).is_run() and not job_dirs(path):
+        sweep = path.parent if (path.parent / "multirun.yaml").is_file() else path
+        return [(path, sweep)]
+    return [(d.resolve(), path) for d in job_dirs(path)]
+
+
+def index(paths, db: Path) -> dict:
+    """Index every run folder under ``paths`` into ``db``; the counts of what was done."""
+    for p in paths:
+        require(Path(p).is_dir(), f"PATH={str(p)!r} is not a folder; pass run or sweep folders")
+    con = connect(db)
+    counts = {"read": 0, "unchanged": 0, "skipped": 0, "removed": 0}
+    try:
+        for p in paths:
+            found = folders(Path(p))
+            for run_dir, sweep_dir in found:
+                counts[index_folder(con, run_dir, sweep_dir)] += 1
+            counts["removed"] += _remove_gone(con, Path(p).resolve(), {str(d) for d, _ in found})
+    finally:
+        _forget(con)
+        con.close()
+    return counts
+
+
+def _forget(con) -> None:
+    for key in [k for k in _known if k[0] == id(con)]:
+        del _known[key]
+
+
+def _remove_gone(con, root: Path, present: set) -> int:
+    """Delete the rows of folders under ``root`` that are no longer there."""
+    rows = con.execute(
+        "SELECT run_dir FROM files WHERE run_dir = ? OR run_dir LIKE ? ESCAPE '\\'",
+        (str(root), _like_prefix(root)),
+    ).fetchall()
+    gone = [r[0] for r in rows if r[0] not in present]
+    for run_dir in gone:
+        con.execute("BEGIN IMMEDIATE")
+        _delete(con, run_dir)
+        con.execute("COMMIT")
+    return len(gone)
+
+
+def _like_prefix(root: Path) -> str:
+    text = str(root).rstrip("/") + "/"
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def query(db: Path, sql: str) -> tuple[list[str], list[tuple]]:
+    require(Path(db).is_file(), f"--db {db} does not exist; index folders first: sam-index PATH")
+    con = connect(db)
+    try:
+        cur = con.execute(sql)
+        return [d[0] for d in cur.description or []], cur.fetchall()
+    except sqlite3.Error as e:
+        raise UserError(f"--query failed: {e} (tables: runs, epochs)") from None
+    finally:
+        con.close()
+
+
+def selected_runs(db: Path, where: str | None) -> list[tuple[str, str]]:
+    """(run_dir, sweep_dir) of the runs the condition selects (sam-report --db --where)."""
+    sql = "SELECT run_dir, sweep_dir FROM runs" + (f" WHERE {where}" if where else "")
+    try:
+        _, rows = query(db, sql + " ORDER BY sweep_dir, run_dir")
+    except UserError as e:
+        raise UserError(str(e).replace("--query failed", f"--where {where!r} failed")) from None
+    require(bool(rows), f"no run of {db} matches --where {where!r}")
+    return [(str(a), str(b)) for a, b in rows]
+
+
+def table_text(cols: list[str], rows: list[tuple]) -> str:
+    """A fixed-width text table (numbers as %.6g)."""
+    cells = [[_show(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def _show(v) -> str:
+    if v is None:
+        return ""
+    return format(v, ".6g") if isinstance(v, float) else str(v)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="sam-index",
+        description="Index run and sweep folders into an SQLite database (tables runs, epochs).",
+        epilog='Example: sam-index multirun/ --query \'SELECT "optimizer.name", avg(test_acc) '
+        "FROM runs GROUP BY 1'",
+    )
+    ap.add_argument("paths", nargs="*", type=Path, metavar="PATH", help="run or sweep folders")
+    ap.add_argument("--db", type=Path, default=Path(DEFAULT_DB), help=f"default {DEFAULT_DB}")
+    ap.add_argument("--query", metavar="SQL", help="print the result of a query as a table")
+    ap.add_argument("--csv", type=Path, metavar="FILE", help="write the query's result as CSV")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        require(args.paths or args.query, "give PATH... to index, or --query SQL (or both)")
+        require(args.csv is None or args.query, "--csv writes a query's result: add --query SQL")
+        if args.paths:
+            c = index(args.paths, args.db)
+            print(
+                f"sam-index: {sum(c.values()) - c['removed']} run folder(s): {c['read']} read, "
+                f"{c['unchanged']} unchanged, {c['skipped']} skipped, {c['removed']} removed; "
+                f"database {args.db}"
+            )
+        if args.query:
+            cols, rows = query(args.db, args.query)
+            if args.csv is not None:
+                with open(args.csv, "w", newline="") as f:
+                    csv.writer(f).writerows([cols, *rows])
+            else:
+                print(table_text(cols, rows))
+    except UserError as e:
+        print(f"sam-index: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

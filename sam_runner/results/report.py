@@ -1,0 +1,218 @@
+"""``sam-report FOLDER...``: one table and a few plots for one sweep or several.
+
+Reads every job's ``summary.json`` and ``.hydra/`` files through ``rundir.RunDir`` (never live
+state), so it works on a sweep that is still running or partly failed, and says which jobs are
+missing. FOLDER is a sweep folder or a run folder; several make one report whose groups span
+them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a results database
+(``sam-index``). Writes, into the (first) folder or ``--out``:
+
+- ``report.md``: the registered sections (``sections.py``), in order: the head, the measures
+  (measures.py), the corruption mCE (corruption.py), the runs table (runs_table.py), the edge
+  of stability (eos.py), the loss landscape (landscape.py), the jobs not completed, the figures,
+  one row per job, the notes; with several folders, the runs table says where each group came
+  from;
+- ``report.csv``: the runs table, one row per group, one column per statistic (and the columns
+  sections add: the landscape's; ``from`` with several folders);
+- ``acc_vs_rho.png``, ``lambda_max_vs_rho.png`` (log scale, with the TLC-SAM stability bound
+  where the jobs logged what it needs), ``ece_vs_rho.png``, ``acc_vs_lambda_max.png``,
+  ``eos.png``, and the files sections write (``measures.csv``, ``measures.png``).
+
+The choices (groups, statistics, missing jobs, the bound) are sweep.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+from pathlib import Path
+
+from ..errors import UserError, require
+from ..runfiles import atomic_write_bytes, finite
+from .runs_table import _job_name, counts_line
+from .sections import ordered
+from .sweep import BOUND_STATS, STATUSES, Report, build_report
+
+__all__ = ["build_report", "write_report", "render_markdown", "render_csv", "main"]
+
+
+def render_markdown(report: Report, plots) -> str:
+    """report.md: one registered section after another."""
+    return "\n".join(line for e in ordered() for line in e.target(report, plots))
+
+
+def render_csv(report: Report) -> str:
+    buf = io.StringIO()
+    cols = ["group", "series", "variant", "rho", "jobs", *STATUSES]
+    cols += [f"{k}_{s}" for k in report.metrics + BOUND_STATS for s in ("mean", "std", "n")] + [
+        "above_bound"
+    ]
+    extra = [e for e in ordered() if e.csv_columns is not None]
+    cols += [c for e in extra for c in e.csv_columns()]
+    cols += ["from"] * (len(report.sources) > 1)
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(cols)
+    for g in report.groups:
+        row = [
+            g["group"],
+            g["series"],
+            g["variant"],
+            "" if g["rho"] is None else repr(g["rho"]),
+            g["jobs"],
+        ]
+        row += [g[s] for s in STATUSES]
+        for k in report.metrics + BOUND_STATS:
+            s = g["stats"][k]
+            row += [
+                "" if s["mean"] is None else repr(s["mean"]),
+                "" if s["std"] is None else repr(s["std"]),
+                s["n"],
+            ]
+        row += [g["above_bound"], *(c for e in extra for c in e.csv_cells(g))]
+        w.writerow(row + [" ".join(g["sources"])] * (len(report.sources) > 1))
+    return buf.getvalue()
+
+
+def write_plots(report: Report, out_dir: Path) -> list[Path]:
+    from ..plots.style import save_png
+    from ..plots.sweep import plot_acc_vs_lambda, plot_eos_traces, plot_metric_vs_rho
+    from .eos import traces
+
+    g = report.groups
+    points = [
+        (j.variant, j.metrics.get("lambda_max"), j.metrics.get("test_acc"))
+        for j in report.jobs
+        if j.status == "completed"
+    ]
+    figures = []
+    if any(finite(row["rho"]) for row in g):  # gradient descent against itself has no ρ figures
+        figures += [
+            ("acc_vs_rho.png", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
+            (
+                "lambda_max_vs_rho.png",
+                plot_metric_vs_rho(
+                    g,
+                    "lambda_max",
+                    "λ_max",
+                    logy=True,
+                    bounds=True,
+                    title="λ_max (log scale) against ρ, with the stability bound where logged",
+                ),
+            ),
+            ("ece_vs_rho.png", plot_metric_vs_rho(g, "test_ece", "test ECE")),
+        ]
+    figures.append(("acc_vs_lambda_max.png", plot_acc_vs_lambda(points)))
+    eos = traces(report)
+    if eos:
+        figures.append(("eos.png", plot_eos_traces(eos)))
+    return [save_png(fig, out_dir / name) for name, fig in figures]
+
+
+def write_report(report: Report, out_dir=None) -> list[Path]:
+    out_dir = Path(out_dir or report.sweep_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        plots = write_plots(report, out_dir)
+        files = [p for e in ordered() if e.files is not None for p in e.files(report, out_dir)]
+        atomic_write_bytes(out_dir / "report.csv", render_csv(report).encode())
+        atomic_write_bytes(out_dir / "report.md", render_markdown(report, plots).encode())
+    except OSError as e:
+        raise UserError(
+            f"cannot write the report into {out_dir} ({e.strerror or e}); choose another with --out"
+        ) from None
+    return [out_dir / "report.md", out_dir / "report.csv", *plots, *files]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="sam-report",
+        description="Tables and plots for sam-run sweep folders (one, or several in one report).",
+    )
+    ap.add_argument(
+        "folders",
+        type=Path,
+        nargs="*",
+        metavar="FOLDER",
+        help="sweep folders (hydra.sweep.dir of `sam-run -m`) or run folders",
+    )
+    ap.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="another metric to tabulate (a summary.json key, else its last metrics.jsonl value); "
+        "repeatable",
+    )
+    ap.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="an override key to pool over, like seed (e.g. --ignore dataset.batch_size); "
+        "repeatable",
+    )
+    ap.add_argument("--db", type=Path, metavar="FILE", help="a results database of sam-index")
+    ap.add_argument(
+        "--where",
+        metavar="SQL",
+        help='with --db: the runs to report, an SQL condition on table runs (e.g. "'
+        '\\"dataset.name\\" = \'cifar100\'")',
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        help="where to write the report (default: the sweep folder; needed with several)",
+    )
+    return ap
+
+
+def build(args) -> Report:
+    """The report the arguments ask for (one-line errors for bad ones)."""
+    require(
+        bool(args.folders) != bool(args.db),
+        "give sweep or run folders, or --db FILE (with --where), not both and not neither",
+    )
+    require(args.where is None or args.db, "--where filters a database: add --db FILE")
+    require(
+        args.out is not None or (len(args.folders) == 1 and not args.db),
+        "a report of several folders or of a database needs --out FOLDER (where to write it)",
+    )
+    if args.db is None:
+        return build_report(args.folders, args.metric, args.ignore)
+    from .index import selected_runs
+    from .sweep import build_from_dirs
+
+    runs = selected_runs(args.db, args.where)
+    sources = list(dict.fromkeys(source for _, source in runs))
+    jobs = [(Path(d), _name(Path(d), Path(s)), s) for d, s in runs]
+    return build_from_dirs(
+        [Path(s) for s in sources], [Path(d) for d, _ in runs], args.metric, args.ignore, jobs
+    )
+
+
+def _name(run_dir: Path, source: Path) -> str:
+    try:
+        rel = str(run_dir.relative_to(source))
+    except ValueError:
+        return run_dir.name
+    return f"{source.name}/{rel}" if rel != "." else source.name
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        report = build(args)
+        paths = write_report(report, args.out)
+    except UserError as e:
+        print(f"sam-report: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{counts_line(report)}; report: {paths[0]}")
+    for j in report.jobs:
+        if j.status == "missing":
+            print(f"  missing: {_job_name(report, j)} {' '.join(j.overrides)} ({j.detail})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

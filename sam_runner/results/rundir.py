@@ -1,0 +1,351 @@
+"""The one reader of a run folder: everything any command needs from a job folder sam-run wrote.
+
+``RunDir(path)`` reads, each lazily and once:
+
+- ``overrides``: ``.hydra/overrides.yaml``, else summary.json's ``overrides``;
+- ``config()``: the composed config as a plain nested dict: ``.hydra/config.yaml``, else (a
+  run trained by ``train(cfg, dir)`` without Hydra) the settings summary.json records, else
+  those its checkpoint records (every key a result depends on); ``omega_config()`` is it as an
+  OmegaConf, with this environment's data folder where the run's does not exist here;
+- ``summary``, ``status`` (``completed``, ``diverged``, ``failed``; ``missing`` without a
+  summary: running, killed or interrupted), ``rows()`` (metrics.jsonl);
+- ``eval(weights)``, ``landscape(weights)``, ``pair_summaries(weights)``: what sam-eval and
+  sam-landscape wrote (``weights="averaged"``: ``eval_averaged.json``, ``landscape_averaged/``);
+- ``load(device, weights)``: the model rebuilt by the runner's own ``build_data`` and
+  ``build_model`` at the final weights (``checkpoints/last.pt``) or the averaged ones
+  (``checkpoints/averaged.pt``, written by ``trainer.weight_averaging``), read weights-only.
+
+Importing this module imports nothing heavy (no torch): sam-report and sam-index read folders
+with it; ``load`` imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from ..errors import UserError, require
+from ..registry import VARIANTS
+from ..runfiles import CHECKPOINT, Checkpoint, read_json, read_rows
+
+AVERAGED = Path("checkpoints") / "averaged.pt"
+WEIGHTS = ("last", "averaged")
+STATUSES = ("completed", "diverged", "failed")
+EVAL_FILES = {"last": "eval.json", "averaged": "eval_averaged.json"}
+LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}  # landscape/files.py
+
+
+def check_weights(weights: str, spelling: str = "weights") -> str:
+    require(
+        weights in WEIGHTS,
+        f"{spelling}={weights!r} is unknown; choose one of {', '.join(WEIGHTS)}",
+    )
+    return weights
+
+
+def eval_file(weights: str = "last") -> str:
+    return EVAL_FILES[check_weights(weights)]
+
+
+def landscape_folder(weights: str = "last") -> str:
+    return LANDSCAPE_FOLDERS[check_weights(weights)]
+
+
+def _read_yaml(path: Path):
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where built: 10x faster
+    try:
+        return yaml.load(path.read_text(), Loader=loader)
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def unflatten(flat: dict) -> dict:
+    """``{"a.b": 1}`` -> ``{"a": {"b": 1}}`` (the inverse of settings.flatten)."""
+    tree: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def get(cfg, dotted: str):
+    """``cfg["a"]["b"]`` for ``"a.b"``; None where a part is missing."""
+    for part in dotted.split("."):
+        if not isinstance(cfg, dict):
+            return None
+        cfg = cfg.get(part)
+    return cfg
+
+
+def has_rho(variant: str) -> bool:
+    """Whether a variant's ``optimizer.rho`` is a perturbation radius (not for ``base``; an unknown
+    variant is taken at its configured ρ)."""
+    return VARIANTS.entry(variant).has_rho if variant in VARIANTS else True
+
+
+class RunDir:
+    """A job folder sam-run wrote (see the module docstring)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def is_run(self) -> bool:
+        return any((self.path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
+
+    # ---- files as they are
+    @cached_property
+    def summary(self) -> dict | None:
+        s = read_json(self.path / "summary.json")
+        return s if isinstance(s, dict) else None
+
+    @property
+    def status(self) -> str:
+        s = (self.summary or {}).get("status")
+        return s if s in STATUSES else "missing"
+
+    @cached_property
+    def overrides(self) -> list[str]:
+        saved = _read_yaml(self.path / ".hydra" / "overrides.yaml")
+        if not isinstance(saved, list):
+            saved = list((self.summary or {}).get("overrides") or [])
+        return [str(o) for o in saved]
+
+    @cached_property
+    def hydra_config(self) -> dict | None:
+        cfg = _read_yaml(self.path / ".hydra" / "config.yaml")
+        return cfg if isinstance(cfg, dict) else None
+
+    def rows(self) -> list[dict]:
+        return read_rows(self.path / "metrics.jsonl")
+
+    def eval(self, weights: str = "last") -> dict | None:
+        e = read_json(self.path / eval_file(weights))
+        return e if isinstance(e, dict) else None
+
+    def landscape(self, weights: str = "last") -> dict | None:
+        from ..landscape.files import SUMMARY
+
+        s = read_json(self.path / landscape_folder(weights) / SUMMARY)
+        return s if isinstance(s, dict) else None
+
+    def pair_summaries(self, weights: str = "last") -> list[dict]:
+        """The connectivity results stored under the run's landscape folder."""
+        from ..landscape.files import SUMMARY
+
+        folder = self.path / landscape_folder(weights)
+        return [
+            s
+            for p in sorted(folder.glob(f"*/{SUMMARY}"))
+            if isinstance(s := read_json(p), dict) and isinstance(s.get("run_b"), dict)
+        ]
+
+    # ---- the config
+    def config(self, checkpoint: bool = True) -> dict:
+        """The composed config (see the module docstring); {} when nothing records it (or only
+        the checkpoint does and ``checkpoint`` is False: torch-free readers)."""
+        if self.hydra_config is not None:
+            return self.hydra_config
+        flat = (self.summary or {}).get("config")
+        if not isinstance(flat, dict) and checkpoint and (self.path / CHECKPOINT).is_file():
+            flat = (self.checkpoint().get("fingerprint") or {}).get("config")
+        return unflatten(flat) if isinstance(flat, dict) else {}
+
+    def get(self, dotted: str, checkpoint: bool = False):
+        return get(self.config(checkpoint), dotted)
+
+    def omega_config(self, purpose: str = "sam-landscape"):
+        """The config as an OmegaConf, its interpolations resolving here, with this
+        environment's data folder where the run's is absent or gone."""
+        from omegaconf import OmegaConf
+
+        path = self.path / ".hydra" / "config.yaml"
+        if path.is_file():
+            try:
+                cfg = OmegaConf.load(path)
+            except Exception as e:
+                raise UserError(f"{path} is unreadable ({type(e).__name__}); restore it") from None
+        else:
+            tree = self.config()
+            require(
+                bool(tree),
+                f"run folder {self.path} has no .hydra/config.yaml and its checkpoint records no "
+                f"settings; {purpose} cannot rebuild its model",
+            )
+            cfg = OmegaConf.create(tree)
+        _data_dir_here(cfg)
+        return cfg
+
+    # ---- the weights
+    @cached_property
+    def _last(self) -> dict | None:
+        return Checkpoint(self.path / CHECKPOINT).load()
+
+    def checkpoint(self) -> dict:
+        """last.pt, loaded weights-only (a one-line error when it is missing)."""
+        require(
+            self._last is not None,
+            f"run folder {self.path} has no checkpoint ({CHECKPOINT}); its weights are needed",
+        )
+        return self._last
+
+    def weights(self, weights: str = "last") -> dict:
+        """The model state dict of ``last.pt`` or ``averaged.pt``."""
+        if check_weights(weights) == "last":
+            return self.checkpoint()["model"]
+        path = self.path / AVERAGED
+        require(
+            path.is_file(),
+            f"run folder {self.path} has no averaged weights ({AVERAGED}); train it with "
+            "trainer.weight_averaging=swa or ema, or use weights=last",
+        )
+        import torch
+
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise UserError(f"{path} is unreadable ({type(e).__name__}); restore it") from None
+        require(
+            isinstance(state, dict) and isinstance(state.get("model"), dict),
+            f"{path} is not a sam-run averaged checkpoint (no model entry)",
+        )
+        return state["model"]
+
+    def load(self, device, weights: str = "last", purpose: str = "sam-landscape", strict=False):
+        """The run at its final (or averaged) weights, with its data; ``strict``: the
+        checkpoint's recorded settings must be the config's (sam-eval)."""
+        from ..data import build_data
+        from ..models import build_model
+        from ..settings import require_same_config, result_config
+        from ..validate import without_download
+
+        require(
+            self.path.is_dir(),
+            f"run folder {str(self.path)!r} does not exist or is not a folder; pass a folder "
+            "sam-run wrote",
+        )
+        require(
+            (self.path / CHECKPOINT).is_file(),
+            f"run folder {self.path} has no checkpoint ({CHECKPOINT}); {purpose} needs the "
+            "weights a sam-run run saves at each evaluated epoch",
+        )
+        import torch
+
+        state = self.weights(weights)
+        cfg = self.omega_config(purpose)
+        if strict:
+            saved = (self.checkpoint().get("fingerprint") or {}).get("config")
+            require_same_config(saved, result_config(cfg), f"checkpoint {CHECKPOINT}", self.path)
+        torch.manual_seed(int(cfg.seed))  # as the run built its data
+        data = build_data(cfg.dataset, device, int(cfg.seed))
+        require(
+            data.train_tensors is not None,
+            f"dataset={cfg.dataset.name} (run {self.path}) is read from folders in batches; "
+            f"{purpose} needs an in-memory dataset (mnist1d, digits, cifar10, cifar100)",
+        )
+        torch.manual_seed(int(cfg.seed))
+        model = build_model(without_download(cfg.model), data.input_shape, data.num_classes)
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise UserError(
+                f"checkpoint {self.path / CHECKPOINT} does not fit the model its config builds "
+                f"({type(e).__name__}); was the config changed after training?"
+            ) from None
+        model.to(device).eval()
+        return LoadedRun(self.path.resolve(), cfg, state, model, data, device, weights)
+
+
+@dataclass
+class LoadedRun:
+    """What ``RunDir.load`` returns: a run's config, weights, model and data."""
+
+    path: Path
+    cfg: object  # the job's config (OmegaConf)
+    state: dict  # the model state dict loaded, on the CPU
+    model: object  # nn.Module on the device, in eval mode, at those weights
+    data: object  # sam_runner.data.Data
+    device: object  # torch.device
+    weights: str = "last"  # last | averaged
+
+    def criterion(self):
+        """The run's own per-sample loss (its label smoothing included), as its test evaluation."""
+        from torch import nn
+
+        smoothing = float(self.cfg.trainer.get("label_smoothing", 0.0))
+        return nn.CrossEntropyLoss(label_smoothing=smoothing, reduction="none")
+
+    def autocast(self):
+        import torch
+
+        from ..train import PRECISIONS
+
+        dtype = PRECISIONS.get(str(self.cfg.trainer.get("precision", "fp32")))
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def train_subset(self, n: int, offset: int = 0):
+        """The curvature subset of the run (``data.train_subset(n, seed)``) with ``offset`` 0."""
+        return self.data.train_subset(int(n), int(self.cfg.seed) + offset)
+
+    @property
+    def variant(self) -> str:
+        return str(self.cfg.optimizer.name)
+
+    @property
+    def rho(self) -> float | None:
+        rho = self.cfg.optimizer.get("rho")
+        return float(rho) if has_rho(self.variant) and rho is not None else None
+
+    def label(self) -> str:
+        """``name (sam, ρ=0.05, seed 0)`` for titles; a sweep's job (``3``) as ``sweep/3``."""
+        rho = f", ρ={self.rho:g}" if self.rho is not None else ""
+        name = self.path.name
+        if name.isdigit():
+            name = f"{self.path.parent.name}/{name}"
+        return f"{name} ({self.variant}{rho}, seed {self.cfg.seed})"
+
+    def describe(self) -> dict:
+        out = {
+            "run": str(self.path),
+            "variant": self.variant,
+            "rho": self.rho,
+            "seed": int(self.cfg.seed),
+            "model": str(self.cfg.model.arch),
+            "dataset": str(self.cfg.dataset.name),
+        }
+        if self.weights != "last":
+            out["weights"] = self.weights
+        return out
+
+
+def load_run(run_dir, device, weights: str = "last") -> LoadedRun:
+    """``RunDir(run_dir).load(device, weights)``: the run at its checkpoint's weights."""
+    return RunDir(run_dir).load(device, weights)
+
+
+def _data_dir_here(cfg) -> None:
+    """dataset.data_dir (and download) of this environment where the run's is absent or gone."""
+    from omegaconf import OmegaConf
+
+    from ..paths import config_dir
+
+    default = OmegaConf.load(Path(config_dir()) / "common" / "dataset.yaml")
+    try:
+        here = Path(str(cfg.dataset.data_dir)).is_dir()
+    except Exception:  # absent, or an interpolation this environment cannot resolve
+        here = False
+    if not here:
+        cfg.dataset.data_dir = default.data_dir
+    if cfg.dataset.get("download") is None:
+        cfg.dataset.download = default.download

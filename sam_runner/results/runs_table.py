@@ -1,0 +1,127 @@
+"""The runs table of ``sam-report``: the head (sources, counts), one row per group with mean ±
+std of each metric, the jobs not completed, the figures, one row per job, and the notes."""
+
+from __future__ import annotations
+
+from .sections import SECTIONS
+from .sweep import BOUND_STATS, LABELS, NEAR_END, STATUSES, Job, Report
+
+
+def _fmt(v, spec=".4g"):
+    return "—" if v is None else format(v, spec)
+
+
+def _cell(s: dict, completed: int) -> str:
+    if not s["n"]:
+        return "—"
+    text = _fmt(s["mean"]) + (f" ± {_fmt(s['std'], '.2g')}" if s["std"] is not None else "")
+    return text + (f" (n={s['n']})" if s["n"] != completed else "")
+
+
+def counts_line(report: Report) -> str:
+    c = report.counts()
+    missing = [j for j in report.jobs if j.status == "missing"]
+    not_started = sum(1 for j in missing if j.path is None)
+    line = (
+        f"{len(report.jobs)} jobs: {c['completed']} completed, {c['diverged']} diverged, "
+        f"{c['failed']} failed, {c['missing']} missing"
+    )
+    if missing:
+        line += f" ({len(missing) - not_started} running or killed, {not_started} not started)"
+    return line
+
+
+def _job_name(_report: Report, job: Job) -> str:
+    return "(no folder)" if job.path is None else job.name
+
+
+@SECTIONS.register("head", "the sources, the study preset and the job counts", order=0)
+def head(report: Report, _plots) -> list[str]:
+    out = [f"# Sweep report: {report.title}", ""]
+    if report.study:
+        out += [
+            f"Study preset `{report.study.get('name')}`. Published reference: "
+            f"{report.study.get('reference') or 'none given'}.",
+            "",
+        ]
+    return out + [counts_line(report) + ".", ""]
+
+
+def _several(report: Report) -> bool:
+    """Whether the report has several sources (its group table says where each group is)."""
+    return len(report.sources) > 1
+
+
+@SECTIONS.register("runs", "one row per group: mean ± std of each metric", order=30)
+def group_table(report: Report, _plots) -> list[str]:
+    bounded = any(
+        g["stats"]["bound"]["n"] for g in report.groups
+    )  # the bound's columns where it applies
+    cols = report.metrics + BOUND_STATS if bounded else report.metrics
+    head = ["group", "variant", "ρ", "n"] + [LABELS.get(k, k) for k in cols]
+    head += ["λ_max > bound"] * bounded + list(STATUSES) + ["from"] * _several(report)
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in report.groups:
+        cells = [g["label"], g["variant"], _fmt(g["rho"]), str(g["completed"])]
+        cells += [_cell(g["stats"][k], g["completed"]) for k in cols]
+        n_bound = g["stats"]["bound"]["n"]
+        cells += [f"{g['above_bound']}/{n_bound}" if n_bound else "—"] * bounded
+        cells += [str(g[s]) for s in STATUSES]
+        cells += [", ".join(g["sources"])] * _several(report)
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return out + [
+        "",
+        "Mean ± sample std (n − 1) over the completed jobs of each group; n = completed "
+        'jobs ("(n=k)" where fewer logged the metric). A group is the jobs\' overrides '
+        "without `seed`.",
+        "",
+    ]
+
+
+@SECTIONS.register("unfinished", "the jobs not completed and why", order=60)
+def unfinished(report: Report, _plots) -> list[str]:
+    jobs = [j for j in report.jobs if j.status != "completed"]
+    if not jobs:
+        return []
+    return [
+        "## Not completed",
+        "",
+        *(
+            f"- `{_job_name(report, j)}` {' '.join(j.overrides)}: **{j.status}** — {j.detail}"
+            for j in jobs
+        ),
+        "",
+    ]
+
+
+@SECTIONS.register("plots", "links to the figures", order=70)
+def plot_links(_report: Report, plots) -> list[str]:
+    return ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in plots), ""] if plots else []
+
+
+@SECTIONS.register("jobs", "one row per job", order=80)
+def job_table(report: Report, _plots) -> list[str]:
+    out = [
+        "## Jobs",
+        "",
+        "| job | overrides | status | test accuracy | λ_max |",
+        "|---|---|---|---|---|",
+    ]
+    return out + [
+        f"| {_job_name(report, j)} | {' '.join(j.overrides)} | {j.status} | "
+        f"{_fmt(j.metrics.get('test_acc'))} | {_fmt(j.metrics.get('lambda_max'))} |"
+        for j in report.jobs
+    ]
+
+
+@SECTIONS.register("notes", "the notes and the bound's definition", order=90)
+def notes(report: Report, _plots) -> list[str]:
+    bound = (
+        "- Stability bound: b = dataset.batch_size; Γ = the largest grad_norm_max logged in "
+        f"the last {NEAR_END:.0%} of the epochs; ρ = the mean ρ the job logged over that "
+        "window (TLC-SAM's controller moves it; the configured optimizer.rho if none was "
+        "logged); η = base_optimizer.lr, the schedule's peak (a cosine schedule ends at 0, "
+        "where the bound is vacuous). `bound` and `λ_max/bound` are over the completed jobs "
+        "with both; `λ_max > bound` counts those above their bound. base has no ρ and no bound."
+    )
+    return ["", "## Notes", "", *(f"- {n}" for n in report.notes), bound, ""]

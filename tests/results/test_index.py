@@ -1,0 +1,167 @@
+"""sam-index on a real sweep: one row per job equal to its files, incremental, concurrent, and
+a corrupt summary.json is one warning; and sam-report over several sweeps or a database."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from results_helpers import copy_sweep
+
+from sam_runner.results import index as index_module
+from sam_runner.results.index import index, main
+from sam_runner.results.report import main as report_main
+
+
+def rows(db, sql):
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in con.execute(sql)]
+    finally:
+        con.close()
+
+
+def count_reads(monkeypatch) -> list:
+    """The folders index_folder reads (the real function, counted)."""
+    read, real = [], index_module.run_row
+
+    def counted(run, sweep_dir):
+        read.append(run.path)
+        return real(run, sweep_dir)
+
+    monkeypatch.setattr(index_module, "run_row", counted)
+    return read
+
+
+def test_runs_hold_each_jobs_summary_and_eval_values(tmp_path):
+    sweep = copy_sweep(tmp_path / "s")
+    job = sorted(p for p in sweep.iterdir() if (p / "summary.json").is_file())[0]
+    (job / "eval.json").write_text(json.dumps({"status": "completed", "lambda_max": 3.5}))
+    (job / "landscape").mkdir()
+    (job / "landscape" / "landscape.json").write_text(json.dumps({"basin_width_1d": 0.4}))
+    db = tmp_path / "r.sqlite"
+    assert main([str(sweep), "--db", str(db)]) == 0
+    runs = {r["run_dir"]: r for r in rows(db, "SELECT * FROM runs")}
+    jobs = [p for p in sweep.iterdir() if (p / "summary.json").is_file()]
+    assert set(runs) == {str(p.resolve()) for p in jobs}
+    for p in jobs:
+        summary, row = json.loads((p / "summary.json").read_text()), runs[str(p.resolve())]
+        assert row["sweep_dir"] == str(sweep.resolve()) and row["status"] == summary["status"]
+        for key in ("test_acc", "test_ece", "lambda_max", "epochs"):
+            assert row[key] == summary[key], key
+        assert row["optimizer.name"] and row["seed"] is not None
+    assert runs[str(job.resolve())]["eval.lambda_max"] == 3.5
+    assert runs[str(job.resolve())]["landscape.basin_width_1d"] == 0.4
+    lines = rows(db, f"SELECT * FROM epochs WHERE run_dir = '{job.resolve()}' ORDER BY step")
+    logged = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
+    assert [r["test_acc"] for r in lines] == [x.get("test_acc") for x in logged]
+
+
+def test_reindexing_reads_only_what_changed_and_drops_removed_folders(tmp_path, monkeypatch):
+    sweep = copy_sweep(tmp_path / "s")
+    db = tmp_path / "r.sqlite"
+    index([sweep], db)
+    read = count_reads(monkeypatch)
+    assert index([sweep], db)["unchanged"] > 0 and read == []
+    jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").is_file())
+    (jobs[0] / "eval.json").write_text(json.dumps({"status": "completed", "lambda_max": 7.0}))
+    counts = index([sweep], db)
+    assert read == [jobs[0].resolve()] and counts["read"] == 1
+    value = rows(db, f"SELECT \"eval.lambda_max\" v FROM runs WHERE run_dir='{jobs[0].resolve()}'")
+    assert value == [{"v": 7.0}]
+    shutil.rmtree(jobs[-1])
+    assert index([sweep], db)["removed"] == 1
+    assert str(jobs[-1].resolve()) not in {r["run_dir"] for r in rows(db, "SELECT * FROM runs")}
+    assert not rows(db, f"SELECT * FROM epochs WHERE run_dir='{jobs[-1].resolve()}'")
+
+
+def test_a_corrupt_summary_is_one_warning_and_the_others_are_indexed(tmp_path, capsys):
+    sweep = copy_sweep(tmp_path / "s")
+    jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").is_file())
+    (jobs[0] / "summary.json").write_text("{not json")
+    db = tmp_path / "r.sqlite"
+    assert main([str(sweep), "--db", str(db)]) == 0
+    warnings = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
+    assert len(warnings) == 1 and str(jobs[0].resolve()) in warnings[0]
+    assert len(rows(db, "SELECT * FROM runs")) == len(jobs) - 1
+
+
+def _dump(db) -> dict:
+    return {
+        t: sorted(
+            json.dumps({k: v for k, v in r.items() if k != "indexed_at"}, sort_keys=True)
+            for r in rows(db, f"SELECT * FROM {t}")
+        )
+        for t in ("runs", "epochs", "files")
+    }
+
+
+def test_two_indexers_at_once_end_with_the_database_of_one(tmp_path):
+    sweep = copy_sweep(tmp_path / "s")
+    together, alone = tmp_path / "two.sqlite", tmp_path / "one.sqlite"
+    cmd = [sys.executable, "-m", "sam_runner.results.index", str(sweep), "--db", str(together)]
+    procs = [subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    assert all(p.wait(timeout=120) == 0 for p in procs), [p.stderr.read() for p in procs]
+    index([sweep], alone)
+    assert _dump(together) == _dump(alone)
+
+
+def test_query_prints_a_table_and_writes_csv(tmp_path, capsys):
+    sweep = copy_sweep(tmp_path / "s")
+    db, out = tmp_path / "r.sqlite", tmp_path / "q.csv"
+    sql = 'SELECT "optimizer.name" AS v, count(*) AS n FROM runs GROUP BY 1 ORDER BY 1'
+    assert main([str(sweep), "--db", str(db), "--query", sql]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].split()[:2] == ["v", "n"]
+    assert main(["--db", str(db), "--query", sql, "--csv", str(out)]) == 0
+    with open(out) as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["v", "n"] and sum(int(r[1]) for r in table[1:]) == len(
+        rows(db, "SELECT * FROM runs")
+    )
+    assert main(["--db", str(db), "--query", "SELECT nope FROM runs"]) == 2
+    assert "--query failed" in capsys.readouterr().err
+
+
+def test_a_schema_of_another_version_is_rebuilt(tmp_path):
+    db = tmp_path / "r.sqlite"
+    con = sqlite3.connect(db)
+    con.executescript("CREATE TABLE meta (key, value); INSERT INTO meta VALUES ('schema', '0');")
+    con.executescript("CREATE TABLE runs (x); INSERT INTO runs VALUES (1);")
+    con.close()
+    index([copy_sweep(tmp_path / "s")], db)
+    assert "run_dir" in rows(db, "SELECT * FROM runs")[0]
+
+
+def _csv_without_from(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [{k: v for k, v in r.items() if k != "from"} for r in csv.DictReader(f)]
+
+
+def test_a_report_of_two_sweeps_equals_the_report_of_one_holding_their_jobs(tmp_path):
+    whole = copy_sweep(tmp_path / "whole")
+    a, b = tmp_path / "a", tmp_path / "b"
+    jobs = sorted(p for p in whole.iterdir() if p.is_dir() and (p / ".hydra").is_dir())
+    for i, job in enumerate(jobs):
+        shutil.copytree(job, (a if i % 2 else b) / job.name)
+    (whole / "multirun.yaml").unlink()  # the parts have none either: folders alone tell
+    assert report_main([str(whole), "--out", str(tmp_path / "r1")]) == 0
+    assert report_main([str(a), str(b), "--out", str(tmp_path / "r2")]) == 0
+    one, two = tmp_path / "r1" / "report.csv", tmp_path / "r2" / "report.csv"
+    assert _csv_without_from(one) == _csv_without_from(two)
+    with open(two) as f:
+        sources = {r["from"] for r in csv.DictReader(f)}
+    assert any(str(a) in s and str(b) in s for s in sources)  # seeds split across the sweeps
+    db = tmp_path / "r.sqlite"
+    index([a, b], db)
+    out = tmp_path / "r3"
+    assert report_main(["--db", str(db), "--where", "status = 'completed'", "--out", str(out)]) == 0
+    assert _csv_without_from(out / "report.csv") == _csv_without_from(one)
+    bad = ["--db", str(db), "--where", "nope = 1", "--out", str(tmp_path / "r4")]
+    assert report_main(bad) == 2 and not (tmp_path / "r4").exists()

@@ -1,0 +1,102 @@
+"""The one run-folder reader on every kind of folder the project writes: a Hydra run, a sweep's
+job, a folder trained by ``train(cfg, dir)`` without Hydra, and diverged, failed and interrupted
+jobs; its answers are the files' (and those sam-report, sam-eval and sam-landscape rely on)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import yaml
+from conftest import compose
+from results_helpers import copy_sweep, shared_sweep
+
+from sam_runner.errors import UserError
+from sam_runner.results.rundir import RunDir
+from sam_runner.results.sweep import build_report
+
+FAST = ["trainer.epochs=1", "dataset.num_samples=400", "metrics=off", "trainer.progress=none"]
+FAST += ["model=mlp", "model.hidden=[16]"]
+
+
+@pytest.fixture(scope="module")
+def without_hydra(tmp_path_factory):
+    from sam_runner.train import train
+
+    run_dir = tmp_path_factory.mktemp("plain") / "run"
+    cfg = compose(*FAST)
+    train(cfg, run_dir, list(FAST))
+    return run_dir, cfg
+
+
+def jobs_of(sweep):
+    return sorted(p for p in sweep.iterdir() if (p / ".hydra").is_dir())
+
+
+def test_a_sweep_job_reads_as_its_files_say():
+    job = jobs_of(shared_sweep())[0]
+    run = RunDir(job)
+    assert run.overrides == yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+    assert run.config() == yaml.safe_load((job / ".hydra" / "config.yaml").read_text())
+    assert run.summary == json.loads((job / "summary.json").read_text())
+    assert run.status == "completed" and run.get("optimizer.name") in ("base", "sam")
+    assert run.rows() == [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
+    assert run.eval() is None and run.landscape() is None and run.pair_summaries() == []
+
+
+def test_a_folder_trained_without_hydra_has_the_config_its_summary_records(without_hydra):
+    run_dir, cfg = without_hydra
+    run = RunDir(run_dir)
+    assert not (run_dir / ".hydra").exists() and run.hydra_config is None
+    assert run.get("model.arch") == "mlp" and run.get("seed") == cfg.seed
+    assert run.get("model.hidden") == [16] and run.overrides == FAST
+    loaded = run.load(torch.device("cpu"))
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(loaded.model.state_dict()[k].cpu(), v) for k, v in saved.items())
+    assert loaded.variant == cfg.optimizer.name and not loaded.model.training
+
+
+def test_the_config_falls_back_to_the_checkpoint_when_nothing_else_records_it(
+    without_hydra, tmp_path
+):
+    run_dir = shutil.copytree(without_hydra[0], tmp_path / "run")
+    (run_dir / "summary.json").unlink()
+    run = RunDir(run_dir)
+    assert run.status == "missing" and run.get("model.arch") is None  # torch-free readers
+    assert run.config()["model"]["arch"] == "mlp"  # the checkpoint's record
+    (run_dir / "checkpoints" / "last.pt").unlink()
+    assert run.config() == {}
+    with pytest.raises(UserError, match="no .hydra/config.yaml and its checkpoint records no"):
+        RunDir(run_dir).omega_config()
+
+
+@pytest.mark.parametrize("status", ["diverged", "failed"])
+def test_diverged_and_failed_jobs(tmp_path, status):
+    sweep = copy_sweep(tmp_path / "s")
+    job = jobs_of(sweep)[1]
+    summary = json.loads((job / "summary.json").read_text())
+    summary.update(status=status, error=f"it {status}")
+    (job / "summary.json").write_text(json.dumps(summary))
+    assert RunDir(job).status == status
+    report_job = next(j for j in build_report(sweep).jobs if j.path == job)
+    assert report_job.status == status and report_job.detail == f"it {status}"
+
+
+def test_an_interrupted_job_is_missing_with_its_last_logged_epoch(tmp_path):
+    sweep = copy_sweep(tmp_path / "s")
+    job = jobs_of(sweep)[2]
+    (job / "summary.json").unlink()  # killed before the end: lines, no summary
+    run = RunDir(job)
+    assert run.status == "missing" and run.rows() and run.get("optimizer.name")
+    report_job = next(j for j in build_report(sweep).jobs if j.path == job)
+    assert report_job.status == "missing" and "last logged epoch 1" in report_job.detail
+
+
+def test_weights_a_run_does_not_have_are_one_line(without_hydra):
+    with pytest.raises(UserError, match="has no averaged weights") as e:
+        RunDir(without_hydra[0]).weights("averaged")
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="weights='best' is unknown"):
+        RunDir(without_hydra[0]).weights("best")
