@@ -31,7 +31,7 @@ def dynamics(op, result, optimizer, overlap: bool, full_batch: bool) -> dict:
     every step takes the full batch (``full_batch``), the setting it is derived in."""
     out = {}
     threshold = stability_threshold(optimizer)
-    if threshold is not None:
+    if threshold:  # None: no threshold; 0: a weight decay that leaves no stable curvature ≥ 0
         out["eos_ratio"] = result.values[0] / threshold
         if math.isfinite(threshold):
             out["eos_threshold"] = threshold
