@@ -162,6 +162,5 @@ def fisher_trace_ratio(m: Measurement, **options) -> dict:
     schema={},
 )
 def fisher_rao_norm(m: Measurement) -> dict:
-    with m.sharpness_operator() as op:
-        value, se = S.fisher_rao_norm(op)
+    value, se = S.fisher_rao_norm(m.objective())  # per-sample gradients: no HVPs
     return {"fisher_rao_norm": value, "fisher_rao_norm_se": se}

@@ -13,8 +13,9 @@ batches, see objective.py). Every measure restores the parameters it moves.
   ½ρ²λ_max(THT)).
 - ``average_sharpness``: E_δ L(θ+δ) − L(θ), δ ~ N(0, σ²I), Monte Carlo over
   ``num_samples`` seeded draws (mean and standard error). ½σ² tr(H) on a quadratic.
-- ``directional_sharpness``: second differences (L(θ+hd) − 2L(θ) + L(θ−hd))/h² along
-  seeded unit directions d (or given ones), i.e. dᵀHd up to O(h²); mean and max.
+- ``directional_sharpness``: dᵀHd along seeded unit directions d (or given ones), one HVP
+  each on a Hessian operator, the dot product in float64 (a second difference of float32
+  losses would be quantised to ~2⁻²⁴·L/h²); mean and max.
 - ``armijo_probe``: backtracking line search along −g from α₀, α ← βα until
   L(θ − αg) ≤ L(θ) − cα‖g‖². On a quadratic with q = gᵀHg/‖g‖² > 0 a trial α is accepted
   iff α ≤ 2(1−c)/q, so the implied curvature 2(1−c)/α is always ≥ q (an upper bound on q).
@@ -24,13 +25,16 @@ batches, see objective.py). Every measure restores the parameters it moves.
   Armijo-probe abstract; log α is meant to track log λ_max.) When no α passes within
   ``max_steps`` trials, α and the curvature are NaN (nothing was accepted, and the next α
   would be untested).
-- ``fisher_rao_sharpness``: tr(F⁻¹H) by Hutchinson, F the diagonal empirical Fisher
-  (mean of squared per-sample gradients of the run's loss with the observed labels, as the
-  Armijo-probe abstract's experiments use) plus damping δ: E_v[(v / (F+δ))ᵀ H v],
-  v Rademacher; mean and standard error. Per-sample gradients by ``torch.func.vmap``; with
-  BatchNorm in train mode a sample's gradient would need its batch, so the Fisher is taken
-  with the model in eval mode there (our choice), while H keeps the measurement's mode (every
-  module's flag is restored).
+- ``fisher_trace_ratio``: Σ_i H_ii/(F_ii + δ) = tr((F + δ)⁻¹H), F the diagonal empirical
+  Fisher (mean of squared per-sample gradients of the run's loss with the observed labels, as
+  the Armijo-probe abstract's experiments use), δ = damping · mean(F) (relative to the Fisher's
+  scale). Exact (H's diagonal by HVPs) on small models, else Hutch++ with a standard error. A
+  Fisher-preconditioned Hessian trace, not the Fisher–Rao norm.
+- ``fisher_rao_norm``: ⟨θ, Fθ⟩ with the full empirical Fisher, the mean over samples of
+  ⟨θ, ∇ℓ_n⟩² (Liang et al. 2019's Fisher–Rao norm, squared), and its standard error.
+Per-sample gradients by ``torch.func.vmap``; with BatchNorm in train mode a sample's gradient
+would need its batch, so they are taken with the model in eval mode there (our choice), while H
+keeps the measurement's mode (every module's flag is restored).
 """
 
 from __future__ import annotations

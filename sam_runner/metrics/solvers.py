@@ -8,7 +8,10 @@ eigenvalue of H by tol·|θ_i| (a rigorous bound, unlike the change between two 
 Vectors are stored in float32 when tol ≥ 1e-5 (the reorthogonalization keeps them orthogonal
 to ~1e-6, far below the tolerance) and float64 otherwise; the tridiagonal problem is solved in
 float64. On an invariant subspace (β ≈ 0) it restarts from a fresh random vector orthogonal
-to the basis.
+to the basis. For k > 1 the stop also waits for a guard pair (``_certified``).
+
+Also the weighted traces of the Fisher measures: ``hutch_plus_plus`` (Hutch++, Meyer et al.
+2021) and the exact ``hessian_diagonal``.
 """
 
 from __future__ import annotations
@@ -112,8 +115,10 @@ GUARD = 1  # Ritz pairs certified beyond the k wanted when k > 1
 def _certified(evals, res, k, tol) -> bool:
     """Whether the top-k Ritz values are certified: each within tol·|θ_i| of an eigenvalue. For
     k > 1 also the next ``GUARD`` Ritz values, to tol·|θ_k|, and θ_k separated from θ_{k+1} by
-    more than their residuals (or closer than tol·|θ_k|: a cluster): a wanted value that converged to the eigenvalue below a missing one
-    (Lanczos can pick up the top eigenvalues out of order) is then not returned as the k-th."""
+    more than their residuals (or closer than tol·|θ_k|: a cluster). A wanted value that
+    converged to the eigenvalue below a missing one (Lanczos can pick up the top eigenvalues out
+    of order) is then rarely returned as the k-th: the missing one appears while the guard
+    converges. k = 1 has no guard (λ_max keeps its HVP count)."""
     want = k if k == 1 else k + GUARD
     if len(evals) < want:
         return False

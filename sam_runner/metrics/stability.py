@@ -50,7 +50,8 @@ def stability_threshold(optimizer) -> float | None:
 
 
 def sam_edge(optimizer, grad_norm: float) -> float | None:
-    """The SAM edge of stability (Long & Bartlett 2023): (‖g‖/(2ρ))(√(1 + 8ρ/(η‖g‖)) − 1), for
+    """The SAM edge of stability: (‖g‖/(2ρ))(√(1 + 8ρ/(η‖g‖)) − 1), the stability limit of SAM on
+    a quadratic, derived here (that SAM has such an edge: Long & Bartlett 2023), for
     ``optimizer=sam`` stepping with plain SGD (no momentum, the setting of the derivation); None
     otherwise, and at η = 0 or ρ = 0, where the edge is the GD threshold or infinite."""
     entry = VARIANTS.entry_of(type(optimizer))

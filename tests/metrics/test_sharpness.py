@@ -8,12 +8,12 @@ import math
 
 import pytest
 import torch
+from metrics_helpers import dense_hessian
 from torch import nn
 
 from sam_runner.metrics import sharpness as S
 from sam_runner.metrics.hvp import HessianOperator
 from sam_runner.metrics.objective import Objective
-from metrics_helpers import dense_hessian
 
 
 class Linear(nn.Module):
