@@ -17,7 +17,7 @@ from sam_runner.data import Data
 from sam_runner.errors import UserError
 from sam_runner.metrics import top_hessian_eigenvalues
 from sam_runner.metrics.stability import stability_threshold
-from sam_runner.metrics.tracker import CurvatureTracker
+from sam_runner.metrics.tracker import CurvatureTracker, validate
 from sam_runner.optim import SAM, SAMSPS
 
 
@@ -262,6 +262,29 @@ def test_fisher_measures_with_bn_train_use_batch_statistics_in_h():
     assert row["fisher_trace_ratio_se"] == 0.0
     assert row["fisher_rao_norm"] == pytest.approx(float((grads @ theta).square().mean()), rel=1e-4)
     assert model.training and all(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "section,message",
+    [
+        (
+            {"fisher_trace_ratio": {"num_probes": 3}},
+            "metrics.sharpness.fisher_trace_ratio.num_probes=3 must be an integer >= 6",
+        ),
+        (
+            {"fisher_trace_ratio": {"exact_max_params": -1}},
+            "metrics.sharpness.fisher_trace_ratio.exact_max_params=-1 must be an integer >= 0",
+        ),
+        ({"directional": {"h": 0.01}}, "metrics.sharpness.directional.h is not a key"),
+        ({"fisher_rao_norm": {"num_probes": 5}}, "fisher_rao_norm.num_probes is not a key"),
+    ],
+)
+def test_fisher_and_directional_options_are_checked_before_a_run(section, message):
+    cfg = compose("metrics=full").metrics
+    OmegaConf.set_struct(cfg, False)  # as a config from Python, not from Hydra's command line
+    cfg = OmegaConf.merge(cfg, {"sharpness": section})
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        validate(cfg)
 
 
 def test_armijo_without_acceptance_is_nan_and_left_out_of_the_pearson():
