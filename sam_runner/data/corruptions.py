@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -92,11 +93,13 @@ def speckle_noise(x, c, g):
 
 # ---------------------------------------------------------------------------- blur
 def gaussian_kernel1d(sigma: float, truncate: float = 4.0) -> torch.Tensor:
-    """The normalised Gaussian exp(−t²/2σ²) on t = −r..r, r = int(truncate·σ + 0.5) (float64)."""
-    radius = int(truncate * sigma + 0.5)
-    t = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    k = torch.exp(-0.5 * t**2 / sigma**2)
-    return k / k.sum()
+    """The normalised Gaussian exp(−t²/2σ²) on t = −r..r, r = int(truncate·σ + 0.5) (float64),
+    computed as SciPy's ``gaussian_filter1d`` computes it (in NumPy, the same expression), so that
+    the weights are SciPy's to the bit."""
+    radius = int(truncate * float(sigma) + 0.5)
+    t = np.arange(-radius, radius + 1)
+    k = np.exp(-0.5 / (float(sigma) * float(sigma)) * t**2)
+    return torch.from_numpy(k / k.sum())
 
 
 def _filter2d(x, kernel: torch.Tensor, mode: str):
@@ -107,6 +110,20 @@ def _filter2d(x, kernel: torch.Tensor, mode: str):
     return F.conv2d(F.pad(x, (r, r, r, r), mode=mode), weight, groups=c)
 
 
+def _gaussian_along(x, k: torch.Tensor, dim: int):
+    """Correlation along ``dim`` with the symmetric ``k``, borders by the nearest pixel, summed in
+    SciPy's order (``correlate1d``'s symmetric loop: centre·k₀, then + (left + right)·k_j from the
+    outermost j inwards), so that the float64 result is SciPy's to the bit."""
+    r = len(k) // 2
+    n = x.shape[dim]
+    xp = F.pad(x, (r, r, 0, 0) if dim == 3 else (0, 0, r, r), mode="replicate")  # NCHW: W or H
+    k = k.tolist()
+    out = xp.narrow(dim, r, n) * k[r]
+    for j in range(r, 0, -1):
+        out = out + (xp.narrow(dim, r - j, n) + xp.narrow(dim, r + j, n)) * k[r + j]
+    return out
+
+
 @CORRUPTIONS.register(
     "gaussian_blur",
     "Gaussian filter of standard deviation c pixels (truncated at 4c; borders: nearest pixel)",
@@ -115,8 +132,9 @@ def _filter2d(x, kernel: torch.Tensor, mode: str):
     severities=(0.4, 0.6, 0.7, 0.8, 1.0),
 )
 def gaussian_blur(x, c, _g):
+    """As SciPy's ``gaussian_filter`` (what the published code calls): rows, then columns."""
     k = gaussian_kernel1d(c)
-    return _filter2d(x, k[:, None] * k[None, :], "replicate")
+    return _gaussian_along(_gaussian_along(x, k, 2), k, 3)
 
 
 def disk_kernel(radius: float, alias_blur: float) -> torch.Tensor:
@@ -220,7 +238,10 @@ def saturate(x, c, _g):
     severities=(0.75, 0.5, 0.4, 0.3, 0.15),
 )
 def contrast(x, c, _g):
-    m = x.mean(dim=(2, 3), keepdim=True)
+    """m summed pixel after pixel in row-major order (a cumulative sum), as NumPy's mean over the
+    image axes of an H×W×C array sums, then divided by the pixel count."""
+    n, ch, h, w = x.shape
+    m = (x.reshape(n, ch, h * w).cumsum(-1)[..., -1:] / (h * w)).reshape(n, ch, 1, 1)
     return (x - m) * c + m
 
 
@@ -299,8 +320,10 @@ def corrupt(name: str, x, severity: int, g):
 
 def corrupt_images(name: str, images_uint8, severity: int, g):
     """8-bit images corrupted and stored in 8 bits again by truncation (⌊255·x⌋ of the clipped
-    result), as the published CIFAR-10-C arrays were stored."""
-    x = images_uint8.float() / 255.0
+    result), as the published CIFAR-10-C arrays were stored. In float64, as the published code
+    computes (NumPy on x/255.): in float32 a value that lands on an 8-bit level in float64 can
+    land just below it and be truncated one level lower."""
+    x = images_uint8.double() / 255.0
     return torch.floor(corrupt(name, x, severity, g) * 255.0).to(torch.uint8)
 
 

@@ -12,6 +12,11 @@ the end points' mean, so along the curve they are (1 − t)·A + t·B) and other
 (dropout) train as usual; with ``--bn recompute`` BatchNorm uses batch statistics in training,
 as Garipov et al. do, and the evaluation recomputes the running statistics at each t. t's draws
 come from ``--seed``. It is evaluated at the points of the α grid in [0, 1].
+
+Weight decay, as Garipov et al. train curves: on the curve point, not on θ_C. The base
+optimizer is built with weight decay 0, and the run's ``base_optimizer.weight_decay`` w enters
+the loss as ½·w·‖φ(t)‖² over the trainable parameters (its gradient in θ_C is
+w·2t(1 − t)·φ(t)). The epoch losses reported are of that penalised loss, the one descended.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import functools
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..module_state import frozen_running_stats
@@ -47,15 +53,21 @@ class BezierCurve:
             torch._foreach_copy_(self.c, self.a)
             torch._foreach_lerp_(self.c, self.b, 0.5)
 
-    def forward(self, x, t: float):
-        """The model at φ(t), differentiable in θ_C."""
+    def point(self, t: float) -> dict:
+        """φ(t) by name (parameters and floating buffers), differentiable in θ_C."""
         wa, wc, wb = weights(t)
         named = dict(self.control.named_parameters())
         named.update({n: b for n, b in self.control.named_buffers()})
-        tensors = {
-            n: wa * a + wc * named[n] + wb * b for n, a, b in zip(self.names, self.a, self.b)
-        }
-        return torch.func.functional_call(self.control, tensors, (x,))
+        return {n: wa * a + wc * named[n] + wb * b for n, a, b in zip(self.names, self.a, self.b)}
+
+    def forward(self, x, t: float):
+        """The model at φ(t), differentiable in θ_C."""
+        return torch.func.functional_call(self.control, self.point(t), (x,))
+
+    def squared_norm(self, t: float) -> torch.Tensor:
+        """‖φ(t)‖² over the trainable parameters (what weight decay acts on)."""
+        trainable = {n for n, p in self.control.named_parameters() if p.requires_grad}
+        return sum(v.square().sum() for n, v in self.point(t).items() if n in trainable)
 
     @torch.no_grad()
     def place(self, ev: Evaluator, t: float) -> None:
@@ -67,21 +79,37 @@ class BezierCurve:
         torch._foreach_add_(ev.floats, self.b, alpha=wb)
 
 
-def _closure(optimizer, curve, criterion, autocast, scaler, x, y, t):
+def curve_optimizer(cfg, control, total_steps: int):
+    """(the run's optimizer over θ_C with weight decay 0, the run's weight decay: the penalty's)."""
+    wd = float(cfg.base_optimizer.get("weight_decay", 0.0) or 0.0)
+    without = copy.deepcopy(cfg)
+    OmegaConf.update(without, "base_optimizer.weight_decay", 0.0, force_add=True)
+    return build_optimizer(without, control, total_steps), wd
+
+
+def _closure(optimizer, curve, criterion, autocast, scaler, wd, x, y, t):
     optimizer.zero_grad(set_to_none=True)
     with autocast:
         out = curve.forward(x, t)
     per_sample = criterion(out.float(), y)
     loss = optimizer.reduce_loss(per_sample, out, y)
+    if wd:  # Garipov et al.'s weight decay: on the curve point φ(t)
+        loss = loss + 0.5 * wd * curve.squared_norm(t)
     scaler.scale(loss).backward()
     return loss.detach()
+
+
+def curve_step(optimizer, curve, criterion, autocast, scaler, wd, x, y, t):
+    """One step of θ_C on the batch (x, y) at t; the penalised loss before the step."""
+    step = functools.partial(_closure, optimizer, curve, criterion, autocast, scaler, wd)
+    return optimizer.step(functools.partial(step, x, y, t))
 
 
 def train_curve(run, curve: BezierCurve, epochs: int, opt) -> list[float]:
     """Train θ_C for ``epochs`` epochs of run A's data; the mean training loss of each epoch."""
     cfg, data, control = run.cfg, run.data, curve.control
     per_epoch = len(data.train)
-    optimizer = build_optimizer(cfg, control, per_epoch * epochs)
+    optimizer, wd = curve_optimizer(cfg, control, per_epoch * epochs)
     scheduler = build_scheduler(cfg.scheduler, optimizer, per_epoch, per_epoch * epochs)
     scaler = torch.amp.GradScaler(run.device.type, enabled=cfg.trainer.precision == "fp16")
     optimizer.bind(
@@ -100,8 +128,7 @@ def train_curve(run, curve: BezierCurve, epochs: int, opt) -> list[float]:
             total = torch.zeros((), device=run.device)
             for x, y, _ in data.train:
                 t = float(torch.rand((), generator=draws))
-                step = functools.partial(_closure, optimizer, curve, criterion, autocast, scaler)
-                total += optimizer.step(functools.partial(step, x, y, t))
+                total += curve_step(optimizer, curve, criterion, autocast, scaler, wd, x, y, t)
                 scheduler.step()
                 scaler.update()
                 bar.update(1)

@@ -4,9 +4,10 @@ dominant eigenspace.
 
 - ``eos_threshold``: the largest curvature at which the base optimizer is stable on a quadratic
   (2/η for plain gradient descent; stability.py), and ``eos_ratio`` = λ_max / that.
-- ``sam_edge`` (runs of ``optimizer=sam`` with plain SGD): the SAM edge of stability of Long &
-  Bartlett (2023). Along the top eigenvector of a quadratic with curvature λ, a SAM step with ε =
-  ρ g/‖g‖ multiplies the coordinate by 1 − ηλ(1 + ρλ/‖g‖), ‖g‖ the norm of the whole gradient;
+- ``sam_edge`` (runs of ``optimizer=sam`` with plain SGD): the SAM edge of stability, the
+  stability limit of SAM on a quadratic derived here (the edge itself: Long & Bartlett 2023).
+  Along the top eigenvector of a quadratic with curvature λ, a SAM step with ε = ρ g/‖g‖
+  multiplies the coordinate by 1 − ηλ(1 + ρλ/‖g‖), ‖g‖ the norm of the whole gradient;
   it is stable while ηλ(1 + ρλ/‖g‖) ≤ 2, that is while λ ≤ (‖g‖/(2ρ))(√(1 + 8ρ/(η‖g‖)) − 1),
   which is below 2/η and tends to it as ρ → 0. ‖g‖ is the gradient on the measured samples (with
   a full batch, the training gradient). ``sam_edge_ratio`` = λ_max / ``sam_edge``. Only for
@@ -31,7 +32,7 @@ def dynamics(op, result, optimizer, overlap: bool, full_batch: bool) -> dict:
     every step takes the full batch (``full_batch``), the setting it is derived in."""
     out = {}
     threshold = stability_threshold(optimizer)
-    if threshold is not None:
+    if threshold:  # None: no threshold; 0: a weight decay that leaves no stable curvature ≥ 0
         out["eos_ratio"] = result.values[0] / threshold
         if math.isfinite(threshold):
             out["eos_threshold"] = threshold

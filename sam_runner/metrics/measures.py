@@ -10,7 +10,8 @@ gradient graphs the operator caches. Adding a measure is a
 function here and its section in ``conf/metrics/default.yaml`` (with ``enabled: false``).
 
 Schema words (checked before a run starts): ``positive`` (a finite number > 0), ``nonnegative``,
-``fraction`` (in (0, 1)), ``count`` (an integer >= 1), ``probes`` (an integer >= 2), ``bool``.
+``fraction`` (in (0, 1)), ``count`` (an integer >= 1), ``probes`` (an integer >= 2),
+``hutch_probes`` (an integer >= 6), ``off_or_count`` (an integer >= 0), ``bool``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ class Measurement:
         if self._objective is None:
             self._objective = Objective(self.operator.model, self.loss_fn, self.sharpness_batches)
         return self._objective
+
+    def sharpness_operator(self) -> HessianOperator:
+        """A Hessian operator on the sharpness batches (a context manager: closed on leaving),
+        with the measurement's HVP method."""
+        op = self.operator
+        return HessianOperator(
+            op.model, self.loss_fn, self.sharpness_batches, op.method, op.graph_cache_mb
+        )
 
     def close(self) -> None:
         if self._objective is not None:
@@ -100,14 +109,14 @@ def average(m: Measurement, **options) -> dict:
 
 @MEASURES.register(
     "directional",
-    "dᵀHd by second differences along random unit directions (mean, max)",
+    "dᵀHd along random unit directions d, by HVPs (mean, max)",
     config="sharpness.directional",
     keys=("sharpness_dir", "sharpness_dir_max"),
-    moves_parameters=True,
-    schema={"num_directions": "count", "h": "positive"},
+    schema={"num_directions": "count"},
 )
 def directional(m: Measurement, **options) -> dict:
-    mean, top = S.directional_sharpness(m.objective(), seed=m.seed, **options)
+    with m.sharpness_operator() as op:
+        mean, top = S.directional_sharpness(op, seed=m.seed, **options)
     return {"sharpness_dir": mean, "sharpness_dir_max": top}
 
 
@@ -129,16 +138,29 @@ def armijo(m: Measurement, **options) -> dict:
 
 
 @MEASURES.register(
-    "fisher_rao",
-    "tr(F⁻¹H), F the diagonal empirical Fisher, by Hutchinson",
-    config="sharpness.fisher_rao",
-    keys=("fisher_rao", "fisher_rao_se"),
-    schema={"num_probes": "probes", "damping": "positive"},
+    "fisher_trace_ratio",
+    "Σ H_ii/(F_ii + δ), F the diagonal empirical Fisher: exact on small models, else Hutch++",
+    config="sharpness.fisher_trace_ratio",
+    keys=("fisher_trace_ratio", "fisher_trace_ratio_se"),
+    schema={
+        "num_probes": "hutch_probes",
+        "damping": "positive",
+        "exact_max_params": "off_or_count",
+    },
 )
-def fisher_rao(m: Measurement, **options) -> dict:
-    op = m.operator
-    with HessianOperator(
-        op.model, m.loss_fn, m.sharpness_batches, op.method, op.graph_cache_mb
-    ) as fop:
-        mean, se = S.fisher_rao_sharpness(fop, seed=m.seed, **options)
-    return {"fisher_rao": mean, "fisher_rao_se": se}
+def fisher_trace_ratio(m: Measurement, **options) -> dict:
+    with m.sharpness_operator() as op:
+        mean, se = S.fisher_trace_ratio(op, seed=m.seed, **options)
+    return {"fisher_trace_ratio": mean, "fisher_trace_ratio_se": se}
+
+
+@MEASURES.register(
+    "fisher_rao_norm",
+    "⟨θ, Fθ⟩, F the empirical Fisher (Liang et al. 2019's Fisher–Rao norm, squared)",
+    config="sharpness.fisher_rao_norm",
+    keys=("fisher_rao_norm", "fisher_rao_norm_se"),
+    schema={},
+)
+def fisher_rao_norm(m: Measurement) -> dict:
+    value, se = S.fisher_rao_norm(m.objective())  # per-sample gradients: no HVPs
+    return {"fisher_rao_norm": value, "fisher_rao_norm_se": se}

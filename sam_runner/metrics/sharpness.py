@@ -13,8 +13,9 @@ batches, see objective.py). Every measure restores the parameters it moves.
   ½ρ²λ_max(THT)).
 - ``average_sharpness``: E_δ L(θ+δ) − L(θ), δ ~ N(0, σ²I), Monte Carlo over
   ``num_samples`` seeded draws (mean and standard error). ½σ² tr(H) on a quadratic.
-- ``directional_sharpness``: second differences (L(θ+hd) − 2L(θ) + L(θ−hd))/h² along
-  seeded unit directions d (or given ones), i.e. dᵀHd up to O(h²); mean and max.
+- ``directional_sharpness``: dᵀHd along seeded unit directions d (or given ones), one HVP
+  each on a Hessian operator, the dot product in float64 (a second difference of float32
+  losses would be quantised to ~2⁻²⁴·L/h²); mean and max.
 - ``armijo_probe``: backtracking line search along −g from α₀, α ← βα until
   L(θ − αg) ≤ L(θ) − cα‖g‖². On a quadratic with q = gᵀHg/‖g‖² > 0 a trial α is accepted
   iff α ≤ 2(1−c)/q, so the implied curvature 2(1−c)/α is always ≥ q (an upper bound on q).
@@ -24,13 +25,16 @@ batches, see objective.py). Every measure restores the parameters it moves.
   Armijo-probe abstract; log α is meant to track log λ_max.) When no α passes within
   ``max_steps`` trials, α and the curvature are NaN (nothing was accepted, and the next α
   would be untested).
-- ``fisher_rao_sharpness``: tr(F⁻¹H) by Hutchinson, F the diagonal empirical Fisher
-  (mean of squared per-sample gradients of the run's loss with the observed labels, as the
-  Armijo-probe abstract's experiments use) plus damping δ: E_v[(v / (F+δ))ᵀ H v],
-  v Rademacher; mean and standard error. Per-sample gradients by ``torch.func.vmap``; with
-  BatchNorm in train mode a sample's gradient would need its batch, so the Fisher is taken
-  with the model in eval mode there (our choice), while H keeps the measurement's mode (every
-  module's flag is restored).
+- ``fisher_trace_ratio``: Σ_i H_ii/(F_ii + δ) = tr((F + δ)⁻¹H), F the diagonal empirical
+  Fisher (mean of squared per-sample gradients of the run's loss with the observed labels, as
+  the Armijo-probe abstract's experiments use), δ = damping · mean(F) (relative to the Fisher's
+  scale). Exact (H's diagonal by HVPs) on small models, else Hutch++ with a standard error. A
+  Fisher-preconditioned Hessian trace, not the Fisher–Rao norm.
+- ``fisher_rao_norm``: ⟨θ, Fθ⟩ with the full empirical Fisher, the mean over samples of
+  ⟨θ, ∇ℓ_n⟩² (Liang et al. 2019's Fisher–Rao norm, squared), and its standard error.
+Per-sample gradients by ``torch.func.vmap``; with BatchNorm in train mode a sample's gradient
+would need its batch, so they are taken with the model in eval mode there (our choice), while H
+keeps the measurement's mode (every module's flag is restored).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from ..module_state import modes_restored
 from ..optim.blocks import is_bias
 from .hvp import HessianOperator
 from .objective import Objective
-from .solvers import hutchinson
+from .solvers import hessian_diagonal, hutch_plus_plus
 
 
 def _positive(name, value):
@@ -120,33 +124,20 @@ def _average_sharpness_impl(obj, sigma: float = 0.01, num_samples: int = 10, see
 
 
 def directional_sharpness(
-    obj: Objective, num_directions: int = 4, h: float = 1e-2, seed: int = 0, directions=None
+    op: HessianOperator, num_directions: int = 4, seed: int = 0, directions=None
 ):
-    """(mean, max) of dᵀHd estimated by central second differences along unit directions."""
-    with obj.restoring():
-        return _directional_sharpness_impl(obj, num_directions, h, seed, directions)
-
-
-def _directional_sharpness_impl(
-    obj, num_directions: int = 4, h: float = 1e-2, seed: int = 0, directions=None
-):
-    _positive("h", h)
+    """(mean, max) of dᵀHd along unit directions d: one HVP each, the dot product in float64."""
     if directions is None:
         if not (isinstance(num_directions, int) and num_directions >= 1):
             raise ValueError(f"num_directions={num_directions!r} must be an integer >= 1")
         g = torch.Generator().manual_seed(seed)
-        directions = [torch.randn(obj.numel, generator=g) for _ in range(num_directions)]
-    base = obj.loss()
+        directions = [torch.randn(op.numel, generator=g) for _ in range(num_directions)]
     values = []
     for d in directions:
-        d = d.to(obj.device, obj.dtype)
-        d = d / d.norm()
-        obj.shift(d, h)
-        up = obj.loss()
-        obj.shift(d, -2 * h)
-        down = obj.loss()
-        obj.shift(d, h)
-        values.append((up.double() - 2 * base.double() + down.double()) / h**2)
+        d = d.to(op.device, torch.float64)
+        d = (d / d.norm()).to(op.dtype)  # the direction the HVP sees, its norm taken in float64
+        d64 = d.double()
+        values.append(torch.dot(d64, op(d).double()) / torch.dot(d64, d64))
     v = torch.stack(values).cpu()
     return float(v.mean()), float(v.max())
 
@@ -181,8 +172,10 @@ def _armijo_probe_impl(
     return math.nan, math.nan, evals
 
 
-def _fisher_diagonal(obj: Objective, chunk: int = 256) -> torch.Tensor:
-    """Mean over samples of the squared per-sample gradient (flat)."""
+def per_sample_gradient_moments(obj: Objective, chunk: int = 256):
+    """(diagonal empirical Fisher: the mean over samples of the squared per-sample gradient, flat;
+    the per-sample ⟨θ, ∇ℓ_n⟩ in float64), from per-sample gradients in eval mode (module
+    docstring)."""
     from torch.func import functional_call, grad, vmap
 
     model = obj.model
@@ -197,7 +190,7 @@ def _fisher_diagonal(obj: Objective, chunk: int = 256) -> torch.Tensor:
 
         per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))
         total = torch.zeros(obj.numel, device=obj.device, dtype=obj.dtype)
-        n = 0
+        dots = []
         with warnings.catch_warnings():
             # vmap's fallback for ops without a batching rule (pooling, unfold) is exact, only
             # slower; its warning would be printed once per run, to no use for the user
@@ -206,13 +199,38 @@ def _fisher_diagonal(obj: Objective, chunk: int = 256) -> torch.Tensor:
                 for i in range(0, len(y), chunk):
                     gs = per_sample(params, x[i : i + chunk], y[i : i + chunk])
                     total += torch.cat([t.pow(2).sum(0).reshape(-1) for t in gs])
-                    n += len(y[i : i + chunk])
-        return total / n
+                    dots.append(
+                        sum((t.double() * p.double()).flatten(1).sum(1) for t, p in zip(gs, params))
+                    )
+        dots = torch.cat(dots)
+        return total / len(dots), dots
 
 
-def fisher_rao_sharpness(
-    op: HessianOperator, num_probes: int = 20, damping: float = 1e-8, seed: int = 0
+def fisher_rao_norm(obj: Objective) -> tuple[float, float]:
+    """⟨θ, Fθ⟩ for the empirical Fisher F = mean_n ∇ℓ_n ∇ℓ_nᵀ (all trainable parameters), i.e. the
+    mean of ⟨θ, ∇ℓ_n⟩² over the samples: (value, its standard error over the samples)."""
+    _, dots = per_sample_gradient_moments(obj)
+    squares = dots.square().cpu()
+    return float(squares.mean()), float(squares.std() / math.sqrt(len(squares)))
+
+
+def fisher_trace_ratio(
+    op: HessianOperator,
+    num_probes: int = 60,
+    damping: float = 1e-3,
+    exact_max_params: int = 1024,
+    seed: int = 0,
 ):
-    """Hutchinson estimate of tr((F + δ)⁻¹ H): (mean, standard error)."""
+    """Σ_i H_ii / (F_ii + δ), δ = damping · mean_i F_ii: (value, standard error). Exact (H's
+    diagonal by one HVP per coordinate, standard error 0) up to ``exact_max_params`` parameters;
+    beyond, Hutch++ on W^½ H W^½, W = diag(1/(F + δ)), with ``num_probes`` HVPs."""
     _positive("damping", damping)
-    return hutchinson(op, num_probes, seed, weight=1.0 / (_fisher_diagonal(op) + damping))
+    fisher, _ = per_sample_gradient_moments(op)
+    scale = float(fisher.double().mean())
+    weight = 1.0 / (fisher + damping * (scale if scale > 0 else 1.0))
+    if op.numel <= exact_max_params:
+        return float(torch.dot(weight.double(), hessian_diagonal(op))), 0.0
+    root = weight.sqrt()
+    return hutch_plus_plus(
+        lambda v: root * op(root * v), op.numel, num_probes, seed, op.device, op.dtype
+    )

@@ -8,7 +8,10 @@ eigenvalue of H by tol·|θ_i| (a rigorous bound, unlike the change between two 
 Vectors are stored in float32 when tol ≥ 1e-5 (the reorthogonalization keeps them orthogonal
 to ~1e-6, far below the tolerance) and float64 otherwise; the tridiagonal problem is solved in
 float64. On an invariant subspace (β ≈ 0) it restarts from a fresh random vector orthogonal
-to the basis.
+to the basis. For k > 1 the stop also waits for a guard pair (``_certified``).
+
+Also the weighted traces of the Fisher measures: ``hutch_plus_plus`` (Hutch++, Meyer et al.
+2021) and the exact ``hessian_diagonal``.
 """
 
 from __future__ import annotations
@@ -106,6 +109,30 @@ def _ritz(alphas, betas):
     return evals.flip(0), evecs.flip(1)
 
 
+GUARD = 1  # Ritz pairs certified beyond the k wanted when k > 1
+
+
+def _certified(evals, res, k, tol) -> bool:
+    """Whether the top-k Ritz values are certified: each within tol·|θ_i| of an eigenvalue. For
+    k > 1 also the next ``GUARD`` Ritz values, to tol·|θ_k|, and θ_k separated from θ_{k+1} by
+    more than their residuals (or closer than tol·|θ_k|: a cluster). A wanted value that
+    converged to the eigenvalue below a missing one (Lanczos can pick up the top eigenvalues out
+    of order) is then rarely returned as the k-th: the missing one appears while the guard
+    converges. k = 1 has no guard (λ_max keeps its HVP count)."""
+    want = k if k == 1 else k + GUARD
+    if len(evals) < want:
+        return False
+    if not bool((res[:k] <= tol * evals[:k].abs()).all()):
+        return False
+    if k == 1:
+        return True
+    if not bool((res[k:want] <= tol * abs(float(evals[k - 1]))).all()):
+        return False
+    gap = float(evals[k - 1] - evals[k])
+    # a gap within the tolerance is a cluster (or a multiple eigenvalue): either value is λ_k's
+    return gap > float(res[k - 1] + res[k]) or gap <= tol * abs(float(evals[k - 1]))
+
+
 def lanczos(
     matvec,
     n: int,
@@ -137,9 +164,7 @@ def lanczos(
         w = Q.orthogonalize(w, j + 1)
         beta = float(w.norm())
         evals, evecs = _ritz(alphas, betas)
-        m = min(k, j + 1)
-        res = (beta * evecs[-1, :m]).abs()
-        if stop and j + 1 >= k and bool((res <= tol * evals[:m].abs()).all()):
+        if stop and _certified(evals, (beta * evecs[-1]).abs(), k, tol):
             converged = True
             break
         if j + 1 == steps:
@@ -276,6 +301,43 @@ def hutchinson(
         samples.append(torch.dot(v if weight is None else weight * v, op(v)))
     s = torch.stack(samples).double().cpu()
     return float(s.mean()), float(s.std() / math.sqrt(num_probes))
+
+
+def _rademacher(n, generator, device, dtype):
+    return (torch.randint(0, 2, (n,), generator=generator) * 2 - 1).to(device, dtype)
+
+
+def hutch_plus_plus(matvec, n: int, num_matvecs: int = 60, seed: int = 0, device="cpu", dtype=None):
+    """Hutch++ (Meyer et al. 2021) estimate of tr(A) for the symmetric ``matvec``: the exact trace
+    of A on Q = orth(A S), S n×s Rademacher (s = ``num_matvecs`` // 3), plus Hutchinson on the
+    rest (I − QQᵀ)A(I − QQᵀ) with the remaining probes: (estimate, standard error of the
+    Hutchinson part). The sketch takes the dominant directions out of Hutchinson's variance."""
+    if not (isinstance(num_matvecs, int) and num_matvecs >= 6):
+        raise ValueError(f"num_probes={num_matvecs!r} must be an integer >= 6 (Hutch++)")
+    g = torch.Generator().manual_seed(seed)
+    dtype = dtype or torch.float32
+    sketch = num_matvecs // 3
+    Y = torch.stack([matvec(_rademacher(n, g, device, dtype)) for _ in range(sketch)], 1)
+    Q = torch.linalg.qr(Y)[0]
+    exact = sum(float(torch.dot(q.double(), matvec(q).double())) for q in Q.T)
+    samples = []
+    for _ in range(num_matvecs - 2 * sketch):
+        z = _rademacher(n, g, device, dtype)
+        z = z - Q @ (Q.T @ z)
+        samples.append(torch.dot(z.double(), matvec(z).double()))
+    s = torch.stack(samples).cpu()
+    return exact + float(s.mean()), float(s.std() / math.sqrt(len(s)))
+
+
+def hessian_diagonal(op: HessianOperator) -> torch.Tensor:
+    """H's diagonal (float64), exactly: H_ii = ⟨e_i, H e_i⟩, one HVP per coordinate."""
+    out = torch.empty(op.numel, dtype=torch.float64, device=op.device)
+    e = torch.zeros(op.numel, device=op.device, dtype=op.dtype)
+    for i in range(op.numel):
+        e[i] = 1.0
+        out[i] = op(e)[i]
+        e[i] = 0.0
+    return out
 
 
 def hessian_trace(op: HessianOperator, num_probes: int = 100, seed: int = 0) -> tuple[float, float]:

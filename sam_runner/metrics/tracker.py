@@ -51,6 +51,10 @@ SCHEMA = {
     "fraction": ("a number in (0, 1)", lambda v: 0 < v < 1),
     "count": ("an integer >= 1", lambda v: v >= 1),
     "probes": ("an integer >= 2", lambda v: v >= 2),
+    "hutch_probes": (
+        "an integer >= 6 (Hutch++: a third sketch, a third exact, a third residual)",
+        lambda v: v >= 6,
+    ),
     "off_or_count": ("an integer >= 0 (0 = off)", lambda v: v >= 0),
 }
 HESSIAN_SCHEMA = {
@@ -99,7 +103,7 @@ def check_options(section: str, options, schema: dict) -> None:
             continue
         if kind == "bool":
             require(isinstance(value, bool), f"{name}={value!r} must be true or false")
-        elif kind in ("count", "probes", "off_or_count"):
+        elif kind in ("count", "probes", "hutch_probes", "off_or_count"):
             integer(name, value, *SCHEMA[kind])
         else:
             number(name, value, *SCHEMA[kind])

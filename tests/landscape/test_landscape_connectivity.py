@@ -7,11 +7,15 @@ import json
 
 import numpy as np
 import pytest
+import torch
+from conftest import compose
 from landscape_helpers import CNN, MLP, copy_run, trained
 
+from sam_runner.landscape.bezier import BezierCurve, curve_optimizer, curve_step, weights
 from sam_runner.landscape.cli import main
-from sam_runner.landscape.evaluate import COLUMNS
+from sam_runner.landscape.evaluate import COLUMNS, Evaluator
 from sam_runner.landscape.files import pair_folder
+from sam_runner.landscape.runs import load_run
 from sam_runner.runfiles import read_rows
 
 QUIET = ["--progress", "none"]
@@ -89,3 +93,49 @@ def test_a_trained_bezier_curve_has_a_lower_mean_loss_than_the_straight_line(tmp
     ends = {r["alpha"]: r for r in line}
     assert bez[0]["train_loss"] == ends[0.0]["train_loss"]  # the curve starts at A ...
     assert bez[-1]["train_loss"] == ends[1.0]["train_loss"]  # ... and ends at B, exactly
+
+
+def test_one_curve_step_is_sgd_without_weight_decay_plus_the_penalty_on_the_curve_point():
+    """Garipov et al.: SGD with weight decay 0 on θ_C, and ½·w·‖φ(t)‖² added to the loss, so the
+    step is θ_C − η(∇_C L(φ(t)) + w·2t(1 − t)·φ(t)), not a decay of θ_C itself."""
+    cpu = torch.device("cpu")
+    run_a, run_b = load_run(trained(*MLP), cpu), load_run(trained(*MLP, "seed=1"), cpu)
+    ev = Evaluator(run_a, 64, 64)
+    curve = BezierCurve(ev, run_a.state, run_b.state)
+    lr, wd, t = 0.1, 0.05, 0.3
+    cfg = compose(
+        "optimizer=base",
+        f"base_optimizer.lr={lr}",
+        "base_optimizer.momentum=0",
+        f"base_optimizer.weight_decay={wd}",
+    )
+    optimizer, penalty = curve_optimizer(cfg, curve.control, 10)
+    assert penalty == wd
+    assert all(g["weight_decay"] == 0 for g in optimizer.base_optimizer.param_groups)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    optimizer.bind(model=curve.control, grad_scaler=scaler, clip_grad_norm=None)
+    (x, *_), y = ev.train
+    y = y[: len(x)]
+
+    # the expected step, by autograd on the penalised loss at φ(t) with θ_C as leaves
+    wa, wc, wb = weights(t)
+    c = [v.detach().clone().requires_grad_(True) for v in curve.c]
+    phi = {n: wa * a + wc * ci + wb * b for n, a, ci, b in zip(curve.names, curve.a, c, curve.b)}
+    out = torch.func.functional_call(curve.control, phi, (x,))
+    loss = run_a.criterion()(out.float(), y).mean() + 0.5 * wd * sum(
+        v.square().sum() for v in phi.values()
+    )
+    grads = torch.autograd.grad(loss, c)
+    expected = [ci.detach() - lr * g for ci, g in zip(c, grads)]
+    decayed_control = [
+        ci.detach() - lr * (g - wd * wc * p + wd * ci.detach())
+        for ci, g, p in zip(c, grads, phi.values())
+    ]
+
+    got = curve_step(optimizer, curve, run_a.criterion(), run_a.autocast(), scaler, wd, x, y, t)
+    assert float(got) == pytest.approx(float(loss.detach()), rel=1e-6)
+    for new, want, old in zip(curve.c, expected, decayed_control):
+        assert torch.allclose(new, want, rtol=1e-5, atol=1e-7)
+    assert not all(
+        torch.allclose(n, o, rtol=1e-5, atol=1e-7) for n, o in zip(curve.c, decayed_control)
+    )

@@ -201,6 +201,42 @@ def test_lanczos_residual_rule_holds_on_a_close_gap():
     assert abs(r.values[0] - 10) <= 1e-2 and abs(r.values[1] - 9) <= 9e-3
 
 
+def close_spectrum(seed, top, n=100):
+    """A symmetric matrix with the given top eigenvalues over a bulk in [−0.05, 0.45], and all its
+    eigenvalues, largest first."""
+    g = torch.Generator().manual_seed(seed)
+    bulk = torch.rand(n - len(top), generator=g, dtype=torch.float64) * 0.5 - 0.05
+    values = torch.cat([torch.tensor(top, dtype=torch.float64), bulk])
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    return (q * values) @ q.T, values.sort(descending=True).values
+
+
+@pytest.mark.parametrize("top", [(1.0, 0.8, 0.66, 0.655), (1.0, 0.99, 0.98, 0.97)])
+def test_lanczos_k3_skips_no_eigenvalue_on_close_spectra(top):
+    """k = 3 at the default tol over 60 seeds: each value within tol of the dense λ₁, λ₂, λ₃
+    (without the guard pair, Lanczos returned λ₄ as the third value on 5–7 of these seeds)."""
+    for seed in range(60):
+        A, exact = close_spectrum(seed, top)
+        r = lanczos(
+            lambda v: (A @ v.double()).to(v.dtype),
+            len(A),
+            k=3,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        assert r.converged, seed
+        for i in range(3):
+            assert abs(r.values[i] - float(exact[i])) <= 1e-3 * float(exact[i]), (seed, i)
+
+
+def test_lanczos_accepts_a_multiple_eigenvalue_at_the_kth_place():
+    """λ₃ = λ₄: the pair cannot be separated, and either is λ₃; no run to max_iter."""
+    for seed in range(10):
+        A, exact = close_spectrum(seed, (1.0, 0.8, 0.66, 0.66))
+        r = lanczos(lambda v: (A @ v.double()).to(v.dtype), len(A), k=3, generator=None)
+        assert r.converged and r.hvps < 60
+        assert abs(r.values[2] - 0.66) <= 1e-3 * 0.66
+
+
 def test_hutchinson_trace_within_its_standard_error():
     m, x, y = bn_cnn()
     exact = float(dense_hessian(m, F.cross_entropy, x, y).trace())

@@ -3,10 +3,12 @@
 Model: linear regression θ ↦ (1/2N) Σ (x_iᵀθ − y_i)², so H = XᵀX/N exactly and everywhere.
 """
 
+import copy
 import math
 
 import pytest
 import torch
+from metrics_helpers import dense_hessian
 from torch import nn
 
 from sam_runner.metrics import sharpness as S
@@ -95,10 +97,52 @@ def test_average_sharpness_is_half_sigma2_trace():
 def test_directional_sharpness_along_eigenvectors_gives_eigenvalues():
     model, batches, H = problem(at_minimum=False)
     evals, evecs = torch.linalg.eigh(H)
-    with Objective(model, half_mse, batches) as obj:
-        mean, top = S.directional_sharpness(obj, h=0.1, directions=[evecs[:, -1], evecs[:, 0]])
-    assert top == pytest.approx(float(evals[-1]), rel=1e-6)
-    assert mean == pytest.approx(float(evals[-1] + evals[0]) / 2, rel=1e-6)
+    with HessianOperator(model, half_mse, batches) as op:
+        mean, top = S.directional_sharpness(op, directions=[evecs[:, -1], evecs[:, 0]])
+    assert top == pytest.approx(float(evals[-1]), rel=1e-12)
+    assert mean == pytest.approx(float(evals[-1] + evals[0]) / 2, rel=1e-12)
+
+
+def mlp(activation=nn.Tanh, dtype=torch.float32, seed=0):
+    """A small classifier and its data: 60 samples in two batches."""
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(5, 8), activation(), nn.Linear(8, 3)).to(dtype)
+    x, y = torch.randn(60, 5, dtype=dtype), torch.randint(0, 3, (60,))
+    return m, [(x[:32], y[:32]), (x[32:], y[32:])]
+
+
+def dense_mean_hessian(model, batches):
+    """The dense float64 Hessian of the mean cross-entropy over the batches (a float64 copy)."""
+    ref = copy.deepcopy(model).double()
+    x = torch.cat([b[0] for b in batches]).double()
+    y = torch.cat([b[1] for b in batches])
+    return dense_hessian(ref, nn.functional.cross_entropy, x, y)
+
+
+def per_sample_gradients(model, batches):
+    """[N, n] float64: each sample's gradient, one autograd call per sample."""
+    ref = copy.deepcopy(model).double()
+    rows = []
+    for x, y in batches:
+        for i in range(len(y)):
+            loss = nn.functional.cross_entropy(ref(x[i : i + 1].double()), y[i : i + 1])
+            grads = torch.autograd.grad(loss, list(ref.parameters()))
+            rows.append(torch.cat([g.reshape(-1) for g in grads]))
+    return torch.stack(rows)
+
+
+def test_directional_sharpness_is_d_h_d_on_a_float32_network():
+    """Not quantised by float32 losses: dᵀHd by an HVP, against the dense float64 Hessian."""
+    model, batches = mlp()
+    H = dense_mean_hessian(model, batches)
+    g = torch.Generator().manual_seed(3)  # the draws the measure makes with seed=3
+    ds = [torch.randn(len(H), generator=g) for _ in range(4)]
+    ds = [(d.double() / d.double().norm()).float().double() for d in ds]
+    exact = [float(d @ H @ d / (d @ d)) for d in ds]
+    with HessianOperator(model, nn.functional.cross_entropy, batches) as op:
+        mean, top = S.directional_sharpness(op, num_directions=4, seed=3)
+    assert mean == pytest.approx(sum(exact) / 4, rel=1e-6)
+    assert top == pytest.approx(max(exact), rel=1e-6)
 
 
 def test_armijo_probe_brackets_directional_curvature():
@@ -112,17 +156,51 @@ def test_armijo_probe_brackets_directional_curvature():
     assert q <= curvature < q / beta and evals >= 2
 
 
-def test_fisher_rao_sharpness_is_trace_of_inverse_fisher_times_hessian():
+def test_fisher_trace_ratio_is_exact_on_the_quadratic():
     model, batches, H = problem(at_minimum=False)
     x = torch.cat([b[0] for b in batches])
     y = torch.cat([b[1] for b in batches])
     residual = x @ model.theta.detach() - y
     fisher = ((x * residual[:, None]) ** 2).mean(0)  # per-sample gradient x_i r_i, squared
-    damping = 1e-3
-    exact = float((torch.diagonal(H) / (fisher + damping)).sum())
+    delta = 1e-3 * float(fisher.mean())  # damping relative to the Fisher's scale
+    exact = float((torch.diagonal(H) / (fisher + delta)).sum())
     with HessianOperator(model, half_mse, batches) as op:
-        mean, se = S.fisher_rao_sharpness(op, num_probes=400, damping=damping, seed=0)
-    assert abs(mean - exact) <= 4 * se + 1e-9 * abs(exact)
+        value, se = S.fisher_trace_ratio(op, damping=1e-3)
+    assert value == pytest.approx(exact, rel=1e-12) and se == 0.0
+
+
+@pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh])
+def test_fisher_trace_ratio_exact_and_by_hutch_plus_plus_on_a_network(activation):
+    """Against the dense Hessian's diagonal and per-sample gradients: exact when the model is small
+    enough, and Hutch++ within four of its standard errors, which are small (the old Hutchinson
+    estimate with 1/(F + 1e-8) weights had errors far larger than its value). On a ReLU network
+    every H_ii ≥ 0, so the value is positive."""
+    model, batches = mlp(activation, torch.float64)
+    H = dense_mean_hessian(model, batches)
+    fisher = per_sample_gradients(model, batches).square().mean(0)
+    weight = 1 / (fisher + 1e-3 * fisher.mean())
+    exact = float(torch.diagonal(H) @ weight)
+    with HessianOperator(model, nn.functional.cross_entropy, batches) as op:
+        value, se = S.fisher_trace_ratio(op)
+        assert value == pytest.approx(exact, rel=1e-10) and se == 0.0
+        for seed in range(3):
+            estimate, se = S.fisher_trace_ratio(op, exact_max_params=0, seed=seed)
+            assert abs(estimate - exact) <= 4 * se and 0 < se < 0.1 * abs(exact)
+    if activation is nn.ReLU:
+        assert exact > 0 and bool((torch.diagonal(H) >= -1e-12).all())
+
+
+def test_fisher_rao_norm_is_theta_fisher_theta():
+    """⟨θ, Fθ⟩ with the (full) empirical Fisher F = mean g_n g_nᵀ, against per-sample gradients."""
+    model, batches = mlp(nn.ReLU, torch.float64)
+    grads = per_sample_gradients(model, batches)
+    theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    fisher = grads.T @ grads / len(grads)
+    squares = (grads @ theta) ** 2
+    with Objective(model, nn.functional.cross_entropy, batches) as obj:
+        value, se = S.fisher_rao_norm(obj)
+    assert value == pytest.approx(float(theta @ fisher @ theta), rel=1e-10)
+    assert se == pytest.approx(float(squares.std() / math.sqrt(len(squares))), rel=1e-10)
 
 
 def test_bad_options_are_rejected():
@@ -145,7 +223,7 @@ def test_armijo_probe_that_never_accepts_reports_nan():
     assert torch.equal(model.theta.detach(), problem(at_minimum=False)[0].theta.detach())
 
 
-def test_fisher_rao_keeps_every_module_in_its_own_mode():
+def test_fisher_measures_keep_every_module_in_its_own_mode():
     """The tracker's bn_mode=train state (root in eval, BatchNorm in train): the Fisher is taken in
     eval mode, and afterwards each module is back in its own mode for the HVPs that follow."""
     torch.manual_seed(0)
@@ -156,5 +234,7 @@ def test_fisher_rao_keeps_every_module_in_its_own_mode():
     with HessianOperator(
         m, nn.functional.cross_entropy, [(x[:20], y[:20]), (x[20:], y[20:])]
     ) as op:
-        S.fisher_rao_sharpness(op, num_probes=2)
+        S.fisher_trace_ratio(op, num_probes=6, exact_max_params=0)
+        assert [mod.training for mod in m.modules()] == [False, False, True, False, False]
+        S.fisher_rao_norm(op)
         assert [mod.training for mod in m.modules()] == [False, False, True, False, False]

@@ -17,7 +17,7 @@ from sam_runner.data import Data
 from sam_runner.errors import UserError
 from sam_runner.metrics import top_hessian_eigenvalues
 from sam_runner.metrics.stability import stability_threshold
-from sam_runner.metrics.tracker import CurvatureTracker
+from sam_runner.metrics.tracker import CurvatureTracker, validate
 from sam_runner.optim import SAM, SAMSPS
 
 
@@ -155,7 +155,7 @@ def full_metrics(**hessian):
                 "worst_case": {"steps": 2},
                 "average": {"num_samples": 3},
                 "directional": {"num_directions": 2},
-                "fisher_rao": {"num_probes": 3, "damping": 1e-3},
+                "fisher_trace_ratio": {"num_probes": 6, "damping": 1e-3, "exact_max_params": 0},
             },
         },
     )
@@ -204,26 +204,31 @@ def test_full_measurement_gives_finite_values_and_restores_the_model_exactly(bn_
         "sharpness_dir_max",
         "armijo_alpha",
         "armijo_curvature",
-        "fisher_rao",
-        "fisher_rao_se",
+        "fisher_trace_ratio",
+        "fisher_trace_ratio_se",
+        "fisher_rao_norm",
+        "fisher_rao_norm_se",
     ):
         assert math.isfinite(row[key]), key
-    assert row["armijo_accepted"] is True and row["fisher_rao"] > 0 and row["sharpness_worst"] >= 0
+    assert row["armijo_accepted"] is True and row["sharpness_worst"] >= 0
+    assert row["fisher_trace_ratio_se"] > 0 and row["fisher_rao_norm"] > 0
     assert tracker.summary_extras()["hessian_density"]["nodes"]
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert [m.training for m in model.modules()] == modes
 
 
-def test_fisher_rao_with_bn_train_uses_batch_statistics_in_h():
-    """fisher_rao under bn_mode=train: F from per-sample gradients in eval mode, H with BatchNorm on
-    batch statistics (every batch), here against dense Hessians and the same Rademacher probes."""
+def test_fisher_measures_with_bn_train_use_batch_statistics_in_h():
+    """Under bn_mode=train: F from per-sample gradients in eval mode, H with BatchNorm on batch
+    statistics (every batch); the trace ratio exactly (a small model) against dense Hessians, and
+    the Fisher–Rao norm against per-sample gradients."""
     tracker, model, data = setup(bn_mode="train")
     tracker.cfg = OmegaConf.merge(
         tracker.cfg,
         {
             "sharpness": {
                 "num_samples": 64,
-                "fisher_rao": {"enabled": True, "num_probes": 6, "damping": 1e-3},
+                "fisher_trace_ratio": {"enabled": True, "damping": 1e-3},
+                "fisher_rao_norm": {"enabled": True},
             }
         },
     )
@@ -232,8 +237,8 @@ def test_fisher_rao_with_bn_train_uses_batch_statistics_in_h():
     xs, ys = data.train_subset(64, 0)
     ref.eval()
     params = [p for p in ref.parameters()]
-    fisher = (
-        sum(
+    grads = torch.stack(
+        [
             torch.cat(
                 [
                     g.reshape(-1)
@@ -242,21 +247,44 @@ def test_fisher_rao_with_bn_train_uses_batch_statistics_in_h():
                     )
                 ]
             ).double()
-            ** 2
             for i in range(64)
-        )
-        / 64
+        ]
     )
+    fisher = grads.square().mean(0)
+    theta = torch.cat([p.detach().reshape(-1) for p in params]).double()
     ref[1].train()  # BatchNorm on batch statistics; the dense Hessian of the 40 + 24 batches
     H = sum(
         dense_hessian(ref, F.cross_entropy, xs[a:b], ys[a:b]) * (b - a) / 64
         for a, b in ((0, 40), (40, 64))
     )
-    g = torch.Generator().manual_seed(0)
-    probes = [(torch.randint(0, 2, (len(H),), generator=g) * 2 - 1).double() for _ in range(6)]
-    expected = sum(float((v / (fisher + 1e-3)) @ H @ v) for v in probes) / 6
-    assert row["fisher_rao"] == pytest.approx(expected, rel=1e-4)
+    expected = float(torch.diagonal(H) @ (1 / (fisher + 1e-3 * fisher.mean())))
+    assert row["fisher_trace_ratio"] == pytest.approx(expected, rel=1e-4)
+    assert row["fisher_trace_ratio_se"] == 0.0
+    assert row["fisher_rao_norm"] == pytest.approx(float((grads @ theta).square().mean()), rel=1e-4)
     assert model.training and all(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "section,message",
+    [
+        (
+            {"fisher_trace_ratio": {"num_probes": 3}},
+            "metrics.sharpness.fisher_trace_ratio.num_probes=3 must be an integer >= 6",
+        ),
+        (
+            {"fisher_trace_ratio": {"exact_max_params": -1}},
+            "metrics.sharpness.fisher_trace_ratio.exact_max_params=-1 must be an integer >= 0",
+        ),
+        ({"directional": {"h": 0.01}}, "metrics.sharpness.directional.h is not a key"),
+        ({"fisher_rao_norm": {"num_probes": 5}}, "fisher_rao_norm.num_probes is not a key"),
+    ],
+)
+def test_fisher_and_directional_options_are_checked_before_a_run(section, message):
+    cfg = compose("metrics=full").metrics
+    OmegaConf.set_struct(cfg, False)  # as a config from Python, not from Hydra's command line
+    cfg = OmegaConf.merge(cfg, {"sharpness": section})
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        validate(cfg)
 
 
 def test_armijo_without_acceptance_is_nan_and_left_out_of_the_pearson():
@@ -284,9 +312,9 @@ def test_armijo_without_acceptance_is_nan_and_left_out_of_the_pearson():
     assert tracker.summary_extras()["armijo_log_alpha_log_lambda_pearson"] == pytest.approx(-1.0)
 
 
-def sgd(lr=0.1, momentum=0.0, dampening=0.0, nesterov=False, dtype=torch.float32):
+def sgd(lr=0.1, momentum=0.0, dampening=0.0, nesterov=False, dtype=torch.float32, wd=0.0):
     q = nn.Parameter(torch.ones(1, dtype=dtype))
-    opt = torch.optim.SGD([q], lr=lr, momentum=momentum, nesterov=nesterov)
+    opt = torch.optim.SGD([q], lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=wd)
     # the constructor refuses Nesterov with dampening; step() runs it
     opt.param_groups[0]["dampening"] = dampening
     return q, opt
@@ -317,6 +345,27 @@ def test_stability_threshold_is_where_sgd_on_a_quadratic_starts_to_diverge(
         return abs(q.item())
 
     assert final_distance(0.95 * threshold) < 1e-3 and final_distance(1.05 * threshold) > 1e3
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_stability_threshold_includes_weight_decay(nesterov):
+    """SGD steps along g + wθ: the decay adds w to the curvature, so the loss's threshold is w
+    lower (38 − 5e-4 for lr 0.1, momentum 0.9); PyTorch's SGD with w = 4 diverges just above it."""
+    _, opt = sgd(0.1, 0.9, wd=5e-4)
+    assert stability_threshold(opt) == pytest.approx(37.9995, rel=1e-12)
+    threshold = stability_threshold(sgd(0.1, 0.9, nesterov=nesterov, wd=4.0)[1])
+    assert threshold == pytest.approx(stability_threshold(sgd(0.1, 0.9, nesterov=nesterov)[1]) - 4)
+
+    def final_distance(lam):
+        q, opt = sgd(0.1, 0.9, nesterov=nesterov, dtype=torch.float64, wd=4.0)
+        for _ in range(500):
+            opt.zero_grad()
+            (0.5 * lam * q**2).sum().backward()
+            opt.step()
+        return abs(q.item())
+
+    assert final_distance(0.95 * threshold) < 1e-3 and final_distance(1.05 * threshold) > 1e3
+    assert stability_threshold(sgd(0.1, 0.0, wd=30.0)[1]) == 0.0  # no stable curvature ≥ 0 left
 
 
 def test_eos_ratio_is_zero_at_lr_zero_and_absent_where_the_lr_is_not_the_step():
