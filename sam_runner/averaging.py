@@ -3,8 +3,9 @@
 
 ``swa``: from the first step of epoch ``trainer.swa_start`` the learning rate follows
 ``SWALR`` (cosine-annealed to ``trainer.swa_lr`` over ``trainer.swa_anneal_epochs``, then
-constant) instead of the run's scheduler, and the weights at the end of each epoch from then
-on join an equal average. ``ema``: after every optimizer step, avg ← d·avg + (1 − d)·w with
+constant) instead of the run's scheduler, or with ``trainer.swa_lr=[high, low]`` the cyclic
+rate of the paper, one cycle an epoch (``CyclicSWASchedule``); the weights at the end of each
+epoch from then on join an equal average. ``ema``: after every optimizer step, avg ← d·avg + (1 − d)·w with
 d = ``trainer.ema_decay`` (the first step copies w). Only parameters are averaged; before each
 evaluation the averaged weights' BatchNorm statistics are recomputed (``update_bn``) on the
 un-augmented training set, and the averaged weights are evaluated on the test set
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import integer, number
+from .errors import integer, number, require
 from .registry import WEIGHT_AVERAGING as AVERAGING
 
 AVERAGED = Path("checkpoints") / "averaged.pt"
@@ -40,7 +41,7 @@ def validate(cfg) -> None:
                 f"an epoch in [1, trainer.epochs={t.epochs}] (or null: the last quarter)",
                 lambda s: 1 <= s <= int(t.epochs),
             )
-        number("trainer.swa_lr", t.get("swa_lr", 0.05), "a number > 0", lambda v: v > 0)
+        swa_lr_range(t.get("swa_lr", 0.05))
         integer(
             "trainer.swa_anneal_epochs",
             t.get("swa_anneal_epochs", 1),
@@ -54,6 +55,24 @@ def validate(cfg) -> None:
             "a number in (0, 1)",
             lambda d: 0 < d < 1,
         )
+
+
+def swa_lr_range(value) -> tuple[float, float] | None:
+    """``trainer.swa_lr``: a number (SWALR's constant rate) gives None; a pair [high, low]
+    (Izmailov et al.'s cyclic rate, one cycle an epoch) gives (high, low)."""
+    from omegaconf import ListConfig
+
+    if isinstance(value, (list, tuple, ListConfig)):
+        pair = list(value)
+        ok = len(pair) == 2 and all(isinstance(v, (int, float)) and v > 0 for v in pair)
+        require(
+            ok and pair[0] >= pair[1],
+            f"trainer.swa_lr={pair} must be a number > 0 or a cyclic range [high, low] with "
+            "high >= low > 0",
+        )
+        return float(pair[0]), float(pair[1])
+    number("trainer.swa_lr", value, "a number > 0 or a range [high, low]", lambda v: v > 0)
+    return None
 
 
 def swa_start(trainer_cfg) -> int:
@@ -175,10 +194,13 @@ class SWA(Averaged):
         super().__init__(model, clock, plain_batches, measure)
         self.start = swa_start(trainer_cfg)
         self.optimizer = optimizer
-        self.swa_lr = float(trainer_cfg.get("swa_lr", 0.05))
+        self.swa_lr = trainer_cfg.get("swa_lr", 0.05)
+        self.cycle = swa_lr_range(self.swa_lr)  # None: SWALR's constant rate
         self.anneal_epochs = int(trainer_cfg.get("swa_anneal_epochs", 1))
 
     def schedule(self, scheduler, steps_per_epoch: int):
+        if self.cycle is not None:
+            return CyclicSWASchedule(self, scheduler, steps_per_epoch)
         return SWASchedule(self, scheduler, steps_per_epoch)
 
     def end_epoch(self) -> None:
@@ -201,7 +223,7 @@ class SWASchedule:
             steps = self.swa.anneal_epochs * self.steps_per_epoch
             self.swalr = SWALR(
                 self.swa.optimizer,
-                swa_lr=self.swa.swa_lr,
+                swa_lr=float(self.swa.swa_lr),
                 anneal_epochs=steps,
                 anneal_strategy="cos",
             )
@@ -226,6 +248,48 @@ class SWASchedule:
         self.base.load_state_dict(state["base"])
         if state.get("swa") is not None:
             self._swalr().load_state_dict(state["swa"])
+
+
+class CyclicSWASchedule:
+    """The run's scheduler until epoch ``swa_start``, then Izmailov et al.'s cyclic rate with a
+    cycle of one epoch: the j-th of an epoch's c steps uses (1 − j/c)·high + (j/c)·low, so the
+    epoch-end weights that SWA averages come from a step at the low rate. The rate of a step
+    follows from its number alone (nothing to save: a resumed run repeats it exactly)."""
+
+    def __init__(self, swa: SWA, base, steps_per_epoch: int):
+        self.swa, self.base, self.steps_per_epoch = swa, base, steps_per_epoch
+        if swa.clock.step == 0 and swa.start == 1:  # the very first step is already cyclic
+            self._set(1)
+
+    def rate(self, step: int) -> float | None:
+        """The rate of the step numbered ``step`` (from 1), None before swa_start."""
+        epoch, j = divmod(step - 1, self.steps_per_epoch)
+        if epoch + 1 < self.swa.start:
+            return None
+        t = (j + 1) / self.steps_per_epoch
+        high, low = self.swa.cycle
+        return (1 - t) * high + t * low
+
+    def _set(self, step: int) -> bool:
+        lr = self.rate(step)
+        if lr is not None:
+            for group in self.swa.optimizer.param_groups:
+                group["lr"] = lr
+        return lr is not None
+
+    def step(self) -> None:
+        # called after a step and before the clock counts it: the next step is clock.step + 2
+        if not self._set(self.swa.clock.step + 2):
+            self.base.step()
+
+    def get_last_lr(self):
+        return [g["lr"] for g in self.swa.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {"base": self.base.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.base.load_state_dict(state["base"])
 
 
 @AVERAGING.register("ema", "EMA of the weights after every step (trainer.ema_decay)")

@@ -95,6 +95,73 @@ def test_a_run_stopped_and_resumed_with_swa_ends_like_an_uninterrupted_one(tmp_p
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
 
 
+def test_a_run_stopped_and_resumed_with_ema_ends_like_an_uninterrupted_one(tmp_path):
+    ema = [*SMALL, "trainer.weight_averaging=ema", "trainer.ema_decay=0.9"]
+    train(compose(*ema, "trainer.epochs=3"), tmp_path / "whole", [])
+    train(compose(*ema, "trainer.epochs=2"), tmp_path / "split", [])
+    stopped_early_of(tmp_path / "split", 3)
+    train(compose(*ema, "trainer.epochs=3"), tmp_path / "split", [])
+    assert rows(tmp_path / "split") == rows(tmp_path / "whole")
+    a, b = (weights(tmp_path / d, "averaged.pt") for d in ("split", "whole"))
+    assert a["n_averaged"] == b["n_averaged"] == rows(tmp_path / "whole")[-1]["step"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
+
+
+def test_cyclic_swa_rate_falls_from_high_to_low_each_epoch_and_resumes_exactly(tmp_path):
+    from sam_runner.averaging import CyclicSWASchedule, build_averaging
+    from sam_runner.clock import Clock
+
+    swa = [*SMALL, "trainer.weight_averaging=swa", "trainer.swa_start=2"]
+    swa += ["trainer.swa_lr=[0.1,0.01]", "base_optimizer.lr=0.05"]
+    train(compose(*swa, "trainer.epochs=3"), tmp_path / "whole", [])
+    train(compose(*swa, "trainer.epochs=2"), tmp_path / "split", [])
+    stopped_early_of(tmp_path / "split", 3)
+    train(compose(*swa, "trainer.epochs=3"), tmp_path / "split", [])
+    whole = rows(tmp_path / "whole")
+    assert rows(tmp_path / "split") == whole
+    c = whole[0]["step"]  # steps per epoch
+    # a line logs the rate of the next step: the first of a cycle, from epoch 2 on
+    first = (1 - 1 / c) * 0.1 + 0.01 / c
+    assert all(r["lr"] == pytest.approx(first, rel=1e-12) for r in whole)
+    # the rates of epoch 2's steps, read off a real optimizer stepped as the run steps it
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    run = compose(*swa, "trainer.epochs=3")
+    clock = Clock()
+    swa_part = build_averaging(run, model, opt, clock, [], None)
+    schedule = CyclicSWASchedule(swa_part, torch.optim.lr_scheduler.StepLR(opt, 1, gamma=1.0), c)
+    used = []
+    for _ in range(3 * c):
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()  # no gradients: nothing moves, but the step order is the run's
+        schedule.step()
+        clock.step += 1
+    assert used[:c] == [0.05] * c  # epoch 1: the run's own schedule
+    for epoch in (1, 2):
+        cycle = used[epoch * c : (epoch + 1) * c]
+        assert cycle == pytest.approx([(1 - j / c) * 0.1 + j / c * 0.01 for j in range(1, c + 1)])
+    assert used[-1] == pytest.approx(0.01)  # SWA averages the weights of a low-rate step
+    saved = weights(tmp_path / "whole", "averaged.pt")
+    assert (saved["kind"], saved["n_averaged"]) == ("swa", 2)
+
+
+def test_sam_report_puts_the_averaged_weights_beside_the_last_ones(tmp_path):
+    from sam_runner.results.report import render_markdown
+    from sam_runner.results.sweep import build_report
+
+    for name, extra in (("swa", ["trainer.weight_averaging=swa"]), ("plain", [])):
+        train(compose(*SMALL, "trainer.epochs=2", *extra), tmp_path / name, [])
+    summary = json.loads((tmp_path / "swa" / "summary.json").read_text())
+    report = build_report([tmp_path / "swa", tmp_path / "plain"])
+    text = render_markdown(report, [])
+    table = text.split("## Averaged weights")[1].split("\n\n")[1].splitlines()
+    assert len(table) == 3  # the header, its rule and the one group that averaged
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    assert cells[1] == "swa"
+    assert cells[2:4] == [f"{summary['test_acc']:.4g}", f"{summary['avg_test_acc']:.4g}"]
+    assert cells[4:6] == [f"{summary['test_ece']:.4g}", f"{summary['avg_test_ece']:.4g}"]
+
+
 def test_init_from_a_finished_run_reproduces_its_test_accuracy_and_reset_head(tmp_path):
     src = tmp_path / "src"
     done = train(compose(*SMALL, "trainer.epochs=1"), src, [])
@@ -150,6 +217,10 @@ BAD = [
     (
         ["trainer.weight_averaging=ema", "trainer.ema_decay=1.0"],
         "trainer.ema_decay=1.0 must be a number in (0, 1)",
+    ),
+    (
+        ["trainer.weight_averaging=swa", "trainer.swa_lr=[0.01,0.1]"],
+        "trainer.swa_lr=[0.01, 0.1] must be a number > 0 or a cyclic range [high, low]",
     ),
     (["model.init_from=/nowhere/run"], "model.init_from=/nowhere/run: /nowhere/run does not exist"),
 ]

@@ -1,0 +1,67 @@
+"""Weight averaging in ``sam-report``: for the groups whose jobs averaged their weights
+(``trainer.weight_averaging=swa|ema``), the last weights beside the averaged ones in test
+accuracy, ECE and λ_max (each job's ``summary.json``: ``test_acc`` against ``avg_test_acc``,
+and so on), so that SWA reads against SAM in one table.
+"""
+
+from __future__ import annotations
+
+from .rundir import RunDir
+from .sections import SECTIONS
+from .sweep import stats
+
+# (the last weights' key, the averaged weights' key, the column's label)
+PAIRS = (
+    ("test_acc", "avg_test_acc", "test accuracy"),
+    ("test_ece", "avg_test_ece", "test ECE"),
+    ("lambda_max", "avg_lambda_max", "λ_max"),
+)
+
+
+def _summaries(group: dict) -> list[dict]:
+    return [RunDir(d).summary or {} for d in group["dirs"]]
+
+
+def _kind(summary: dict) -> str | None:
+    """The averaging a job's summary records (``weight_averaging``: {"kind", "n_averaged"})."""
+    kind = (summary.get("weight_averaging") or {}).get("kind")
+    return None if kind in (None, "none") else str(kind)
+
+
+def averaged_groups(report) -> list[tuple[dict, str, dict]]:
+    """(group, averaging kind, statistics per key) for each group with averaged weights."""
+    out = []
+    for g in report.groups:
+        summaries = [s for s in _summaries(g) if _kind(s)]
+        if summaries:
+            kinds = sorted({_kind(s) for s in summaries})
+            keys = [k for pair in PAIRS for k in pair[:2]]
+            values = {k: stats([s.get(k) for s in summaries]) for k in keys}
+            out.append((g, "/".join(kinds), values))
+    return out
+
+
+def _cell(s: dict) -> str:
+    if not s["n"]:
+        return "—"
+    return f"{s['mean']:.4g}" + (f" ± {s['std']:.2g}" if s["std"] is not None else "")
+
+
+@SECTIONS.register("averaging", "last against averaged weights (SWA, EMA)", order=35)
+def section(report, _plots=None) -> list[str]:
+    rows = averaged_groups(report)
+    if not rows:
+        return []
+    head = ["group", "averaging"]
+    head += [f"{label}: {w}" for _, _, label in PAIRS for w in ("last", "averaged")]
+    out = ["## Averaged weights", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g, kind, s in rows:
+        cells = [g["label"], kind, *(_cell(s[k]) for last, avg, _ in PAIRS for k in (last, avg))]
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return out + [
+        "",
+        "Mean ± sample std over the group's completed jobs that averaged their weights; the "
+        "averaged weights are measured after their BatchNorm statistics are recomputed on the "
+        "un-augmented training set, with the run's own curvature settings (avg_lambda_max).",
+        "",
+    ]
