@@ -167,7 +167,7 @@ def test_sigkill_during_trial_3_then_the_same_command_ends_with_4_trials(tmp_pat
     assert other.returncode == 2 and "holds the Optuna study of another search" in other.stderr
     assert other.stderr.strip().count("\n") == 0, other.stderr
 
-    from sam_runner.report import main as report_main
+    from sam_runner.results.report import main as report_main
 
     assert report_main([str(sweep)]) == 0
     md = (sweep / "search.md").read_text()
