@@ -69,7 +69,11 @@ def _measure_job(job_dir: Path, settings: dict, start: float) -> dict:
         record = {"status": "failed", "error": one_line(e)}
     record["eval_time_s"] = time.perf_counter() - start
     record["eval_settings"] = settings["eval_settings"]
-    write_json(job_dir / eval_file(weights_of(settings)), record)
+    target = job_dir / eval_file(weights_of(settings))
+    try:
+        write_json(target, record)
+    except OSError as e:  # this job fails, in one line; the others are measured
+        return {"status": "failed", "error": f"{target} cannot be written ({e.strerror or e})"}
     return record
 
 
