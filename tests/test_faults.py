@@ -117,6 +117,7 @@ def test_a_corrupt_summary_without_a_checkpoint_fails_with_that_reason(tmp_path)
         ),
         (["seed=99999999999999999999"], "seed=99999999999999999999 must be an integer in [0, "),
         (["seed=-1"], "seed=-1 must be an integer in [0, 4294967295]"),
+        (["+foo=1"], "foo is not a key"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_before_anything_runs(overrides, message, tmp_path, capsys):
