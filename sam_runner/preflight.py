@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .errors import UserError, first_line
+from .paths import config_dir
 from .settings import override_key
 
 # the config groups whose keys the runner reads: a key added under them with "+" must exist
@@ -179,7 +180,12 @@ def _added_keys(job: list[str]) -> str | None:
 
     for o in job:
         key = override_key(o)
-        if not o.startswith("+") or key.split(".")[0] not in RUNNER_GROUPS or "." not in key:
+        if not o.startswith("+") or "/" in key or key.startswith("hydra"):
+            continue
+        top = "." not in key  # +foo=1: a top-level key nothing reads, unless a config group
+        if top and (Path(config_dir()) / key).is_dir():
+            continue
+        if not top and key.split(".")[0] not in RUNNER_GROUPS:
             continue
         without = compose([x for x in job if x is not o])
         if OmegaConf.select(without, key, default=_ABSENT) is _ABSENT:

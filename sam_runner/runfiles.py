@@ -12,7 +12,7 @@ import math
 import os
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, first_line
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
 # 1: counters and logger id at the top level (before the run's parts had names)
@@ -57,10 +57,34 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``, or None when it is missing or unreadable (``json_problem``
+    says which)."""
     try:
-        return json.loads(Path(path).read_text())
+        obj = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+    return obj if isinstance(obj, dict) else None
+
+
+def json_problem(path: Path) -> str | None:
+    """What is wrong with a JSON object file that ``read_json`` could not read: ``missing``,
+    ``corrupt (...)`` naming why, or None when it reads as an object."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable ({e.strerror or type(e).__name__})"
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        return (
+            f"corrupt (not JSON: {first_line(str(e)) or 'empty'})"
+            if text.strip()
+            else ("corrupt (empty)")
+        )
+    return None if isinstance(obj, dict) else "corrupt (not a JSON object)"
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -16,6 +16,7 @@ RUN_ONLY_KEYS = (
     "hydra",
     "trainer.device",
     "trainer.progress",
+    "trainer.on_locked",
     "trainer.compile",
     "trainer.channels_last",
     "logger",

@@ -27,6 +27,7 @@ from .clock import Clock
 from .data import build_data
 from .data.augment import Mixing
 from .errors import Interrupted, RunFolderConflict, UserError, integer, number, one_line, require
+from .lock import ON_LOCKED, held_by, job_lock
 from .loggers import NullLogger, build_logger
 from .losses import mean_loss, per_example
 from .metrics.evaluate import evaluate
@@ -36,11 +37,13 @@ from .models import build_model, check_initial_weights, load_initial_weights
 from .optim.build import build_optimizer
 from .progress import Progress, print_final
 from .provenance import provenance
-from .runfiles import CHECKPOINT, Checkpoint, MetricsLog, read_json, write_json
+from .runfiles import CHECKPOINT, Checkpoint, MetricsLog, json_problem, read_json, write_json
 from .samplers import build_sampler
 from .schedulers import build_scheduler
 from .settings import require_same_config, result_config
 
+MAX_SEED = 2**32 - 1
+PROGRESS = ("auto", "bar", "lines", "none")
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -53,6 +56,11 @@ def validate(cfg) -> None:
         f"trainer.precision={t.precision!r} is unknown; choose fp32, bf16 or fp16",
     )
     integer("trainer.accumulate", t.accumulate, "an integer >= 1", lambda a: a >= 1)
+    for key, accepted in (("progress", PROGRESS), ("on_locked", ON_LOCKED)):
+        value = t.get(key, accepted[0])
+        require(
+            value in accepted, f"trainer.{key}={value!r} is unknown; choose {', '.join(accepted)}"
+        )
     bs = cfg.dataset.batch_size
     require(
         not isinstance(bs, int) or bs <= 0 or bs % t.accumulate == 0,
@@ -75,7 +83,8 @@ def validate(cfg) -> None:
         "an integer >= 1",
         lambda n: n >= 1,
     )
-    integer("seed", cfg.seed, "an integer")
+    # torch seeds are 64-bit, and runs derive further seeds from it (seed * 100003 + epoch)
+    integer("seed", cfg.seed, f"an integer in [0, {MAX_SEED}]", lambda s: 0 <= s <= MAX_SEED)
     for key in ("steps", "eval_every_n_steps"):  # null: off
         if t.get(key) is not None:
             integer(f"trainer.{key}", t[key], "an integer >= 1 (or null)", lambda n: n >= 1)
@@ -129,7 +138,17 @@ def require_resumable(saved: dict, now: dict, path: Path, run_dir: Path) -> None
 def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> dict:
     """Train one run in ``run_dir``; returns its summary (also written to summary.json)."""
     run_dir = Path(run_dir)
-    done = read_json(run_dir / "summary.json")
+    if distributed.current().rank != 0:  # rank 0 holds the job's lock for all its processes
+        return _train(cfg, run_dir, overrides)
+    on_locked = str(cfg.trainer.get("on_locked", "skip"))
+    with job_lock(run_dir, "train", on_locked, "sam-run") as held:
+        if not held:  # another process trains this job: its summary.json will say how it ended
+            return {"status": "skipped", "error": f"trained by {held_by(run_dir, 'train')}"}
+        return _train(cfg, run_dir, overrides)
+
+
+def _train(cfg, run_dir: Path, overrides) -> dict:
+    done = read_summary(run_dir)
     if done and done.get("status") == "completed":
         require_same_config(
             done.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir
@@ -145,6 +164,27 @@ def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> 
                 break  # diverged
             run.end_epoch()
         return run.finish()
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """summary.json, or None. A corrupt one is named in one line and rebuilt by this run from
+    its checkpoint and metrics lines (``Run.resume``); without a checkpoint the job fails with
+    that reason rather than train again over a result it cannot read."""
+    path = run_dir / "summary.json"
+    done = read_json(path)
+    problem = None if done is not None else json_problem(path)
+    if problem is None or problem == "missing":
+        return done
+    if not (run_dir / CHECKPOINT).exists():
+        raise UserError(
+            f"{path} is {problem} and there is no checkpoint to rebuild it from; restore it, or "
+            "delete it to train the job again"
+        )
+    print(
+        f"sam-run: {path} is {problem}; rebuilding it from {CHECKPOINT} and metrics.jsonl",
+        file=sys.stderr,
+    )
+    return None
 
 
 class RNGState:
@@ -366,6 +406,9 @@ class Run:
                         f"({type(e).__name__}); use another run folder or delete it"
                     ) from None
             self.saved = (self.clock.epoch, self.clock.step)
+            # the checkpoint's evaluation line: a run resumed at its end finishes from it
+            lines = [r for r in self.log.rows() if r.get("step") == self.clock.step]
+            self.last = next((r for r in reversed(lines) if "test_acc" in r), {})
         if self.dist.is_main:
             # lines past the checkpoint are redone, never repeated
             self.log.truncate_after(self.clock.step)
@@ -508,6 +551,12 @@ class Run:
     def finish(self) -> dict:
         """summary.json, the run's plots, the logger's summary, and the closing line."""
         last, clock = self.last, self.clock
+        require(
+            bool(last) or self.status != "completed",
+            f"metrics.jsonl in {self.run_dir} lacks the evaluation line of the checkpoint's step "
+            f"{clock.step}, so the run's results cannot be rebuilt; delete the run folder to "
+            "train it again",
+        )
         summary = {
             "status": self.status,
             "test_acc": last.get("test_acc"),

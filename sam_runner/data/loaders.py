@@ -159,7 +159,7 @@ class FolderLoader:
             # the generator seeds the workers' augmentation: one per process, else every process
             # draws the same crops (and from the global RNG, which a resume does not restore per
             # process)
-            g.manual_seed((self.seed * 100003 + self.epoch) * 1_000_003 + self.rank + 1)
+            g.manual_seed(((self.seed * 100003 + self.epoch) * 1_000_003 + self.rank + 1) % 2**63)
             return torch.utils.data.DataLoader(
                 self.ds, sampler=self.sampler, generator=g, **self.kw
             )

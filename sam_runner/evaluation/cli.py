@@ -44,6 +44,11 @@ def fail(message: str, code: int = 2):
 
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    if not args.path.is_dir():  # before anything heavy is imported: a typo is refused at once
+        return fail(
+            f"PATH={str(args.path)!r} is not a folder; pass a run folder or a sweep folder of "
+            "sam-run"
+        )
     try:
         return evaluate_folder(args.path, args.overrides)
     except UserError as e:

@@ -27,6 +27,7 @@ nothing else in the job folder is touched.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from ..errors import one_line
+from ..lock import held_by, job_lock
 from ..results.rundir import RunDir, eval_file
 from ..runfiles import write_json
 
@@ -41,13 +43,37 @@ from ..runfiles import write_json
 def measure_job(job_dir, settings: dict) -> dict:
     """Measure one job and write its eval.json (a failure too: status failed, the error)."""
     job_dir, start = Path(job_dir), time.perf_counter()
+    if not writable(job_dir):  # this job fails alone, before measuring; the others go on
+        return {"status": "failed", "error": f"job folder {job_dir} is not writable"}
+    # a second sam-eval on the same folder measures the other jobs
+    with job_lock(job_dir, "eval", "skip", "sam-eval") as held:
+        if not held:
+            return {"status": "skipped", "error": f"measured by {held_by(job_dir, 'eval')}"}
+        return _measure_job(job_dir, settings, start)
+
+
+def writable(folder: Path) -> bool:
+    probe = folder / f".write_probe{os.getpid()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def _measure_job(job_dir: Path, settings: dict, start: float) -> dict:
     try:
         record = {"status": "completed", **measure(job_dir, settings)}
     except Exception as e:  # Ctrl-C and SystemExit pass: nothing is written, a rerun redoes it
         record = {"status": "failed", "error": one_line(e)}
     record["eval_time_s"] = time.perf_counter() - start
     record["eval_settings"] = settings["eval_settings"]
-    write_json(job_dir / eval_file(weights_of(settings)), record)
+    target = job_dir / eval_file(weights_of(settings))
+    try:
+        write_json(target, record)
+    except OSError as e:  # this job fails, in one line; the others are measured
+        return {"status": "failed", "error": f"{target} cannot be written ({e.strerror or e})"}
     return record
 
 

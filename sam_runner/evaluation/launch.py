@@ -15,6 +15,8 @@ A job whose process died before writing one is recorded as failed by this proces
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 from ..errors import one_line
@@ -88,13 +90,43 @@ def lost(job: Measurement, settings: dict, why: str) -> dict:
 
 
 # ---------------------------------------------------------------------------- a local pool
-def _worker_start(threads: int) -> None:
+def _worker_start(threads: int, sam_eval_pid: int) -> None:
     import torch
 
     from .. import distributed
 
-    distributed._die_with_parent(None)  # PR_SET_PDEATHSIG: a killed sam-eval leaves no worker
+    distributed._die_with_parent(None)  # PR_SET_PDEATHSIG: the forkserver's death ends it
+    # a forkserver outlives a SIGKILLed sam-eval: the worker watches sam-eval itself
+    _exit_with(sam_eval_pid)
     torch.set_num_threads(threads)
+
+
+def _exit_with(pid: int) -> None:
+    """End this process as soon as process ``pid`` ends, however it ends (a pidfd becomes
+    readable then; where there is none, a poll every second)."""
+    import os
+    import select
+    import threading
+    import time
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):
+        fd = None
+
+    def watch():
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            with contextlib.suppress(OSError):
+                while True:
+                    os.kill(pid, 0)
+                    time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sam-eval-watchdog", daemon=True).start()
 
 
 def _pool(jobs: list[Measurement], settings: dict, progress: Progress) -> dict:
@@ -111,7 +143,9 @@ def _pool(jobs: list[Measurement], settings: dict, progress: Progress) -> dict:
         ctx.set_forkserver_preload(["torch", "sam_runner.evaluation.job"])
     threads = distributed.cpu_threads(workers) if device.type == "cpu" else 1
     out = {}
-    with ProcessPoolExecutor(workers, ctx, initializer=_worker_start, initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(
+        workers, ctx, initializer=_worker_start, initargs=(threads, os.getpid())
+    ) as pool:
         futures = {pool.submit(measure_job, j.path, settings): j for j in jobs}
         for future in as_completed(futures):
             job = futures[future]

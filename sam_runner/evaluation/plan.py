@@ -62,7 +62,7 @@ def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]
         name = str(d.relative_to(path)) if d != path else "."
         summary = read_json(d / "summary.json") or {}
         if summary.get("status") != "completed":
-            status = summary.get("status") or "no summary.json: running, or killed"
+            status = summary.get("status") or RunDir(d).missing_reason
             jobs.append(Measurement(d, name, "skip", f"not completed ({status})"))
             continue
         require(

@@ -12,7 +12,9 @@ each job measured while it trained, which is what comparing measures across jobs
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -82,6 +84,13 @@ def check(cfg) -> None:
 
     e = cfg.eval
     integer("eval.workers", e.workers, "an integer >= 1", lambda w: w >= 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if e.device != "cuda" and e.workers > (cores or 1):  # legal: each gets part of a core
+        print(
+            f"sam-eval: warning: eval.workers={e.workers} is more than this machine's {cores} "
+            "CPU core(s): the workers share them and run no faster",
+            file=sys.stderr,
+        )
     require(e.device in DEVICES, f"eval.device={e.device!r} is unknown; choose auto, cpu or cuda")
     require(
         e.progress in PROGRESS,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -36,6 +37,11 @@ LAUNCHERS = ("local", "slurm", "submitit_local")
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # argparse reads -5e-1 as an option; a number in e-notation is a value (--span -5e-1 5e-1)
+        self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.?\d+([eE][-+]?\d+)?$")
+
     def error(self, message):  # one line, not argparse's usage block
         self.exit(2, f"{PROG}: error: {message}\n")
 
@@ -301,6 +307,13 @@ def run(args, say=print) -> dict:
             args.to.is_dir(),
             f"--to {str(args.to)!r} does not exist or is not a folder; pass a run folder",
         )
+        require(
+            args.to.resolve() != path.resolve(),
+            f"--to {str(args.to)!r} is RUN_DIR itself; pass another run to connect it to",
+        )
+        from .files import require_writable
+
+        require_writable(path, opt.weights)  # before any point is computed
         run_a = load_run(path, device, opt.weights)
         summary = connect(run_a, load_run(args.to, device, opt.weights), opt)
         say(_pair_line(run_a.path, summary))

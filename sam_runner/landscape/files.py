@@ -18,6 +18,25 @@ COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")  # the values at 
 SUMMARY = "landscape.json"
 
 
+def require_writable(run_dir: Path, weights: str = "last") -> None:
+    """The run's landscape folder can be written: checked before any point is computed."""
+    import os
+
+    from ..errors import UserError
+
+    target = Path(run_dir) / FOLDERS.get(weights, FOLDER)
+    probe = target / f".write_probe{os.getpid()}"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(
+            f"{target} cannot be written ({e.strerror or e}); sam-landscape writes its files "
+            "there: make the run folder writable, or measure a writable copy of it"
+        ) from None
+
+
 def clean(obj):
     """JSON-safe: non-finite floats as null, numpy scalars and tuples as plain values."""
     if isinstance(obj, dict):

@@ -156,7 +156,17 @@ def slice_2d(run, ev: Evaluator, opt, dirs, infos) -> dict:
 
 
 def run_slices(run, opt) -> dict:
-    """The slices ``opt.slices`` asks for, then landscape.json; returns what it now holds."""
+    """The slices ``opt.slices`` asks for, then landscape.json; returns what it now holds.
+    One sam-landscape at a time per run (its lock); a second one is refused in one line."""
+    from ..lock import job_lock
+    from .files import require_writable
+
+    require_writable(run.path, run.weights)
+    with job_lock(run.path, "landscape", "fail", "sam-landscape"):
+        return _run_slices(run, opt)
+
+
+def _run_slices(run, opt) -> dict:
     ev = make_evaluator(run, opt)
     fresh = {**run.describe(), **ev.sizes, "options": opt.slice_options()}
     # one set of directions: the 1-D slice runs along the 2-D plane's first axis

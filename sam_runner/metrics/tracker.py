@@ -127,6 +127,13 @@ def validate(cfg) -> None:
             entry.config, _options(cfg, entry.config), {"enabled": "bool", **entry.schema}
         )
     integer("metrics.ece_bins", cfg.get("ece_bins", 15), "an integer >= 1", lambda n: n >= 1)
+    sharp = cfg.get("sharpness") or {}
+    integer(  # its first samples measure the sharpness measures: none would be no batch at all
+        "metrics.sharpness.num_samples",
+        sharp.get("num_samples", 1024),
+        "an integer >= 1",
+        lambda n: n >= 1,
+    )
 
 
 class CurvatureTracker:

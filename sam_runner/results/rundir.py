@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import UserError, require
 from ..registry import VARIANTS
-from ..runfiles import CHECKPOINT, Checkpoint, read_json, read_rows
+from ..runfiles import CHECKPOINT, Checkpoint, json_problem, read_json, read_rows
 
 AVERAGED = Path("checkpoints") / "averaged.pt"
 WEIGHTS = ("last", "averaged")
@@ -112,6 +112,20 @@ class RunDir:
     def status(self) -> str:
         s = (self.summary or {}).get("status")
         return s if s in STATUSES else "missing"
+
+    @property
+    def missing_reason(self) -> str:
+        """Why the run has no readable summary: corrupt, still training (who holds its lock),
+        or neither (running elsewhere, or killed)."""
+        from ..lock import held_by
+
+        problem = json_problem(self.path / "summary.json")
+        if problem not in (None, "missing"):
+            return f"summary.json is {problem}"
+        holder = held_by(self.path, "train")
+        if holder:
+            return f"no summary.json: being trained by {holder}"
+        return "no summary.json: running, or killed"
 
     @cached_property
     def overrides(self) -> list[str]:

@@ -154,7 +154,7 @@ def load_job(path: Path, metrics, name: str = "", source: str = "") -> Job:
     summary = run.summary
     if run.status == "missing":
         epoch = max((r.get("epoch", 0) for r in run.rows()), default=0)
-        job.detail = f"no summary.json: running, or killed (last logged epoch {epoch})"
+        job.detail = f"{run.missing_reason} (last logged epoch {epoch})"
         return job
     job.status = run.status
     if job.status != "completed":

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from typing_extensions import override
 
 from ..errors import UserError
+from ..lock import held_by
 from ..runfiles import read_json
 from .plan import (
     DEFAULT_EXCLUDE,
@@ -60,13 +61,17 @@ def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
         # None: the job left nothing to read its overrides from, which is not "no overrides"
         label = varying or ("overrides unknown" if overrides is None else "defaults")
         status = summary.get("status") or ("missing" if not d.exists() else "incomplete")
+        holder = held_by(d, "train") if status == "incomplete" else None
+        if holder:  # another process (an identical sweep) is training it: not a failure here
+            status, summary = "running", {**summary, "error": f"trained by {holder}"}
         acc = summary.get("test_acc")
         acc = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
         line = f"#{num:<3} {status:<10} test_acc={acc:<7} {varying or f'({label})'}"
         if summary.get("error"):
             line += f"  [{summary['error']}]"
         lines.append(line)
-        if status not in ("completed", "diverged"):  # a divergence is a result, not a failure
+        # a divergence is a result, and a job another process trains is not ours to count
+        if status not in ("completed", "diverged", "running"):
             failed.append(f"#{num} ({status}: {label})")
     return lines, failed
 

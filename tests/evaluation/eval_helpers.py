@@ -79,7 +79,9 @@ def fingerprint(folder: Path) -> dict:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != "eval.json" and ".sam-eval" not in p.parts
+        if p.is_file()
+        and p.name not in ("eval.json", ".eval.lock")  # the lock: sam-eval's own, while it measures
+        and ".sam-eval" not in p.parts
     }
 
 

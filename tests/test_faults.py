@@ -1,0 +1,126 @@
+"""Nothing lost, nothing doubled, nothing silent: the job lock, corrupt run files, and bad
+inputs that used to end in a traceback or pass in silence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, TINY, compose, run_cli
+
+from sam_runner.errors import UserError
+from sam_runner.lock import JobLocked, held_by, job_lock
+from sam_runner.results.rundir import RunDir
+from sam_runner.train import train
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------- the job lock
+def test_a_held_job_lock_says_who_holds_it_and_skips_or_fails(tmp_path, capsys):
+    with job_lock(tmp_path, "train") as held:
+        assert held and held_by(tmp_path, "train") == f"pid {os.getpid()} on {os.uname()[1]}"
+        with job_lock(tmp_path, "train", "skip") as second:
+            assert second is False
+        err = capsys.readouterr().err
+        assert err == (
+            f"sam-run: {tmp_path} is being worked on by pid {os.getpid()} on {os.uname()[1]} "
+            "(train lock .train.lock): skipped\n"
+        )
+        with pytest.raises(JobLocked, match="being worked on by pid"):
+            with job_lock(tmp_path, "train", "fail"):
+                pass
+    assert held_by(tmp_path, "train") is None  # released with its holder: nothing stale
+
+
+def test_a_lock_dies_with_its_process(tmp_path):
+    """SIGKILL of the holder releases it: the OS closes the file."""
+    code = (
+        "import os, signal, sys; from sam_runner.lock import job_lock\n"
+        f"with job_lock({str(tmp_path)!r}, 'train'):\n"
+        "    print('held', flush=True); os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert proc.stdout == "held\n" and proc.returncode == -9
+    assert (tmp_path / ".train.lock").exists() and held_by(tmp_path, "train") is None
+
+
+@pytest.mark.slow
+def test_two_identical_sweeps_started_together_share_the_work(tmp_path):
+    sweep = tmp_path / "sweep"
+    argv = [
+        sys.executable, "-m", "sam_runner.cli", "-m", "seed=0,1,2,3", "model=mlp",
+        "dataset.num_samples=600", "metrics.hessian.enabled=false", "trainer.epochs=2",
+        "trainer.device=cpu", "trainer.progress=lines", f"hydra.sweep.dir={sweep}",
+    ]  # fmt: skip
+    procs = [
+        subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1].decode()[-2000:] for o in outs]
+    for job in "0123":
+        lines = rows(sweep / job)
+        assert [(r["epoch"], r["step"]) for r in lines if "test_acc" in r] == [
+            (1, lines[0]["step"]),
+            (2, 2 * lines[0]["step"]),
+        ], job  # every evaluation line exactly once
+        assert json.loads((sweep / job / "summary.json").read_text())["status"] == "completed"
+    err = b"".join(o[1] for o in outs).decode()
+    # each job's two epochs were trained once, by one of the two processes
+    assert err.count("epoch 2/2") == 4, err
+
+
+# ---------------------------------------------------------------------------- corrupt files
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    return run_dir, train(compose(*TINY), run_dir, ["x=1"])
+
+
+def test_a_corrupt_summary_is_named_and_rebuilt_from_the_checkpoint(finished, capsys):
+    run_dir, summary = finished
+    lines_before = (run_dir / "metrics.jsonl").read_text()
+    (run_dir / "summary.json").write_text('{"status": "compl')  # cut by a full disk, say
+    assert RunDir(run_dir).missing_reason.startswith("summary.json is corrupt (not JSON")
+    rebuilt = train(compose(*TINY), run_dir, ["x=1"])
+    assert "summary.json is corrupt (not JSON" in capsys.readouterr().err
+    for key in ("status", "test_acc", "test_ece", "test_nll", "lambda_max", "epochs", "step"):
+        assert rebuilt[key] == summary[key] and rebuilt[key] is not None, key
+    assert json.loads((run_dir / "summary.json").read_text())["test_acc"] == summary["test_acc"]
+    assert (run_dir / "metrics.jsonl").read_text() == lines_before  # nothing trained again
+
+
+def test_a_corrupt_summary_without_a_checkpoint_fails_with_that_reason(tmp_path):
+    (tmp_path / "summary.json").write_text("")
+    with pytest.raises(UserError, match="summary.json is corrupt \\(empty\\) and there is no "):
+        train(compose(*TINY), tmp_path, [])
+    assert "corrupt" in RunDir(tmp_path).missing_reason
+
+
+# ---------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.progress=fancy"], "trainer.progress='fancy' is unknown; choose auto, bar"),
+        (["trainer.on_locked=maybe"], "trainer.on_locked='maybe' is unknown; choose skip, wait"),
+        (
+            ["metrics=full", "metrics.sharpness.num_samples=0"],
+            "metrics.sharpness.num_samples=0 must be an integer >= 1",
+        ),
+        (["seed=99999999999999999999"], "seed=99999999999999999999 must be an integer in [0, "),
+        (["seed=-1"], "seed=-1 must be an integer in [0, 4294967295]"),
+        (["+foo=1"], "foo is not a key"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_before_anything_runs(overrides, message, tmp_path, capsys):
+    code, _, err = run_cli([*overrides, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert code == 2 and err.startswith(f"sam-run: error: {message}") and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
