@@ -1,11 +1,11 @@
-"""Weight averaging (``trainer.weight_averaging=<name>``): ``none``, ``swa`` (Izmailov et al.
-2018) and ``ema``, on ``torch.optim.swa_utils``.
+"""Weight averaging (``trainer.weight_averaging=<name>``): ``none``, ``swa`` (Izmailov et al. 2018)
+and ``ema``, on ``torch.optim.swa_utils``.
 
-``swa``: from the first step of epoch ``trainer.swa_start`` the learning rate follows
-``SWALR`` (cosine-annealed to ``trainer.swa_lr`` over ``trainer.swa_anneal_epochs``, then
-constant) instead of the run's scheduler, or with ``trainer.swa_lr=[high, low]`` the cyclic
-rate of the paper, one cycle an epoch (``CyclicSWASchedule``); the weights at the end of each
-epoch from then on join an equal average. ``ema``: after every optimizer step, avg ← d·avg + (1 − d)·w with
+``swa``: from the first step of epoch ``trainer.swa_start`` the learning rate follows ``SWALR``
+(cosine-annealed to ``trainer.swa_lr`` over ``trainer.swa_anneal_epochs``, then constant)
+instead of the run's scheduler, or with ``trainer.swa_lr=[high, low]`` the cyclic rate of the
+paper, one cycle an epoch (``CyclicSWASchedule``); the weights at the end of each epoch from
+then on join an equal average. ``ema``: after every optimizer step, avg ← d·avg + (1 − d)·w with
 d = ``trainer.ema_decay`` (the first step copies w). Only parameters are averaged; before each
 evaluation the averaged weights' BatchNorm statistics are recomputed (``update_bn``) on the
 un-augmented training set, and the averaged weights are evaluated on the test set
