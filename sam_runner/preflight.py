@@ -136,6 +136,9 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
     from .validate import validate_config, warnings
 
     notes, job, bound = {}, args.overrides, None
+    twice = given_twice(args.overrides)
+    if twice:
+        return twice, []
     try:
         for job, bound in jobs_of(args):
             cfg = compose(job)
@@ -144,7 +147,7 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
                 return message, []
             validate_config(cfg)
             objective.validate(cfg)
-            notes.update(dict.fromkeys(warnings(cfg)))
+            notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
     except OverrideParseException as e:
         return (
             f"{e.override} is not a valid override ({first_line(e.message)}); see "
@@ -157,6 +160,35 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
     except UserError as e:
         return _bound(bound, str(e)), []
     return None, list(notes)
+
+
+def given_twice(overrides: list[str]) -> str | None:
+    """A key given twice (``-m seed=0,1 seed=2,3``): Hydra keeps the last and the folder is named
+    after both, so the message of the first such key, else None."""
+    seen: dict[str, str] = {}
+    for o in overrides:
+        key = override_key(o)
+        if key in seen and not o.startswith("~"):
+            return (
+                f"{key} is given twice ({seen[key]} and {o}); give it once (a sweep lists its "
+                f"values in one override: {key}=a,b,c)"
+            )
+        seen[key] = o
+    return None
+
+
+def ignored_options(job: list[str], cfg) -> list[str]:
+    """A notice for each ``optimizer.<option>`` a job sets that its variant ignores (``optimizer=
+    base optimizer.rho=0.5``: nothing is perturbed), as a sweep leaves them out of its jobs."""
+    from .registry import VARIANTS
+
+    name = str(cfg.optimizer.name)
+    ignored = VARIANTS.entry(name).ignored_options if name in VARIANTS else ()
+    return [
+        f"optimizer={name} ignores {o} (nothing is perturbed): the run trains as without it"
+        for o in job
+        if override_key(o).startswith("optimizer.") and override_key(o).split(".", 1)[1] in ignored
+    ]
 
 
 def _bound(bound: str | None, message: str) -> str:

@@ -80,6 +80,12 @@ def warnings(cfg) -> list[str]:
             f"scheduler.warmup_epochs={warmup:g} >= trainer.epochs={t.epochs}: the learning "
             "rate never leaves its warmup"
         )
+    late = [m for m in cfg.scheduler.get("milestones", None) or [] if m >= t.epochs]
+    if late and cfg.scheduler.name == "multistep" and not t.get("steps"):
+        out.append(
+            f"scheduler.milestones {', '.join(f'{m:g}' for m in late)} are at or beyond "
+            f"trainer.epochs={t.epochs}: the learning rate is never multiplied by gamma there"
+        )
     devices = int(t.get("devices", 1))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if device == "cpu" and devices > (cores or 1):

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import UserError, require
 from ..runfiles import atomic_write_bytes, finite
+from .rundir import RunDir
 from .runs_table import _job_name, counts_line
 from .sections import ordered
 from .sweep import BOUND_STATS, STATUSES, Report, build_report
@@ -179,16 +180,49 @@ def build(args) -> Report:
         "a report of several folders or of a database needs --out FOLDER (where to write it)",
     )
     if args.db is None:
-        return build_report(args.folders, args.metric, args.ignore)
+        return check_asked(build_report(args.folders, args.metric, args.ignore), args)
     from .index import selected_runs
     from .sweep import build_from_dirs
 
     runs = selected_runs(args.db, args.where)
     sources = list(dict.fromkeys(source for _, source in runs))
     jobs = [(Path(d), _name(Path(d), Path(s)), s) for d, s in runs]
-    return build_from_dirs(
-        [Path(s) for s in sources], [Path(d) for d, _ in runs], args.metric, args.ignore, jobs
+    return check_asked(
+        build_from_dirs(
+            [Path(s) for s in sources], [Path(d) for d, _ in runs], args.metric, args.ignore, jobs
+        ),
+        args,
     )
+
+
+def check_asked(report: Report, args) -> Report:
+    """The report, unless a ``--metric`` no job logged or an ``--ignore`` no job overrides was
+    asked for (a typo that would leave a blank column or pool nothing): a one-line error naming
+    the nearest key, else the keys there are."""
+    from ..settings import override_key
+
+    overridden = {"seed"} | {override_key(o) for j in report.jobs for o in j.overrides}
+    for key in args.ignore:
+        what = "an override key of any job"
+        require(key in overridden, _unknown("--ignore", key, overridden, what))
+    asked = [m for m in args.metric if all(j.metrics.get(m) is None for j in report.jobs)]
+    if asked:
+        logged = set()
+        for j in report.completed():
+            run = RunDir(j.path)
+            logged |= set(run.summary or {}) | {k for r in run.rows() for k in r}
+        for key in asked:
+            what = "a summary.json or metrics.jsonl key of any completed job"
+            require(key in logged, _unknown("--metric", key, logged, what))
+    return report
+
+
+def _unknown(option: str, key: str, keys: set, what: str) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(key, sorted(keys), n=1)
+    hint = f"did you mean {near[0]}?" if near else "choose one of " + ", ".join(sorted(keys))
+    return f"{option} {key} is not {what}; {hint}"
 
 
 def _name(run_dir: Path, source: Path) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -38,6 +39,11 @@ def lines_main(argv=None) -> None:
     args = ap.parse_args(argv)
     try:
         if args.report:
+            if not Path(args.report).is_dir():
+                raise UserError(
+                    f"--report {args.report}: no such folder; pass the sweep folder the jobs "
+                    "write into (the SWEEP_DIR given to scripts/slurm_array.sbatch)"
+                )
             print_report(*report(args.report, args.jobs), prog=PROG)
             return
         fixed = fixed_config(args.overrides)

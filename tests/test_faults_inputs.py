@@ -1,0 +1,86 @@
+"""Bad inputs that used to pass in silence (#28, item 5): a key given twice, an option the
+variant ignores, a report column or pooling key that does not exist, a sweep folder that does
+not exist, milestones past the last epoch."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY, compose, run_cli
+
+from sam_runner.preflight import check_jobs
+from sam_runner.results import report
+from sam_runner.sweep.hydra_api import args_parser
+from sam_runner.sweep.lines import lines_main
+from sam_runner.train import train
+from sam_runner.validate import warnings
+
+
+def test_a_key_given_twice_is_one_line_naming_it(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    code, _, err = run_cli(["-m", "seed=0,1", "seed=2,3", f"hydra.sweep.dir={sweep}"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("sam-run: error: seed is given twice (seed=0,1 and seed=2,3)")
+    assert not sweep.exists()
+
+
+def test_a_single_run_says_its_variant_ignores_rho():
+    args = args_parser().parse_args(["optimizer=base", "optimizer.rho=0.5"])
+    message, notes = check_jobs(args)
+    assert message is None
+    assert "optimizer=base ignores optimizer.rho=0.5 (nothing is perturbed)" in " ".join(notes)
+    _, notes = check_jobs(args_parser().parse_args(["optimizer=sam", "optimizer.rho=0.5"]))
+    assert not any("ignores" in n for n in notes)
+
+
+def test_milestones_past_the_last_epoch_are_a_notice():
+    cfg = compose("scheduler=multistep", "scheduler.milestones=[1,5,9]", "trainer.epochs=5")
+    notes = [n for n in warnings(cfg) if "milestones" in n]
+    assert notes == [
+        "scheduler.milestones 5, 9 are at or beyond trainer.epochs=5: the learning rate is "
+        "never multiplied by gamma there"
+    ]
+    assert not any("milestones" in n for n in warnings(compose("scheduler=multistep",
+        "scheduler.milestones=[1,2]", "trainer.epochs=5")))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    train(compose(*TINY, "seed=3"), run_dir, ["seed=3"])
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--metric", "test_acx"], "--metric test_acx is not a summary.json or metrics.jsonl "
+         "key of any completed job; did you mean test_acc?"),
+        (["--metric", "nonexistent"], "--metric nonexistent is not a summary.json or "
+         "metrics.jsonl key of any completed job; choose one of "),
+        (["--ignore", "nosuchkey"], "--ignore nosuchkey is not an override key of any job; "
+         "choose one of seed"),
+        (["--ignore", "sede"], "--ignore sede is not an override key of any job; did you mean "
+         "seed?"),
+    ],
+)  # fmt: skip
+def test_report_keys_that_no_job_has_are_one_line(run_folder, option, message, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert report.main([str(run_folder), *option, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sam-report: error: {message}") and err.count("\n") == 1
+    assert not out.exists()  # nothing written
+
+
+def test_report_keys_that_exist_are_tabulated(run_folder, tmp_path):
+    out = tmp_path / "report"
+    assert report.main([str(run_folder), "--metric", "train_loss", "--ignore", "seed",
+                        "--out", str(out)]) == 0  # fmt: skip
+    assert "train_loss_mean" in (out / "report.csv").read_text()
+
+
+def test_sweep_lines_report_of_a_missing_folder_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        lines_main(["--report", str(tmp_path / "nope")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"sam-sweep-lines: error: --report {tmp_path / 'nope'}: no such folder")
