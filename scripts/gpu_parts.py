@@ -224,7 +224,8 @@ class Stepper:
 
     def step(self):
         r = self.run
-        micro = [self._batch()]
+        x, y, idx = self._batch()
+        micro = [(x, y, y, idx)]  # Run.forward_backward's (inputs, targets, labels, indices)
         loss = r.optimizer.step(functools.partial(r.forward_backward, micro, {"correct": 0}))
         r.scheduler.step()
         r.scaler.update()
