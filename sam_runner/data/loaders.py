@@ -129,8 +129,16 @@ class Indexed(torch.utils.data.Dataset):
 
 
 class FolderLoader:
-    def __init__(self, ds, batch_size, shuffle, seed, workers, drop_last, rank=0, world=1):
+    """Batches ``(x, y, idx)`` of an image folder through a DataLoader with workers (pinned
+    memory on CUDA, persistent workers, 4 batches prefetched per worker), moved to ``device``.
+    ``labels``: the examples' labels (a sampler's per-example weights index them, as
+    TensorLoader's ``y``)."""
+
+    def __init__(
+        self, ds, batch_size, shuffle, seed, workers, drop_last, rank=0, world=1, labels=None
+    ):
         self.ds, self.shuffle, self.seed, self.epoch, self.rank = ds, shuffle, seed, 0, rank
+        self.world, self.labels = world, labels
         self.sampler = None
         if world > 1 and drop_last:
             self.sampler = torch.utils.data.DistributedSampler(
@@ -144,9 +152,16 @@ class FolderLoader:
             drop_last=drop_last,
             persistent_workers=workers > 0,
             pin_memory=torch.cuda.is_available(),
+            prefetch_factor=4 if workers > 0 else None,
         )
-        self.loader = None
-        self.weights = None
+        self.weights = None  # per-example sampling weights (a sampler such as sgs sets them)
+        self.device = None  # batches are moved there (build_data sets the training device)
+
+    @property
+    def y(self):
+        """The examples' labels, on the loader's device."""
+        dev = self.device if self.device is not None else "cpu"
+        return self.labels.to(dev)
 
     def set_epoch(self, epoch):
         self.epoch = epoch
@@ -154,7 +169,15 @@ class FolderLoader:
             self.sampler.set_epoch(epoch)
 
     def _make(self):
+        """A DataLoader of this epoch, made afresh: its order and its workers' augmentation seeds
+        depend on (seed, epoch) alone, so a resumed or repeated epoch draws the same batches."""
         g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        if self.weights is not None:
+            # a sampler's weights (sgs): indices drawn with replacement as TensorLoader draws them
+            n = len(self.ds)
+            order = torch.multinomial(self.weights.cpu(), n, replacement=True, generator=g)
+            order = order[self.rank :: max(1, self.world)].tolist()
+            return torch.utils.data.DataLoader(self.ds, sampler=order, generator=g, **self.kw)
         if self.sampler is not None:
             # the generator seeds the workers' augmentation: one per process, else every process
             # draws the same crops (and from the global RNG, which a resume does not restore per
@@ -166,7 +189,13 @@ class FolderLoader:
         return torch.utils.data.DataLoader(self.ds, shuffle=self.shuffle, generator=g, **self.kw)
 
     def __len__(self):
-        return len(self._make())
+        return len(self._make())  # a DataLoader starts its workers when iterated, not here
 
     def __iter__(self):
-        return iter(self._make())
+        dev = self.device
+        move = dev is not None and dev.type != "cpu"
+        for x, y, idx in self._make():
+            if move:
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                idx = idx.to(dev, non_blocking=True)
+            yield x, y, idx
