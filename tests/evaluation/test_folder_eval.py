@@ -4,6 +4,7 @@ and the pair (real training on PNG/JPEG trees the test writes)."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import shutil
@@ -26,6 +27,7 @@ MEASURE = ["metrics.hessian.num_samples=64", "metrics.hessian.max_iter=30"]
 @functools.lru_cache(maxsize=None)
 def session() -> Path:
     root = Path(tempfile.mkdtemp(prefix="sam-folder-"))
+    atexit.register(shutil.rmtree, root, True)
     write_tree(root / "tree")
     return root
 
@@ -110,15 +112,16 @@ def test_landscape_slices_and_the_pair_on_folder_runs(tmp_path):
     quiet = ["--progress", "none", "--device", "cpu"]
     assert main([str(a), "--points", "5", "--grid", "3", *quiet]) == 0
     s = json.loads((a / "landscape" / "landscape.json").read_text())
-    assert s["train_samples"] == 64 if "train_samples" in s else True
+    # the run's measurement subset and its whole test set (3 classes x 10 images)
+    assert (s["train_samples"], s["test_samples"]) == (64, 30)
     argv = [str(a), "--to", str(b), "--alphas", "3", "--bn", "recompute", "--bn-samples", "48"]
     assert main([*argv, *quiet]) == 0
     pair = json.loads((a / "landscape" / b.name / "landscape.json").read_text())
-    assert pair  # written
+    assert (pair["train_samples"], pair["test_samples"]) == (64, 30)
 
 
 def test_bad_trees_stop_sam_run_before_anything_is_written(tmp_path):
-    root = write_tree(tmp_path / "t", per_class=2, val_per_class=1)
+    root = write_tree(tmp_path / "t", per_class=8, val_per_class=1)
     (root / "train" / "ant" / "0.png").write_bytes(b"broken")
     run = tmp_path / "run"
     proc = subprocess.run(
