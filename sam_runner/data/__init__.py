@@ -35,6 +35,7 @@ class Data:
     train_plain: object = None  # the training set in order, un-augmented (BatchNorm statistics)
     val: object = None  # batches of the validation split (dataset.val_split), None without one
     folder_subset: object = None  # image folders: decodes the measurement subset (folder.py)
+    test_images: object = None  # image folders: test batches as uint8 (corruptions apply to them)
     device: object = None  # where the measurement subset goes (folders; tensors already are)
     cache_dir: object = None  # where a decoded measurement subset is kept (<run>/cache)
     cache_write: bool = True  # False: read a cached subset, never write one (sam-eval)
@@ -113,7 +114,7 @@ def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
     if not entry.tensors:  # a source that makes its own loaders (image folders)
         data = entry.target(cfg, seed, rank, world)
         data.device = device
-        for loader in (data.train, data.test, data.train_plain, data.val):
+        for loader in (data.train, data.test, data.train_plain, data.val, data.test_images):
             if loader is not None:
                 loader.device = device
         return data

@@ -222,6 +222,7 @@ def image_folder(cfg, seed, rank, world):
     if len(held):  # training images held out, with the test transform (no augmentation)
         held = torch.utils.data.Subset(folder("train", test_tf), held.tolist())
         val = loader(held, False, False)
+    images = loader(folder("val", raw_tf), False, False)  # 8-bit: what corruptions take
     subset = FolderSubset(_with_samples(folder("train", raw_tf), train), y, size, workers)
     return Data(
         tl,
@@ -235,6 +236,7 @@ def image_folder(cfg, seed, rank, world):
         prepare=Normalize(*IMAGENET_STATS),
         clean_train_labels=labels[keep],
         folder_subset=subset,
+        test_images=images,
     )
 
 
