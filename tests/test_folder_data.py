@@ -151,3 +151,18 @@ def test_sgs_samples_folder_indices_by_its_weights(tree):
     assert torch.equal(drawn, expect[: len(drawn)])
     labels = data.train.y[drawn]
     assert (labels == 2).sum() < (labels == 0).sum()
+
+
+def test_full_batch_is_refused_with_what_to_use_instead(tree):
+    with pytest.raises(UserError, match=r"batch_size=full .* metrics.hessian.every_n_steps"):
+        build_data(cfg(root=str(tree), batch_size="full"), CPU, seed=0)
+
+
+def test_folder_batches_do_not_depend_on_the_worker_count(tree):
+    batches = []
+    for workers in (0, 2):
+        data = build_data(cfg(root=str(tree), num_workers=workers), CPU, seed=0)
+        data.train.set_epoch(3)
+        batches.append([(x, idx) for x, _, idx in data.train])
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*batches))
+    assert len(batches[0]) == 7  # 120 images in batches of 16, the last incomplete one dropped
