@@ -129,7 +129,9 @@ class Indexed(torch.utils.data.Dataset):
     def __getitem__(self, i):
         if isinstance(i, tuple):
             i, seed = i
-            torch.manual_seed(seed)
+            # the CPU generator the transforms draw from (torch.manual_seed would also queue a
+            # CUDA seeding, with a stack trace, per example)
+            torch.default_generator.manual_seed(seed)
         x, y = self.ds[i]
         return x, y, i
 
