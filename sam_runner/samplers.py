@@ -12,7 +12,7 @@ import torch
 from typing_extensions import override
 
 from .errors import number, require
-from .registry import DATASETS, SAMPLERS
+from .registry import SAMPLERS
 
 
 class UniformSampler:
@@ -220,12 +220,12 @@ def sgs_options(cfg) -> dict:
     "sgs", "sharpness-guided equilibrium sampling for long tails (SGS-SAM)", check=sgs_options
 )
 def sgs(cfg, data) -> SGSSampler:
-    from .data import TensorLoader
-
+    # every loader of data/ samples by index: TensorLoader and FolderLoader both take per-example
+    # weights and know their labels (y)
     require(
-        isinstance(data.train, TensorLoader),
-        "dataset.sampler=sgs needs an in-memory dataset "
-        f"({', '.join(DATASETS.names_where(tensors=True))}), not dataset={cfg.name}",
+        hasattr(data.train, "weights") and hasattr(data.train, "y"),
+        f"dataset.sampler=sgs needs a loader that samples by index (per-example weights), not "
+        f"{type(data.train).__name__} of dataset={cfg.name}",
     )
     return SGSSampler(data.num_classes, loader=data.train, **sgs_options(cfg))
 

@@ -320,6 +320,7 @@ class Run:
         self.data = data = build_data(
             cfg.dataset, device, cfg.seed, self.dist.rank, self.dist.world
         )
+        data.cache_dir, data.cache_write = self.run_dir / "cache", self.dist.is_main  # folders
         torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
         self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
         self.init_from = load_initial_weights(cfg.model, model)  # given weights, if any

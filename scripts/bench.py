@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 SECTIONS = ["core", "optim", "metrics", "scale", "results", "eos", "landscape", "eval", "augment"]
+SECTIONS.append("folder")  # image-folder loading and the measurement subset (bench_folder.py)
 
 
 def main(argv=None):

@@ -15,6 +15,7 @@ from ..errors import integer, number
 from ..registry import DATASETS
 from .augment import tensor_policy
 from .augment import validate as validate_augment
+from .folder import subset_indices
 from .labels import batch_size, training_labels, validation_split
 from .loaders import Normalize, TensorLoader
 
@@ -33,13 +34,29 @@ class Data:
     clean_train_labels: torch.Tensor | None = None  # before label noise (train_tensors' are after)
     train_plain: object = None  # the training set in order, un-augmented (BatchNorm statistics)
     val: object = None  # batches of the validation split (dataset.val_split), None without one
+    folder_subset: object = None  # image folders: decodes the measurement subset (folder.py)
+    test_images: object = None  # image folders: test batches as uint8 (corruptions apply to them)
+    device: object = None  # where the measurement subset goes (folders; tensors already are)
+    cache_dir: object = None  # where a decoded measurement subset is kept (<run>/cache)
+    cache_write: bool = True  # False: read a cached subset, never write one (sam-eval)
+
+    @property
+    def measurable(self) -> bool:
+        """Whether a measurement subset can be drawn (every dataset source of this package)."""
+        return self.train_tensors is not None or self.folder_subset is not None
 
     def train_subset(self, n: int, seed: int):
-        """A fixed, seeded subset of the training set as model-ready tensors (for curvature);
-        with a full batch, the whole training set, in order (the loss that the steps descend)."""
+        """The measurement subset: a fixed, seeded subset of the training set
+        (``folder.subset_indices``), without augmentation, as model-ready tensors (for
+        curvature, the sharpness measures, the landscape); with a full batch, the whole
+        training set, in order (the loss that the steps descend). Image folders decode it once
+        into uint8 (kept in ``cache_dir``) and normalise it here."""
+        if self.train_tensors is None:
+            x, y = self.folder_subset(n, seed, self.cache_dir, self.cache_write)
+            x, y = x.to(self.device), y.to(self.device)
+            return self.prepare(x, None), y
         x, y = self.train_tensors
-        g = torch.Generator().manual_seed(seed + 104729)
-        idx = torch.randperm(len(y), generator=g)[: min(n, len(y))].to(y.device)
+        idx = subset_indices(len(y), n, seed).to(y.device)
         if self.full_batch:
             idx = torch.arange(len(y), device=y.device)
         xs = x[idx]
@@ -95,7 +112,12 @@ def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
     validate(cfg)
     entry = DATASETS.entry(cfg.name)
     if not entry.tensors:  # a source that makes its own loaders (image folders)
-        return entry.target(cfg, seed, rank, world)
+        data = entry.target(cfg, seed, rank, world)
+        data.device = device
+        for loader in (data.train, data.test, data.train_plain, data.val, data.test_images):
+            if loader is not None:
+                loader.device = device
+        return data
     return tensor_data(entry.target(cfg), cfg, device, seed, rank, world)
 
 

@@ -21,6 +21,7 @@ A corruption is ``fn(x, parameter, generator) -> x``; every random draw comes fr
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
@@ -138,19 +139,23 @@ def gaussian_blur(x, c, _g):
 
 
 def disk_kernel(radius: float, alias_blur: float) -> torch.Tensor:
-    """The defocus kernel: the indicator of the disk x² + y² ≤ radius² on the grid −8..8,
-    normalised to sum 1, then smoothed by a 3×3 Gaussian of standard deviation ``alias_blur``
-    (its weights exp(−t²/2σ²) on t = −1, 0, 1, normalised); the all-zero border is trimmed
-    (it contributes nothing). Computed in float32, as the published kernel was."""
-    t = torch.arange(-8, 9, dtype=torch.float32)
+    """The defocus kernel: the indicator of the disk x² + y² ≤ radius² on the grid −8..8
+    (−L..L, L = ⌈radius⌉, for a radius over 8: ImageNet-C's largest), normalised to sum 1, then
+    smoothed by a 3×3 Gaussian (5×5 for a radius over 8, as ImageNet-C's code) of standard
+    deviation ``alias_blur`` (its weights exp(−t²/2σ²) on t = −1, 0, 1, normalised); the
+    all-zero border is trimmed (it contributes nothing). Computed in float32, as the published
+    kernel was."""
+    half = max(8, math.ceil(radius))
+    t = torch.arange(-half, half + 1, dtype=torch.float32)
     disk = ((t[:, None] ** 2 + t[None, :] ** 2) <= radius**2).to(torch.float32)
     disk /= disk.sum()
-    w = torch.exp(-0.5 * torch.tensor([-1.0, 0.0, 1.0]) ** 2 / alias_blur**2)
+    a = 1 if radius <= 8 else 2
+    w = torch.exp(-0.5 * torch.arange(-a, a + 1, dtype=torch.float32) ** 2 / alias_blur**2)
     w = (w / w.sum()).to(torch.float32)
-    smooth = F.conv2d(disk[None, None], (w[:, None] * w[None, :])[None, None], padding=1)[0, 0]
+    smooth = F.conv2d(disk[None, None], (w[:, None] * w[None, :])[None, None], padding=a)[0, 0]
     keep = smooth.abs().sum(0).nonzero().flatten()
-    r = int(max(8 - int(keep.min()), int(keep.max()) - 8))
-    return smooth[8 - r : 9 + r, 8 - r : 9 + r]
+    r = int(max(half - int(keep.min()), int(keep.max()) - half))
+    return smooth[half - r : half + 1 + r, half - r : half + 1 + r]
 
 
 @CORRUPTIONS.register(
@@ -311,20 +316,42 @@ def generator(device, seed: int, name: str, severity: int, rank: int = 0) -> tor
     return g
 
 
-def corrupt(name: str, x, severity: int, g):
-    """``x`` corrupted: images in [0, 1] come back clipped to [0, 1]; signals as they are."""
+# ImageNet-C's parameters of the corruptions whose form depends on the image size (pixel
+# lengths, for 224² images); image folders scale them by image_size / 224 (folder_parameter)
+IMAGENET_C = {
+    "gaussian_blur": (1.0, 2.0, 3.0, 4.0, 6.0),
+    "defocus_blur": ((3.0, 0.1), (4.0, 0.5), (6.0, 0.5), (8.0, 0.5), (10.0, 0.5)),
+}
+
+
+def folder_parameter(name: str, severity: int, image_size: int):
+    """The parameter of ``name`` on image-folder images of ``image_size``: for the
+    size-dependent corruptions of images over 64², ImageNet-C's pixel lengths scaled by
+    image_size / 224 (the blur σ, the defocus radius; its anti-alias σ as published); for
+    images of 64² or less, the registry's (CIFAR-10-C's, made for 32²: ImageNet-C's scaled down
+    that far blur less than CIFAR-10-C's, its severity 1 not at all); for the per-pixel ones
+    (noise, brightness, contrast, saturate: no length in them), the registry's."""
+    if name not in IMAGENET_C or image_size <= 64:
+        return parameter(name, severity)
+    c, scale = IMAGENET_C[name][severity - 1], image_size / 224
+    return (c[0] * scale, c[1]) if isinstance(c, tuple) else c * scale
+
+
+def corrupt(name: str, x, severity: int, g, value=None):
+    """``x`` corrupted (at ``value`` when given, else the severity's registered parameter):
+    images in [0, 1] come back clipped to [0, 1]; signals as they are."""
     entry = CORRUPTIONS.entry(name)
-    out = entry.target(x, parameter(name, severity), g)
+    out = entry.target(x, parameter(name, severity) if value is None else value, g)
     return out.clamp(0.0, 1.0) if entry.inputs == "image" else out
 
 
-def corrupt_images(name: str, images_uint8, severity: int, g):
+def corrupt_images(name: str, images_uint8, severity: int, g, value=None):
     """8-bit images corrupted and stored in 8 bits again by truncation (⌊255·x⌋ of the clipped
     result), as the published CIFAR-10-C arrays were stored. In float64, as the published code
     computes (NumPy on x/255.): in float32 a value that lands on an 8-bit level in float64 can
     land just below it and be truncated one level lower."""
     x = images_uint8.double() / 255.0
-    return torch.floor(corrupt(name, x, severity, g) * 255.0).to(torch.uint8)
+    return torch.floor(corrupt(name, x, severity, g, value) * 255.0).to(torch.uint8)
 
 
 def names_for(inputs: str) -> list[str]:

@@ -115,7 +115,10 @@ def random_crop_flip(x, pad, g, batch=None):
 
 
 class Indexed(torch.utils.data.Dataset):
-    """Wraps an ImageFolder so batches carry example indices like TensorLoader's."""
+    """Wraps an ImageFolder so batches carry example indices like TensorLoader's. An index may
+    come with a seed, ``(i, seed)``: the worker's torch generator is seeded with it before the
+    transform, so an example's augmentation depends on (seed, epoch, rank, position) alone, not
+    on which worker loads it or on the epochs before (persistent workers, resumed runs)."""
 
     def __init__(self, ds):
         self.ds = ds
@@ -124,13 +127,56 @@ class Indexed(torch.utils.data.Dataset):
         return len(self.ds)
 
     def __getitem__(self, i):
+        if isinstance(i, tuple):
+            i, seed = i
+            # the CPU generator the transforms draw from (torch.manual_seed would also queue a
+            # CUDA seeding, with a stack trace, per example)
+            torch.default_generator.manual_seed(seed)
         x, y = self.ds[i]
         return x, y, i
 
 
+class EpochOrder(torch.utils.data.Sampler):
+    """The examples of a FolderLoader's current epoch, in order, each with its seed: shuffled by
+    ``torch.Generator(seed * 100003 + epoch)`` (a sampler's weights: drawn with replacement, as
+    TensorLoader draws them), or in order; under data parallelism the process's share."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def order(self) -> list:
+        f = self.loader
+        g = torch.Generator().manual_seed(f.seed * 100003 + f.epoch)
+        n = len(f.ds)
+        if f.weights is not None:
+            idx = torch.multinomial(f.weights.cpu(), n, replacement=True, generator=g)
+            return idx[f.rank :: f.world].tolist()
+        if f.sampler is not None:  # DistributedSampler (training) or the process's indices
+            return list(f.sampler)
+        return (torch.randperm(n, generator=g) if f.shuffle else torch.arange(n)).tolist()
+
+    def __len__(self):
+        return len(self.order())
+
+    def __iter__(self):
+        f = self.loader
+        base = ((f.seed * 100003 + f.epoch) * 1_000_003 + f.rank + 1) * 1_000_033
+        # modulo 2**63: any seed in [0, 2**32) stays a valid generator seed
+        return iter([(i, (base + k) % 2**63) for k, i in enumerate(self.order())])
+
+
 class FolderLoader:
-    def __init__(self, ds, batch_size, shuffle, seed, workers, drop_last, rank=0, world=1):
+    """Batches ``(x, y, idx)`` of an image folder through one DataLoader with workers, kept
+    across epochs (persistent workers, 4 batches prefetched per worker, pinned memory on CUDA),
+    moved to ``device``. The epoch's order and augmentation seeds come from ``EpochOrder``.
+    ``labels``: the examples' labels (a sampler's per-example weights index them, as
+    TensorLoader's ``y``)."""
+
+    def __init__(
+        self, ds, batch_size, shuffle, seed, workers, drop_last, rank=0, world=1, labels=None
+    ):
         self.ds, self.shuffle, self.seed, self.epoch, self.rank = ds, shuffle, seed, 0, rank
+        self.world, self.labels = world, labels
         self.sampler = None
         if world > 1 and drop_last:
             self.sampler = torch.utils.data.DistributedSampler(
@@ -138,35 +184,41 @@ class FolderLoader:
             )
         elif world > 1:  # evaluation: every example exactly once over the processes (no padding)
             self.sampler = list(range(rank, len(ds), world))
+        self.batch_size, self.drop_last = batch_size // world, drop_last
         self.kw = dict(
-            batch_size=batch_size // world,
+            batch_size=self.batch_size,
             num_workers=workers,
             drop_last=drop_last,
             persistent_workers=workers > 0,
             pin_memory=torch.cuda.is_available(),
+            prefetch_factor=4 if workers > 0 else None,
         )
-        self.loader = None
-        self.weights = None
+        self.weights = None  # per-example sampling weights (a sampler such as sgs sets them)
+        self.device = None  # batches are moved there (build_data sets the training device)
+        self._loader = None
+
+    @property
+    def y(self):
+        """The examples' labels, on the loader's device."""
+        dev = self.device if self.device is not None else "cpu"
+        return self.labels.to(dev)
 
     def set_epoch(self, epoch):
         self.epoch = epoch
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
-    def _make(self):
-        g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
-        if self.sampler is not None:
-            # the generator seeds the workers' augmentation: one per process, else every process
-            # draws the same crops (and from the global RNG, which a resume does not restore per
-            # process)
-            g.manual_seed(((self.seed * 100003 + self.epoch) * 1_000_003 + self.rank + 1) % 2**63)
-            return torch.utils.data.DataLoader(
-                self.ds, sampler=self.sampler, generator=g, **self.kw
-            )
-        return torch.utils.data.DataLoader(self.ds, shuffle=self.shuffle, generator=g, **self.kw)
-
     def __len__(self):
-        return len(self._make())
+        n = len(EpochOrder(self))
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self):
-        return iter(self._make())
+        if self._loader is None:  # one DataLoader: its persistent workers serve every epoch
+            self._loader = torch.utils.data.DataLoader(self.ds, sampler=EpochOrder(self), **self.kw)
+        dev = self.device
+        move = dev is not None and dev.type != "cpu"
+        for x, y, idx in self._loader:
+            if move:
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                idx = idx.to(dev, non_blocking=True)
+            yield x, y, idx

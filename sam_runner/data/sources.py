@@ -164,37 +164,45 @@ def _extract_local_archive(cls, root: Path) -> None:
         extract_archive(str(tarball), str(root))
 
 
-@DATASETS.register(
-    "image_folder",
-    "any <root>/train, <root>/val class-folder tree, through a DataLoader",
-    tensors=False,
-    input_shape=None,
-    num_classes=None,
-)
-def image_folder(cfg, seed, rank, world):
-    from torchvision import datasets
-    from torchvision import transforms as T
+def _folder_keys(cfg) -> None:
+    """The tree is checked before anything runs: the splits, class folders with images."""
+    from .folder import check_tree
 
     root = cfg.get("root")
     require(
         root not in (None, "???"),
         "dataset=image_folder needs dataset.root=<folder with train/ and val/>",
     )
-    root = Path(str(root))
-    for split in ("train", "val"):
-        require(
-            (root / split).is_dir(),
-            f"dataset.root={root}: missing folder {root / split} (expected "
-            "<root>/train/<class>/*.jpg and <root>/val/<class>/*.jpg)",
-        )
-    size = int(cfg.get("image_size", 224))
-    norm = T.Normalize(*IMAGENET_STATS)
-    train_tf = folder_transform(cfg.get("augment", True), size, *IMAGENET_STATS)
-    test_tf = T.Compose([T.Resize(int(size * 8 / 7)), T.CenterCrop(size), T.ToTensor(), norm])
-    train, test = (
-        datasets.ImageFolder(root / "train", train_tf),
-        datasets.ImageFolder(root / "val", test_tf),
+    check_tree(Path(str(root)))
+    require(
+        cfg.batch_size != "full",
+        "dataset.batch_size=full needs an in-memory dataset, not dataset=image_folder; give a "
+        "number (curvature is still measured on the metrics.hessian.num_samples subset; for the "
+        "edge of stability on folders, measure every metrics.hessian.every_n_steps steps)",
     )
+
+
+@DATASETS.register(
+    "image_folder",
+    "any <root>/train, <root>/val class-folder tree, through a DataLoader",
+    check=_folder_keys,
+    tensors=False,
+    input_shape=None,
+    num_classes=None,
+)
+def image_folder(cfg, seed, rank, world):
+    from torchvision import datasets
+
+    from .folder import FolderSubset, read_image
+    from .loaders import Normalize
+
+    _folder_keys(cfg)
+    root = Path(str(cfg.root))
+    size = int(cfg.get("image_size", 224))
+    train_tf = folder_transform(cfg.get("augment", True), size, *IMAGENET_STATS)
+    test_tf, raw_tf = folder_eval_transforms(size)
+    folder = lambda split, tf: datasets.ImageFolder(root / split, tf, loader=read_image)
+    train, test = folder("train", train_tf), folder("val", test_tf)
     c, labels = len(train.classes), torch.as_tensor(train.targets)
     pool, held = validation_split(labels, c, cfg.get("val_split", 0), seed)
     keep, targets, counts = training_labels(cfg, labels, c, seed, world, pool)
@@ -202,21 +210,48 @@ def image_folder(cfg, seed, rank, world):
         (train.samples[i][0], int(t)) for i, t in zip(keep.tolist(), targets)
     ]
     train.targets = targets.tolist()
-    n = len(train)
-    workers = int(cfg.get("num_workers", 4))
-    require(
-        cfg.batch_size != "full",
-        "dataset.batch_size=full needs an in-memory dataset, not "
-        "dataset=image_folder; give a number",
+    n, workers = len(train), int(cfg.get("num_workers", 4))
+    loader = lambda ds, shuffle, drop, **kw: FolderLoader(
+        Indexed(ds), cfg.batch_size, shuffle, seed, workers, drop, rank, world, **kw
     )
-    tl = FolderLoader(Indexed(train), cfg.batch_size, True, seed, workers, True, rank, world)
-    vl = FolderLoader(Indexed(test), cfg.batch_size, False, seed, workers, False, rank, world)
-    plain = datasets.ImageFolder(root / "train", test_tf)  # un-augmented, for BatchNorm statistics
-    plain.samples = plain.imgs = train.samples
-    plain.targets = train.targets
-    pl = FolderLoader(Indexed(plain), cfg.batch_size, False, seed, workers, False, rank, world)
+    y = torch.as_tensor(train.targets)
+    tl, vl = loader(train, True, True, labels=y), loader(test, False, False)
+    plain = _with_samples(folder("train", test_tf), train)  # un-augmented: BatchNorm, sam-eval
+    pl = loader(plain, False, False, labels=y)
     val = None
     if len(held):  # training images held out, with the test transform (no augmentation)
-        held = torch.utils.data.Subset(datasets.ImageFolder(root / "train", test_tf), held.tolist())
-        val = FolderLoader(Indexed(held), cfg.batch_size, False, seed, workers, False, rank, world)
-    return Data(tl, vl, c, (3, size, size), n, class_counts=counts, train_plain=pl, val=val)
+        held = torch.utils.data.Subset(folder("train", test_tf), held.tolist())
+        val = loader(held, False, False)
+    images = loader(folder("val", raw_tf), False, False)  # 8-bit: what corruptions take
+    subset = FolderSubset(_with_samples(folder("train", raw_tf), train), y, size, workers)
+    return Data(
+        tl,
+        vl,
+        c,
+        (3, size, size),
+        n,
+        class_counts=counts,
+        train_plain=pl,
+        val=val,
+        prepare=Normalize(*IMAGENET_STATS),
+        clean_train_labels=labels[keep],
+        folder_subset=subset,
+        test_images=images,
+    )
+
+
+def folder_eval_transforms(size: int):
+    """The evaluation transforms of an image folder: normalised floats (the test set), and the
+    same pixels as uint8 (the measurement subset, normalised per use: the same numbers)."""
+    from torchvision import transforms as T
+
+    head = [T.Resize(int(size * 8 / 7)), T.CenterCrop(size)]
+    test_tf = T.Compose([*head, T.ToTensor(), T.Normalize(*IMAGENET_STATS)])
+    return test_tf, T.Compose([*head, T.PILToTensor()])
+
+
+def _with_samples(ds, like):
+    """``ds`` over the samples (and labels) of ``like``: the training set the run kept."""
+    ds.samples = ds.imgs = like.samples
+    ds.targets = like.targets
+    return ds

@@ -111,9 +111,12 @@ def set_values(model, data, metrics, dataset_cfg) -> dict:
 
     dist, plain = distributed.current(), contextlib.nullcontext()
     ce = nn.CrossEntropyLoss(reduction="none")
-    x, y = data.train_tensors
-    loader = TensorLoader(x, y, 512, shuffle=False, transform=data.prepare)
-    logits, labels = predict(model, loader, plain, dist)
+    if data.train_tensors is not None:
+        x, y = data.train_tensors
+        loader = TensorLoader(x, y, 512, shuffle=False, transform=data.prepare)
+    else:  # an image folder: streamed through its DataLoader, in order, without augmentation
+        loader = data.train_plain
+    logits, labels = predict(model, with_bar(loader, "sam-eval train"), plain, dist)
     out = {
         "train_loss": float(ce(logits, labels).mean()),
         "train_acc": float((logits.argmax(1) == labels).float().mean()),
@@ -122,12 +125,27 @@ def set_values(model, data, metrics, dataset_cfg) -> dict:
         clean = data.clean_train_labels
         out["train_loss_clean"] = float(ce(logits, clean).mean())
         out["train_acc_clean"] = float((logits.argmax(1) == clean).float().mean())
-    test = evaluate(model, data.test, ce, plain, dist, metrics, data.class_counts)
+    test = evaluate(
+        model, with_bar(data.test, "sam-eval test"), ce, plain, dist, metrics, data.class_counts
+    )
     test.pop("reliability", None)
     out.update(test)
     out["gen_gap"] = out["train_acc"] - out["test_acc"]
     out["gen_gap_loss"] = out["test_loss"] - out["train_loss"]
     return out
+
+
+def with_bar(loader, desc: str):
+    """The loader's batches with a progress bar on stderr (shown when it is a terminal)."""
+    from ..landscape.evaluate import progress_bar
+
+    bar = progress_bar(len(loader), desc, "auto")
+    try:
+        for batch in loader:
+            yield batch
+            bar.update(1)
+    finally:
+        bar.close()
 
 
 def curvature_values(model, data, metrics, seed: int, loss: str = "cross_entropy") -> dict:

@@ -57,6 +57,8 @@ def kind_of(dataset_name: str) -> str | None:
         return "1d"
     if entry.tensors and shape is not None and len(shape) == 3 and shape[0] == 3:
         return "image"
+    if not entry.tensors:  # image folders: RGB images, decoded in 8 bits
+        return "image"
     return None
 
 
@@ -72,7 +74,7 @@ def severities(metrics_cfg) -> list[int]:
 def validate(metrics_cfg, dataset_cfg=None) -> None:
     """One-line errors for ``metrics.corruptions`` (and, given the dataset, whether it applies)."""
     c = _section(metrics_cfg)
-    keys = ("enabled", "names", "severities", "source")
+    keys = ("enabled", "names", "severities", "source", "folder")
     unknown = sorted(set(c) - set(keys))
     require(
         not unknown,
@@ -110,7 +112,7 @@ def _check_dataset(metrics_cfg, dataset_cfg) -> None:
     kind = kind_of(dataset_cfg.name)
     require(
         kind is not None,
-        f"metrics.corruptions applies to MNIST-1D and to CIFAR-10/100 images, not "
+        f"metrics.corruptions applies to MNIST-1D, CIFAR-10/100 and image folders, not "
         f"dataset={dataset_cfg.name}; set metrics.corruptions.enabled=false",
     )
     for name in selected(metrics_cfg, kind):
@@ -119,7 +121,9 @@ def _check_dataset(metrics_cfg, dataset_cfg) -> None:
             f"metrics.corruptions.names: {name} is not a corruption of dataset="
             f"{dataset_cfg.name}'s inputs; choose among {', '.join(C.names_for(kind))}",
         )
-    if _section(metrics_cfg).get("source", "auto") == "files":
+    if not DATASETS.entry(dataset_cfg.name).tensors:
+        _check_tree(_section(metrics_cfg))
+    elif _section(metrics_cfg).get("source", "auto") == "files":
         folder = _folder(dataset_cfg)
         require(
             folder is not None and (folder / "labels.npy").exists(),
@@ -127,6 +131,21 @@ def _check_dataset(metrics_cfg, dataset_cfg) -> None:
             f"labels.npy under dataset.data_dir={dataset_cfg.get('data_dir')}; put the published "
             "arrays there, or use source=auto",
         )
+
+
+def _check_tree(section: dict) -> None:
+    """An image folder's corruptions: ``folder`` (an ImageNet-C tree) for source=files."""
+    folder = section.get("folder")
+    require(
+        folder is not None or section.get("source", "auto") != "files",
+        "metrics.corruptions.source=files on dataset=image_folder needs "
+        "metrics.corruptions.folder=<ImageNet-C tree: <corruption>/<severity>/<class>/*>",
+    )
+    require(
+        folder is None or Path(str(folder)).is_dir(),
+        f"metrics.corruptions.folder={folder} is not a folder (expected an ImageNet-C tree "
+        "<corruption>/<severity>/<class>/*)",
+    )
 
 
 def _folder(dataset_cfg) -> Path | None:
@@ -171,6 +190,10 @@ class _Corrupting:
 def corrupted_loader(data, metrics_cfg, dataset_cfg, seed: int, name: str, severity: int):
     """The test set under one corruption at one severity: the published arrays when the source
     allows and they are there, else generated batch by batch."""
+    if data.train_tensors is None:  # an image folder
+        from .folder_corruptions import folder_loader
+
+        return folder_loader(data, _section(metrics_cfg), dataset_cfg, seed, name, severity)
     test = data.test
     source = _section(metrics_cfg).get("source", "auto")
     folder = _folder(dataset_cfg)
@@ -193,7 +216,12 @@ def corruption_values(model, data, metrics_cfg, dataset_cfg, seed, autocast=None
     n_bins = int(metrics_cfg.get("ece_bins", 15))
     kind = kind_of(dataset_cfg.name)
     out, accs, eces, sources = {}, [], [], set()
-    for name in selected(metrics_cfg, kind):
+    names = selected(metrics_cfg, kind)
+    if data.train_tensors is None:
+        from .folder_corruptions import folder_names
+
+        names = folder_names(_section(metrics_cfg), names)
+    for name in names:
         per = []
         for severity in severities(metrics_cfg):
             loader, source = corrupted_loader(data, metrics_cfg, dataset_cfg, seed, name, severity)

@@ -21,8 +21,9 @@ dynamics of dynamics.py (``eos_ratio`` and ``eos_threshold`` for an SGD base opt
 sets the step, so not SAM-SPS; ``sam_edge``, ``sam_edge_ratio`` and ``grad_norm`` for
 ``optimizer=sam`` with plain SGD; ``grad_topk_overlap`` when asked for), and the keys of every
 enabled measure of measures.py. Rows logged from within an epoch also carry ``step_loss``
-(train.py). Curvature needs a tensor dataset (``data.train_tensors``); for image folders it
-is skipped and summary.json says so.
+(train.py). Every dataset is measured alike (``Data.train_subset``): an image folder's subset
+is decoded once, when the tracker is made (so an unreadable image or a subset that does not fit
+stops the run before it trains), and kept in the run folder's cache.
 """
 
 from __future__ import annotations
@@ -157,10 +158,13 @@ class CurvatureTracker:
             seed,
         )
         self.clock = clock if clock is not None else Clock()
-        self.tensor_data = data.train_tensors is not None
+        # a dataset this package can draw a measurement subset from (every one of data/)
+        self.tensor_data = getattr(data, "measurable", data.train_tensors is not None)
         self.enabled = bool(self.h.get("enabled", True)) and self.tensor_data
         self.vector = None
         self._subset = None
+        if self.enabled and data.train_tensors is None:  # decode now: bad files fail up front
+            self._subset = data.train_subset(int(self.h.get("num_samples", 4096)), seed)
         self.history = {"lambda_max": [], "armijo_alpha": []}
         self.density = None
         self._last = None  # (step, keys) of the last measurement: one per step, whoever asks
@@ -298,7 +302,7 @@ class CurvatureTracker:
 
     def summary_extras(self) -> dict:
         if not self.tensor_data:
-            return {"hessian_skipped": "curvature metrics need a tensor dataset (not image_folder)"}
+            return {"hessian_skipped": "curvature metrics need a dataset with a measurement subset"}
         if not self.enabled:
             return {}
         out = {

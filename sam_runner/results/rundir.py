@@ -261,11 +261,8 @@ class RunDir:
             require_same_config(saved, result_config(cfg), f"checkpoint {CHECKPOINT}", self.path)
         torch.manual_seed(int(cfg.seed))  # as the run built its data
         data = build_data(cfg.dataset, device, int(cfg.seed))
-        require(
-            data.train_tensors is not None,
-            f"dataset={cfg.dataset.name} (run {self.path}) is read from folders in batches; "
-            f"{purpose} needs an in-memory dataset (mnist1d, digits, cifar10, cifar100)",
-        )
+        # an image folder's measurement subset as training decoded it (read, never written)
+        data.cache_dir, data.cache_write = self.path / "cache", False
         torch.manual_seed(int(cfg.seed))
         model = build_model(without_download(cfg.model), data.input_shape, data.num_classes)
         try:

@@ -230,7 +230,7 @@ def test_sgs_config_errors():
         build_sampler(_Cfg(name="mnist1d", sampler="sgs", sgs={"alpha": -1.0}), data)
     with pytest.raises(UserError, match="dataset.sgs.lam='x' must be a number"):
         build_sampler(_Cfg(name="mnist1d", sampler="sgs", sgs={"lam": "x"}), data)
-    with pytest.raises(UserError, match="in-memory"):
+    with pytest.raises(UserError, match="samples by index"):
         build_sampler(
             _Cfg(name="image_folder", sampler="sgs"),
             type("D", (), {"train": object(), "num_classes": 2})(),
