@@ -20,10 +20,10 @@ from typing_extensions import override
 from ..errors import UserError
 from ..runfiles import read_json
 from .plan import (
-    DEFAULT_EXCLUDE,
     check_folder,
     check_job,
     check_run_folder,
+    exclude_keys,
     expand,
     expected_jobs,
     job_dirs,
@@ -142,5 +142,4 @@ class SweepCallback(Callback):
 
 
 def _exclude(config) -> tuple:
-    keys = OmegaConf.select(config, "hydra.job.config.override_dirname.exclude_keys")
-    return tuple(str(k) for k in keys) if keys is not None else DEFAULT_EXCLUDE
+    return exclude_keys(config)
