@@ -5,20 +5,24 @@ commands meet a study's worth of completed jobs without training them."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import yaml
 
 
-def copy_jobs(job_dir, sweep_dir, n: int, multirun_yaml=None) -> Path:
+def copy_jobs(job_dir, sweep_dir, n: int, multirun_yaml=None, checkpoints=False) -> Path:
     """``sweep_dir`` holding jobs 0..n-1, each a copy of ``job_dir`` with ``seed=<number>``
-    (checkpoints left out: a completed job is recognised without them)."""
+    (times kept; checkpoints hard-linked when asked, else left out: a completed job is
+    recognised without them, a measured one is fresh only beside them)."""
     job_dir, sweep_dir = Path(job_dir), Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     for num in range(n):
         dst = sweep_dir / str(num)
         shutil.copytree(job_dir, dst, ignore=shutil.ignore_patterns("checkpoints"))
+        if checkpoints and (job_dir / "checkpoints").is_dir():
+            shutil.copytree(job_dir / "checkpoints", dst / "checkpoints", copy_function=os.link)
         _reseed(dst, num)
     if multirun_yaml is not None:
         shutil.copy(multirun_yaml, sweep_dir / "multirun.yaml")

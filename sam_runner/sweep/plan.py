@@ -10,6 +10,7 @@ runs, not what it computes); a job that left no folder at all is ``missing``.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -137,8 +138,13 @@ def job_dirs(sweep_dir) -> list[Path]:
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         return []
-    marks = [*sweep_dir.rglob(".hydra"), *sweep_dir.rglob("summary.json")]
-    dirs = {p.parent for p in marks if p.parent != sweep_dir}
+    dirs = set()
+    # one walk (os.walk's scandir), not two rglob passes: a thousand job folders in a blink
+    for parent, names, files in os.walk(sweep_dir, followlinks=True):  # as rglob did
+        if ".hydra" in names or "summary.json" in files:
+            dirs.add(Path(parent))
+        names[:] = [n for n in names if n != ".hydra"]
+    dirs.discard(sweep_dir)
     return sorted(
         dirs, key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts]
     )
