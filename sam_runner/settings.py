@@ -16,6 +16,7 @@ RUN_ONLY_KEYS = (
     "hydra",
     "trainer.device",
     "trainer.progress",
+    "trainer.threads",  # how many CPU threads, not what a run computes
     "trainer.compile",
     "trainer.channels_last",
     "logger",

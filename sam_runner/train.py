@@ -271,6 +271,8 @@ class Run:
         cfg, t = self.cfg, self.cfg.trainer
         validate(cfg)
         self.device = device = self.dist.device or distributed.resolve_device(t.device)
+        if device.type == "cpu":  # the allowed CPUs shared by the processes (trainer.threads)
+            distributed.set_cpu_threads(self.dist.world, t.get("threads"), say=self.dist.is_main)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         require(
             _writable(self.run_dir),
