@@ -42,6 +42,8 @@ def preflight(argv: list[str]) -> list[str]:
     args = args_parser().parse_args(argv)
     if os.environ.get("HYDRA_FULL_ERROR") == "1" or _not_a_run(args):
         return argv
+    if not args.multirun:
+        say_if_completed(args)
     message, notes = check_jobs(args)
     if message:
         fail(message)
@@ -89,9 +91,35 @@ def jobs_of(args) -> list[tuple[list[str], str | None]]:
     jobs = expand(args.overrides, sweeper_params(fixed))
     done = completed_jobs(sweep_folder(args), jobs, exclude_keys(fixed))
     if done:  # their configs are not composed again; one stands for them all (see below)
-        require_same_result(min(done), jobs, done, sweep_folder(args))
+        first = min(done)
+        require_same_result(sweep_folder(args) / str(first), jobs[first], done[first])
     left = [j for num, j in enumerate(jobs) if num not in done]
     return [(list(j), None) for j in {tuple(j): j for j in left}.values()]
+
+
+def say_if_completed(args) -> None:
+    """A run whose folder holds it completed (the same job, the same config): its closing line
+    again, and exit 0, composed once and before Hydra or torch load (what ``train()`` does for
+    it, at a fraction of the start-up). Anything else goes the usual way."""
+    from .runfiles import read_json
+    from .sweep.plan import same_job
+
+    given = [o.split("=", 1)[1] for o in args.overrides if override_key(o) == "hydra.run.dir"]
+    run_dir = Path(given[-1] if given else default_folder(args))
+    done = read_json(run_dir / "summary.json")
+    if not done or done.get("status") != "completed" or done.get("overrides") is None:
+        return
+    if not same_job(done["overrides"], args.overrides):
+        return  # the callback refuses the folder, or the run takes it over
+    from .errors import RunFolderConflict
+    from .progress import print_final
+
+    try:
+        require_same_result(run_dir, args.overrides, done)
+    except RunFolderConflict as e:
+        fail(str(e))
+    print_final(done, run_dir, already=True)
+    sys.exit(0)
 
 
 def sweep_folder(args) -> Path:
@@ -100,18 +128,17 @@ def sweep_folder(args) -> Path:
     return Path(given[-1] if given else default_folder(args))
 
 
-def require_same_result(num: int, jobs, done, sweep_dir) -> None:
-    """RunFolderConflict when the first completed job's recorded config is not what its
-    overrides compose to now (a default changed since it ran): the check a completed run makes
-    when run again, made once for the sweep instead of once per finished job."""
+def require_same_result(run_dir: Path, overrides, summary: dict) -> None:
+    """RunFolderConflict when a completed run's recorded config is not what its overrides
+    compose to now (a default changed since it ran): the check ``train()`` makes of a completed
+    run; in a sweep, made on its first completed job instead of once per finished job."""
     from .settings import require_same_config, result_config
     from .sweep.plan import compose
 
-    run_dir = Path(sweep_dir) / str(num)
-    cfg = compose(jobs[num])
+    cfg = compose([o for o in overrides if not override_key(o).startswith("hydra")])
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # what train() is given
     require_same_config(
-        done[num].get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir
+        summary.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir
     )
 
 

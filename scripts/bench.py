@@ -16,7 +16,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-SECTIONS = ["core", "optim", "metrics", "scale", "results", "eos", "landscape", "eval", "augment"]
+SECTIONS = [
+    "core",
+    "optim",
+    "metrics",
+    "scale",
+    "results",
+    "eos",
+    "landscape",
+    "eval",
+    "augment",
+    "costs",
+]
 
 
 def main(argv=None):
