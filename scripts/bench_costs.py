@@ -21,7 +21,10 @@ from pathlib import Path
 
 from fake_sweep import copy_jobs
 
-BIN = Path(sys.executable).parent
+# the commands as modules of this interpreter (PYTHONPATH=<another checkout> times that one)
+SAM_RUN = [sys.executable, "-m", "sam_runner.cli"]
+SAM_EVAL = [sys.executable, "-m", "sam_runner.evaluation.cli"]
+SAM_REPORT = [sys.executable, "-m", "sam_runner.results.report"]
 JOB = [
     "trainer.epochs=1",
     "dataset.num_samples=500",
@@ -50,17 +53,17 @@ def run(args) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench_costs_"))
     try:
         real = root / "real"
-        _run(BIN / "sam-run", "-m", *JOB, "seed=0", f"hydra.sweep.dir={real}")
-        _run(BIN / "sam-eval", str(real))
+        _run(*SAM_RUN, "-m", *JOB, "seed=0", f"hydra.sweep.dir={real}")
+        _run(*SAM_EVAL, str(real))
         done = copy_jobs(real / "0", root / "s300", 300, real / "multirun.yaml")
-        resume = [BIN / "sam-run", "-m", *JOB, "seed=range(300)", f"hydra.sweep.dir={done}"]
+        resume = [*SAM_RUN, "-m", *JOB, "seed=range(300)", f"hydra.sweep.dir={done}"]
         measured = copy_jobs(real / "0", root / "e1000", 1000, real / "multirun.yaml", True)
         out = root / "report"
         return {
             "costs.resume_done_sweep_s_per_job": _wall(resume, repeats) / 300,
-            "costs.eval_skip_s": _wall([BIN / "sam-eval", str(measured)], repeats),
+            "costs.eval_skip_s": _wall([*SAM_EVAL, str(measured)], repeats),
             "costs.report_s_per_job": _wall(
-                [BIN / "sam-report", str(measured), "--out", str(out)], repeats
+                [*SAM_REPORT, str(measured), "--out", str(out)], repeats
             )
             / 1000,
         }

@@ -110,6 +110,8 @@ def evaluate_folder(path: Path, overrides: list[str]) -> int:
     if todo:
         from .launch import run_jobs
 
+        if launcher(cfg) == "local" and int(cfg.eval.workers) == 1:
+            _threads(str(cfg.eval.device))  # a pool's workers share the CPUs by the same rule
         params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
         records = run_jobs(todo, plain(cfg), launcher(cfg), params)
     for job in todo:
@@ -119,6 +121,15 @@ def evaluate_folder(path: Path, overrides: list[str]) -> int:
         names = "; ".join(f"{j.name} ({records[j.name].get('error')})" for j in failed)
         return fail(f"{len(failed)} of {len(todo)} job(s) failed: {names}", 1)
     return 0
+
+
+def _threads(device: str) -> None:
+    """Measuring in this process on a CPU: torch's threads by the runner's rule (the allowed
+    CPUs), as training sets them."""
+    from .. import distributed
+
+    if distributed.resolve_device(device).type == "cpu":
+        distributed.set_cpu_threads(1, prog=PROG)
 
 
 def _header(path: Path, jobs) -> str:
