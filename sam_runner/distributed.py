@@ -303,25 +303,19 @@ def cpu_threads(world: int, threads=None) -> int:
     return int(threads) if threads is not None else max(1, allowed_cpus()[0] // world)
 
 
-_said_threads = False
-
-
-def set_cpu_threads(world: int, threads=None, prog: str = "sam-run", say: bool = True) -> int:
-    """torch's intra-op threads set by ``cpu_threads`` (one rule for training, a curvature
-    subset of one batch or many, and evaluation), said once per process on stderr."""
-    global _said_threads
+def set_cpu_threads(world: int, threads=None) -> int:
+    """torch's intra-op threads set by ``cpu_threads``: one rule for training, a curvature
+    subset of one batch or many, and evaluation; returns them."""
     n = cpu_threads(world, threads)
     torch.set_num_threads(n)
-    if say and not _said_threads:
-        cpus, source = allowed_cpus()
-        why = "trainer.threads" if threads is not None else f"{cpus} CPU(s) by {source}"
-        print(
-            f"{prog}: {n} CPU thread(s) per process ({why}, {world} process(es))",
-            file=sys.stderr,
-            flush=True,
-        )
-        _said_threads = True
     return n
+
+
+def threads_note(n: int, world: int, threads=None) -> str:
+    """The line that says the threads chosen, and why."""
+    cpus, source = allowed_cpus()
+    why = "trainer.threads" if threads is not None else f"{cpus} CPU(s) by {source}"
+    return f"{n} CPU thread(s) per process ({why}, {world} process(es))"
 
 
 def _die_with_parent(parent_alive) -> None:

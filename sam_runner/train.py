@@ -271,8 +271,9 @@ class Run:
         cfg, t = self.cfg, self.cfg.trainer
         validate(cfg)
         self.device = device = self.dist.device or distributed.resolve_device(t.device)
+        self.threads = None
         if device.type == "cpu":  # the allowed CPUs shared by the processes (trainer.threads)
-            distributed.set_cpu_threads(self.dist.world, t.get("threads"), say=self.dist.is_main)
+            self.threads = distributed.set_cpu_threads(self.dist.world, t.get("threads"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         require(
             _writable(self.run_dir),
@@ -325,6 +326,9 @@ class Run:
             self.steps_per_epoch,
             enabled=self.dist.is_main,
         )
+        if self.threads is not None:  # said once (rank 0), with the progress lines
+            note = distributed.threads_note(self.threads, self.dist.world, t.get("threads"))
+            self.progress.note(f"sam-run: {note}")
 
     def build_recipe(self, model, data) -> None:
         """MixUp/CutMix of the training batches, and the weight averaging (SWA also takes over

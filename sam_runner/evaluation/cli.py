@@ -129,7 +129,7 @@ def _threads(device: str) -> None:
     from .. import distributed
 
     if distributed.resolve_device(device).type == "cpu":
-        distributed.set_cpu_threads(1, prog=PROG)
+        distributed.set_cpu_threads(1)
 
 
 def _header(path: Path, jobs) -> str:
