@@ -102,6 +102,11 @@ def main() -> None:
         # Hydra refuses -m with --cfg; `sam-run -m experiment=X --cfg job` prints the preset's
         # config
         sys.argv[1:] = argv = [a for a in argv if a not in ("-m", "--multirun")]
+        print(
+            "sam-run: note: --cfg prints the config of the command's overrides, its sweeps as "
+            "written (a sweep's jobs are not composed one by one); -m is left out",
+            file=sys.stderr,
+        )
     sys.argv[1:] = argv = preflight(argv)
     try:
         _main()

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import UserError, one_line, require
+from .errors import UserError, integer, one_line, require
 
 
 @dataclass
@@ -268,14 +268,54 @@ def free_port() -> int:
 FORKSERVER_PRELOAD = ("torch", "sam_runner.train")
 
 
-def cpu_threads(world: int) -> int:
-    """Threads per process: this process's CPUs (its affinity: cgroups, SLURM) shared by
-    ``world``."""
+def allowed_cpus() -> tuple[int, str]:
+    """(the CPUs this process may use, where that number comes from): its affinity (cgroups,
+    taskset, SLURM's binding), no more than ``SLURM_CPUS_PER_TASK`` or ``OMP_NUM_THREADS``
+    where set (a
+    task allocated 4 CPUs of a 64-core node that does not bind them must not start 64
+    threads)."""
     try:
-        cpus = len(os.sched_getaffinity(0))
+        cpus, source = len(os.sched_getaffinity(0)), "CPU affinity"
     except (AttributeError, OSError):  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // world)
+        cpus, source = os.cpu_count() or 1, "CPU count"
+    # SLURM's allocation, and a user's own OMP_NUM_THREADS, cap it
+    for var in ("SLURM_CPUS_PER_TASK", "OMP_NUM_THREADS"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and 0 < int(value) < cpus:
+            cpus, source = int(value), var
+    return cpus, source
+
+
+def check_threads(threads) -> None:
+    """``trainer.threads``: null (the rule of ``cpu_threads``) or an integer >= 1."""
+    if threads is not None:
+        integer(
+            "trainer.threads",
+            threads,
+            "null (from the allowed CPUs) or an integer >= 1",
+            lambda n: n >= 1,
+        )
+
+
+def cpu_threads(world: int, threads=None) -> int:
+    """Threads per process: ``threads`` (``trainer.threads``) where set, else this process's
+    allowed CPUs shared by ``world`` processes (``trainer.devices``, ``eval.workers``)."""
+    return int(threads) if threads is not None else max(1, allowed_cpus()[0] // world)
+
+
+def set_cpu_threads(world: int, threads=None) -> int:
+    """torch's intra-op threads set by ``cpu_threads``: one rule for training, a curvature
+    subset of one batch or many, and evaluation; returns them."""
+    n = cpu_threads(world, threads)
+    torch.set_num_threads(n)
+    return n
+
+
+def threads_note(n: int, world: int, threads=None) -> str:
+    """The line that says the threads chosen, and why."""
+    cpus, source = allowed_cpus()
+    why = "trainer.threads" if threads is not None else f"{cpus} CPU(s) by {source}"
+    return f"{n} CPU thread(s) per process ({why}, {world} process(es))"
 
 
 def _die_with_parent(parent_alive) -> None:

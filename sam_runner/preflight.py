@@ -32,6 +32,8 @@ RUNNER_GROUPS = (
 _ABSENT = object()
 # the topmost folder this command created for its run or sweep folder (None: that existed)
 created: Path | None = None
+# whether this command's jobs were composed and checked here (the sweeper then does not again)
+checked = False
 
 
 def preflight(argv: list[str]) -> list[str]:
@@ -41,9 +43,13 @@ def preflight(argv: list[str]) -> list[str]:
     args = args_parser().parse_args(argv)
     if os.environ.get("HYDRA_FULL_ERROR") == "1" or _not_a_run(args):
         return argv
+    if not args.multirun:
+        say_if_completed(args)
     message, notes = check_jobs(args)
     if message:
         fail(message)
+    global checked
+    checked = True
     for note in notes:
         print(f"sam-run: warning: {note}", file=sys.stderr)
     argv = with_default_folder(argv, args)
@@ -78,13 +84,63 @@ def jobs_of(args) -> list[tuple[list[str], str | None]]:
     if not args.multirun:
         return [(args.overrides, None)]
     from .sweep import hydra_api
-    from .sweep.plan import expand, fixed_config, sweeper_params
+    from .sweep.plan import completed_jobs, exclude_keys, expand, fixed_config, sweeper_params
 
     fixed = fixed_config(args.overrides)
     if hydra_api.is_search(OmegaConf.select(fixed, "hydra.sweeper._target_", default="")):
         return search_jobs(args.overrides, fixed)
     jobs = expand(args.overrides, sweeper_params(fixed))
-    return [(list(j), None) for j in {tuple(j): j for j in jobs}.values()]
+    done = completed_jobs(sweep_folder(args), jobs, exclude_keys(fixed))
+    if done:  # their configs are not composed again; one stands for them all (see below)
+        first = min(done)
+        require_same_result(sweep_folder(args) / str(first), jobs[first], done[first])
+    left = [j for num, j in enumerate(jobs) if num not in done]
+    return [(list(j), None) for j in {tuple(j): j for j in left}.values()]
+
+
+def say_if_completed(args) -> None:
+    """A run whose folder holds it completed (the same job, the same config): its closing line
+    again, and exit 0, composed once and before Hydra or torch load (what ``train()`` does for
+    it, at a fraction of the start-up). Anything else goes the usual way."""
+    from .runfiles import read_json
+    from .sweep.plan import same_job
+
+    given = [o.split("=", 1)[1] for o in args.overrides if override_key(o) == "hydra.run.dir"]
+    run_dir = Path(given[-1] if given else default_folder(args))
+    done = read_json(run_dir / "summary.json")
+    if not done or done.get("status") != "completed" or done.get("overrides") is None:
+        return
+    if not same_job(done["overrides"], args.overrides):
+        return  # the callback refuses the folder, or the run takes it over
+    from .errors import RunFolderConflict
+    from .progress import print_final
+
+    try:
+        require_same_result(run_dir, args.overrides, done)
+    except RunFolderConflict as e:
+        fail(str(e))
+    print_final(done, run_dir, already=True)
+    sys.exit(0)
+
+
+def sweep_folder(args) -> Path:
+    """The sweep folder of a ``-m`` command: its ``hydra.sweep.dir``, else the default one."""
+    given = [o.split("=", 1)[1] for o in args.overrides if override_key(o) == "hydra.sweep.dir"]
+    return Path(given[-1] if given else default_folder(args))
+
+
+def require_same_result(run_dir: Path, overrides, summary: dict) -> None:
+    """RunFolderConflict when a completed run's recorded config is not what its overrides
+    compose to now (a default changed since it ran): the check ``train()`` makes of a completed
+    run; in a sweep, made on its first completed job instead of once per finished job."""
+    from .settings import require_same_config, result_config
+    from .sweep.plan import compose
+
+    cfg = compose([o for o in overrides if not override_key(o).startswith("hydra")])
+    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # what train() is given
+    require_same_config(
+        summary.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir
+    )
 
 
 def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None]]:
@@ -133,7 +189,6 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
 
     from .sweep import objective
     from .sweep.plan import compose
-    from .validate import validate_config, warnings
 
     notes, job, bound = {}, args.overrides, None
     twice = given_twice(args.overrides)
@@ -141,6 +196,8 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
         return twice, []
     try:
         for job, bound in jobs_of(args):
+            from .validate import validate_config, warnings  # imports torch: only for a job to run
+
             cfg = compose(job)
             message = _added_keys(job)
             if message:
@@ -280,12 +337,17 @@ def config_paths(tree: dict, prefix: str = "") -> list[str]:
 def with_default_folder(argv: list[str], args) -> list[str]:
     """``argv`` with ``hydra.run.dir`` (a run) or ``hydra.sweep.dir`` (a sweep) set to the folder
     the command's overrides name, unless it sets one: the same command lands in the same folder."""
-    from .sweep.plan import folder_name
-
-    key, root = ("hydra.sweep.dir", "multirun") if args.multirun else ("hydra.run.dir", "outputs")
+    key = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
     if args.help or args.hydra_help or any(override_key(o) == key for o in args.overrides):
         return argv
-    return [*argv, f"{key}={root}/{folder_name(args.overrides)}"]
+    return [*argv, f"{key}={default_folder(args)}"]
+
+
+def default_folder(args) -> str:
+    """The folder the command's overrides name: outputs/<name> (a run), multirun/<name>."""
+    from .sweep.plan import folder_name
+
+    return f"{'multirun' if args.multirun else 'outputs'}/{folder_name(args.overrides)}"
 
 
 def make_output_folder(argv: list[str], multirun: bool) -> None:

@@ -17,6 +17,7 @@ RUN_ONLY_KEYS = (
     "trainer.device",
     "trainer.progress",
     "trainer.on_locked",
+    "trainer.threads",  # how many CPU threads, not what a run computes
     "trainer.compile",
     "trainer.channels_last",
     "logger",

@@ -311,6 +311,7 @@ class Run:
         cfg, t = self.cfg, self.cfg.trainer
         validate(cfg)
         self.device = device = self.dist.device or distributed.resolve_device(t.device)
+        self.threads = self._cpu_threads(device)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         require(
             _writable(self.run_dir),
@@ -364,6 +365,17 @@ class Run:
             self.steps_per_epoch,
             enabled=self.dist.is_main,
         )
+        if self.threads is not None:  # said once (rank 0), with the progress lines
+            self.progress.note(f"sam-run: {self.threads}")
+
+    def _cpu_threads(self, device) -> str | None:
+        """On a CPU, torch's threads by the runner's rule (the allowed CPUs shared by the
+        processes, or trainer.threads); the line that says so."""
+        if device.type != "cpu":
+            return None
+        given = self.cfg.trainer.get("threads")
+        n = distributed.set_cpu_threads(self.dist.world, given)
+        return distributed.threads_note(n, self.dist.world, given)
 
     def build_recipe(self, model, data) -> None:
         """MixUp/CutMix of the training batches, and the weight averaging (SWA also takes over

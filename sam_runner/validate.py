@@ -37,6 +37,7 @@ def validate_config(cfg) -> None:
     validate_corruptions(cfg.metrics, cfg.dataset)
     build_logger(cfg.logger, ".", cfg)  # checks its keys; starts nothing
     distributed.check_devices(cfg.trainer.get("devices", 1), str(cfg.trainer.device))
+    distributed.check_threads(cfg.trainer.get("threads"))
     with torch.device("meta"):
         model = build_model(without_download(cfg.model), *_data_shape(cfg.dataset))
         build_optimizer(cfg, model, PLACEHOLDER_STEPS)

@@ -16,8 +16,19 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-SECTIONS = ["core", "optim", "metrics", "scale", "results", "eos", "landscape", "eval", "augment"]
-SECTIONS.append("folder")  # image-folder loading and the measurement subset (bench_folder.py)
+SECTIONS = [
+    "core",
+    "optim",
+    "metrics",
+    "scale",
+    "results",
+    "eos",
+    "landscape",
+    "eval",
+    "augment",
+    "costs",
+    "folder",
+]
 
 
 def main(argv=None):

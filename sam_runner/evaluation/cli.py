@@ -100,18 +100,25 @@ def evaluate_folder(path: Path, overrides: list[str]) -> int:
     """Plan, check, measure, report (see the module docstring for the exit status)."""
     from omegaconf import OmegaConf
 
-    from .launch import run_jobs
     from .plan import check_jobs, plan
-    from .settings import eval_settings, launcher, plain
+    from .settings import check_metrics, eval_settings, launcher, plain
 
     cfg, notes = _compose(overrides, path)
     jobs = plan(path, eval_settings(cfg), str(cfg.eval.weights))
-    check_jobs(jobs, cfg.metrics)
-    say_notes(notes)  # the input is good: now the notices of earlier spellings
     todo = [j for j in jobs if j.state == "measure"]
+    if todo:  # torch and the measuring code load only for a job to measure
+        check_metrics(cfg)
+        check_jobs(jobs, cfg.metrics)
+    say_notes(notes)  # the input is good: now the notices of earlier spellings
     print(_header(path, jobs), flush=True)
-    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-    records = run_jobs(todo, plain(cfg), launcher(cfg), params) if todo else {}
+    records = {}
+    if todo:
+        from .launch import run_jobs
+
+        if launcher(cfg) == "local" and int(cfg.eval.workers) == 1:
+            _threads(str(cfg.eval.device))  # a pool's workers share the CPUs by the same rule
+        params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+        records = run_jobs(todo, plain(cfg), launcher(cfg), params)
     for job in todo:
         print("  " + _line(job.name, records[job.name]), flush=True)
     failed = [j for j in todo if records[j.name].get("status") != "completed"]
@@ -119,6 +126,15 @@ def evaluate_folder(path: Path, overrides: list[str]) -> int:
         names = "; ".join(f"{j.name} ({records[j.name].get('error')})" for j in failed)
         return fail(f"{len(failed)} of {len(todo)} job(s) failed: {names}", 1)
     return 0
+
+
+def _threads(device: str) -> None:
+    """Measuring in this process on a CPU: torch's threads by the runner's rule (the allowed
+    CPUs), as training sets them."""
+    from .. import distributed
+
+    if distributed.resolve_device(device).type == "cpu":
+        distributed.set_cpu_threads(1)
 
 
 def _header(path: Path, jobs) -> str:

@@ -78,10 +78,7 @@ def _unknown_key(key: str, overrides: list[str], folder: list[str]) -> str:
 
 
 def check(cfg) -> None:
-    """Every eval key and every metrics key, as a run checks its own."""
-    from ..metrics.robustness import validate as validate_corruptions
-    from ..metrics.tracker import validate as validate_metrics
-
+    """Every eval key, as a run checks its own (the metrics keys: ``check_metrics``)."""
     e = cfg.eval
     integer("eval.workers", e.workers, "an integer >= 1", lambda w: w >= 1)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -99,13 +96,21 @@ def check(cfg) -> None:
     from ..results.rundir import check_weights
 
     check_weights(str(e.get("weights", "last")), "eval.weights")
-    validate_metrics(cfg.metrics)
-    validate_corruptions(cfg.metrics)
     check_cluster("slurm" if launcher(cfg) == "slurm" else None, "hydra/launcher=slurm")
     if e.device == "cuda":
         import torch
 
         require(torch.cuda.is_available(), "eval.device=cuda, but no CUDA device is visible")
+
+
+def check_metrics(cfg) -> None:
+    """Every metrics key, as a run checks its own. The checks import torch: made only when a
+    job is to be measured (a job already measured was measured with these same settings)."""
+    from ..metrics.robustness import validate as validate_corruptions
+    from ..metrics.tracker import validate as validate_metrics
+
+    validate_metrics(cfg.metrics)
+    validate_corruptions(cfg.metrics)
 
 
 def launcher(cfg) -> str:

@@ -21,10 +21,10 @@ from ..errors import UserError
 from ..lock import held_by
 from ..runfiles import read_json
 from .plan import (
-    DEFAULT_EXCLUDE,
     check_folder,
     check_job,
     check_run_folder,
+    exclude_keys,
     expand,
     expected_jobs,
     job_dirs,
@@ -147,5 +147,4 @@ class SweepCallback(Callback):
 
 
 def _exclude(config) -> tuple:
-    keys = OmegaConf.select(config, "hydra.job.config.override_dirname.exclude_keys")
-    return tuple(str(k) for k in keys) if keys is not None else DEFAULT_EXCLUDE
+    return exclude_keys(config)
