@@ -26,10 +26,13 @@ def require_writable(run_dir: Path, weights: str = "last") -> None:
 
     target = Path(run_dir) / FOLDERS.get(weights, FOLDER)
     probe = target / f".write_probe{os.getpid()}"
+    created = not target.exists()
     try:
         target.mkdir(parents=True, exist_ok=True)
         probe.write_text("")
         probe.unlink()
+        if created:  # a refusal later must leave no folder behind
+            target.rmdir()
     except OSError as e:
         raise UserError(
             f"{target} cannot be written ({e.strerror or e}); sam-landscape writes its files "
