@@ -307,10 +307,12 @@ def run(args, say=print) -> dict:
             args.to.is_dir(),
             f"--to {str(args.to)!r} does not exist or is not a folder; pass a run folder",
         )
-        require(
-            args.to.resolve() != path.resolve(),
-            f"--to {str(args.to)!r} is RUN_DIR itself; pass another run to connect it to",
-        )
+        if args.to.resolve() == path.resolve():  # a valid check of the tool, but say so
+            print(
+                f"sam-landscape: warning: landscape.to={str(args.to)!r} is the run itself: every "
+                "point is the same weights and the barrier is 0",
+                file=sys.stderr,
+            )
         from .files import require_writable
 
         require_writable(path, opt.weights)  # before any point is computed

@@ -1,5 +1,5 @@
-"""sam-landscape's refusals before anything is computed: the same run twice, a run another
-sam-landscape measures, a landscape folder that cannot be written; e-notation spans."""
+"""sam-landscape's refusals before anything is computed: a run another sam-landscape measures,
+a landscape folder that cannot be written; e-notation spans; the notice for one run twice."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ def test_a_negative_span_in_e_notation_is_a_value():
     assert parser().parse_args(["x", "--span", "-5e-1", "5e-1"]).span == [-0.5, 0.5]
 
 
-def test_a_run_connected_to_itself_is_refused(run, capsys):
-    assert "is RUN_DIR itself" in refused([run, "--to", run], capsys)
+def test_a_run_connected_to_itself_is_said_not_silent(run, capsys):
+    assert main([str(run), "--to", str(run), "--alphas", "3", "--progress", "none"]) == 0
+    assert "is the run itself: every point is the same weights" in capsys.readouterr().err
 
 
 def test_a_landscape_folder_that_cannot_be_written_is_refused_before_computing(run, capsys):
