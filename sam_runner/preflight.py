@@ -220,11 +220,13 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
 
 
 def given_twice(overrides: list[str]) -> str | None:
-    """A key given twice (``-m seed=0,1 seed=2,3``): Hydra keeps the last and the folder is named
+    """A key swept twice (``-m seed=0,1 seed=2,3``): Hydra keeps the last and the folder is named
     after both, so the message of the first such key, else None."""
     seen: dict[str, str] = {}
     for o in overrides:
         key = override_key(o)
+        if not _is_sweep(o):  # a plain value after another: the last one counts, as in Hydra
+            continue
         if key in seen and not o.startswith("~"):
             return (
                 f"{key} is given twice ({seen[key]} and {o}); give it once (a sweep lists its "
@@ -232,6 +234,22 @@ def given_twice(overrides: list[str]) -> str | None:
             )
         seen[key] = o
     return None
+
+
+def _is_sweep(override: str) -> bool:
+    """Whether an override sweeps (a top-level comma, or range/choice/interval/glob/tag)."""
+    value = override.split("=", 1)[1] if "=" in override else ""
+    if value.startswith(("range(", "choice(", "interval(", "glob(", "tag(")):
+        return True
+    depth = 0
+    for ch in value:
+        if ch in "[({":
+            depth += 1
+        elif ch in "])}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            return True
+    return False
 
 
 def ignored_options(job: list[str], cfg) -> list[str]:
