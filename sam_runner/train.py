@@ -318,9 +318,8 @@ class Run:
             f"run folder {self.run_dir} is not writable; choose another with hydra.run.dir=...",
         )
         torch.manual_seed(cfg.seed)
-        self.data = data = build_data(
-            cfg.dataset, device, cfg.seed, self.dist.rank, self.dist.world
-        )
+        dist = self.dist
+        self.data = data = build_data(cfg.dataset, device, cfg.seed, dist.rank, dist.world)
         data.cache_dir, data.cache_write = self.run_dir / "cache", self.dist.is_main  # folders
         torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
         self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
