@@ -93,20 +93,36 @@ def _main(cfg: DictConfig) -> float | None:
     return run_job(cfg)
 
 
+def first_job_of(argv: list[str]) -> list[str]:
+    """``argv`` without ``-m``, its sweep replaced by the overrides of the sweep's first job, so
+    that ``--cfg`` prints one job's config; says so on stderr. A search (its jobs are not known
+    before it runs) and a command whose sweep does not parse keep their overrides as written."""
+    from .sweep import hydra_api
+    from .sweep.plan import expand, fixed_config, sweeper_params
+
+    argv = [a for a in argv if a not in ("-m", "--multirun")]
+    overrides = hydra_api.args_parser().parse_args(argv).overrides
+    try:
+        fixed = fixed_config(overrides)
+        search = hydra_api.is_search(OmegaConf.select(fixed, "hydra.sweeper._target_", default=""))
+        jobs = [] if search else expand(overrides, sweeper_params(fixed))
+    except Exception:  # Hydra's own error follows, as for any bad override
+        jobs = []
+    note = "its overrides as written (a search's trials are not known before it runs)"
+    if len(jobs) > 1 or (jobs and jobs[0] != overrides):
+        argv = [a for a in argv if a not in overrides] + jobs[0]
+        note = f"the first of its {len(jobs)} jobs ({' '.join(jobs[0]) or 'no overrides'})"
+    print(f"sam-run: note: -m with --cfg prints the config of {note}", file=sys.stderr)
+    return argv
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if argv and argv[0] in ("--version", "-V"):
         print(f"sam-runner {__version__}")
         return
     if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
-        # Hydra refuses -m with --cfg; `sam-run -m experiment=X --cfg job` prints the preset's
-        # config
-        sys.argv[1:] = argv = [a for a in argv if a not in ("-m", "--multirun")]
-        print(
-            "sam-run: note: --cfg prints the config of the command's overrides, its sweeps as "
-            "written (a sweep's jobs are not composed one by one); -m is left out",
-            file=sys.stderr,
-        )
+        sys.argv[1:] = argv = first_job_of(argv)  # Hydra refuses -m with --cfg
     sys.argv[1:] = argv = preflight(argv)
     try:
         _main()

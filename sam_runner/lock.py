@@ -39,10 +39,10 @@ def holder(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def job_lock(folder, what: str, on_locked: str = "skip", tool: str = "sam-run"):
+def job_lock(folder, what: str, on_locked: str = "skip", tool: str = "sam-run", option=None):
     """Hold ``folder``'s ``what`` lock for the block; yields True when held, False when another
     process holds it and ``on_locked`` is ``skip`` (a one-line notice says who). ``wait`` blocks
-    until it is free; ``fail`` raises JobLocked."""
+    until it is free; ``fail`` raises JobLocked (naming ``option``, the setting that chooses)."""
     if on_locked not in ON_LOCKED:
         raise UserError(f"on_locked={on_locked!r} is unknown; choose one of {', '.join(ON_LOCKED)}")
     path = lock_path(folder, what)
@@ -53,7 +53,10 @@ def job_lock(folder, what: str, on_locked: str = "skip", tool: str = "sam-run"):
             who = holder(path)
             message = f"{folder} is being worked on by {who} ({what} lock {path.name})"
             if on_locked == "fail":
-                raise JobLocked(f"{message}; wait for it, or pass on_locked=skip or wait")
+                then = "run this again when it has ended"
+                if option:
+                    then = f"wait for it to end, or pass {option}=skip or wait"
+                raise JobLocked(f"{message}; {then}")
             if on_locked == "skip":
                 print(f"{tool}: {message}: skipped", file=sys.stderr, flush=True)
                 yield False

@@ -44,6 +44,7 @@ from .settings import require_same_config, result_config
 
 MAX_SEED = 2**32 - 1
 PROGRESS = ("auto", "bar", "lines", "none")
+THREADS_SAID: list[str] = []  # the thread lines this process printed (a local sweep's jobs)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -141,7 +142,7 @@ def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> 
     if distributed.current().rank != 0:  # rank 0 holds the job's lock for all its processes
         return _train(cfg, run_dir, overrides)
     on_locked = str(cfg.trainer.get("on_locked", "skip"))
-    with job_lock(run_dir, "train", on_locked, "sam-run") as held:
+    with job_lock(run_dir, "train", on_locked, "sam-run", "trainer.on_locked") as held:
         if not held:  # another process trains this job: its summary.json will say how it ended
             return {"status": "skipped", "error": f"trained by {held_by(run_dir, 'train')}"}
         return _train(cfg, run_dir, overrides)
@@ -364,7 +365,8 @@ class Run:
             self.steps_per_epoch,
             enabled=self.dist.is_main,
         )
-        if self.threads is not None:  # said once (rank 0), with the progress lines
+        if self.threads not in (None, *THREADS_SAID):  # once a process (rank 0), with progress
+            THREADS_SAID.append(self.threads)
             self.progress.note(f"sam-run: {self.threads}")
 
     def _cpu_threads(self, device) -> str | None:

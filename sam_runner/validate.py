@@ -94,4 +94,10 @@ def warnings(cfg) -> list[str]:
             f"trainer.devices={devices} processes share {cores} CPU core(s): each gets "
             "less than a core, and the run is slower than with fewer"
         )
+    threads, (cpus, source) = t.get("threads"), distributed.allowed_cpus()
+    if device == "cpu" and threads is not None and threads * devices > cpus:
+        out.append(
+            f"trainer.threads={threads} x {devices} process(es) is more than the {cpus} CPU(s) "
+            f"allowed ({source}): threads share cores, which is slower than fewer"
+        )
     return out

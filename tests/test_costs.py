@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import compose
 
 from sam_runner import distributed
 from sam_runner.errors import UserError
 from sam_runner.sweep.plan import completed_jobs, job_dirs, numbered_batches
+from sam_runner.validate import warnings
 
 
 def _job(sweep, num, status, overrides):
@@ -50,3 +52,13 @@ def test_threads_come_from_the_allowed_cpus_slurm_and_trainer_threads(monkeypatc
     assert distributed.cpu_threads(1, threads=3) == 3
     with pytest.raises(UserError, match=r"^trainer.threads=0 must be null .* an integer >= 1$"):
         distributed.check_threads(0)
+
+
+def test_more_threads_than_allowed_cpus_is_a_notice(monkeypatch):
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    notes = [n for n in warnings(compose("trainer.threads=2")) if "threads" in n]
+    assert notes == [
+        "trainer.threads=2 x 1 process(es) is more than the 1 CPU(s) allowed "
+        "(SLURM_CPUS_PER_TASK): threads share cores, which is slower than fewer"
+    ]
+    assert not [n for n in warnings(compose("trainer.threads=1")) if "threads" in n]

@@ -34,9 +34,12 @@ def test_a_held_job_lock_says_who_holds_it_and_skips_or_fails(tmp_path, capsys):
             f"sam-run: {tmp_path} is being worked on by pid {os.getpid()} on {os.uname()[1]} "
             "(train lock .train.lock): skipped\n"
         )
-        with pytest.raises(JobLocked, match="being worked on by pid"):
-            with job_lock(tmp_path, "train", "fail"):
+        with pytest.raises(JobLocked, match="being worked on by pid") as refused:
+            with job_lock(tmp_path, "train", "fail", option="trainer.on_locked"):
                 pass
+        assert str(refused.value).endswith(
+            "; wait for it to end, or pass trainer.on_locked=skip or wait"
+        )
     assert held_by(tmp_path, "train") is None  # released with its holder: nothing stale
 
 

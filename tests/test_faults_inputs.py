@@ -23,6 +23,18 @@ def test_a_key_given_twice_is_one_line_naming_it(tmp_path, capsys):
     assert not sweep.exists()
 
 
+def test_cfg_with_a_sweep_prints_its_first_job(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    argv = ["-m", "optimizer=sam,base", "seed=4,5", f"hydra.sweep.dir={sweep}", "--cfg", "job"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert err == (
+        "sam-run: note: -m with --cfg prints the config of the first of its 4 jobs "
+        f"(optimizer=sam seed=4 hydra.sweep.dir={sweep})\n"
+    )
+    assert "name: sam" in out and "seed: 4" in out and not sweep.exists()
+
+
 def test_a_single_run_says_its_variant_ignores_rho():
     args = args_parser().parse_args(["optimizer=base", "optimizer.rho=0.5"])
     message, notes = check_jobs(args)

@@ -1,7 +1,8 @@
 """``sam-eval PATH [overrides]``: measure the completed jobs of a run or sweep folder at their final
 weights, into each job's eval.json (see the package docstring and docs/evaluation.md).
 
-Exit status: 0 when every job to measure was measured (or already was); 1 when any failed (each
+Exit status: 0 when every job to measure was measured (or already was, or another sam-eval holds
+it: it is named, and measured by that one); 1 when any failed (each
 failure is in its eval.json; the others went on), naming them; 2 on bad input (one line, nothing
 written); 130 on Ctrl-C (the jobs done so far are kept: the same command finishes the rest).
 """
@@ -121,7 +122,8 @@ def evaluate_folder(path: Path, overrides: list[str]) -> int:
         records = run_jobs(todo, plain(cfg), launcher(cfg), params)
     for job in todo:
         print("  " + _line(job.name, records[job.name]), flush=True)
-    failed = [j for j in todo if records[j.name].get("status") != "completed"]
+    # a job another sam-eval holds is that one's to measure: not a failure of this one
+    failed = [j for j in todo if records[j.name].get("status") not in ("completed", "skipped")]
     if failed:
         names = "; ".join(f"{j.name} ({records[j.name].get('error')})" for j in failed)
         return fail(f"{len(failed)} of {len(todo)} job(s) failed: {names}", 1)
@@ -143,8 +145,10 @@ def _header(path: Path, jobs) -> str:
         f"sam-eval {path}: {len(jobs)} job(s): {count['measure']} to measure, {count['done']} "
         f"already measured with these settings, {count['skip']} not completed"
     )
-    skipped = [f"{j.name} ({j.reason})" for j in jobs if j.state == "skip"]
-    return line + ("\n  skipped: " + "; ".join(skipped) if skipped else "")
+    for state, said in (("measure", "measured again"), ("skip", "skipped")):
+        named = [f"{j.name} ({j.reason})" for j in jobs if j.state == state and j.reason]
+        line += f"\n  {said}: " + "; ".join(named) if named else ""
+    return line
 
 
 def _line(name: str, record: dict) -> str:

@@ -4,7 +4,8 @@ PATH is a run folder (it holds ``.hydra/`` or ``summary.json`` itself) or a swee
 job folder under it, as ``sweep.plan.job_dirs`` finds them). Each job is
 
 - ``measure``: completed (summary.json says so), and its eval.json is absent, failed, made
-  with other settings, or older than the checkpoint (the job was trained again);
+  with other settings, older than the checkpoint (the job was trained again), or corrupt (the
+  reason names it, and the header says so: it is measured again and replaced);
 - ``done``: its eval.json was made with these settings, after the checkpoint was last written
   (skipped: a rerun finishes the rest);
 - ``skip``: not completed (failed, diverged, running, killed): nothing to measure.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError, require
 from ..results.rundir import AVERAGED, RunDir, eval_file
-from ..runfiles import CHECKPOINT, read_json
+from ..runfiles import CHECKPOINT, json_problem, read_json
 from ..sweep.plan import job_dirs
 
 EVAL_FILE = eval_file("last")
@@ -75,7 +76,9 @@ def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]
         if done.get("status") == "completed" and done.get("eval_settings") == settings and fresh_:
             jobs.append(Measurement(d, name, "done", "already measured with these settings"))
         else:
-            jobs.append(Measurement(d, name, "measure"))
+            problem = json_problem(d / eval_file(weights))
+            corrupt = f"its {eval_file(weights)} is {problem}" if problem != "missing" else ""
+            jobs.append(Measurement(d, name, "measure", corrupt if done == {} else ""))
     require(
         any(j.state != "skip" for j in jobs),
         f"PATH={str(path)!r} holds no completed run to measure "

@@ -14,7 +14,9 @@ Tables (the standard library's sqlite3; any SQL client, pandas or DuckDB reads t
 - ``files`` and ``meta``: what each folder's files were when it was read, and the schema.
 
 Incremental: a folder whose files' sizes and modification times did not change is not read
-again; a folder gone from under a PATH loses its rows. Two indexers at once are safe: WAL, a
+again; a folder gone from under a PATH loses its rows. One indexer of a database at a time (a
+lock file ``.<db name>.lock`` beside it): a second one says who holds it, waits, and then finds
+the folders unchanged instead of reading them again. Readers (``--query``) never wait: WAL, a
 busy timeout, one transaction per folder. A schema of another version is dropped and rebuilt.
 The run folders are only read, never written.
 """
@@ -22,6 +24,7 @@ The run folders are only read, never written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import sqlite3
@@ -206,18 +209,36 @@ def index(paths, db: Path) -> dict:
     """Index every run folder under ``paths`` into ``db``; the counts of what was done."""
     for p in paths:
         require(Path(p).is_dir(), f"PATH={str(p)!r} is not a folder; pass run or sweep folders")
-    con = connect(db)
-    counts = {"read": 0, "unchanged": 0, "skipped": 0, "removed": 0}
-    try:
-        for p in paths:
-            found = folders(Path(p))
-            for run_dir, sweep_dir in found:
-                counts[index_folder(con, run_dir, sweep_dir)] += 1
-            counts["removed"] += _remove_gone(con, Path(p).resolve(), {str(d) for d, _ in found})
-    finally:
-        _forget(con)
-        con.close()
+    with indexer_lock(Path(db)):
+        con = connect(db)
+        counts = {"read": 0, "unchanged": 0, "skipped": 0, "removed": 0}
+        try:
+            for p in paths:
+                found = folders(Path(p))
+                for run_dir, sweep_dir in found:
+                    counts[index_folder(con, run_dir, sweep_dir)] += 1
+                present = {str(d) for d, _ in found}
+                counts["removed"] += _remove_gone(con, Path(p).resolve(), present)
+        finally:
+            _forget(con)
+            con.close()
     return counts
+
+
+@contextlib.contextmanager
+def indexer_lock(db: Path):
+    """One indexer of ``db`` at a time: a second waits (saying who it waits for), then finds the
+    folders unchanged instead of reading them again."""
+    from ..lock import job_lock
+
+    folder = db.resolve().parent
+    require(folder.is_dir(), f"--db {db}: its folder {folder} does not exist")
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(job_lock(folder, db.name, "wait", "sam-index"))
+        except OSError as e:
+            raise UserError(f"--db {db}: cannot write in {folder} ({e.strerror or e})") from None
+        yield
 
 
 def _forget(con) -> None:

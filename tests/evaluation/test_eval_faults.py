@@ -3,6 +3,7 @@ with workers, a bad PATH."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,23 +36,48 @@ def test_a_job_whose_eval_json_cannot_be_written_fails_alone(sweep):
     assert [read_json(sweep / j / "eval.json")["status"] for j in "023"] == ["completed"] * 3
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_a_read_only_job_fails_alone_and_the_others_are_measured(sweep):
-    os.chmod(sweep / "1", 0o555)
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """``folder`` read-only, for root too (root writes through mode bits: the immutable flag)."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o555)
+        yield
+        os.chmod(folder, 0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("root, and this file system has no immutable flag (chattr +i)")
     try:
-        code, out, err = sam_eval(sweep, *EVAL_ARGS, "metrics.hessian.enabled=false")
+        yield
     finally:
-        os.chmod(sweep / "1", 0o755)
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_read_only_job_fails_alone_and_the_others_are_measured(sweep):
+    with read_only(sweep / "1"):
+        code, out, err = sam_eval(sweep, *EVAL_ARGS, "metrics.hessian.enabled=false")
     assert code == 1, err
     assert f"job folder {sweep / '1'} is not writable" in out + err
     assert "Traceback" not in err and not (sweep / "1" / "eval.json").exists()
     assert [read_json(sweep / j / "eval.json")["status"] for j in "023"] == ["completed"] * 3
 
 
+def test_a_corrupt_eval_json_is_named_and_measured_again(sweep):
+    code, _, err = sam_eval(sweep, *EVAL_ARGS, "metrics.hessian.enabled=false")
+    assert code == 0, err
+    (sweep / "1" / "eval.json").write_text('{"status": "compl')  # a write cut short
+    code, out, err = sam_eval(sweep, *EVAL_ARGS, "metrics.hessian.enabled=false")
+    assert code == 0, err
+    assert "1 to measure, 3 already measured" in out
+    assert "  measured again: 1 (its eval.json is corrupt (not JSON: " in out
+    assert read_json(sweep / "1" / "eval.json")["status"] == "completed"
+
+
 def test_a_job_another_sam_eval_measures_is_skipped_with_who(sweep):
     with job_lock(sweep / "2", "eval"):
         code, out, err = sam_eval(sweep, *EVAL_ARGS, "metrics.hessian.enabled=false")
     assert f"sam-eval: {sweep / '2'} is being worked on by pid {os.getpid()}" in err
+    assert code == 0, err  # that job is the other sam-eval's to measure: no failure of this one
+    assert f"  2: skipped: measured by pid {os.getpid()}" in out
     assert not (sweep / "2" / "eval.json").exists()
     assert all(read_json(sweep / j / "eval.json")["status"] == "completed" for j in "013")
 

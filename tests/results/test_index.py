@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from results_helpers import copy_sweep
 
+from sam_runner.lock import job_lock
 from sam_runner.results import index as index_module
 from sam_runner.results.index import index, main
 from sam_runner.results.report import main as report_main
@@ -110,6 +113,24 @@ def test_two_indexers_at_once_end_with_the_database_of_one(tmp_path):
     assert all(p.wait(timeout=120) == 0 for p in procs), [p.stderr.read() for p in procs]
     index([sweep], alone)
     assert _dump(together) == _dump(alone)
+
+
+def test_a_second_indexer_waits_for_the_first_and_says_for_whom(tmp_path):
+    sweep = copy_sweep(tmp_path / "s")
+    db = tmp_path / "r.sqlite"
+    index([sweep], db)
+    cmd = [sys.executable, "-m", "sam_runner.results.index", str(sweep), "--db", str(db)]
+    with job_lock(tmp_path, "r.sqlite"):  # as an indexer of r.sqlite holds it
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr.readline() == (
+            f"sam-index: {tmp_path} is being worked on by pid {os.getpid()} on {os.uname()[1]} "
+            "(r.sqlite lock .r.sqlite.lock): waiting for it\n"
+        )
+        time.sleep(0.5)
+        assert proc.poll() is None  # still waiting
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert " 0 read, " in out and " unchanged" in out
 
 
 def test_query_prints_a_table_and_writes_csv(tmp_path, capsys):
