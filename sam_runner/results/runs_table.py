@@ -26,8 +26,14 @@ def counts_line(report: Report) -> str:
         f"{len(report.jobs)} jobs: {c['completed']} completed, {c['diverged']} diverged, "
         f"{c['failed']} failed, {c['missing']} missing"
     )
+    corrupt = sum(1 for j in missing if j.detail.startswith("summary.json is "))
     if missing:
-        line += f" ({len(missing) - not_started} running or killed, {not_started} not started)"
+        parts = [
+            (len(missing) - not_started - corrupt, "running or killed"),
+            (corrupt, "with an unreadable summary.json"),
+            (not_started, "not started"),
+        ]
+        line += " (" + ", ".join(f"{n} {why}" for n, why in parts if n or why != parts[1][1]) + ")"
     return line
 
 

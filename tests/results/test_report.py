@@ -113,6 +113,11 @@ def test_a_running_job_is_reported_missing_and_left_out_of_the_means(tmp_path):
     md = (sweep / "report.md").read_text()
     assert "1 missing (1 running or killed, 0 not started)" in md
     assert f"`{running.name}`" in md and "running, or killed" in md
+    (running / "summary.json").write_text('{"status": "compl')  # a write cut short
+    assert main([str(sweep)]) == 0
+    md = (sweep / "report.md").read_text()
+    assert "1 missing (0 running or killed, 1 with an unreadable summary.json, 0 not started)" in md
+    assert "summary.json is corrupt (not JSON" in md
 
 
 def test_a_sweep_with_a_failed_job_is_reported_not_crashed_on(tmp_path):
