@@ -65,10 +65,12 @@ def run_folder(tmp_path_factory):
 @pytest.mark.parametrize(
     "option, message",
     [
-        (["--metric", "test_acx"], "--metric test_acx is not a summary.json or metrics.jsonl "
-         "key of any completed job; did you mean test_acc?"),
-        (["--metric", "nonexistent"], "--metric nonexistent is not a summary.json or "
+        (["--metric", "test_acx"], "--metric test_acx is not a numeric summary.json or "
+         "metrics.jsonl key of any completed job; did you mean test_acc?"),
+        (["--metric", "nonexistent"], "--metric nonexistent is not a numeric summary.json or "
          "metrics.jsonl key of any completed job; choose one of "),
+        (["--metric", "config"], "--metric config is not a numeric summary.json or "
+         "metrics.jsonl key of any completed job; "),
         (["--ignore", "nosuchkey"], "--ignore nosuchkey is not an override key of any job; "
          "choose one of seed"),
         (["--ignore", "sede"], "--ignore sede is not an override key of any job; did you mean "

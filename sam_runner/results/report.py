@@ -207,14 +207,19 @@ def check_asked(report: Report, args) -> Report:
         require(key in overridden, _unknown("--ignore", key, overridden, what))
     asked = [m for m in args.metric if all(j.metrics.get(m) is None for j in report.jobs)]
     if asked:
-        logged = set()
+        logged = set()  # the keys with a number (a column of config or bins is no metric)
         for j in report.completed():
             run = RunDir(j.path)
-            logged |= set(run.summary or {}) | {k for r in run.rows() for k in r}
+            for values in (run.summary or {}, *run.rows()):
+                logged |= {k for k, v in values.items() if _is_number(v)}
         for key in asked:
-            what = "a summary.json or metrics.jsonl key of any completed job"
+            what = "a numeric summary.json or metrics.jsonl key of any completed job"
             require(key in logged, _unknown("--metric", key, logged, what))
     return report
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _unknown(option: str, key: str, keys: set, what: str) -> str:
