@@ -9,7 +9,8 @@ import pytest
 
 from sam_runner import distributed
 from sam_runner.errors import UserError
-from sam_runner.sweep.plan import completed_jobs, job_dirs, numbered_batches
+from sam_runner.runfiles import job_dirs
+from sam_runner.sweep.plan import completed_jobs, numbered_batches
 
 
 def _job(sweep, num, status, overrides):
