@@ -20,9 +20,10 @@ from .runfiles import holds_results
 
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("sam_runner_groups"):
-        from .help import config_groups
+        from .help import config_groups, help_config
 
         OmegaConf.register_new_resolver("sam_runner_groups", config_groups)
+        OmegaConf.register_new_resolver("sam_runner_config", help_config)
 
 
 def run_job(cfg: DictConfig) -> float | None:

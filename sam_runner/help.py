@@ -1,5 +1,7 @@
 """``sam-run --help``: the config groups and their options, read from the registries (the groups
-that choose a Python object) and from the config tree (the others: presets and settings)."""
+that choose a Python object) and from the config tree (the others: presets and settings); and
+the composed config with a line on each key, from the comments beside the keys in ``conf/``
+(one source: the yaml that sets a key says what it is)."""
 
 from __future__ import annotations
 
@@ -103,6 +105,89 @@ def markdown_options() -> str:
         names = [f"**`{n}`**" if n == defaults.get(key) else f"`{n}`" for n in registry]
         rows.append(f"| `{key}` | {', '.join(names)} |")
     return "\n".join(rows)
+
+
+# ------------------------------------------------------------------------ the keys, described
+# where a group's keys start from: its shared file (conf/common/<file>.yaml), else none
+SHARED = {"dataset": "dataset", "model": "model", "optimizer": "engine"}
+KEY_LINE = re.compile(r"^(\s*)([A-Za-z_][\w]*):(.*)$")
+
+
+def yaml_comments(path: Path, prefix: str = "") -> dict[str, str]:
+    """``{dotted key: its trailing comment}`` of a yaml file (block style, as conf/ is
+    written); a key's comment may also say what the keys of its flow mapping are."""
+    out, stack = {}, []  # stack: (indent, key) of the enclosing block keys
+    for line in path.read_text().splitlines():
+        m = KEY_LINE.match(line)
+        if m is None or line.lstrip().startswith("#"):
+            continue
+        indent, key, rest = len(m.group(1)), m.group(2), m.group(3)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        dotted = prefix + ".".join([k for _, k in stack] + [key])
+        if " #" in rest or rest.startswith("#"):
+            out[dotted] = rest.split("#", 1)[1].strip()
+        stack.append((indent, key))
+    return out
+
+
+def _group_files(root: Path, group: str, chosen) -> list[Path]:
+    """The files a group's keys may be described in: the chosen option's first, then the
+    group's shared file, then its other options."""
+    files = sorted((root / group).glob("*.yaml"), key=lambda f: (f.stem != "default", f.stem))
+    first = [f for f in files if f.stem == str(chosen)]
+    shared = [root / "common" / f"{SHARED[group]}.yaml"] if group in SHARED else []
+    return first + shared + [f for f in files if f not in first]
+
+
+KEYED_GROUPS = ("dataset", "model", "base_optimizer", "optimizer", "scheduler", "trainer")
+OPTION_KEYS = {"model": "arch"}  # the key that records a group's chosen option (else name)
+
+
+def key_descriptions(choices: dict | None = None) -> dict[str, str]:
+    """Every key's description from conf/ (``choices``: the option chosen in each group)."""
+    root = Path(config_dir())
+    choices = choices or _defaults()
+    out = {}
+    for group in (*KEYED_GROUPS, "logger", "metrics"):
+        out[f"{group}.{OPTION_KEYS.get(group, 'name')}"] = f"the option chosen with {group}="
+        for f in reversed(_group_files(root, group, choices.get(group))):
+            # a preset of package _global_ names its keys in full (optimizer.rho)
+            own = f.read_text().startswith("# @package _global_")
+            out.update(yaml_comments(f, "" if own else f"{group}."))  # the first file wins
+    out.update(yaml_comments(root / "config.yaml"))
+    return out
+
+
+def described_config(cfg, choices: dict | None = None, width: int = 40) -> str:
+    """The composed config as yaml, each key that has a description followed by it."""
+    from omegaconf import OmegaConf
+
+    tree = {k: v for k, v in OmegaConf.to_container(cfg).items() if k != "hydra"}
+    text = OmegaConf.to_yaml(OmegaConf.create(tree))
+    notes = key_descriptions(choices)
+    out, stack = [], []
+    for line in text.splitlines():
+        m = KEY_LINE.match(line)
+        if m is None:
+            out.append(line)
+            continue
+        indent = len(m.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, m.group(2)))
+        note = notes.get(".".join(k for _, k in stack))
+        out.append(f"{line:<{width}}  # {note}" if note else line)
+    return "\n".join(out)
+
+
+def help_config(*, _root_) -> str:
+    """The help template's config: the composed one (``_root_``, with the command's overrides),
+    its keys described; ``$`` doubled (Hydra's help template is a string.Template)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else None
+    return described_config(_root_, choices).replace("$", "$$")
 
 
 if __name__ == "__main__":

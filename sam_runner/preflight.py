@@ -117,10 +117,26 @@ def say_if_completed(args) -> None:
 
     try:
         require_same_result(run_dir, args.overrides, done)
-    except RunFolderConflict as e:
+        redraw_in_format(run_dir, args.overrides)
+    except (RunFolderConflict, UserError) as e:
         fail(str(e))
     print_final(done, run_dir, already=True)
     sys.exit(0)
+
+
+def redraw_in_format(run_dir: Path, overrides) -> None:
+    """A completed run asked for with ``plots.format=F``: its figures in F, drawn from its files
+    when it has none in F yet (a bad F: one line, exit 2)."""
+    given = [o.split("=", 1)[1] for o in overrides if override_key(o) == "plots.format"]
+    if not given:
+        return
+    from .plots.style import check_format
+
+    fmt = check_format(given[-1])
+    if not (run_dir / f"curves.{fmt}").exists():
+        from .plots.run import write_run_plots
+
+        write_run_plots(run_dir, fmt)
 
 
 def sweep_folder(args) -> Path:

@@ -1,14 +1,66 @@
-"""Progress output: a tqdm bar per epoch on a terminal, one line per epoch otherwise."""
+"""Progress output, one rule for every command (``trainer.progress``): ``auto`` is a tqdm bar on
+a terminal and lines otherwise (a log file, nohup, SLURM), ``bar``, ``lines`` or ``none``. sam-run:
+a bar per epoch, or one line per epoch; ``Counter`` (sam-landscape's points and curve steps): a
+bar, or a line at the first unit and at every tenth."""
 
 from __future__ import annotations
 
 import sys
+import time
+
+MODES = ("auto", "bar", "lines", "none")
 
 
-def _mode(mode: str) -> str:
+def resolve_mode(mode: str) -> str:
+    """``auto`` as ``bar`` on a terminal (stderr), else ``lines``; the others as they are."""
     if mode == "auto":
         return "bar" if sys.stderr.isatty() else "lines"
     return mode
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes}m{seconds:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+class Counter:
+    """Progress over ``total`` units (points of a slice, steps of a curve): a tqdm bar, or a line
+    on stderr at the first unit and at every tenth, with the time taken and the time left."""
+
+    def __init__(self, total: int, desc: str, mode: str, prefix: str = "", unit: str = "points"):
+        self.mode, self.total, self.desc, self.unit = resolve_mode(mode), total, desc, unit
+        self.prefix = f"{prefix}: " if prefix else ""
+        self.done, self.start, self.bar = 0, time.monotonic(), None
+        if self.mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total, desc=desc, leave=False, dynamic_ncols=True, file=sys.stderr
+            )
+        self.marks = {max(1, total * k // 10) for k in range(1, 11)} | {1}
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.mode == "lines" and self.done in self.marks:
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def line(self) -> str:
+        took = time.monotonic() - self.start
+        left = took / self.done * (self.total - self.done)
+        rest = f", about {_duration(left)} left" if self.done < self.total else ""
+        return (
+            f"{self.prefix}{self.desc}: {self.done}/{self.total} {self.unit} "
+            f"({100 * self.done // self.total}%), {_duration(took)}{rest}"
+        )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _NoBar:
@@ -49,7 +101,7 @@ class _Bar:
 
 class Progress:
     def __init__(self, mode: str, epochs: int, steps: int, enabled: bool = True):
-        self.mode = _mode(mode) if enabled else "none"
+        self.mode = resolve_mode(mode) if enabled else "none"
         self.epochs, self.steps = epochs, steps
 
     def epoch_bar(self, epoch):

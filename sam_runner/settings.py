@@ -23,6 +23,7 @@ RUN_ONLY_KEYS = (
     "logger",
     "dataset.data_dir",
     "dataset.download",
+    "plots",  # the figures' file format, not what a run computes
 )
 
 

@@ -62,6 +62,9 @@ def validate(cfg) -> None:
         require(
             value in accepted, f"trainer.{key}={value!r} is unknown; choose {', '.join(accepted)}"
         )
+    from .plots.style import check_format
+
+    check_format(plot_format(cfg))
     bs = cfg.dataset.batch_size
     require(
         not isinstance(bs, int) or bs <= 0 or bs % t.accumulate == 0,
@@ -598,7 +601,7 @@ class Run:
         if self.dist.is_main:
             summary.update(self.val_set.summary_values())
             write_json(self.run_dir / "summary.json", summary)
-            _write_plots(self.run_dir)
+            _write_plots(self.run_dir, plot_format(self.cfg))
             self.logger.summary(summary)
             self.logger.finish(self.status)
             print_final(summary, self.run_dir)
@@ -660,11 +663,18 @@ def _write_failure(run_dir: Path, summary: dict) -> None:
         pass  # an unwritable run folder is reported by the error that got us here
 
 
-def _write_plots(run_dir: Path) -> None:
+def plot_format(cfg) -> str:
+    """``plots.format``: the format of the run's figures (png without the key: a config
+    composed before it existed)."""
+    plots = cfg.get("plots") or {}
+    return str(plots.get("format", "png"))
+
+
+def _write_plots(run_dir: Path, fmt: str = "png") -> None:
     try:
         from .plots.run import write_run_plots
 
-        write_run_plots(run_dir)
+        write_run_plots(run_dir, fmt)
     # plots are a view of the run's files: never fail a finished run over them
     except Exception as e:
         print(f"sam-run: warning: run plots not written ({one_line(e)})", file=sys.stderr)

@@ -308,3 +308,57 @@ def test_a_run_says_what_it_was_and_keeps_third_party_logs_off_the_console(tmp_p
     assert summary["versions"]["sam_runner"] == __version__
     assert summary["versions"]["torch"] == __import__("torch").__version__
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", summary["git_commit"])
+
+
+# ------------------------------------------------------------ figures, keys, log file (#28)
+def test_help_describes_every_key_of_the_composed_config(capsys):
+    """`sam-run --help`: after the groups, the composed config with a line on each key, read
+    from the comment beside the key in conf/ (a mapping's comment covers its keys); with
+    overrides, the keys of what they choose."""
+    code, out, _ = run_cli(["--help", "optimizer=tlc_sam", "model=mlp"], capsys)
+    assert code == 0
+    config = out.split("== Config (the composed config; after each key, what it is) ==")[1]
+    lines = [line for line in config.splitlines() if re.match(r"^\s*\w+:", line)]
+    assert len(lines) > 100
+    described = []  # (indent, described) of the enclosing keys
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        described = [d for d in described if d[0] < indent]
+        own, leaf = "  # " in line, bool(line.split("#")[0].split(":", 1)[1].strip())
+        assert own or not leaf or any(d[1] for d in described), f"no description: {line}"
+        described.append((indent, own))
+    assert re.search(r"tau_target: 0.2 +# the Taylor error the controller steers to", config)
+    assert re.search(r"hidden:\s+# widths of the hidden layers", config)
+    assert re.search(r"format: png +# png \| pdf \| svg", config)
+
+
+def test_plots_format_draws_a_runs_figures_as_pdf_without_a_log_file_or_another_folder(
+    tmp_path, capsys
+):
+    """plots.format=pdf: curves.pdf and reliability.pdf, no PNG; the folder is the one the
+    command names without it (how a run runs); no empty cli.log beside them. The same command
+    on the completed run with svg draws its figures as SVG; an unknown format is one line,
+    exit 2, and no folder."""
+    from sam_runner.sweep.plan import folder_name
+
+    run = tmp_path / "run"
+    argv = [*TINY, "trainer.epochs=1", f"hydra.run.dir={run}"]
+    p = subprocess.run(
+        [sys.executable, "-m", "sam_runner.cli", *argv, "plots.format=pdf"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr
+    assert (run / "curves.pdf").read_bytes()[:4] == b"%PDF"
+    assert (run / "reliability.pdf").read_bytes()[:4] == b"%PDF"
+    assert not list(run.glob("*.png")) and not (run / "cli.log").exists()
+    assert folder_name(["plots.format=pdf", "seed=1"]) == folder_name(["seed=1"])
+    code, out, _ = run_cli([*argv, "plots.format=svg"], capsys)
+    assert code == 0 and out.startswith("already completed")
+    assert (run / "curves.svg").read_text().startswith("<?xml")
+    code, _, err = run_cli([*TINY, f"hydra.run.dir={tmp_path / 'bad'}", "plots.format=eps"], capsys)
+    assert code == 2 and not (tmp_path / "bad").exists()
+    assert (
+        err.strip() == "sam-run: error: plots.format='eps' is unknown; choose one of png, pdf, svg"
+    )

@@ -122,3 +122,48 @@ def test_the_python_example_of_the_variants_page_runs_and_steps():
     exec(compile(code, "docs/variants.md", "exec"), scope)
     assert torch.equal(scope["loss"], at_theta)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def flat(path: Path) -> str:
+    """A page's text with its line breaks as spaces (a phrase may wrap)."""
+    return " ".join(path.read_text().split())
+
+
+def test_the_readme_gives_the_curvature_subset_with_its_cap_at_the_training_set():
+    """The README's subset size is the config's, and says it is capped: the default run on
+    MNIST-1D measures on all of its training set, fewer samples than the setting."""
+    from conftest import compose
+
+    cfg = compose()
+    size = cfg.metrics.hessian.num_samples
+    train = round(cfg.dataset.num_samples * 0.8)  # MNIST-1D's split, 80/20
+    readme = flat(ROOT / "README.md")
+    assert f"subset of {size:,} training samples" in readme
+    assert f"capped at the training set: all {train:,} of MNIST-1D's" in readme
+    assert f"on {train} training samples (metrics.hessian.*)" in readme  # the run's own line
+
+
+def test_running_md_describes_the_edge_of_stability_figure_curves_png_draws():
+    """Each line the step-tracked curves figure draws is named in running.md's run plots, and
+    nothing it does not draw is (no λ_max·η/2 panel)."""
+    from sam_runner.plots.run import plot_eos
+
+    rows = [
+        {
+            "epoch": s,
+            "step": s,
+            "lambda_max": 1.0 + s,
+            "eos_threshold": 10.0,
+            "sam_edge": 5.0,
+            "armijo_curvature": 2.0,
+            "step_loss": 1.0 / s,
+        }
+        for s in range(1, 6)
+    ]
+    fig = plot_eos(rows, "t")
+    labels = [label for ax in fig.axes for label in ax.get_legend_handles_labels()[1]]
+    page = flat(ROOT / "docs" / "running.md")
+    text = page[page.index("**Run plots**") : page.index("**Figure format**")]
+    for words in ("stability threshold", "SAM edge", "Armijo-probe curvature"):
+        assert any(words in label for label in labels) and words in text
+    assert len(fig.axes) == 2 and "η/2" not in text and "the loss on the same steps" in text

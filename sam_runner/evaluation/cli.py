@@ -45,12 +45,10 @@ def fail(message: str, code: int = 2):
 
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    if not args.path.is_dir():  # before anything heavy is imported: a typo is refused at once
-        return fail(
-            f"PATH={str(args.path)!r} is not a folder; pass a run folder or a sweep folder of "
-            "sam-run"
-        )
     try:
+        from .paths import job_folders
+
+        job_folders(args.path)  # before Hydra or torch loads: a wrong PATH is refused at once
         return evaluate_folder(args.path, args.overrides)
     except UserError as e:
         return fail(str(e))
@@ -119,7 +117,7 @@ def evaluate_folder(path: Path, overrides: list[str]) -> int:
         if launcher(cfg) == "local" and int(cfg.eval.workers) == 1:
             _threads(str(cfg.eval.device))  # a pool's workers share the CPUs by the same rule
         params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-        records = run_jobs(todo, plain(cfg), launcher(cfg), params)
+        records = run_jobs(todo, {**plain(cfg), "root": str(path)}, launcher(cfg), params)
     for job in todo:
         print("  " + _line(job.name, records[job.name]), flush=True)
     # a job another sam-eval holds is that one's to measure: not a failure of this one

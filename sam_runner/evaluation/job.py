@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -83,12 +84,15 @@ def measure(job_dir: Path, settings: dict) -> dict:
 
     metrics = OmegaConf.create(settings["metrics"])
     device = distributed.resolve_device(str(settings["eval"]["device"]))
+    say = phase_lines(job_dir, settings)
     run = RunDir(job_dir).load(device, weights_of(settings), "sam-eval", strict=True)
     cfg, data, model = run.cfg, run.data, run.model
-    out = set_values(model, data, metrics, cfg.dataset)
+    say("the training and test sets")
+    out = set_values(model, data, metrics, cfg.dataset, bars(settings))
     loss = str(OmegaConf.select(cfg, "trainer.loss", default="cross_entropy"))
-    out.update(curvature_values(model, data, metrics, int(cfg.seed), loss))
+    out.update(curvature_values(model, data, metrics, int(cfg.seed), loss, say))
     if robustness.enabled(metrics):
+        say("corruptions (metrics.corruptions)")
         values, sources = robustness.corruption_values(
             model, data, metrics, cfg.dataset, int(cfg.seed)
         )
@@ -97,12 +101,37 @@ def measure(job_dir: Path, settings: dict) -> dict:
     return out
 
 
+def phase_lines(job_dir: Path, settings: dict):
+    """``say(what)``: with progress lines, one line as a job starts each part of its measurement
+    (a job of ``metrics=full`` takes minutes: the log shows where it is); else nothing."""
+    from ..progress import resolve_mode
+
+    if resolve_mode(str(settings["eval"].get("progress", "auto"))) != "lines":
+        return lambda _what: None
+    root = settings.get("root")  # PATH of the command: jobs are named as on its other lines
+    name = os.path.relpath(job_dir, root) if root else job_dir.name
+    start = time.perf_counter()
+
+    def say(what: str) -> None:
+        took = time.perf_counter() - start
+        print(f"sam-eval: {name}: {what} ... ({took:.0f}s)", file=sys.stderr, flush=True)
+
+    return say
+
+
+def bars(settings: dict) -> bool:
+    """Batch bars within a job: only as a bar on a terminal (lines would flood the log)."""
+    from ..progress import resolve_mode
+
+    return resolve_mode(str(settings["eval"].get("progress", "auto"))) == "bar"
+
+
 def weights_of(settings: dict) -> str:
     """``eval.weights``: last (checkpoints/last.pt) or averaged (checkpoints/averaged.pt)."""
     return str(settings["eval"].get("weights", "last"))
 
 
-def set_values(model, data, metrics, dataset_cfg) -> dict:
+def set_values(model, data, metrics, dataset_cfg, bar: bool = False) -> dict:
     """Loss and accuracy of the whole training set and of the test set, the test set's ECE
     family, and the generalization gaps (see the module docstring)."""
     from .. import distributed
@@ -116,7 +145,7 @@ def set_values(model, data, metrics, dataset_cfg) -> dict:
         loader = TensorLoader(x, y, 512, shuffle=False, transform=data.prepare)
     else:  # an image folder: streamed through its DataLoader, in order, without augmentation
         loader = data.train_plain
-    logits, labels = predict(model, with_bar(loader, "sam-eval train"), plain, dist)
+    logits, labels = predict(model, with_bar(loader, "sam-eval train", bar), plain, dist)
     out = {
         "train_loss": float(ce(logits, labels).mean()),
         "train_acc": float((logits.argmax(1) == labels).float().mean()),
@@ -126,7 +155,13 @@ def set_values(model, data, metrics, dataset_cfg) -> dict:
         out["train_loss_clean"] = float(ce(logits, clean).mean())
         out["train_acc_clean"] = float((logits.argmax(1) == clean).float().mean())
     test = evaluate(
-        model, with_bar(data.test, "sam-eval test"), ce, plain, dist, metrics, data.class_counts
+        model,
+        with_bar(data.test, "sam-eval test", bar),
+        ce,
+        plain,
+        dist,
+        metrics,
+        data.class_counts,
     )
     test.pop("reliability", None)
     out.update(test)
@@ -135,29 +170,33 @@ def set_values(model, data, metrics, dataset_cfg) -> dict:
     return out
 
 
-def with_bar(loader, desc: str):
-    """The loader's batches with a progress bar on stderr (shown when it is a terminal)."""
-    from ..landscape.evaluate import progress_bar
+def with_bar(loader, desc: str, bar: bool = False):
+    """The loader's batches, with a progress bar on stderr when ``bar``."""
+    from ..progress import Counter
 
-    bar = progress_bar(len(loader), desc, "auto")
+    counter = Counter(len(loader), desc, "bar" if bar else "none", unit="batches")
     try:
         for batch in loader:
             yield batch
-            bar.update(1)
+            counter.update(1)
     finally:
-        bar.close()
+        counter.close()
 
 
-def curvature_values(model, data, metrics, seed: int, loss: str = "cross_entropy") -> dict:
+def curvature_values(model, data, metrics, seed: int, loss="cross_entropy", say=None) -> dict:
     """λ_max and the enabled measures, as the run's final measurement takes them: of the loss
     the job trained on (``trainer.loss``: an MSE job's Hessian is the MSE's), without an
-    optimizer (no eos_ratio, a property of training, not of the weights)."""
+    optimizer (no eos_ratio, a property of training, not of the weights); ``say``: told as
+    each measure starts."""
     from ..losses import mean_loss
     from ..metrics.tracker import CurvatureTracker
 
     tracker = CurvatureTracker(metrics, model, data, None, seed, loss_fn=mean_loss(loss))
     if not tracker.enabled:
         return tracker.summary_extras()
+    tracker.note = say
+    if say is not None:
+        say(f"the Hessian's top eigenvalue(s) on {tracker.num_samples()} training samples")
     out = tracker.measure(final=True)
     out.update(tracker.summary_extras())
     return out

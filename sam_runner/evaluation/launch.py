@@ -30,7 +30,9 @@ class Progress:
     """A tqdm bar over jobs on a terminal (``bar``), else one line per finished job (``lines``)."""
 
     def __init__(self, mode: str, total: int):
-        self.mode = ("bar" if sys.stderr.isatty() else "lines") if mode == "auto" else mode
+        from ..progress import resolve_mode
+
+        self.mode = resolve_mode(mode)
         self.total, self.done, self.bar = total, 0, None
         if self.mode == "bar":
             from tqdm import tqdm

@@ -1,7 +1,7 @@
 """Which job folders ``sam-eval PATH`` measures.
 
 PATH is a run folder (it holds ``.hydra/`` or ``summary.json`` itself) or a sweep folder (every
-job folder under it, as ``sweep.plan.job_dirs`` finds them). Each job is
+job folder under it, as ``runfiles.job_dirs`` finds them). Each job is
 
 - ``measure``: completed (summary.json says so), and its eval.json is absent, failed, made
   with other settings, older than the checkpoint (the job was trained again), or corrupt (the
@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import UserError, require
 from ..results.rundir import AVERAGED, RunDir, eval_file
 from ..runfiles import CHECKPOINT, json_problem, read_json
-from ..sweep.plan import job_dirs
+from .paths import job_folders
 
 EVAL_FILE = eval_file("last")
 
@@ -35,23 +35,6 @@ class Measurement:
     name: str  # relative to PATH ("." for a run folder)
     state: str  # measure | done | skip
     reason: str = ""
-
-
-def job_folders(path: Path) -> list[Path]:
-    path = Path(path)
-    require(
-        path.is_dir(),
-        f"PATH={str(path)!r} is not a folder; pass a run folder or a sweep folder of sam-run",
-    )
-    if (path / ".hydra").is_dir() or (path / "summary.json").exists():
-        return [path]
-    dirs = job_dirs(path)
-    require(
-        bool(dirs),
-        f"PATH={str(path)!r} holds no run: no .hydra/ or summary.json in it or in a folder under "
-        "it; pass a run folder or a sweep folder of sam-run",
-    )
-    return dirs
 
 
 def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]:

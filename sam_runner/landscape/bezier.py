@@ -121,7 +121,10 @@ def train_curve(run, curve: BezierCurve, epochs: int, opt) -> list[float]:
     for m in control.modules():
         if isinstance(m, _BatchNorm) and opt.bn == "eval":
             m.eval()
-    bar, losses = progress_bar(per_epoch * epochs, "Bézier curve", opt.progress), []
+    bar, losses = (
+        progress_bar(per_epoch * epochs, "Bézier curve training", opt.progress, "steps"),
+        [],
+    )
     with frozen_running_stats(control.modules()):
         for epoch in range(1, epochs + 1):
             data.train.set_epoch(epoch)

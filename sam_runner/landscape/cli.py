@@ -26,12 +26,12 @@ from .options import Options
 PROG = "sam-landscape"
 SLICE_FLAGS = ("slices", "directions", "span", "points", "grid", "include_bias_bn", "fit_radius")
 PAIR_FLAGS = ("alpha_range", "alphas", "curve", "curve_epochs")
-PROGRESS = ("auto", "bar", "none")
+PROGRESS = ("auto", "bar", "lines", "none")
 SETTINGS_HELP = (
     "how it runs, spelled as for sam-run: trainer.device=auto|cpu|cuda|cuda:N, "
-    "trainer.progress=auto|bar|none, hydra/launcher=local|slurm|submitit_local, "
-    "hydra.launcher.KEY=VALUE (--device, --progress, --launcher, --launcher-option: the "
-    "earlier spellings)"
+    "trainer.progress=auto|bar|lines|none, hydra/launcher=local|slurm|submitit_local, "
+    "hydra.launcher.KEY=VALUE, plots.format=png|pdf|svg (--device, --progress, --launcher, "
+    "--launcher-option: the earlier spellings)"
 )
 LAUNCHERS = ("local", "slurm", "submitit_local")
 
@@ -121,7 +121,12 @@ def parser() -> argparse.ArgumentParser:
         "(checkpoints/averaged.pt of trainer.weight_averaging, into landscape_averaged/)",
     )
     g.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
-    g.add_argument("--progress", choices=PROGRESS, help="tqdm bar (auto: on a terminal)")
+    g.add_argument(
+        "--progress",
+        choices=PROGRESS,
+        help="a tqdm bar, or a line at every tenth of a slice (auto: a bar on a terminal, else "
+        "lines)",
+    )
     g = ap.add_argument_group("a sweep folder's jobs or pairs as a job array")
     g.add_argument(
         "--launcher",
@@ -247,21 +252,29 @@ def _is_run_folder(path: Path) -> bool:
     return any((path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
 
 
-FLAG_OF = {"trainer.device": "device", "trainer.progress": "progress", "hydra/launcher": "launcher"}
-CHOICES = {"trainer.progress": PROGRESS, "hydra/launcher": LAUNCHERS}
+FLAG_OF = {
+    "trainer.device": "device",
+    "trainer.progress": "progress",
+    "hydra/launcher": "launcher",
+    "plots.format": "plot_format",
+}
 
 
 def run_settings(args) -> None:
     """sam-run's spellings (results/grammar.py) into the flags' places."""
+    from ..plots.style import FORMATS
     from ..results.grammar import require_known, split_run_words
 
     words = list(getattr(args, "settings", None) or [])
     require_known(
-        words, PROG, "trainer.device=, trainer.progress=, hydra/launcher=, hydra.launcher.KEY="
+        words,
+        PROG,
+        "trainer.device=, trainer.progress=, hydra/launcher=, hydra.launcher.KEY=, plots.format=",
     )
     given, launcher_options, _ = split_run_words(words)
+    choices = {"trainer.progress": PROGRESS, "hydra/launcher": LAUNCHERS, "plots.format": FORMATS}
     for key, value in given.items():
-        accepted = CHOICES.get(key)
+        accepted = choices.get(key)
         require(
             accepted is None or value in accepted,
             f"{key}={value!r} is unknown; choose one of {', '.join(accepted or ())}",

@@ -9,8 +9,10 @@ the two state dicts is interpolated, BatchNorm statistics included (our default)
 The training subset is run A's curvature subset, and the test set the runs' own.
 
 Writes into RUN_A/landscape/<RUN_B's folder name>/: connectivity.csv (alpha, then the four
-columns), connectivity.png, bezier.csv with ``--curve bezier`` (t, then the four columns), and
-landscape.json (the settings, both runs, the end values and the barriers).
+columns), bezier.csv with ``landscape.curve=bezier`` (t, then the four columns; removed by a
+call without a curve), landscape.json (the settings, both runs, the end values and the
+barriers; written whole: the folder describes its last computation alone), then
+connectivity.png (or ``plots.format``), drawn from those files.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import numpy as np
 from ..errors import UserError
 from ..runfiles import read_json
 from .evaluate import COLUMNS, Evaluator
-from .files import SUMMARY, clean, pair_folder, update_summary, write_rows
+from .figures import draw_pair
+from .files import SUMMARY, clean, pair_folder, replace_summary, write_rows
 from .geometry import barrier, grid
-from .plots import plot_connectivity, save_png
 from .slices import make_evaluator
 
 
@@ -107,22 +109,19 @@ def connect(run_a, run_b, opt) -> dict:
         **barriers(alphas, values),
         "ends": _ends(alphas, values),
     }
-    curve = None
     if opt.curve == "bezier":
         from .bezier import bezier_curve
 
         ts, curve_values, curve_summary = bezier_curve(run_a, run_b, ev, opt, alphas, values)
         write_rows(out / "bezier.csv", "t", ts, curve_values)
         summary["curve"] = curve_summary
-        curve = (ts, curve_values)
+    else:  # a curve of earlier options would describe another computation
+        (out / "bezier.csv").unlink(missing_ok=True)
     write_rows(out / "connectivity.csv", "alpha", alphas, values)
-    title = f"Between two runs: A = {run_a.label()}, B = {run_b.label()}\n" + _barrier_line(
-        "straight line", summary
-    )
-    if curve is not None:
-        title += ";  " + _barrier_line("Bézier curve", summary["curve"])
-    save_png(plot_connectivity(alphas, values, title, curve), out / "connectivity.png")
-    return update_summary(out, summary)
+    # the folder describes this computation alone: nothing of an earlier call is kept
+    summary = replace_summary(out, summary)
+    draw_pair(out, opt.plot_format)
+    return summary
 
 
 def pair_settings(run_a, ev, opt) -> dict:
@@ -130,17 +129,6 @@ def pair_settings(run_a, ev, opt) -> dict:
     if opt.curve == "bezier":
         epochs = opt.curve_epochs or int(run_a.cfg.trainer.epochs)
     return opt.pair_settings(train_samples=ev.sizes["train_samples"], curve_epochs=epochs)
-
-
-def _fmt(v) -> str:
-    return "n/a" if v is None else f"{v:.3g}"
-
-
-def _barrier_line(what: str, s: dict) -> str:
-    return (
-        f"{what}: barrier train loss {_fmt(s.get('barrier_train_loss'))}, "
-        f"test error {_fmt(s.get('barrier_test_error'))}"
-    )
 
 
 def connectivity_done(run_a_dir: Path, run_b_dir: Path, opt) -> bool:

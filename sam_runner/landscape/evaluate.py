@@ -5,8 +5,9 @@ all 4,096 samples of the default subset in one forward) and the test set (the ru
 batches, as its test evaluation runs them). The loss is the run's criterion, computed as the
 run's test evaluation computes ``test_loss`` (logits cast to float32 and concatenated, then the
 mean per-sample loss), in eval mode: at the run's own weights the values are the run's own,
-bit for bit. The four numbers of each point stay on the device until a sweep of points ends
-(no host synchronisation per point).
+bit for bit. Where the logits are not finite the accuracy is NaN, as the loss is. The four
+numbers of each point stay on the device until a sweep of points ends (no host
+synchronisation per point).
 
 BatchNorm (``bn``): ``eval`` normalises with the running statistics the weights came with
 (interpolated along with the weights between two runs); ``recompute`` recomputes them at each
@@ -19,8 +20,6 @@ networks need; its sample count and batches are our choices.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -32,14 +31,12 @@ BN_MODES = ("eval", "recompute")
 BN_OFFSET = 1  # the BatchNorm samples: the subset drawn with seed + 1 (not the evaluated one)
 
 
-def progress_bar(total: int, desc: str, mode: str):
-    """tqdm on stderr (``auto``: when stderr is a terminal), or a bar that shows nothing."""
-    from tqdm import tqdm
+def progress_bar(total: int, desc: str, mode: str, unit: str = "points"):
+    """Progress over ``total`` points (``trainer.progress``, the rule of progress.py): a tqdm bar
+    on stderr, a line at the first point and every tenth (``lines``: a log, nohup), or nothing."""
+    from ..progress import Counter
 
-    show = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
-    return tqdm(
-        total=total, desc=desc, leave=False, dynamic_ncols=True, file=sys.stderr, disable=not show
-    )
+    return Counter(total, desc, mode, "sam-landscape", unit)
 
 
 class Evaluator:
@@ -83,7 +80,10 @@ class Evaluator:
             with self.autocast:
                 logits = torch.cat([self.model(x).float() for x in xs])
             loss.append(self.criterion(logits, y).mean())
-            acc.append((logits.argmax(1) == y).float().mean())
+            # non-finite logits (extrapolated BatchNorm variances below 0) predict nothing: the
+            # accuracy is undefined there, as the loss is, not argmax's class 0
+            hits = (logits.argmax(1) == y).float().mean()
+            acc.append(torch.where(torch.isfinite(logits).all(), hits, torch.nan))
         return torch.stack(loss + acc)
 
     @torch.no_grad()

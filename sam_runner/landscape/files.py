@@ -63,6 +63,17 @@ def write_rows(path: Path, first: str, coords, values) -> None:
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
+def read_columns(path: Path):
+    """A CSV of ``write_rows``: (its coordinates, its values [rows, len(COLUMNS)]) as float64
+    arrays, exactly as written."""
+    import numpy as np
+
+    with open(path, newline="") as f:
+        table = [[float(v) for v in row] for row in list(csv.reader(f))[1:]]
+    data = np.asarray(table, dtype=float).reshape(-1, 1 + len(COLUMNS))
+    return data[:, 0], data[:, 1:]
+
+
 def write_npz(path: Path, **arrays) -> None:
     import numpy as np
 
@@ -77,6 +88,13 @@ def update_summary(folder: Path, fresh: dict, replace=()) -> dict:
     merged.update(clean(fresh))
     write_json(path, merged)
     return merged
+
+
+def replace_summary(folder: Path, fresh: dict) -> dict:
+    """landscape.json of ``folder``: ``fresh`` alone (a pair's file describes one computation)."""
+    summary = clean(fresh)
+    write_json(Path(folder) / SUMMARY, summary)
+    return summary
 
 
 def folder(run: Path, weights: str = "last") -> Path:

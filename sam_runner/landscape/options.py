@@ -34,6 +34,7 @@ class Options:
     device: str = "auto"
     progress: str = "auto"
     weights: str = "last"  # last | averaged: which weights, and which folder the files go in
+    plot_format: str = "png"  # png | pdf | svg: the figures' file format (plots.format)
 
     def settings(self, keys, **resolved) -> dict:
         """The options in ``keys`` plus the evaluation's, with ``resolved`` defaults filled in."""

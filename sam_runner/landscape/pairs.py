@@ -1,7 +1,7 @@
 """A sweep folder: the connectivity of every pair of jobs that differ only in seed
 (``--pairs seeds``), or every job's slices; resumable, both.
 
-The jobs are the sweep's completed job folders (``sweep.plan.job_dirs``, summary status
+The jobs are the sweep's completed job folders (``runfiles.job_dirs``, summary status
 ``completed``, a checkpoint); two jobs are of one group when their overrides agree once
 ``seed`` and the how-it-runs keys are left out (``results.sweep.group_overrides``: the groups of
 sam-report). In each group every pair (A, B) with A before B in the sweep's order is connected
@@ -17,10 +17,11 @@ from pathlib import Path
 from ..errors import require
 from ..results.rundir import load_run
 from ..results.sweep import group_overrides
-from ..runfiles import CHECKPOINT, read_json
-from ..sweep.plan import job_dirs, saved_overrides
+from ..runfiles import CHECKPOINT, job_dirs, read_json
+from ..sweep.plan import saved_overrides
 from .connectivity import connect, connectivity_done
-from .files import SUMMARY, clean, folder
+from .figures import draw_pair, draw_slices, drawn, slice_figures
+from .files import SUMMARY, clean, folder, pair_folder
 from .slices import run_slices
 
 
@@ -53,9 +54,11 @@ def connect_pairs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
     jobs = completed_jobs(sweep_dir)
     pairs = seed_pairs(jobs)
     todo = [(a, b) for a, b in pairs if not connectivity_done(a, b, opt)]
+    folders = [pair_folder(a, b, opt.weights) for a, b in pairs if (a, b) not in todo]
+    redrawn = _redraw(folders, ["connectivity"], opt, draw_pair)
     say(
         f"{len(pairs)} seed pair(s) among {len(jobs)} completed job(s): "
-        f"{len(pairs) - len(todo)} already done, {len(todo)} to compute"
+        f"{len(pairs) - len(todo)} already done, {len(todo)} to compute{redrawn}"
     )
     names = [f"{_rel(a, sweep_dir)} → {_rel(b, sweep_dir)}" for a, b in todo]
     counts = {"pairs": len(pairs), "skipped": len(pairs) - len(todo), "computed": len(todo)}
@@ -77,9 +80,12 @@ def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
     task a job with ``array``)."""
     jobs = completed_jobs(sweep_dir)
     todo = [j for j in jobs if not slices_done(j, opt)]
+    folders = [folder(j, opt.weights) for j in jobs if j not in todo]
+    draw = lambda out, fmt: draw_slices(out, fmt, opt.slices)  # noqa: E731
+    redrawn = _redraw(folders, slice_figures(opt.slices), opt, draw)
     say(
         f"{len(jobs)} completed job(s): {len(jobs) - len(todo)} already done, "
-        f"{len(todo)} to compute"
+        f"{len(todo)} to compute{redrawn}"
     )
     names = [_rel(j, sweep_dir) for j in todo]
     counts = {"jobs": len(jobs), "skipped": len(jobs) - len(todo), "computed": len(todo)}
@@ -90,6 +96,15 @@ def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
         summary = run_slices(load_run(job, device, opt.weights), opt)
         say(f"  [{i}/{len(todo)}] {names[i - 1]}: {_width(summary)}")
     return counts
+
+
+def _redraw(folders, stems, opt, draw) -> str:
+    """Done folders without their figures in ``opt.plot_format`` drawn from their files (no
+    computing); what to add to the first line."""
+    missing = [out for out in folders if not drawn(out, stems, opt.plot_format)]
+    for out in missing:
+        draw(out, opt.plot_format)
+    return f" ({len(missing)} drawn as {opt.plot_format} from their files)" if missing else ""
 
 
 # ------------------------------------------------------------------------- as a job array

@@ -1,5 +1,5 @@
 """The figures of sam-landscape, drawn with matplotlib's Agg canvas (no display, pyplot left
-alone) and written atomically by ``plots.save_png``.
+alone) and written atomically by ``plots.style.save_figure`` (PNG, PDF or SVG: ``plots.format``).
 
 Our choices: the loss axes are logarithmic when the values span more than a decade (a slice
 runs from the minimum to losses tens of times higher); the 2-D contours use logarithmically
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plots.style import figure, log_scale, save_png
+from ..plots.style import figure, log_scale, save_figure
 
-__all__ = ["plot_slice_1d", "plot_contours", "plot_surface", "plot_connectivity", "save_png"]
+__all__ = ["plot_slice_1d", "plot_contours", "plot_surface", "plot_connectivity", "save_figure"]
 
 TRAIN, TEST = "C0", "C3"
 
@@ -126,9 +126,9 @@ def _not_finite_note(ax, alphas, v) -> None:
     extrapolated beyond the end points can fall below 0."""
     bad = np.asarray(alphas)[~np.isfinite(v)]
     if len(bad):
-        where = (
-            f"α = {bad[0]:g}"
-            if len(bad) == 1
+        where = (  # a few points by name: a range would suggest every point between
+            "α = " + ", ".join(f"{a:g}" for a in bad)
+            if len(bad) <= 6
             else f"{len(bad)} points, α in [{bad.min():g}, {bad.max():g}]"
         )
         ax.text(
@@ -140,6 +140,7 @@ def _not_finite_note(ax, alphas, v) -> None:
             va="bottom",
             fontsize=8,
             color="0.3",
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},  # over the lines
         )
 
 
@@ -150,7 +151,7 @@ def plot_connectivity(alphas, values, title: str, curve=None):
     a = np.asarray(alphas)
     panels = ((ax_loss, (0, 1), lambda v: v, "loss"), (ax_err, (2, 3), lambda v: 1 - v, "error"))
     for ax, (i, j), f, name in panels:
-        ax.axvspan(0, 1, color="0.92", zorder=0)
+        ax.axvspan(0, 1, color="0.92", zorder=0, label="between the runs (0 ≤ α ≤ 1)")
         for k, color, style, split in ((i, TRAIN, "-", "train (subset)"), (j, TEST, "--", "test")):
             ax.plot(
                 a,
@@ -180,7 +181,9 @@ def plot_connectivity(alphas, values, title: str, curve=None):
         # below the axes: the curves fill the panel
         ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     _loss_axis(ax_loss, values[:, 0], values[:, 1])
+    # NaN where the logits are: left out of both panels alike, and said on both
     _not_finite_note(ax_loss, a, values[:, 0] + values[:, 1])
+    _not_finite_note(ax_err, a, values[:, 2] + values[:, 3])
     ax_err.set_ylabel("error (1 − accuracy)")
     fig.suptitle(title, fontsize=10)
     return fig

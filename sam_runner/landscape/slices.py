@@ -5,9 +5,12 @@ Hessian-eigenvector option's scaling (directions.py), the grids holding 0 exactl
 summary numbers (geometry.py): the basin width and the quadratic curvature along the 1-D
 direction and along each axis of the 2-D plane (its lines through θ₀).
 
-Writes into RUN_DIR/landscape/: slice_1d.csv and slice_1d.png; slice_2d.npz, slice_2d.png and
-surface_2d.png; landscape.json (the settings of each slice and its summary numbers, merged
-with what the file held: a 2-D slice drawn later keeps the 1-D one's numbers).
+Writes into RUN_DIR/landscape/: slice_1d.csv; slice_2d.npz; landscape.json (the settings of
+each slice and its summary numbers, merged with what the file held: a 2-D slice drawn later
+keeps the 1-D one's numbers), written after each slice, so that a call killed in its 2-D slice
+keeps its 1-D one; then the figures, from those files (figures.py): slice_1d, slice_2d and
+surface_2d (.png, or ``plots.format``). A slice that landscape.json holds with this call's
+settings, computed after the checkpoint was written, is kept, not computed again.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import OmegaConf
 
+from ..runfiles import CHECKPOINT, read_json
 from .directions import filter_normalized, hessian_directions, norm, weight_norm
 from .evaluate import COLUMNS, Evaluator
-from .files import folder, update_summary, write_npz, write_rows
+from .figures import draw_slices
+from .files import SUMMARY, clean, folder, update_summary, write_npz, write_rows
 from .geometry import grid, index_of, line_summary
-from .plots import plot_contours, plot_slice_1d, plot_surface, save_png
 
 
 def train_samples(run, opt) -> int:
@@ -73,16 +77,6 @@ def make_directions(run, ev: Evaluator, opt, k: int) -> tuple[list, list]:
     return dirs, info
 
 
-def _describe(info: dict) -> str:
-    if "seed" in info:
-        return f"filter-normalized random direction, seed {info['seed']}"
-    return f"{info['kind'].lower()}, λ = {info['eigenvalue']:.4g}"
-
-
-def _axis_label(symbol: str, info: dict) -> str:
-    return f"{symbol}  ({_describe(info)})"
-
-
 def _summary(coords, values, info: dict, radius: float) -> dict:
     """Curvature and basin width of the train loss along one line, and κ per unit ‖d‖²."""
     s = line_summary(coords, values, radius)
@@ -96,14 +90,11 @@ def _centre(values_at_centre) -> dict:
 
 
 def slice_1d(run, ev: Evaluator, opt, d, info) -> dict:
-    """The 1-D slice along ``d``: its files, and its part of landscape.json."""
+    """The 1-D slice along ``d``: its CSV, and its part of landscape.json."""
     x = grid(*opt.span, opt.points)
     values = ev.sweep(x, lambda c: ev.move([d], [c]), "1-D slice", opt.progress)
-    out = folder(run.path, run.weights)
-    write_rows(out / "slice_1d.csv", "coordinate", x, values)
+    write_rows(folder(run.path, run.weights) / "slice_1d.csv", "coordinate", x, values)
     s = _summary(x, values[:, 0], info, opt.fit_radius)
-    title = f"Loss along one direction — {run.label()}"
-    save_png(plot_slice_1d(x, values, title, _axis_label("α", info), s), out / "slice_1d.png")
     centre = _centre(values[index_of(x, 0.0)])
     settings = opt.slice_settings("1d", train_samples=ev.sizes["train_samples"])
     return {
@@ -117,15 +108,14 @@ def slice_1d(run, ev: Evaluator, opt, d, info) -> dict:
 
 
 def slice_2d(run, ev: Evaluator, opt, dirs, infos) -> dict:
-    """The 2-D slice along ``dirs``: its files, and its part of landscape.json."""
+    """The 2-D slice along ``dirs``: its arrays, and its part of landscape.json."""
     xs = ys = grid(*opt.span, opt.grid)
     points = [(a, b) for b in ys for a in xs]  # row-major: values[iy, ix]
     flat = ev.sweep(points, lambda p: ev.move(dirs, p), "2-D slice", opt.progress)
     values = flat.reshape(len(ys), len(xs), len(COLUMNS))
-    out = folder(run.path, run.weights)
     seeds = [i.get("seed", i.get("lanczos_seed")) for i in infos]
     write_npz(
-        out / "slice_2d.npz",
+        folder(run.path, run.weights) / "slice_2d.npz",
         x=xs,
         y=ys,
         **{name: values[:, :, k] for k, name in enumerate(COLUMNS)},
@@ -135,17 +125,6 @@ def slice_2d(run, ev: Evaluator, opt, dirs, infos) -> dict:
     ix, iy = index_of(xs, 0.0), index_of(ys, 0.0)
     lines = [_summary(xs, values[iy, :, 0], infos[0], opt.fit_radius)]
     lines.append(_summary(ys, values[:, ix, 0], infos[1], opt.fit_radius))
-    xl, yl = _axis_label("α", infos[0]), _axis_label("β", infos[1])
-    title = f"Loss in a plane through θ — {run.label()}"
-    save_png(plot_contours(xs, ys, values, title, xl, yl), out / "slice_2d.png")
-    surface_title = "\n".join(
-        [
-            "Loss in a plane through θ",
-            run.label(),
-            *(f"{s}: {_describe(i)}" for s, i in zip("αβ", infos)),
-        ]
-    )
-    save_png(plot_surface(xs, ys, values, surface_title), out / "surface_2d.png")
     settings = opt.slice_settings("2d", train_samples=ev.sizes["train_samples"])
     return {
         **_centre(values[iy, ix]),
@@ -153,6 +132,24 @@ def slice_2d(run, ev: Evaluator, opt, dirs, infos) -> dict:
         "curvature_2d": [s["curvature"] for s in lines],
         "slice_2d": {"settings": settings, "directions": infos, "axes": lines},
     }
+
+
+DATA_FILES = {"1d": "slice_1d.csv", "2d": "slice_2d.npz"}
+
+
+def kept(run, opt, held: dict, dim: str, n: int) -> bool:
+    """Whether landscape.json holds the ``dim`` slice with this call's settings, its data file
+    is there, and both are newer than the checkpoint (a run trained again is sliced again)."""
+    out = folder(run.path, run.weights)
+    part = held.get(f"slice_{dim}") or {}
+    if part.get("settings") != clean(opt.slice_settings(dim, train_samples=n)):
+        return False
+    try:
+        since = (run.path / CHECKPOINT).stat().st_mtime_ns
+        files = (out / DATA_FILES[dim], out / SUMMARY)
+        return all(f.stat().st_mtime_ns >= since for f in files)
+    except OSError:
+        return False
 
 
 def run_slices(run, opt) -> dict:
@@ -167,12 +164,31 @@ def run_slices(run, opt) -> dict:
 
 
 def _run_slices(run, opt) -> dict:
+    out = folder(run.path, run.weights)
     ev = make_evaluator(run, opt)
-    fresh = {**run.describe(), **ev.sizes, "options": opt.slice_options()}
-    # one set of directions: the 1-D slice runs along the 2-D plane's first axis
-    dirs, infos = make_directions(run, ev, opt, 1 if opt.slices == "1d" else 2)
-    if opt.slices in ("1d", "both"):
+    held, n = read_json(out / SUMMARY) or {}, ev.sizes["train_samples"]
+    asked = [dim for dim in ("1d", "2d") if opt.slices in (dim, "both")]
+    todo = [dim for dim in asked if not kept(run, opt, held, dim, n)]
+    for dim in (d for d in asked if d not in todo):
+        _note(opt, f"the {dim[0]}-D slice is in landscape.json with these settings: kept")
+    fresh = {**run.describe(), **ev.sizes}
+    if todo:  # one set of directions: the 1-D slice runs along the 2-D plane's first axis
+        dirs, infos = make_directions(run, ev, opt, 2 if "2d" in todo else 1)
+    if "1d" in todo:
         fresh.update(slice_1d(run, ev, opt, dirs[0], infos[0]))
-    if opt.slices in ("2d", "both"):
+        if "2d" in todo:  # a call killed in the 2-D slice keeps this one (no options: not done)
+            update_summary(out, fresh, replace=("options",))
+    if "2d" in todo:
         fresh.update(slice_2d(run, ev, opt, dirs, infos))
-    return update_summary(folder(run.path, run.weights), fresh)
+    summary = update_summary(out, {**fresh, "options": opt.slice_options()})
+    draw_slices(out, opt.plot_format, opt.slices)
+    return summary
+
+
+def _note(opt, text: str) -> None:
+    import sys
+
+    from ..progress import resolve_mode
+
+    if resolve_mode(opt.progress) != "none":
+        print(f"sam-landscape: {text}", file=sys.stderr, flush=True)

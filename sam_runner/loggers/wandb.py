@@ -16,9 +16,9 @@ Choices of ours, and why:
   no ~/.netrc entry for the W&B host) falls back to offline with a one-line notice, so
   a job never waits on a login prompt. So does an online ``wandb.init`` that fails
   (network, bad key): W&B is a mirror, it never costs a run.
-- W&B's files go in ``<run folder>/wandb/``; console capture is off (``cli.log`` already
-  holds the console, and a redirected stderr would hide the terminal from the progress
-  bar).
+- W&B's files go in ``<run folder>/wandb/``; console capture is off (metrics.jsonl and
+  summary.json hold what W&B shows, and a redirected stderr would hide the terminal from the
+  progress bar).
 - ``finish`` is idempotent; exit code 0 for ``completed``, 1 otherwise (diverged and
   failed runs show as failed in W&B; ``summary.status`` says which).
 """

@@ -168,6 +168,7 @@ class CurvatureTracker:
         self.history = {"lambda_max": [], "armijo_alpha": []}
         self.density = None
         self._last = None  # (step, keys) of the last measurement: one per step, whoever asks
+        self.note = None  # note(text): told as each further measure starts (sam-eval's lines)
 
     @property
     def h(self):
@@ -290,6 +291,8 @@ class CurvatureTracker:
             ):
                 options = _options(self.cfg, entry.config)
                 if options.pop("enabled", False) and (final or not entry.meta.get("final_only")):
+                    if self.note is not None:
+                        self.note(f"{entry.name} (metrics.{entry.config})")
                     out.update(entry.target(m, **options))
         finally:
             m.close()

@@ -1,5 +1,6 @@
-"""A run's own figures: ``curves.png`` (loss, accuracy, ECE, λ_max over epochs) and
-``reliability.png`` (the reliability diagram, with the count of samples per bin under it).
+"""A run's own figures: ``curves`` (loss, accuracy, ECE, λ_max over epochs) and ``reliability``
+(the reliability diagram, with the count of samples per bin under it), as PNG, PDF or SVG
+(``plots.format``).
 
 Choices of ours: a mid-epoch curvature row (logged at optimizer step s) is drawn at the
 fractional epoch s / (steps per epoch), the steps per epoch being read off the epoch rows;
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..runfiles import finite, read_json, read_rows
-from .style import FONT, figure, log_scale, save_png
+from .style import FONT, figure, log_scale, save_figure
 
 PANELS = (
     ("loss", (("train_loss", "train"), ("test_loss", "test")), False),
@@ -260,16 +261,16 @@ def _threshold_label(label: str, values: list) -> str:
     )
 
 
-def write_run_plots(run_dir) -> list[Path]:
-    """Write curves.png (and reliability.png when the run logged reliability bins) into the run
-    folder."""
+def write_run_plots(run_dir, fmt: str = "png") -> list[Path]:
+    """Write curves.<fmt> (and reliability.<fmt> when the run logged reliability bins) into the
+    run folder."""
     run_dir = Path(run_dir)
     written = []
     rows = read_rows(run_dir / "metrics.jsonl")
     summary = read_json(run_dir / "summary.json") or {}
     if rows:
         draw = plot_eos if step_curvature(rows) else plot_curves
-        written.append(save_png(draw(rows, run_title(summary)), run_dir / "curves.png"))
+        written.append(save_figure(draw(rows, run_title(summary)), run_dir, "curves", fmt))
     # the final bins: in the summary if the metrics code puts them there, else on the last row
     bins = find_reliability(summary) or next(
         (b for b in map(find_reliability, reversed(rows)) if b), None
@@ -277,5 +278,5 @@ def write_run_plots(run_dir) -> list[Path]:
     if bins:
         ece, n = summary.get("test_ece"), sum(bins["count"])
         title = f"reliability: ECE {ece:.4f} over {n} test samples" if finite(ece) else ""
-        written.append(save_png(plot_reliability(bins, title), run_dir / "reliability.png"))
+        written.append(save_figure(plot_reliability(bins, title), run_dir, "reliability", fmt))
     return written

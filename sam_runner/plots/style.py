@@ -1,5 +1,6 @@
-"""What every figure shares: a figure without pyplot, atomic PNGs, readable log axes, natural
-ordering of names, and one colour per SAM variant (the same in every figure and every sweep)."""
+"""What every figure shares: a figure without pyplot, the one place figures are written (PNG,
+PDF or SVG, atomically), readable log axes, natural ordering of names, and one colour per SAM
+variant (the same in every figure and every sweep)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import io
 import re
 from pathlib import Path
 
+from ..errors import require
 from ..runfiles import atomic_write_bytes, finite
 
 FONT = 10  # points: legends and labels readable at 100% zoom
@@ -23,12 +25,30 @@ def figure(nrows=1, ncols=1, size=(6.0, 4.0), **kwargs):
     return fig, fig.subplots(nrows, ncols, squeeze=False, **kwargs)
 
 
-def save_png(fig, path: Path) -> Path:
-    """Render ``fig`` and write it atomically (a half-written PNG never lands)."""
+FORMATS = ("png", "pdf", "svg")  # plots.format: PNG to look at, PDF and SVG for papers
+# fonts as text, not Type 3 glyphs (PDF) or paths (SVG keeps them as paths: it renders alike
+# everywhere); no creation date, so the same figure gives the same bytes
+SAVE_RC = {"pdf.fonttype": 42, "svg.hashsalt": "sam-runner"}
+NO_DATE = {"png": None, "pdf": {"CreationDate": None}, "svg": {"Date": None}}
+
+
+def check_format(fmt, spelling: str = "plots.format") -> str:
+    """``fmt`` when it is a format figures are written in, else a one-line error."""
+    require(fmt in FORMATS, f"{spelling}={fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def save_figure(fig, folder, stem: str, fmt: str = "png") -> Path:
+    """Render ``fig`` into ``folder/stem.fmt``, written atomically (a half-written figure never
+    lands); every figure of the project is written here."""
+    import matplotlib
+
+    path = Path(folder) / f"{stem}.{check_format(fmt)}"
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    atomic_write_bytes(Path(path), buf.getvalue())
-    return Path(path)
+    with matplotlib.rc_context(SAVE_RC):
+        fig.savefig(buf, format=fmt, bbox_inches="tight", metadata=NO_DATE[fmt])
+    atomic_write_bytes(path, buf.getvalue())
+    return path
 
 
 def log_scale(ax, which: str, values) -> None:

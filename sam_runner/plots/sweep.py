@@ -4,7 +4,10 @@ Each SAM variant keeps one colour in every figure (style.variant_color). When th
 varies more than ρ and the variant (a model, a batch size, a learning rate), each combination
 of those other values gets its own panel, titled with them, instead of one legend of long
 override strings. A ρ axis spanning a decade or more is logarithmic; with ρ = 0 among the
-values it is symlog, linear below the smallest ρ > 0, and the axis label says so.
+values it is symlog, linear below the smallest ρ > 0, and the axis label says so. A sweep of
+few ρ values has its ticks at those values. Points are the mean over a group's seeds, bars (and
+the band of a variant without ρ) ± 1 sample standard deviation: the legend's title says so.
+One legend for the figure, under the panels, so that it never takes a panel's width.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from ..runfiles import finite
 from .style import FONT, figure, log_scale, natural_key, variant_color
 
 MAX_PANELS = 12  # more combinations than this: one panel, the combination in the legend
+MAX_RHO_TICKS = 8  # up to this many ρ values: a tick at each, none between
 BOUND_LABEL = "stability bound (bΓ/(2ρη²))^(1/3)"
+SPREAD = "points: mean over seeds; bars, bands: ± 1 sample std (n in report.md)"
 
 
 def _panels(groups: list[dict]) -> dict[str, list[dict]]:
@@ -45,7 +50,7 @@ def plot_metric_vs_rho(
         }
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = figure(nrows, ncols, size=(4.6 * ncols + 1.5, 3.6 * nrows + 0.6))
+    fig, axes = figure(nrows, ncols, size=(4.6 * ncols + 0.6, 3.6 * nrows + 1.2))
     rhos = [g["rho"] for g in groups if finite(g.get("rho"))]
     for ax, (panel, members) in zip(axes.flat, panels.items()):
         drawn = _draw_panel(ax, members, metric, logy, bounds)
@@ -126,6 +131,8 @@ def _draw_bounds(ax, points: list, color) -> list:
 
 
 def _rho_axis(ax, rhos) -> None:
+    from matplotlib import ticker
+
     pos = [r for r in rhos if finite(r) and r > 0]
     label = "ρ (optimizer.rho)"
     if pos and max(pos) / min(pos) >= 10:
@@ -138,12 +145,20 @@ def _rho_axis(ax, rhos) -> None:
         else:
             log_scale(ax, "x", pos)
             label += ", log scale"
+    values = sorted({r for r in rhos if finite(r)})
+    if 0 < len(values) <= MAX_RHO_TICKS:  # the sweep's own values, not crowded in-between ones
+        ax.xaxis.set_major_locator(ticker.FixedLocator(values))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+    if len(values) == 1:  # one ρ: a little room on either side
+        ax.set_xlim(values[0] * 0.8 - 1e-3, values[0] * 1.2 + 1e-3)
     ax.set_xlabel(label, fontsize=FONT)
     ax.grid(alpha=0.3)
 
 
-def _figure_legend(fig, axes) -> None:
-    """One legend for the whole figure, right of the panels: each line once (the bound once)."""
+def _figure_legend(fig, axes, title: str = SPREAD) -> None:
+    """One legend for the whole figure, under the panels: each line once (the bound once), its
+    title saying what the bars are."""
     from matplotlib.lines import Line2D
 
     entries = {}
@@ -152,15 +167,17 @@ def _figure_legend(fig, axes) -> None:
             entries.setdefault(label, handle)
     if BOUND_LABEL in entries:  # dashed in each variant's colour: the legend shows the style only
         entries[BOUND_LABEL] = Line2D([], [], linestyle="--", marker="x", color="gray")
-        entries[BOUND_LABEL + ", dashed in the variant's colour"] = entries.pop(BOUND_LABEL)
+        entries[BOUND_LABEL + " (dashed, in the variant's colour)"] = entries.pop(BOUND_LABEL)
     if entries:
         fig.legend(
             list(entries.values()),
             list(entries),
-            loc="outside right center",
+            loc="outside lower center",
             fontsize=FONT,
+            title=title,
+            title_fontsize=FONT - 1,
             frameon=False,
-            ncol=1 + len(entries) // 20,
+            ncol=min(len(entries), 3 if len(axes.flat) > 1 else 2),
         )
 
 
@@ -230,7 +247,7 @@ def plot_eos_traces(traces: list[dict]):
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
-    _figure_legend(fig, axes)
+    _figure_legend(fig, axes, title=None)
     edge = any(finite(v) for t in traces for v in t.get("sam_edge", ()))
     fig.suptitle(
         "λ_max against the step; dashed: each step size's threshold 2/η"

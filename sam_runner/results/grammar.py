@@ -3,6 +3,7 @@ sam-run's own spellings, as ``key=value`` words after PATH::
 
     trainer.device=auto|cpu|cuda[:N]    trainer.progress=auto|bar|lines|none
     hydra/launcher=local|slurm|submitit_local    hydra.launcher.KEY=VALUE (the preset's keys)
+    plots.format=png|pdf|svg (the figures' file format; sam-report takes it too)
 
 and each command's own options as ``key=value`` words of its own section too: sam-eval's
 ``metrics.*`` and ``eval.*`` (Hydra overrides of conf/eval.yaml), sam-landscape's
@@ -18,7 +19,7 @@ import sys
 
 from ..errors import require
 
-RUN_KEYS = ("trainer.device", "trainer.progress", "hydra/launcher")
+RUN_KEYS = ("trainer.device", "trainer.progress", "hydra/launcher", "plots.format")
 LAUNCHER_PREFIX = "hydra.launcher."
 
 

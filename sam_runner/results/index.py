@@ -33,8 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..runfiles import job_dirs
 from ..settings import flatten
-from ..sweep.plan import job_dirs
 from .rundir import RunDir, eval_file, landscape_folder
 
 SCHEMA = 1  # bump when the tables' meaning changes: an older database is rebuilt by itself

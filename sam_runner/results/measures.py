@@ -1,5 +1,5 @@
 """Which measure tracks generalization: ``sam-report``'s measures section, ``measures.csv`` and
-``measures.png``.
+``measures.png`` (or .pdf, .svg: ``plots.format``).
 
 Per completed job, its measures and its generalization, from its eval.json when ``sam-eval``
 measured it (status completed: eval.json wins), else from training (summary.json, and the last
@@ -83,6 +83,7 @@ class Point:
     settings: dict  # override key -> value (how-it-runs keys left out)
     values: dict  # every number the job has (measures, targets, corruption accuracies)
     source: str  # eval.json | training
+    why: str = ""  # with source training: why not eval.json (none, failed, unreadable)
 
     @property
     def gen_gap(self):
@@ -116,14 +117,30 @@ def _training_values(run: RunDir) -> dict:
     return values
 
 
-def job_values(path: Path) -> tuple[dict, str]:
-    """(the job's numbers, their source): eval.json when sam-eval measured the job, else the
-    training logs."""
+def job_values(path: Path) -> tuple[dict, str, str]:
+    """(the job's numbers, their source, why the source is not eval.json): eval.json when
+    sam-eval measured the job, else the training logs."""
     run = RunDir(path)
     measured = run.eval() or {}
     if measured.get("status") == "completed":
-        return {k: v for k, v in measured.items() if finite(v)}, "eval.json"
-    return {k: v for k, v in _training_values(run).items() if finite(v)}, "training"
+        return {k: v for k, v in measured.items() if finite(v)}, "eval.json", ""
+    values = {k: v for k, v in _training_values(run).items() if finite(v)}
+    return values, "training", _not_measured(run, measured)
+
+
+def _not_measured(run: RunDir, measured: dict) -> str:
+    """Why a job's eval.json is not its source: absent, unreadable, or a failed measurement."""
+    from ..errors import first_line
+    from ..runfiles import json_problem
+    from .rundir import eval_file
+
+    problem = json_problem(run.path / eval_file())
+    if problem == "missing":
+        return "no eval.json: not measured by sam-eval"
+    if problem is not None:
+        return f"eval.json is {problem}"
+    error = first_line(measured.get("error") or "no error recorded")
+    return f"eval.json says sam-eval failed: {error}"
 
 
 def _settings(overrides) -> dict:
@@ -134,8 +151,8 @@ def _settings(overrides) -> dict:
 def points_of(report) -> list[Point]:
     out = []
     for job in report.completed():
-        values, source = job_values(job.path)
-        out.append(Point(job.name, job.variant, _settings(job.overrides), values, source))
+        values, source, why = job_values(job.path)
+        out.append(Point(job.name, job.variant, _settings(job.overrides), values, source, why))
     return out
 
 
@@ -260,12 +277,13 @@ def write_measures(report, out_dir: Path) -> list[Path]:
     if table is None:
         return []
     from ..plots.measures import plot_measures
-    from ..plots.style import save_png
+    from ..plots.style import save_figure
     from ..runfiles import atomic_write_bytes
 
     csv_path = Path(out_dir) / "measures.csv"
     atomic_write_bytes(csv_path, render_measures_csv(table).encode())
-    return [csv_path, save_png(plot_measures(table, label), Path(out_dir) / "measures.png")]
+    figure = plot_measures(table, label)
+    return [csv_path, save_figure(figure, out_dir, "measures", report.plot_format)]
 
 
 @SECTIONS.register(
@@ -276,30 +294,84 @@ def measures_section(report, _plots=None) -> list[str]:
     table = measures_table(report)
     if table is None:
         return []
-    src = table.sources()
     axes = ", ".join(f"`{a}`" for a in table.axes) or "none: Ψ is undefined"
-    head = ["rank", "measure", "τ with gen gap", "τ with test error", "Ψ"]
+    head = ["rank", "measure", "τ with gen gap", "p", "τ with test error", "Ψ"]
     head += [f"ψ {a}" for a in table.axes] + ["n"]
     out = [
         "## Which measure tracks generalization",
         "",
         f"Kendall's τ (tau-b) of each measure with the generalization gap (gen_gap = train − "
         f"test accuracy) and with the test error across the {len(table.points)} completed jobs; "
+        "p, the two-sided p-value of τ with gen_gap (scipy's: exact for small n without ties); "
         "Ψ, the granulated Kendall coefficient (Jiang et al. 2020): the mean over the sweep's "
         f"axes ({axes}) of ψ, the mean τ with gen_gap over the groups of jobs that differ only "
-        "in that axis. Ranked by |τ| with gen_gap. Measured by sam-eval (eval.json): "
-        f"{src['eval.json']} job(s); from the training logs: {src['training']}.",
+        "in that axis. Ranked by |τ| with gen_gap.",
         "",
+        *sources_lines(table),
+        *caution_lines(table),
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
     for i, r in enumerate(table.rows, 1):
         cells = [str(i), f"{label(r['measure'])} (`{r['measure']}`)", _f(r["tau_gen_gap"])]
-        cells += [_f(r["tau_test_error"]), _f(r["psi"])]
+        cells += [_f(r["p_gen_gap"], ".2g"), _f(r["tau_test_error"]), _f(r["psi"])]
         cells += [_f(r[f"psi_{a}"]) for a in table.axes] + [str(r["n"])]
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", "![measures](measures.png)", ""]
+    out += ["", f"![measures](measures.{report.plot_format})", ""]
     return out
+
+
+def sources_lines(table: Table) -> list[str]:
+    """Where the jobs' numbers came from; the jobs taken from the training logs named, with why
+    (their gen_gap is an estimate, and mixed with sam-eval's numbers in one τ)."""
+    src = table.sources()
+    line = (
+        f"Measured by sam-eval (eval.json): {src['eval.json']} job(s); from the training logs: "
+        f"{src['training']}."
+    )
+    if not src["training"]:
+        return [line, ""]
+    by_why: dict = {}
+    for p in table.points:
+        if p.source == "training":
+            by_why.setdefault(p.why, []).append(p.name)
+    estimate = (
+        "their train accuracy is the last epoch's running mean, with augmentation, so their "
+        "gen_gap is an estimate"
+    )
+    if not src["eval.json"] and len(by_why) == 1:
+        said = f"**All from the training logs** ({next(iter(by_why))}): {estimate}."
+    else:
+        named = "; ".join(f"{', '.join(names)} ({why})" for why, names in by_why.items())
+        said = (
+            f"**From the training logs**, mixed into the same τ and Ψ as sam-eval's numbers "
+            f"({estimate}): job(s) {named}."
+        )
+    return [f"{line} {said} `sam-eval` on the folder measures every job alike.", ""]
+
+
+FEW_JOBS = 10  # fewer jobs behind a ranking: a caution above its table
+
+
+def caution_lines(table: Table) -> list[str]:
+    """A caution when the ranking rests on fewer than ``FEW_JOBS`` jobs: τ takes few values and
+    may be unable to reach significance at all (the smallest p that n jobs allow is said)."""
+    counts = [r["n"] for r in table.rows if r["n"] >= 2]
+    if not counts or min(counts) >= FEW_JOBS:
+        return []
+    n, most = min(counts), max(counts)
+    jobs = f"n = {n}" if n == most else f"n = {n} to {most}"
+    best = _p_value(list(range(n)), list(range(n)))  # the smallest p any τ of n jobs can have
+    if best >= 0.05:
+        verdict = f"no τ can reach p < 0.05 (τ = ±1 itself has p = {best:.2g} with n = {n})"
+    else:
+        verdict = f"|τ| = 1 has p = {best:.2g} with n = {n}; the p column gives each τ's p-value"
+    return [
+        f"**Caution: few jobs.** The ranking rests on {jobs} jobs: τ moves in steps of "
+        f"{4 / (n * (n - 1)):.2g}, one job can reorder it, and {verdict}. Read it as a "
+        "description of these jobs, not as evidence about the measures.",
+        "",
+    ]
 
 
 def render_measures_csv(table: Table) -> str:

@@ -13,9 +13,10 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
   from;
 - ``report.csv``: the runs table, one row per group, one column per statistic (and the columns
   sections add: the landscape's; ``from`` with several folders);
-- ``acc_vs_rho.png``, ``lambda_max_vs_rho.png`` (log scale, with the TLC-SAM stability bound
-  where the jobs logged what it needs), ``ece_vs_rho.png``, ``acc_vs_lambda_max.png``,
-  ``eos.png``, and the files sections write (``measures.csv``, ``measures.png``).
+- ``acc_vs_rho``, ``lambda_max_vs_rho`` (log scale, with the TLC-SAM stability bound where the
+  jobs logged what it needs), ``ece_vs_rho``, ``acc_vs_lambda_max``, ``eos`` (each a .png, or
+  .pdf or .svg with ``plots.format=``), and the files sections write (``measures.csv``,
+  ``measures.<format>``).
 
 The choices (groups, statistics, missing jobs, the bound) are sweep.py's.
 """
@@ -76,7 +77,7 @@ def render_csv(report: Report) -> str:
 
 
 def write_plots(report: Report, out_dir: Path) -> list[Path]:
-    from ..plots.style import save_png
+    from ..plots.style import save_figure
     from ..plots.sweep import plot_acc_vs_lambda, plot_eos_traces, plot_metric_vs_rho
     from .eos import traces
 
@@ -89,25 +90,25 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
     figures = []
     if any(finite(row["rho"]) for row in g):  # gradient descent against itself has no ρ figures
         figures += [
-            ("acc_vs_rho.png", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
+            ("acc_vs_rho", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
             (
-                "lambda_max_vs_rho.png",
+                "lambda_max_vs_rho",
                 plot_metric_vs_rho(
                     g,
                     "lambda_max",
-                    "λ_max",
+                    "λ_max (log scale)",
                     logy=True,
                     bounds=True,
-                    title="λ_max (log scale) against ρ, with the stability bound where logged",
+                    title="λ_max against ρ",
                 ),
             ),
-            ("ece_vs_rho.png", plot_metric_vs_rho(g, "test_ece", "test ECE")),
+            ("ece_vs_rho", plot_metric_vs_rho(g, "test_ece", "test ECE")),
         ]
-    figures.append(("acc_vs_lambda_max.png", plot_acc_vs_lambda(points)))
+    figures.append(("acc_vs_lambda_max", plot_acc_vs_lambda(points)))
     eos = traces(report)
     if eos:
-        figures.append(("eos.png", plot_eos_traces(eos)))
-    return [save_png(fig, out_dir / name) for name, fig in figures]
+        figures.append(("eos", plot_eos_traces(eos)))
+    return [save_figure(fig, out_dir, name, report.plot_format) for name, fig in figures]
 
 
 def write_report(report: Report, out_dir=None) -> list[Path]:
@@ -129,6 +130,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="sam-report",
         description="Tables and plots for sam-run sweep folders (one, or several in one report).",
+        epilog="Settings among the folders: plots.format=png|pdf|svg (the figures' file format; "
+        "default png).",
     )
     ap.add_argument(
         "folders",
@@ -238,10 +241,37 @@ def _name(run_dir: Path, source: Path) -> str:
     return f"{source.name}/{rel}" if rel != "." else source.name
 
 
+SETTINGS = ("plots.format",)  # key=value words among the folders: the figures' file format
+
+
+def split_settings(argv: list[str]) -> tuple[list[str], dict]:
+    """(the other words, {key: value} of the ``plots.KEY=VALUE`` words), the one grammar of the
+    analysis commands (results/grammar.py); an unknown ``plots.`` key is a one-line error."""
+    rest, given = [], {}
+    for word in argv:
+        key, _, value = word.partition("=")
+        if not (key.startswith("plots.") and value):
+            rest.append(word)
+            continue
+        require(key in SETTINGS, f"{key} is not a setting; sam-report takes {', '.join(SETTINGS)}")
+        given[key] = value
+    return rest, given
+
+
 def main(argv=None) -> int:
+    argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    try:
+        argv, settings = split_settings(argv)
+        from ..plots.style import check_format
+
+        fmt = check_format(settings.get("plots.format", "png"))
+    except UserError as e:
+        print(f"sam-report: error: {e}", file=sys.stderr)
+        return 2
     args = parser().parse_args(argv)
     try:
         report = build(args)
+        report.plot_format = fmt
         paths = write_report(report, args.out)
     except UserError as e:
         print(f"sam-report: error: {e}", file=sys.stderr)

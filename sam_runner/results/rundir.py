@@ -319,25 +319,33 @@ class LoadedRun:
         return float(rho) if has_rho(self.variant) and rho is not None else None
 
     def label(self) -> str:
-        """``name (sam, ρ=0.05, seed 0)`` for titles; a sweep's job (``3``) as ``sweep/3``."""
-        rho = f", ρ={self.rho:g}" if self.rho is not None else ""
-        name = self.path.name
-        if name.isdigit():
-            name = f"{self.path.parent.name}/{name}"
-        return f"{name} ({self.variant}{rho}, seed {self.cfg.seed})"
+        """``sam, ρ = 0.05, seed 0`` for titles (``run_label``)."""
+        return run_label(self.describe())
 
     def describe(self) -> dict:
+        from ..provenance import built_model
+
         out = {
             "run": str(self.path),
             "variant": self.variant,
             "rho": self.rho,
             "seed": int(self.cfg.seed),
-            "model": str(self.cfg.model.arch),
+            "model": built_model(self.cfg.model, self.data.input_shape),  # auto resolved
             "dataset": str(self.cfg.dataset.name),
         }
         if self.weights != "last":
             out["weights"] = self.weights
         return out
+
+
+def run_label(described: dict) -> str:
+    """A run as a figure's title names it: ``sam, ρ = 0.05, seed 0``, a sweep's job with its
+    number (``job 3 (sam, ...)``); never the folder's name, which a sweep makes long."""
+    rho = described.get("rho")
+    text = f"{described.get('variant', '?')}{f', ρ = {rho:g}' if rho is not None else ''}"
+    text += f", seed {described.get('seed', '?')}"
+    name = Path(str(described.get("run", ""))).name
+    return f"job {name} ({text})" if name.isdigit() else text
 
 
 def load_run(run_dir, device, weights: str = "last") -> LoadedRun:

@@ -86,13 +86,13 @@ def load_study(sweep_dir) -> Study:
     )
 
 
-def write_search_report(sweep_dir, out_dir=None) -> list[Path]:
-    """search.md, search.csv and one search_<key>.png per searched key, into ``out_dir``
+def write_search_report(sweep_dir, out_dir=None, fmt: str = "png") -> list[Path]:
+    """search.md, search.csv and one search_<key>.<fmt> per searched key, into ``out_dir``
     (default: the sweep folder); their paths."""
     study = load_study(sweep_dir)
     out_dir = Path(out_dir or sweep_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = [scatter(study, key, out_dir) for key in searched_keys(study)]
+    plots = [scatter(study, key, out_dir, fmt) for key in searched_keys(study)]
     atomic_write_bytes(out_dir / "search.csv", render_csv(study).encode())
     atomic_write_bytes(out_dir / "search.md", render_markdown(study, plots).encode())
     return [out_dir / "search.md", out_dir / "search.csv", *plots]
@@ -184,8 +184,8 @@ def _last(trial: Trial, key: str):
     return final_line(trial.folder).get(key)
 
 
-def scatter(study: Study, key: str, out_dir: Path) -> Path:
-    from ..plots.style import figure, log_scale, save_png
+def scatter(study: Study, key: str, out_dir: Path, fmt: str = "png") -> Path:
+    from ..plots.style import figure, log_scale, save_figure
 
     points = [
         (t.params[key], t.value)
@@ -202,7 +202,7 @@ def scatter(study: Study, key: str, out_dir: Path) -> Path:
     ax.set_xlabel(key + (" (log)" if key in study.log_keys else ""))
     ax.set_ylabel(study.objective)
     ax.set_title(f"{study.objective} against {key} ({len(points)} trials)")
-    return save_png(fig, out_dir / f"search_{key.replace('/', '_')}.png")
+    return save_figure(fig, out_dir, f"search_{key.replace('/', '_')}", fmt)
 
 
 def _search_sources(report) -> list[Path]:
@@ -215,7 +215,9 @@ def _search_files(report, out_dir) -> list[Path]:
     return [
         p
         for s in sources
-        for p in write_search_report(s, Path(out_dir) / (s.name if len(sources) > 1 else ""))
+        for p in write_search_report(
+            s, Path(out_dir) / (s.name if len(sources) > 1 else ""), report.plot_format
+        )
     ]
 
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from ..errors import require
 from ..plots.style import natural_key  # matplotlib is imported only when drawing
-from ..runfiles import finite
+from ..runfiles import finite, job_dirs
 from ..settings import override_key, run_only
-from ..sweep.plan import expected_jobs, job_dirs
+from ..sweep.plan import expected_jobs
 from .rundir import RunDir, has_rho
 
 DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
@@ -127,6 +127,7 @@ class Report:
     notes: list
     study: dict | None = None
     sources: list = field(default_factory=list)  # every source folder, as given
+    plot_format: str = "png"  # plots.format: the figures' file format (png, pdf, svg)
 
     @property
     def title(self) -> str:

@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from ..errors import UserError
 from ..lock import held_by
-from ..runfiles import read_json
+from ..runfiles import job_dirs, read_json
 from .plan import (
     check_folder,
     check_job,
@@ -27,7 +27,6 @@ from .plan import (
     exclude_keys,
     expand,
     expected_jobs,
-    job_dirs,
     knows_jobs,
     saved_overrides,
 )

@@ -10,7 +10,6 @@ runs, not what it computes); a job that left no folder at all is ``missing``.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from pathlib import Path
 
@@ -131,25 +130,6 @@ def expected_jobs(sweep_dir) -> list[list[str]] | None:
 
 
 # ---------------------------------------------------------------------------- job folders
-def job_dirs(sweep_dir) -> list[Path]:
-    """Every job folder under a sweep: folders holding ``.hydra/`` (Hydra writes it when a job
-    starts)
-    or ``summary.json``, in natural order (``2`` before ``10``)."""
-    sweep_dir = Path(sweep_dir)
-    if not sweep_dir.is_dir():
-        return []
-    dirs = set()
-    # one walk (os.walk's scandir), not two rglob passes: a thousand job folders in a blink
-    for parent, names, files in os.walk(sweep_dir, followlinks=True):  # as rglob did
-        if ".hydra" in names or "summary.json" in files:
-            dirs.add(Path(parent))
-        names[:] = [n for n in names if n != ".hydra"]
-    dirs.discard(sweep_dir)
-    return sorted(
-        dirs, key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts]
-    )
-
-
 def saved_overrides(job_dir: Path) -> list[str] | None:
     """The overrides a job folder was made with (.hydra/overrides.yaml, else summary.json)."""
     path = Path(job_dir) / ".hydra" / "overrides.yaml"

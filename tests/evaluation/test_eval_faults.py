@@ -94,6 +94,39 @@ def test_a_bad_path_is_refused_before_anything_is_imported(tmp_path):
     assert proc.stderr.startswith("sam-eval: error: PATH=")
 
 
+def test_a_folder_that_holds_no_run_is_refused_before_hydra_or_torch_load(tmp_path):
+    """An existing folder without runs (a mistyped sweep, an empty one) is refused as fast as a
+    missing one: before the settings are composed, so neither Hydra nor torch is imported."""
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    code = (
+        "import sys; from sam_runner.evaluation.cli import main; rc = main([sys.argv[1]]); "
+        "print(sorted(m for m in ('hydra', 'omegaconf', 'torch') if m in sys.modules)); "
+        "sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "empty")], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and proc.stdout.strip() == "[]", proc.stdout
+    assert proc.stderr.startswith("sam-eval: error: PATH=") and "holds no run" in proc.stderr
+
+
+def test_progress_lines_say_what_a_job_measures_before_it_ends(sweep):
+    """trainer.progress=lines (a log, nohup): between the header and a job's closing line, one
+    line as the job starts each part of its measurement, each measure named."""
+    args = [sweep / "0", *EVAL_ARGS, "metrics.trace.enabled=true", "trainer.progress=lines"]
+    code, out, err = sam_eval(*args)
+    assert code == 0, err
+    lines = err.splitlines()
+    parts = [line.split(": ", 2)[2] for line in lines if line.startswith("sam-eval: .: ")]
+    assert [p.split(" ...")[0] for p in parts] == [
+        "the training and test sets",
+        "the Hessian's top eigenvalue(s) on 256 training samples",
+        "trace (metrics.trace)",
+        "corruptions (metrics.corruptions)",
+    ]
+    assert lines[-1].startswith("[1/1] . completed in ")
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below ``pid`` (from /proc's parent links)."""
     parents = {}

@@ -76,7 +76,7 @@ def test_psi_is_the_mean_tau_over_groups_differing_only_in_the_axis(reported):
 def test_the_ranking_is_the_reports_first_table_and_the_figure_is_written(reported):
     md = (reported / "report.md").read_text()
     first_table = md[md.index("\n|") :].split("\n\n")[0]
-    assert "| rank | measure | τ with gen gap | τ with test error | Ψ | ψ optimizer | n |" in md
+    assert "| rank | measure | τ with gen gap | p | τ with test error | Ψ | ψ optimizer | n |" in md
     assert first_table.lstrip().startswith("| rank | measure")
     assert "Measured by sam-eval (eval.json): 4 job(s); from the training logs: 0." in md
     assert "![measures](measures.png)" in md
@@ -233,3 +233,54 @@ def test_kendall_tau_is_scipys_tau_b_to_the_last_bit():
             )
             want = kendalltau(x, y).statistic
             assert kendall_tau(x, y) == want or (math.isnan(want) and math.isnan(kendall_tau(x, y)))
+
+
+# ---------------------------------------------------------------------------- sources, few jobs
+def test_the_report_names_the_jobs_whose_measures_came_from_the_training_logs_and_why(tmp_path):
+    """Three jobs measured by sam-eval, one whose sam-eval failed, one never measured, one with
+    a cut eval.json: the section names the three taken from the training logs, each with why."""
+    train = {"train_acc": 0.9, "train_loss": 0.2, "test_loss": 1.0}
+    for n in range(3):
+        measured = {"status": "completed", "lambda_max": 1.0 + n, "gen_gap": 0.1 * n}
+        job(tmp_path, n, ["optimizer=sam", f"seed={n}"], {"test_acc": 0.5}, measured, train)
+    failed = {"status": "failed", "error": "CUDA out of memory. Tried to allocate 2 GiB"}
+    job(
+        tmp_path,
+        3,
+        ["optimizer=sam", "seed=3"],
+        {"test_acc": 0.4, "lambda_max": 9.0},
+        failed,
+        train,
+    )
+    job(tmp_path, 4, ["optimizer=sam", "seed=4"], {"test_acc": 0.3, "lambda_max": 8.0}, None, train)
+    d = job(
+        tmp_path, 5, ["optimizer=sam", "seed=5"], {"test_acc": 0.2, "lambda_max": 7.0}, None, train
+    )
+    (d / "eval.json").write_text('{"status": "compl')
+    write_report(build_report(tmp_path))
+    md = (tmp_path / "report.md").read_text()
+    assert "Measured by sam-eval (eval.json): 3 job(s); from the training logs: 3." in md
+    assert "mixed into the same τ and Ψ as sam-eval's numbers" in md
+    assert "3 (eval.json says sam-eval failed: CUDA out of memory. Tried to allocate 2 GiB)" in md
+    assert "4 (no eval.json: not measured by sam-eval)" in md
+    assert "5 (eval.json is corrupt (not JSON: " in md
+
+
+def test_a_ranking_on_few_jobs_is_cautioned_and_gives_each_tau_its_p_value(tmp_path):
+    """Four jobs: no τ can reach p < 0.05 (τ = ±1 has p = 2/4! · 2 = 0.083): the caution says
+    so above the table, which has a p column; twelve jobs: no caution."""
+    for n in range(4):
+        measured = {"status": "completed", "lambda_max": float(n), "gen_gap": 0.1 * n}
+        job(tmp_path / "few", n, ["optimizer=sam", f"seed={n}"], {"test_acc": 0.5}, measured)
+    write_report(build_report(tmp_path / "few"))
+    md = (tmp_path / "few" / "report.md").read_text()
+    assert "**Caution: few jobs.** The ranking rests on n = 4 jobs" in md
+    assert "no τ can reach p < 0.05 (τ = ±1 itself has p = 0.083 with n = 4)" in md
+    assert "| rank | measure | τ with gen gap | p | τ with test error | Ψ | n |" in md
+    assert "| 1 | λ_max (`lambda_max`) | +1.000 | 0.083 | " in md
+    for n in range(12):
+        gap = 0.01 * n * (-1) ** n
+        measured = {"status": "completed", "lambda_max": float(n), "gen_gap": gap}
+        job(tmp_path / "many", n, ["optimizer=sam", f"seed={n}"], {"test_acc": 0.5}, measured)
+    write_report(build_report(tmp_path / "many"))
+    assert "Caution" not in (tmp_path / "many" / "report.md").read_text()

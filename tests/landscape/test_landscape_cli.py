@@ -157,8 +157,8 @@ def test_the_one_grammar_and_the_earlier_flags_give_one_result(run, capsys):
     assert main([str(run), *words, "--device", "cpu", "trainer.progress=none"]) == 0
     assert (run / "landscape" / "slice_1d.csv").read_text() == new
     capsys.readouterr()
-    line = fails([run, "trainer.progress=lines"], capsys)
-    assert "trainer.progress='lines' is unknown" in line
+    line = fails([run, "trainer.progress=line"], capsys)
+    assert "trainer.progress='line' is unknown; choose one of auto, bar, lines, none" in line
     line = fails([run, "optimizer.rho=1"], capsys)
     assert "'optimizer.rho=1' is not a sam-landscape setting" in line
     line = fails([run, "landscape.pionts=5"], capsys)

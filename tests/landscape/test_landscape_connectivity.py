@@ -139,3 +139,48 @@ def test_one_curve_step_is_sgd_without_weight_decay_plus_the_penalty_on_the_curv
     assert not all(
         torch.allclose(n, o, rtol=1e-5, atol=1e-7) for n, o in zip(curve.c, decayed_control)
     )
+
+
+# ------------------------------------------------------------ one computation per folder (#28)
+def test_a_pair_recomputed_without_a_curve_keeps_nothing_of_the_earlier_curve(tmp_path):
+    """A pair that had a Bézier curve, recomputed with the line only: landscape.json holds no
+    ``curve`` (its options say linear) and bezier.csv is gone; the model recorded is the one
+    built (model=auto resolved), not ``auto``."""
+    a = copy_run(trained("model.channels=8"), tmp_path / "a")  # model=auto: cnn1d on MNIST-1D
+    b = trained("model.channels=8", "seed=1")
+    argv = [str(a), f"landscape.to={b}", "landscape.alphas=5", "trainer.progress=none"]
+    assert main([*argv, "landscape.curve=bezier", "landscape.curve_epochs=1"]) == 0
+    out = pair_folder(a, b)
+    assert "curve" in json.loads((out / "landscape.json").read_text())
+    assert (out / "bezier.csv").is_file()
+    assert main(argv) == 0
+    s = json.loads((out / "landscape.json").read_text())
+    assert s["options"]["curve"] == "linear" and "curve" not in s
+    assert not (out / "bezier.csv").exists()
+    assert s["run_a"]["model"] == s["run_b"]["model"] == "cnn1d"
+
+
+def test_non_finite_logits_have_no_accuracy_and_both_panels_leave_them_out():
+    """Where the weights give non-finite logits the accuracy is NaN, as the loss is (not the
+    share of class 0 that argmax of NaNs picks: error 0.9 on ten classes), and the error panel
+    leaves those points out and says so, as the loss panel does."""
+    from sam_runner.landscape.plots import plot_connectivity
+
+    run = load_run(trained(*MLP), torch.device("cpu"))
+    ev = Evaluator(run, 256, 4096)
+    finite = ev.measure()
+    assert torch.isfinite(finite).all()
+    with torch.no_grad():
+        next(run.model.parameters()).fill_(float("nan"))
+    broken = ev.measure()
+    ev.restore()
+    assert torch.isnan(broken).all()  # train and test loss, train and test accuracy
+    alphas = np.array([-0.25, 0.0, 0.5, 1.0, 1.25])
+    values = np.tile(finite.double().numpy(), (5, 1))
+    values[0] = broken.double().numpy()
+    fig = plot_connectivity(alphas, values, "t")
+    loss_ax, err_ax = fig.axes
+    for ax in (loss_ax, err_ax):
+        drawn = [line for line in ax.get_lines() if line.get_label().startswith("line, ")]
+        assert all(np.isnan(line.get_ydata()[0]) for line in drawn)
+        assert any("not finite at α = -0.25" in t.get_text() for t in ax.texts)

@@ -164,3 +164,50 @@ def test_hessian_slice_of_a_real_run_has_the_eigenvalue_as_its_curvature_scale(t
     s = json.loads((run / "landscape" / "landscape.json").read_text())
     lam = s["slice_1d"]["direction"]["eigenvalue"]
     assert s["curvature_1d_per_unit_norm"] == pytest.approx(lam, rel=0.1)
+
+
+# ------------------------------------------------------------ progress and resume (#28)
+def test_progress_lines_say_each_tenth_of_a_slice_with_the_time_left(tmp_path, capsys):
+    """trainer.progress=lines (what auto gives off a terminal: nohup, a log, SLURM): a line at
+    the first point of each slice and at every tenth, with the time taken and left."""
+    run = copy_run(trained(*MLP), tmp_path / "run")
+    argv = [str(run), "landscape.points=11", "landscape.grid=5", "trainer.progress=lines"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "sam-landscape: 1-D slice: 1/11 points (9%)" in err and "left" in err
+    assert "sam-landscape: 1-D slice: 11/11 points (100%)" in err
+    assert "sam-landscape: 2-D slice: 25/25 points (100%)" in err
+    done = [int(line.split(": ")[2].split("/")[0]) for line in err.splitlines() if "1-D" in line]
+    assert done == [1, 2, 3, 4, 5, 6, 7, 8, 9, 11]  # the first point, then each tenth (of 11)
+
+
+def test_a_call_killed_in_its_2d_slice_keeps_its_1d_slice(tmp_path):
+    """Killed (SIGKILL) while the 2-D slice runs, the same command computes the 2-D slice only:
+    the 1-D slice's files and numbers were written when it ended, and are kept."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT, wait_for
+
+    run = copy_run(trained(*MLP), tmp_path / "run")
+    argv = [str(run), "landscape.points=11", "landscape.grid=61", "trainer.progress=lines"]
+    cmd = [sys.executable, "-m", "sam_runner.landscape.cli", *argv]
+    log = tmp_path / "err.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stderr=err, stdout=subprocess.DEVNULL, cwd=ROOT)
+        wait_for(lambda: "2-D slice: 1/" in log.read_text(), "the 2-D slice", proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    held = json.loads((run / "landscape" / "landscape.json").read_text())
+    assert "slice_1d" in held and "slice_2d" not in held and "options" not in held
+    first = (run / "landscape" / "slice_1d.csv").read_bytes()
+    again = [*cmd[:-2], "landscape.grid=5", "trainer.progress=lines"]
+    done = subprocess.run(again, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "the 1-D slice is in landscape.json with these settings: kept" in done.stderr
+    assert "1-D slice: " not in done.stderr and "2-D slice: 25/25" in done.stderr
+    assert (run / "landscape" / "slice_1d.csv").read_bytes() == first
+    both = json.loads((run / "landscape" / "landscape.json").read_text())
+    assert both["slice_1d"] == held["slice_1d"] and "slice_2d" in both
+    assert (run / "landscape" / "slice_1d.png").is_file()

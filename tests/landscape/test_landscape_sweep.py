@@ -143,3 +143,25 @@ def test_an_unknown_launcher_option_names_the_keys(sweep, capsys):
         and err.count("\n") == 1
     ), err
     assert not (sweep / ".sam-landscape").exists()
+
+
+def test_a_done_sweep_asked_in_another_format_is_drawn_from_its_files(sweep, capsys):
+    """plots.format=pdf on seed pairs and slices already computed as PNG: each figure is drawn
+    again as a PDF from the folder's files, and nothing is computed (landscape.json untouched);
+    an unknown format is one line, exit 2."""
+    pairs = [str(sweep), "landscape.pairs=seeds", "landscape.alphas=5", "trainer.progress=none"]
+    slices = [str(sweep), "landscape.points=5", "landscape.grid=3", "trainer.progress=none"]
+    assert main(pairs) == 0 and main(slices) == 0
+    jsons = [*pair_files(sweep).values(), *sweep.glob("*/landscape/landscape.json")]
+    before = {f: f.stat().st_mtime_ns for f in jsons}
+    capsys.readouterr()
+    assert main([*pairs, "plots.format=pdf"]) == 0 and main([*slices, "plots.format=pdf"]) == 0
+    assert "4 already done, 0 to compute" in capsys.readouterr().out
+    assert all(f.stat().st_mtime_ns == t for f, t in before.items())
+    for a, b in PAIRS:
+        assert (sweep / a / "landscape" / b / "connectivity.pdf").read_bytes()[:4] == b"%PDF"
+    for stem in ("slice_1d", "slice_2d", "surface_2d"):
+        assert (sweep / "0" / "landscape" / f"{stem}.pdf").read_bytes()[:4] == b"%PDF"
+    assert main([*pairs, "plots.format=tiff"]) == 2
+    err = capsys.readouterr().err
+    assert "plots.format='tiff' is unknown; choose one of png, pdf, svg" in err

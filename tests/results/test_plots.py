@@ -14,7 +14,7 @@ from sam_runner.plots.run import (
     plot_reliability,
     write_run_plots,
 )
-from sam_runner.plots.style import save_png, variant_color
+from sam_runner.plots.style import save_figure, variant_color
 from sam_runner.plots.sweep import plot_acc_vs_lambda, plot_metric_vs_rho
 from sam_runner.train import train
 
@@ -119,7 +119,7 @@ def test_rho_zero_stays_on_a_wide_rho_axis(tmp_path):
     fig = plot_metric_vs_rho(
         [group("sam", r, 5.0 - r) for r in (0.0, 0.01, 0.2)], "lambda_max", "λ_max", logy=True
     )
-    assert decodes(save_png(fig, tmp_path / "p.png"))
+    assert decodes(save_figure(fig, tmp_path, "p"))
     lo, hi = fig.axes[0].get_xlim()
     assert lo <= 0.0 and hi >= 0.2 and fig.axes[0].get_xscale() == "symlog"
 
@@ -128,7 +128,7 @@ def test_two_groups_of_one_line_at_the_same_rho_plot(tmp_path):
     fig = plot_metric_vs_rho(
         [group("sam", 0.1, 4.0), group("sam", 0.1, 5.0)], "lambda_max", "λ_max"
     )
-    assert decodes(save_png(fig, tmp_path / "p.png"))
+    assert decodes(save_figure(fig, tmp_path, "p"))
 
 
 def test_a_sweep_over_other_axes_gets_one_panel_per_combination_one_legend_outside(tmp_path):
@@ -146,7 +146,7 @@ def test_a_sweep_over_other_axes_gets_one_panel_per_combination_one_legend_outsi
         for r in (0.05, 0.2)
     ]
     fig = plot_metric_vs_rho(groups, "lambda_max", "λ_max", logy=True, bounds=True)
-    save_png(fig, tmp_path / "p.png")
+    save_figure(fig, tmp_path, "p")
     panels = [ax for ax in fig.axes if ax.get_visible()]
     titles = [ax.get_title() for ax in panels]
     assert len(panels) == 4  # numbers in order of value
@@ -304,3 +304,49 @@ def test_sweep_eos_traces_draw_each_threshold_dashed_and_the_sam_edge_dotted():
     dotted = [line for line in sam.get_lines() if line.get_linestyle() == ":"]
     assert sorted(float(line.get_ydata()[0]) for line in dotted) == [2.5, 5.0]
     assert "dotted: the SAM edge" in fig._suptitle.get_text()
+
+
+# ------------------------------------------------------------ paper figures (#28)
+def test_one_rho_gets_one_readable_tick_and_the_legend_leaves_the_panel_its_width():
+    """A sweep at one ρ (sam with its bound, base as a level): the ρ axis has one tick, at that ρ,
+    the legend sits under the panel (not beside it) and its title says what bars and bands are."""
+    groups = [
+        dict(group("sam", 0.05, 50.0), bounds=[(0.05, 45.0), (0.05, 47.0)]),
+        group("base", None, 88.0),
+    ]
+    fig = plot_metric_vs_rho(groups, "lambda_max", "λ_max", logy=True, bounds=True)
+    fig.canvas.draw()
+    (ax,) = [a for a in fig.axes if a.get_visible()]
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert labels == ["0.05"]
+    renderer = fig.canvas.get_renderer()
+    legend, panel = fig.legends[0].get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.y1 <= panel.y0 and panel.width > 0.6 * fig.bbox.width
+    assert "± 1 sample std" in fig.legends[0].get_title().get_text()
+
+
+def test_every_figure_is_written_as_png_pdf_or_svg_and_nothing_else(tmp_path):
+    import pytest
+
+    from sam_runner.errors import UserError
+
+    fig = plot_acc_vs_lambda([("sam", 3.0, 0.5), ("base", 4.0, 0.6)])
+    heads = {"png": b"\x89PNG", "pdf": b"%PDF", "svg": b"<?xml"}
+    for fmt, head in heads.items():
+        path = save_figure(fig, tmp_path, "f", fmt)
+        assert path.name == f"f.{fmt}" and path.read_bytes()[:5].startswith(head)
+    first = (tmp_path / "f.pdf").read_bytes()  # no creation date: the same figure, the same file
+    assert save_figure(fig, tmp_path, "f", "pdf").read_bytes() == first
+    accepted = "choose one of png, pdf, svg"
+    with pytest.raises(UserError, match=f"plots.format='eps' is unknown; {accepted}"):
+        save_figure(fig, tmp_path, "g", "eps")
+    assert not list(tmp_path.glob("g.*"))
+
+
+def test_a_run_is_titled_by_what_it_is_not_by_its_folder_name():
+    from sam_runner.results.rundir import run_label
+
+    long = "/x/multirun/optimizer-sam+base__optimizer.rho-0.05__seed-0+1__trainer.epochs-3"
+    job = {"run": f"{long}/3", "variant": "sam", "rho": 0.05, "seed": 1}
+    assert run_label(job) == "job 3 (sam, ρ = 0.05, seed 1)"
+    assert run_label({"run": long, "variant": "base", "rho": None, "seed": 0}) == "base, seed 0"

@@ -101,6 +101,25 @@ def test_every_png_decodes_as_an_image(reported):
     )
 
 
+def test_plots_format_writes_every_figure_as_svg_and_refuses_other_formats(tmp_path, capsys):
+    """plots.format=svg, a word among the folders: every figure of the report is an SVG, and
+    report.md links them; an unknown format is one line, exit 2, and nothing is written."""
+    out = tmp_path / "svg"
+    assert main([str(shared_sweep()), "plots.format=svg", "--out", str(out)]) == 0
+    figures = {p.name for p in out.iterdir() if p.suffix in (".png", ".svg", ".pdf")}
+    assert figures >= {"acc_vs_rho.svg", "lambda_max_vs_rho.svg", "acc_vs_lambda_max.svg"}
+    assert all(name.endswith(".svg") for name in figures)
+    assert all((out / n).read_text().startswith("<?xml") for n in figures)
+    md = (out / "report.md").read_text()
+    assert "](lambda_max_vs_rho.svg)" in md and ".png)" not in md
+    capsys.readouterr()
+    bad = tmp_path / "bad"
+    assert main([str(shared_sweep()), "plots.format=jpg", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err == "sam-report: error: plots.format='jpg' is unknown; choose one of png, pdf, svg\n"
+    assert not bad.exists()
+
+
 def test_a_running_job_is_reported_missing_and_left_out_of_the_means(tmp_path):
     sweep = copy_sweep(tmp_path / "sweep")
     running = sorted(p for p in sweep.iterdir() if p.is_dir())[-1]  # the last job: no summary yet

@@ -1,0 +1,26 @@
+"""The job folders of ``sam-eval PATH``, found with nothing heavy imported (no Hydra, no torch):
+a PATH that is no folder, or holds no run, is refused before the settings are composed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import require
+from ..runfiles import job_dirs
+
+
+def job_folders(path: Path) -> list[Path]:
+    path = Path(path)
+    require(
+        path.is_dir(),
+        f"PATH={str(path)!r} is not a folder; pass a run folder or a sweep folder of sam-run",
+    )
+    if (path / ".hydra").is_dir() or (path / "summary.json").exists():
+        return [path]
+    dirs = job_dirs(path)
+    require(
+        bool(dirs),
+        f"PATH={str(path)!r} holds no run: no .hydra/ or summary.json in it or in a folder under "
+        "it; pass a run folder or a sweep folder of sam-run",
+    )
+    return dirs
