@@ -13,14 +13,17 @@ before anything is written.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
 import sys
 from pathlib import Path
 
 from ..errors import UserError, require
-from ..runfiles import CHECKPOINT
+from ..runfiles import CHECKPOINT, read_json
 from ..sweep.array import TasksFailed
+from .figures import draw_pair, draw_slices, slice_figures
+from .files import SUMMARY, connectivity_done, folder, pair_folder, slices_done
 from .options import Options
 
 PROG = "sam-landscape"
@@ -303,8 +306,8 @@ def run(args, say=print) -> dict:
             CLUSTERS[args.launcher],
             launcher_params(args.launcher, args.launcher_option or [], path / ".sam-landscape"),
         )
-    device = _device(opt.device) if array is None else None  # a task resolves it where it runs
-    from ..results.rundir import load_run
+    # torch loads only for work to do here (an array's task resolves its device where it runs)
+    device = functools.cache(lambda: _device(opt.device) if array is None else None)
     from . import pairs
 
     if args.pairs:
@@ -314,32 +317,55 @@ def run(args, say=print) -> dict:
         )
         return pairs.connect_pairs(path, opt, device, say, array)
     if args.to is not None:
-        from .connectivity import connect
-
-        require(
-            args.to.is_dir(),
-            f"--to {str(args.to)!r} does not exist or is not a folder; pass a run folder",
-        )
-        if args.to.resolve() == path.resolve():  # a valid check of the tool, but say so
-            print(
-                f"sam-landscape: warning: landscape.to={str(args.to)!r} is the run itself: every "
-                "point is the same weights and the barrier is 0",
-                file=sys.stderr,
-            )
-        from .files import require_writable
-
-        require_writable(path, opt.weights)  # before any point is computed
-        run_a = load_run(path, device, opt.weights)
-        summary = connect(run_a, load_run(args.to, device, opt.weights), opt)
-        say(_pair_line(run_a.path, summary))
-        return summary
+        return _connect_two(path, args.to, opt, device, say)
     if not _is_run_folder(path):
         return pairs.slice_jobs(path, opt, device, say, array)
+    if slices_done(path, opt):  # nothing to compute: said from the folder, before torch loads
+        say(_kept(folder(path, opt.weights), opt, "slices", slice_figures(opt.slices)))
+        summary = read_json(folder(path, opt.weights) / SUMMARY)
+        say(_slice_lines(path, opt, summary))
+        return summary
+    from ..results.rundir import load_run
     from .slices import run_slices
 
-    summary = run_slices(load_run(path, device, opt.weights), opt)
+    summary = run_slices(load_run(path, device(), opt.weights), opt)
     say(_slice_lines(path, opt, summary))
     return summary
+
+
+def _connect_two(path: Path, to: Path, opt, device, say) -> dict:
+    require(to.is_dir(), f"--to {str(to)!r} does not exist or is not a folder; pass a run folder")
+    if to.resolve() == path.resolve():  # a valid check of the tool, but say so
+        print(
+            f"sam-landscape: warning: landscape.to={str(to)!r} is the run itself: every "
+            "point is the same weights and the barrier is 0",
+            file=sys.stderr,
+        )
+    out = pair_folder(path, to, opt.weights)
+    if connectivity_done(path, to, opt):
+        say(_kept(out, opt, "connectivity", ["connectivity"]))
+        summary = read_json(out / SUMMARY)
+        say(_pair_line(path, summary))
+        return summary
+    from ..results.rundir import load_run
+    from .connectivity import connect
+    from .files import require_writable
+
+    require_writable(path, opt.weights)  # before any point is computed
+    run_a = load_run(path, device(), opt.weights)
+    summary = connect(run_a, load_run(to, device(), opt.weights), opt)
+    say(_pair_line(run_a.path, summary))
+    return summary
+
+
+def _kept(out: Path, opt, what: str, stems) -> str:
+    """The line for a folder that holds the asked computation already (its figures in
+    ``plots.format`` drawn from its files if missing)."""
+    from .pairs import redraw_missing
+
+    draw = draw_pair if what == "connectivity" else lambda o, f: draw_slices(o, f, opt.slices)
+    redrawn = redraw_missing([out], stems, opt, draw)
+    return f"{out}/: the {what} with these settings, newer than the weights: kept{redrawn}"
 
 
 def _num(v) -> str:

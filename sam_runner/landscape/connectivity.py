@@ -17,15 +17,13 @@ connectivity.png (or ``plots.format``), drawn from those files.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from ..errors import UserError
 from ..runfiles import read_json
 from .evaluate import COLUMNS, Evaluator
 from .figures import draw_pair
-from .files import SUMMARY, clean, pair_folder, replace_summary, write_rows
+from .files import SUMMARY, pair_folder, replace_summary, write_rows
 from .geometry import barrier, grid
 from .slices import make_evaluator
 
@@ -129,10 +127,3 @@ def pair_settings(run_a, ev, opt) -> dict:
     if opt.curve == "bezier":
         epochs = opt.curve_epochs or int(run_a.cfg.trainer.epochs)
     return opt.pair_settings(train_samples=ev.sizes["train_samples"], curve_epochs=epochs)
-
-
-def connectivity_done(run_a_dir: Path, run_b_dir: Path, opt) -> bool:
-    """Whether RUN_A/landscape/<B> holds the connectivity to this run B with these options."""
-    held = read_json(pair_folder(run_a_dir, run_b_dir, opt.weights) / SUMMARY) or {}
-    same_b = (held.get("run_b") or {}).get("run") == str(Path(run_b_dir).resolve())
-    return same_b and held.get("options") == clean(opt.pair_settings())

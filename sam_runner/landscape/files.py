@@ -107,3 +107,33 @@ def pair_folder(run_a: Path, run_b: Path, weights: str = "last") -> Path:
     replaced by ``_``)."""
     name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", Path(run_b).name) or "run_b"
     return folder(run_a, weights) / name
+
+
+def newer_than_weights(summary: Path, *runs: Path) -> bool:
+    """Whether ``summary`` was written after each run's checkpoint (a run trained again since is
+    measured again)."""
+    from ..runfiles import CHECKPOINT
+
+    try:
+        written = summary.stat().st_mtime_ns
+        return all((Path(r) / CHECKPOINT).stat().st_mtime_ns <= written for r in runs)
+    except OSError:
+        return False
+
+
+def slices_done(job: Path, opt) -> bool:
+    """Whether the job's landscape.json holds the slices of these options, newer than its
+    weights."""
+    summary = folder(job, opt.weights) / SUMMARY
+    held = read_json(summary) or {}
+    return held.get("options") == clean(opt.slice_options()) and newer_than_weights(summary, job)
+
+
+def connectivity_done(run_a_dir: Path, run_b_dir: Path, opt) -> bool:
+    """Whether RUN_A/landscape/<B> holds the connectivity to this run B with these options,
+    newer than both runs' weights."""
+    summary = pair_folder(run_a_dir, run_b_dir, opt.weights) / SUMMARY
+    held = read_json(summary) or {}
+    same_b = (held.get("run_b") or {}).get("run") == str(Path(run_b_dir).resolve())
+    same = same_b and held.get("options") == clean(opt.pair_settings())
+    return same and newer_than_weights(summary, run_a_dir, run_b_dir)

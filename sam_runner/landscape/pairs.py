@@ -19,10 +19,8 @@ from ..results.rundir import load_run
 from ..results.sweep import group_overrides
 from ..runfiles import CHECKPOINT, job_dirs, read_json
 from ..sweep.plan import saved_overrides
-from .connectivity import connect, connectivity_done
 from .figures import draw_pair, draw_slices, drawn, slice_figures
-from .files import SUMMARY, clean, folder, pair_folder
-from .slices import run_slices
+from .files import connectivity_done, folder, pair_folder, slices_done
 
 
 def completed_jobs(sweep_dir: Path) -> list[Path]:
@@ -50,12 +48,13 @@ def seed_pairs(jobs: list[Path]) -> list[tuple[Path, Path]]:
 
 def connect_pairs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
     """Connect every seed pair not done yet; counts of pairs, skipped and computed (and failed,
-    with ``array``: (submitit cluster, launcher parameters), one task a pair)."""
+    with ``array``: (submitit cluster, launcher parameters), one task a pair). ``device()``
+    gives the device, called only when a pair is computed here (torch loads then)."""
     jobs = completed_jobs(sweep_dir)
     pairs = seed_pairs(jobs)
     todo = [(a, b) for a, b in pairs if not connectivity_done(a, b, opt)]
     folders = [pair_folder(a, b, opt.weights) for a, b in pairs if (a, b) not in todo]
-    redrawn = _redraw(folders, ["connectivity"], opt, draw_pair)
+    redrawn = redraw_missing(folders, ["connectivity"], opt, draw_pair)
     say(
         f"{len(pairs)} seed pair(s) among {len(jobs)} completed job(s): "
         f"{len(pairs) - len(todo)} already done, {len(todo)} to compute{redrawn}"
@@ -65,14 +64,9 @@ def connect_pairs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
     if array is not None:
         return {**counts, **_in_array(connect_task, todo, opt, array, names, _barriers, say)}
     for i, (a, b) in enumerate(todo, 1):
-        summary = connect(load_run(a, device, opt.weights), load_run(b, device, opt.weights), opt)
+        summary = connect_task(a, b, opt, device())
         say(f"  [{i}/{len(todo)}] {names[i - 1]}: {_barriers(summary)}")
     return counts
-
-
-def slices_done(job: Path, opt) -> bool:
-    held = read_json(folder(job, opt.weights) / SUMMARY) or {}
-    return held.get("options") == clean(opt.slice_options())
 
 
 def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
@@ -82,7 +76,7 @@ def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
     todo = [j for j in jobs if not slices_done(j, opt)]
     folders = [folder(j, opt.weights) for j in jobs if j not in todo]
     draw = lambda out, fmt: draw_slices(out, fmt, opt.slices)  # noqa: E731
-    redrawn = _redraw(folders, slice_figures(opt.slices), opt, draw)
+    redrawn = redraw_missing(folders, slice_figures(opt.slices), opt, draw)
     say(
         f"{len(jobs)} completed job(s): {len(jobs) - len(todo)} already done, "
         f"{len(todo)} to compute{redrawn}"
@@ -93,12 +87,12 @@ def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
         items = [(j,) for j in todo]
         return {**counts, **_in_array(slice_task, items, opt, array, names, _width, say)}
     for i, job in enumerate(todo, 1):
-        summary = run_slices(load_run(job, device, opt.weights), opt)
+        summary = slice_task(job, opt, device())
         say(f"  [{i}/{len(todo)}] {names[i - 1]}: {_width(summary)}")
     return counts
 
 
-def _redraw(folders, stems, opt, draw) -> str:
+def redraw_missing(folders, stems, opt, draw) -> str:
     """Done folders without their figures in ``opt.plot_format`` drawn from their files (no
     computing); what to add to the first line."""
     missing = [out for out in folders if not drawn(out, stems, opt.plot_format)]
@@ -108,18 +102,20 @@ def _redraw(folders, stems, opt, draw) -> str:
 
 
 # ------------------------------------------------------------------------- as a job array
-def slice_task(job: Path, opt) -> dict:
-    """One array task: a job's slices, on the device its node has (``--device``)."""
+def slice_task(job: Path, opt, device=None) -> dict:
+    """One job's slices (an array task: on the device its node has, ``--device``)."""
     from .cli import _device
+    from .slices import run_slices
 
-    return run_slices(load_run(job, _device(opt.device), opt.weights), opt)
+    return run_slices(load_run(job, device or _device(opt.device), opt.weights), opt)
 
 
-def connect_task(a: Path, b: Path, opt) -> dict:
-    """One array task: a seed pair's connectivity."""
+def connect_task(a: Path, b: Path, opt, device=None) -> dict:
+    """One seed pair's connectivity (an array task: on its node's device)."""
     from .cli import _device
+    from .connectivity import connect
 
-    device = _device(opt.device)
+    device = device or _device(opt.device)
     return connect(load_run(a, device, opt.weights), load_run(b, device, opt.weights), opt)
 
 

@@ -165,3 +165,28 @@ def test_the_one_grammar_and_the_earlier_flags_give_one_result(run, capsys):
     assert "landscape.pionts is not an option (did you mean landscape.points?)" in line
     line = fails([run, "landscape.span=[1,2]"], capsys)
     assert "--span 1 2 must be" in line
+
+
+def test_a_done_landscape_is_said_from_its_folder_before_torch_loads(run, tmp_path):
+    """A rerun of a finished slice and of a finished pair: nothing computed, torch not imported;
+    a run trained again since (a newer checkpoint) is computed again."""
+    other = copy_run(trained(*MLP), tmp_path / "other")
+    words = ["landscape.slices=1d", "landscape.points=5", "landscape.train_samples=64"]
+    pair = ["landscape.train_samples=64", f"landscape.to={other}"]
+    assert main([str(run), *words]) == 0 and main([str(run), *pair]) == 0
+    code = (
+        "import sys; from sam_runner.landscape.cli import main; rc = main(sys.argv[1:]); "
+        "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)"
+    )
+    for argv, what in ((words, "slices"), (pair, "connectivity")):
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(run), *argv], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert f"the {what} with these settings, newer than the weights: kept" in proc.stdout
+        assert proc.stdout.strip().endswith("no torch"), proc.stdout
+    (run / "checkpoints" / "last.pt").touch()  # as a run trained again
+    csv = run / "landscape" / "slice_1d.csv"
+    before = csv.stat().st_mtime_ns
+    assert main([str(run), *words]) == 0
+    assert csv.stat().st_mtime_ns > before
