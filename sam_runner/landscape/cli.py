@@ -240,7 +240,7 @@ def _device(name: str):
         name = "cuda" if torch.cuda.is_available() else "cpu"
     require(
         name == "cpu" or torch.cuda.is_available(),
-        f"--device={name} but CUDA is not available here; use --device cpu or auto",
+        f"--device={name} but CUDA is not available here; use --device=cpu or auto",
     )
     device = torch.device(name)
     count = torch.cuda.device_count() if device.type == "cuda" else 0
@@ -468,6 +468,24 @@ def translate(argv: list[str]) -> tuple[list[str], list[str]]:
     return out, notes
 
 
+def in_grammar(message: str) -> str:
+    """An error's flags (``--points=0``, ``--to``) in the one grammar's spellings
+    (``landscape.points=0``, ``landscape.to``), for a call that used no flag."""
+    by_flag = {o: a.dest for a in parser()._actions for o in a.option_strings}
+
+    def word(m) -> str:
+        dest = by_flag.get(m.group(1))
+        if dest is None or dest == "help":
+            return m.group(0)
+        new = RUN_SPELLING.get(dest, f"landscape.{dest}=")
+        if m.group(3):  # a range: --span -1 1 is landscape.span=[-1, 1]
+            return f"{new}[{', '.join(m.group(3).split())}]"
+        return new if m.group(2) else new.rstrip("=")
+
+    number = r" [-+]?(?:[\d.]+(?:e[-+]?\d+)?|nan|inf)"
+    return re.sub(rf"(?<![\w-])(--[a-z][a-z-]*)(=?)((?:{number}){{2}}(?![\w.]))?", word, message)
+
+
 def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     try:
@@ -479,7 +497,7 @@ def main(argv=None) -> int:
     try:
         run(args)
     except UserError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e if notes else in_grammar(str(e))}", file=sys.stderr)
         return 2
     except TasksFailed as e:  # the others' results are written; the same command retries these
         print(f"{PROG}: error: {e}", file=sys.stderr)

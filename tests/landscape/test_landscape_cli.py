@@ -91,6 +91,20 @@ def test_bad_options(run, capsys, argv, words):
     assert not (run / "landscape").exists()
 
 
+@pytest.mark.parametrize(
+    "words, line",
+    [
+        (["landscape.points=1"], "landscape.points=1 must be an integer >= 3"),
+        (["landscape.to=X", "landscape.grid=5"],
+         "landscape.grid applies to slices, not to landscape.to or landscape.pairs"),
+        (["landscape.train_samples=0"], "landscape.train_samples=0 must be an integer >= 1"),
+        (["trainer.device=tpu"], "trainer.device=tpu is unknown; choose auto, cpu, cuda or cuda:N"),
+    ],
+)  # fmt: skip
+def test_an_error_is_spelled_as_the_call_spelled_its_options(run, capsys, words, line):
+    assert fails([run, *words], capsys) == f"sam-landscape: error: {line}"
+
+
 def test_a_missing_run_b(run, capsys):
     assert "--to" in fails([run, "--to", run.parent / "nope"], capsys)
 
@@ -164,7 +178,7 @@ def test_the_one_grammar_and_the_earlier_flags_give_one_result(run, capsys):
     line = fails([run, "landscape.pionts=5"], capsys)
     assert "landscape.pionts is not an option (did you mean landscape.points?)" in line
     line = fails([run, "landscape.span=[1,2]"], capsys)
-    assert "--span 1 2 must be" in line
+    assert "landscape.span=[1, 2] must be" in line
 
 
 def test_a_done_landscape_is_said_from_its_folder_before_torch_loads(run, tmp_path):
