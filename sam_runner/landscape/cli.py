@@ -1,13 +1,15 @@
 """``sam-landscape``: loss-landscape slices around a run, and mode connectivity between runs.
 
-    sam-landscape RUN_DIR                    1-D and 2-D slices around the run
-    sam-landscape RUN_A --to RUN_B           the straight line between two runs (and its barrier)
-    sam-landscape SWEEP_DIR --pairs seeds    every pair of a sweep's jobs differing only in seed
-    sam-landscape SWEEP_DIR                  every completed job's slices
+    sam-landscape RUN_DIR                          1-D and 2-D slices around the run
+    sam-landscape RUN_A landscape.to=RUN_B         the straight line between two runs (barrier)
+    sam-landscape SWEEP_DIR landscape.pairs=seeds  every pair of a sweep's jobs differing in seed
+    sam-landscape SWEEP_DIR                        every completed job's slices
 
-The options are argparse flags, as sam-report's (not Hydra overrides: they set how a finished
-run is looked at, not a run). Bad input is one line, ``sam-landscape: error: ...``, exit 2,
-before anything is written.
+The options are ``landscape.KEY=VALUE`` words, with sam-run's ``trainer.device=``,
+``trainer.progress=``, ``plots.format=`` and ``hydra/launcher=`` (the one grammar of the
+analysis commands, results/grammar.py); ``translate`` turns them into the argparse flags that
+parse them, and the earlier flags still work with a notice. Bad input is one line,
+``sam-landscape: error: ...`` in the spelling the call used, exit 2, before anything is written.
 """
 
 from __future__ import annotations
