@@ -3,6 +3,7 @@ samplers and label options on folder data (on PNG/JPEG trees the tests write).""
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 import shutil
 
@@ -175,20 +176,24 @@ def test_bad_folder_keys_stop_sam_run_before_any_folder(tmp_path, capsys, args, 
 
 def test_an_unreadable_image_read_by_a_worker_is_one_line(tmp_path):
     """With workers the DataLoader re-raises a worker's error wrapped in the worker's traceback:
-    the loaders give back the one line, for the test set and the measurement subset alike."""
+    the loaders give back the one line, for the test set and the measurement subset alike;
+    the workers end as soon as the error and the data are let go."""
     root = write_tree(tmp_path / "t", per_class=4, val_per_class=2)
+    before = set(multiprocessing.active_children())
     data = build_data(cfg(root=str(root), num_workers=2, batch_size=4), CPU, seed=0)
     for path, read in (
-        (root / "val" / "bee" / "1.jpg", lambda: list(data.test)),
-        (root / "train" / "cat" / "2.png", lambda: data.train_subset(12, 0)),
+        (root / "val" / "bee" / "1.jpg", lambda d: list(d.test)),
+        (root / "train" / "cat" / "2.png", lambda d: d.train_subset(12, 0)),
     ):
         path.write_bytes(b"not an image")
         with pytest.raises(UserError) as e:
-            read()
+            read(data)
         assert str(e.value) == (
             f"dataset.root: image {path} is unreadable (UnidentifiedImageError); replace or "
             "remove it"
         )
+    del data, e  # no garbage collection needed: no reference cycle keeps them
+    assert set(multiprocessing.active_children()) <= before
 
 
 def test_a_subset_that_does_not_fit_names_num_samples(tree):

@@ -176,11 +176,17 @@ def worker_batches(loader):
     with the worker's whole traceback as the message, whose last line is the original."""
     try:
         yield from loader
+        return
     except UserError as e:
         lines = str(e).strip().splitlines()
         if len(lines) <= 1:  # raised in this process: already one line
             raise
-        raise UserError(lines[-1].removeprefix(f"{UserError.__module__}.UserError: ")) from None
+        # the re-raised error and its frames (the DataLoader iterator's among them) form a
+        # cycle: without its traceback the iterator is freed with the loader, not by a later
+        # garbage collection, which cannot signal its workers and waits 5 s for each
+        e.__traceback__ = None
+        message = lines[-1].removeprefix(f"{UserError.__module__}.UserError: ")
+    raise UserError(message)
 
 
 class FolderLoader:
