@@ -48,8 +48,10 @@ def _data_shape(dataset_cfg) -> tuple[tuple, int]:
     configured image size, and a placeholder class count)."""
     entry = DATASETS.entry(dataset_cfg.name)
     shape = entry.input_shape
-    if shape is None:
-        size = int(dataset_cfg.get("image_size", 224))
+    if shape is None:  # checked here too: the trainer's checks build the model first
+        from .data.sources import image_size
+
+        size = image_size(dataset_cfg)
         shape = (3, size, size)
     return tuple(shape), entry.num_classes or 2
 

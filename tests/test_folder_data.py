@@ -3,8 +3,13 @@ samplers and label options on folder data (on PNG/JPEG trees the tests write).""
 
 from __future__ import annotations
 
+import multiprocessing
+import re
+import shutil
+
 import pytest
 import torch
+from conftest import run_cli
 from folder_files import write_tree
 from omegaconf import OmegaConf
 from PIL import Image
@@ -100,11 +105,26 @@ def test_folder_subset_is_unaugmented_seeded_and_cached(tree, tmp_path):
         open(path, "wb").write(saved)
 
 
+def empty_class(root):
+    for split in ("train", "val"):
+        (root / split / "dog").mkdir()
+
+
 @pytest.mark.parametrize(
     "damage, words",
     [
-        (lambda r: __import__("shutil").rmtree(r / "val"), r"missing folder .*val"),
-        (lambda r: (r / "train" / "dog").mkdir(), r"class folder .*dog holds no images"),
+        (lambda r: shutil.rmtree(r / "val"), r"missing folder .*val"),
+        (empty_class, r"class folder .*train/dog holds no images"),
+        # labels are sorted positions: without bee, val's cat would be scored as bee
+        (
+            lambda r: shutil.rmtree(r / "val" / "bee"),
+            r"val/ has other class folders than train/ \(missing bee\); labels are",
+        ),
+        (
+            lambda r: (r / "val" / "cat").rename(r / "val" / "cow"),
+            r"val/ has other class folders than train/ \(missing cat; extra cow\)",
+        ),
+        (lambda r: (r / "train" / "bee").rename(r / "train" / "ape"), r"\(missing ape; extra bee"),
     ],
 )
 def test_bad_trees_are_one_line_errors(tmp_path, damage, words):
@@ -115,11 +135,98 @@ def test_bad_trees_are_one_line_errors(tmp_path, damage, words):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["dataset.image_size=0"], "dataset.image_size=0 must be a positive integer"),
+        (["dataset.image_size=abc"], "dataset.image_size='abc' must be a positive integer"),
+        (["dataset.image_size=2.5"], "dataset.image_size=2.5 must be a positive integer"),
+        (["dataset.num_workers=-1"], "dataset.num_workers=-1 must be an integer >= 0"),
+        (["dataset.num_workers=true"], "dataset.num_workers=True must be an integer >= 0"),
+        (["VAL_WITHOUT_BEE"], "val/ has other class folders than train/ (missing bee)"),
+        # sweeps: a later job's value stops them before the first job runs
+        (["-m", "dataset.image_size=16,0"], "dataset.image_size=0 must be a positive integer"),
+        (["-m", "dataset.imbalance_ratio=1,0"], "dataset.imbalance_ratio=0 must be a number >= 1"),
+        (["-m", "dataset.imbalance_ratio=2,x"], "dataset.imbalance_ratio='x' must be a number"),
+    ],
+)
+def test_bad_folder_keys_stop_sam_run_before_any_folder(tmp_path, capsys, args, words):
+    root = write_tree(tmp_path / "t", per_class=2, val_per_class=1)
+    if args == ["VAL_WITHOUT_BEE"]:
+        shutil.rmtree(root / "val" / "bee")
+        args = []
+    out = tmp_path / "out"
+    sweep = args[:1] == ["-m"]
+    argv = [
+        *args[:sweep],
+        "dataset=image_folder",
+        f"dataset.root={root}",
+        "dataset.batch_size=2",
+        "model=cnn",
+        "trainer.epochs=1",
+        *args[sweep:],
+        f"hydra.run.dir={out}",
+        f"hydra.sweep.dir={out}",
+    ]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("sam-run: error: ") and words in err
+    assert not out.exists()
+
+
+def test_an_unreadable_image_read_by_a_worker_is_one_line(tmp_path):
+    """With workers the DataLoader re-raises a worker's error wrapped in the worker's traceback:
+    the loaders give back the one line, for the test set and the measurement subset alike;
+    the workers end as soon as the error and the data are let go."""
+    root = write_tree(tmp_path / "t", per_class=4, val_per_class=2)
+    before = set(multiprocessing.active_children())
+    data = build_data(cfg(root=str(root), num_workers=2, batch_size=4), CPU, seed=0)
+    for path, read in (
+        (root / "val" / "bee" / "1.jpg", lambda d: list(d.test)),
+        (root / "train" / "cat" / "2.png", lambda d: d.train_subset(12, 0)),
+    ):
+        path.write_bytes(b"not an image")
+        with pytest.raises(UserError) as e:
+            read(data)
+        assert str(e.value) == (
+            f"dataset.root: image {path} is unreadable (UnidentifiedImageError); replace or "
+            "remove it"
+        )
+    del data, e  # no garbage collection needed: no reference cycle keeps them
+    assert set(multiprocessing.active_children()) <= before
+
+
 def test_a_subset_that_does_not_fit_names_num_samples(tree):
     data = build_data(cfg(root=str(tree), image_size=40000), CPU, seed=0)
     with pytest.raises(UserError, match=r"metrics.hessian.num_samples=4096: .* GiB") as e:
         data.train_subset(4096, 0)
     assert "\n" not in str(e.value)
+
+
+def test_the_memory_check_counts_the_float_copy(tmp_path):
+    """A measurement holds the subset as uint8 and, normalised, as float32 at once (5 bytes a
+    value): a subset whose uint8 copy alone takes a quarter of the memory available is
+    refused before anything is decoded (the images here cannot be: the check comes first)."""
+    from sam_runner.data.folder import available_bytes, subset_bytes
+
+    root = write_tree(tmp_path / "t", per_class=1, val_per_class=1)
+    for image in (root / "train").glob("*/*"):
+        image.write_bytes(b"never decoded")
+    size = int((available_bytes() / 4 / 9) ** 0.5)  # 3 images × 3 channels × size² = 1/4
+    data = build_data(cfg(root=str(root), image_size=size, batch_size=1), CPU, seed=0)
+    with pytest.raises(UserError) as e:
+        data.train_subset(3, 0)
+    assert re.fullmatch(
+        rf"metrics.hessian.num_samples=3: the measurement subset \(3 images at {size}²\) needs "
+        r"[\d.]+ GiB at once on the host \(uint8 as decoded, float32 as measured\), over half "
+        r"the [\d.]+ GiB available there; lower metrics.hessian.num_samples",
+        str(e.value),
+    )
+    # on a CUDA device: the uint8 copy on the host, both copies on the device
+    values = 4096 * 3 * 224 * 224
+    host, gpu = torch.device("cpu"), torch.device("cuda:1")
+    assert subset_bytes(4096, 224) == subset_bytes(4096, 224, host) == {host: 5 * values}
+    assert subset_bytes(4096, 224, gpu) == {host: values, gpu: 5 * values}
 
 
 def test_long_tail_and_label_noise_hold_on_folders(tree):

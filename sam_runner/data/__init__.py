@@ -45,14 +45,16 @@ class Data:
         """Whether a measurement subset can be drawn (every dataset source of this package)."""
         return self.train_tensors is not None or self.folder_subset is not None
 
-    def train_subset(self, n: int, seed: int):
+    def train_subset(self, n: int, seed: int, write: bool | None = None):
         """The measurement subset: a fixed, seeded subset of the training set
         (``folder.subset_indices``), without augmentation, as model-ready tensors (for
         curvature, the sharpness measures, the landscape); with a full batch, the whole
         training set, in order (the loss that the steps descend). Image folders decode it once
-        into uint8 (kept in ``cache_dir``) and normalise it here."""
+        into uint8 (kept in ``cache_dir``; ``write`` overrides ``cache_write``) and normalise it
+        here, on the device."""
         if self.train_tensors is None:
-            x, y = self.folder_subset(n, seed, self.cache_dir, self.cache_write)
+            write = self.cache_write if write is None else write
+            x, y = self.folder_subset(n, seed, self.cache_dir, write, self.device)
             x, y = x.to(self.device), y.to(self.device)
             return self.prepare(x, None), y
         x, y = self.train_tensors
@@ -89,6 +91,9 @@ def validate(cfg) -> None:
             lambda n: n >= (entry.num_classes or 1),
         )
     validate_val_split(cfg.get("val_split", 0))
+    ratio = cfg.get("imbalance_ratio")
+    if ratio is not None:  # its upper bound (the size of class 0) needs the data: labels.py
+        number("dataset.imbalance_ratio", ratio, "a number >= 1 (or null)", lambda r: r >= 1)
     number(
         "dataset.label_noise",
         cfg.get("label_noise", 0.0),

@@ -8,7 +8,11 @@ image folder.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+
+from ..errors import UserError
 
 
 class TensorLoader:
@@ -90,9 +94,10 @@ class Normalize:
             x = random_crop_flip(x, self.pad, g, batch)
         if self.policy is not None:  # on the stored images (uint8: the policies' own range)
             x = self.policy(x, g, batch)
-        x = x.float().div_(self.scale)
-        mean, std = self.mean.to(x.device), self.std.to(x.device)
-        return (x - mean) / std
+        # one float32 copy, normalised in place: a whole measurement subset passes here, and
+        # temporaries would hold it three more times
+        x = x.to(torch.float32, copy=True).div_(self.scale)
+        return x.sub_(self.mean.to(x.device)).div_(self.std.to(x.device))
 
 
 def random_crop_flip(x, pad, g, batch=None):
@@ -165,15 +170,45 @@ class EpochOrder(torch.utils.data.Sampler):
         return iter([(i, (base + k) % 2**63) for k, i in enumerate(self.order())])
 
 
+def worker_batches(loader):
+    """The batches of a torch DataLoader; an error of the user's raised in a worker (an
+    unreadable image) comes out as its own line: the DataLoader re-raises it as the same type
+    with the worker's whole traceback as the message, whose last line is the original."""
+    try:
+        yield from loader
+        return
+    except UserError as e:
+        lines = str(e).strip().splitlines()
+        if len(lines) <= 1:  # raised in this process: already one line
+            raise
+        # the re-raised error and its frames (the DataLoader iterator's among them) form a
+        # cycle: without its traceback the iterator is freed with the loader, not by a later
+        # garbage collection, which cannot signal its workers and waits 5 s for each
+        e.__traceback__ = None
+        message = lines[-1].removeprefix(f"{UserError.__module__}.UserError: ")
+    raise UserError(message)
+
+
 class FolderLoader:
     """Batches ``(x, y, idx)`` of an image folder through one DataLoader with workers, kept
     across epochs (persistent workers, 4 batches prefetched per worker, pinned memory on CUDA),
     moved to ``device``. The epoch's order and augmentation seeds come from ``EpochOrder``.
     ``labels``: the examples' labels (a sampler's per-example weights index them, as
-    TensorLoader's ``y``)."""
+    TensorLoader's ``y``). ``persistent=False``: a loader read once (a corrupted copy of the
+    test set), whose workers end with its pass."""
 
     def __init__(
-        self, ds, batch_size, shuffle, seed, workers, drop_last, rank=0, world=1, labels=None
+        self,
+        ds,
+        batch_size,
+        shuffle,
+        seed,
+        workers,
+        drop_last,
+        rank=0,
+        world=1,
+        labels=None,
+        persistent=True,
     ):
         self.ds, self.shuffle, self.seed, self.epoch, self.rank = ds, shuffle, seed, 0, rank
         self.world, self.labels = world, labels
@@ -189,7 +224,7 @@ class FolderLoader:
             batch_size=self.batch_size,
             num_workers=workers,
             drop_last=drop_last,
-            persistent_workers=workers > 0,
+            persistent_workers=workers > 0 and persistent,
             pin_memory=torch.cuda.is_available(),
             prefetch_factor=4 if workers > 0 else None,
         )
@@ -214,10 +249,13 @@ class FolderLoader:
 
     def __iter__(self):
         if self._loader is None:  # one DataLoader: its persistent workers serve every epoch
-            self._loader = torch.utils.data.DataLoader(self.ds, sampler=EpochOrder(self), **self.kw)
+            # a weak reference back: no cycle, so a loader let go ends its workers at once
+            # (collected later, its workers would pile up and be forked into new ones)
+            order = EpochOrder(weakref.proxy(self))
+            self._loader = torch.utils.data.DataLoader(self.ds, sampler=order, **self.kw)
         dev = self.device
         move = dev is not None and dev.type != "cpu"
-        for x, y, idx in self._loader:
+        for x, y, idx in worker_batches(self._loader):
             if move:
                 x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
                 idx = idx.to(dev, non_blocking=True)

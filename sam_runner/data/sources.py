@@ -164,10 +164,28 @@ def _extract_local_archive(cls, root: Path) -> None:
         extract_archive(str(tarball), str(root))
 
 
+def image_size(cfg) -> int:
+    """``dataset.image_size`` of an image folder, checked (one line when it is not a size)."""
+    return integer(
+        "dataset.image_size",
+        cfg.get("image_size", 224),
+        "a positive integer (the side in pixels of the square images the model sees)",
+        lambda s: s >= 1,
+    )
+
+
 def _folder_keys(cfg) -> None:
-    """The tree is checked before anything runs: the splits, class folders with images."""
+    """The keys and the tree, checked before anything runs: the image size and worker count,
+    the splits, the same class folders in both, class folders with images."""
     from .folder import check_tree
 
+    image_size(cfg)
+    integer(
+        "dataset.num_workers",
+        cfg.get("num_workers", 4),
+        "an integer >= 0 (DataLoader worker processes; 0: images load in the main process)",
+        lambda w: w >= 0,
+    )
     root = cfg.get("root")
     require(
         root not in (None, "???"),
@@ -198,7 +216,7 @@ def image_folder(cfg, seed, rank, world):
 
     _folder_keys(cfg)
     root = Path(str(cfg.root))
-    size = int(cfg.get("image_size", 224))
+    size = image_size(cfg)
     train_tf = folder_transform(cfg.get("augment", True), size, *IMAGENET_STATS)
     test_tf, raw_tf = folder_eval_transforms(size)
     folder = lambda split, tf: datasets.ImageFolder(root / split, tf, loader=read_image)

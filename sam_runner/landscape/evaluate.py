@@ -16,6 +16,9 @@ average of the batch statistics), forwards over ``bn_samples`` training samples 
 augmentation in batches of the run's ``dataset.batch_size``, no gradient, no weight update;
 then eval mode. Jordan et al. (2023) showed that this reset is what interpolated BatchNorm
 networks need; its sample count and batches are our choices.
+
+Image folders: both subsets (the evaluated one, and the BatchNorm one, drawn with seed + 1)
+are kept in ``<run>/cache`` the first time they are decoded, and read back after.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class Evaluator:
 
     def __init__(self, run, train_samples: int, batch_size: int, bn="eval", bn_samples=4096):
         self.run, self.model, self.bn = run, run.model, bn
-        x, y = run.train_subset(train_samples)
+        # an image folder's subsets go through the run's cache: decoded once, then read back
+        x, y = run.train_subset(train_samples, keep=True)
         self.subset = (x, y)
         self.train = ([x[i : i + batch_size] for i in range(0, len(y), batch_size)], y)
         test = [(tx, ty) for tx, ty, _ in run.data.test]
@@ -54,7 +58,7 @@ class Evaluator:
         self.bn_layers = [m for m in self.model.modules() if isinstance(m, _BatchNorm)]
         self.bn_inputs = []
         if bn == "recompute" and self.bn_layers:
-            bx, _ = run.train_subset(bn_samples, BN_OFFSET)
+            bx, _ = run.train_subset(bn_samples, BN_OFFSET, keep=True)
             step = int(run.cfg.dataset.batch_size)
             self.bn_inputs = [bx[i : i + step] for i in range(0, len(bx), step)]
         state = self.model.state_dict()

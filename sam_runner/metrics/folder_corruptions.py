@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..data import corruptions as C
-from ..errors import require
+from ..errors import UserError, first_line, require
 
 
 class CorruptedFolder:
@@ -59,8 +59,42 @@ def folder_loader(data, section: dict, dataset_cfg, seed: int, name: str, severi
     return CorruptedFolder(images, name, severity, g, data.prepare, size), "generated"
 
 
+def check_corruption_tree(section: dict, names: list, dataset_root) -> None:
+    """Before anything runs: every corruption and severity asked of an ImageNet-C tree is a
+    folder holding exactly the test set's class folders (``<dataset.root>/val``)."""
+    from ..data.folder import class_names
+
+    root, val = Path(str(section["folder"])), Path(str(dataset_root)) / "val"
+    classes = class_names(val) if val.is_dir() else None
+    for name in folder_names(section, names):
+        for severity in [int(s) for s in section.get("severities", C.SEVERITIES)]:
+            path = severity_folder(root, name, severity)
+            if classes is not None:
+                tree_classes(path, classes)
+
+
+def severity_folder(root: Path, name: str, severity: int) -> Path:
+    path = root / name / str(severity)
+    require(
+        path.is_dir(),
+        f"metrics.corruptions.folder={root}: no {path} (expected "
+        "<folder>/<corruption>/<severity>/<class>/*)",
+    )
+    return path
+
+
+def tree_classes(path: Path, classes: list) -> None:
+    """``path``'s class folders must be the test set's: labels are sorted positions."""
+    from ..data.folder import class_names, require_same_classes
+
+    where = f"metrics.corruptions.folder: {path}"
+    require_same_classes(classes, class_names(path), where, "the test set (dataset.root's val/)")
+
+
 def tree_loader(data, root: Path, name: str, severity: int, size: int):
-    """One corruption and severity of an ImageNet-C tree, through the test set's loader."""
+    """One corruption and severity of an ImageNet-C tree, batched as the test set is, read
+    once: its workers (the test set's number) end with the pass, so one corrupted copy's
+    workers run at a time."""
     from torchvision import datasets
     from torchvision import transforms as T
 
@@ -68,30 +102,16 @@ def tree_loader(data, root: Path, name: str, severity: int, size: int):
     from ..data.loaders import FolderLoader, Indexed
     from ..data.sources import IMAGENET_STATS
 
-    path = root / name / str(severity)
-    require(
-        path.is_dir(),
-        f"metrics.corruptions.folder={root}: no {path} (expected "
-        "<folder>/<corruption>/<severity>/<class>/*)",
-    )
+    path = severity_folder(root, name, severity)
+    tree_classes(path, data.test.ds.ds.classes)
     tf = T.Compose([T.Resize(size), T.CenterCrop(size), T.ToTensor(), T.Normalize(*IMAGENET_STATS)])
-    ds = datasets.ImageFolder(path, tf, loader=read_image)
-    classes = data.test.ds.ds.classes
-    require(
-        ds.classes == classes,
-        f"metrics.corruptions.folder: {path} holds classes {ds.classes[:3]}..., not the test "
-        f"set's {classes[:3]}...",
-    )
+    try:
+        ds = datasets.ImageFolder(path, tf, loader=read_image)
+    except FileNotFoundError as e:  # a class folder without images
+        raise UserError(f"metrics.corruptions.folder: {path}: {first_line(e)}") from None
     test = data.test
-    loader = FolderLoader(
-        Indexed(ds),
-        test.kw["batch_size"] * test.world,
-        False,
-        0,
-        test.kw["num_workers"],
-        False,
-        test.rank,
-        test.world,
-    )
+    kw = dict(rank=test.rank, world=test.world, persistent=False)
+    batch = test.kw["batch_size"] * test.world
+    loader = FolderLoader(Indexed(ds), batch, False, 0, test.kw["num_workers"], False, **kw)
     loader.device = data.device
     return loader

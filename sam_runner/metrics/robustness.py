@@ -123,6 +123,11 @@ def _check_dataset(metrics_cfg, dataset_cfg) -> None:
         )
     if not DATASETS.entry(dataset_cfg.name).tensors:
         _check_tree(_section(metrics_cfg))
+        if _section(metrics_cfg).get("folder") is not None:
+            from .folder_corruptions import check_corruption_tree
+
+            names = selected(metrics_cfg, kind)
+            check_corruption_tree(_section(metrics_cfg), names, dataset_cfg.get("root", "."))
     elif _section(metrics_cfg).get("source", "auto") == "files":
         folder = _folder(dataset_cfg)
         require(

@@ -305,9 +305,11 @@ class LoadedRun:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dtype)
 
-    def train_subset(self, n: int, offset: int = 0):
-        """The curvature subset of the run (``data.train_subset(n, seed)``) with ``offset`` 0."""
-        return self.data.train_subset(int(n), int(self.cfg.seed) + offset)
+    def train_subset(self, n: int, offset: int = 0, keep: bool = False):
+        """The curvature subset of the run (``data.train_subset(n, seed)``) with ``offset`` 0;
+        ``keep``: an image folder's subset decoded here is kept in the run's cache (the
+        landscape's; sam-eval only reads the cache)."""
+        return self.data.train_subset(int(n), int(self.cfg.seed) + offset, write=keep or None)
 
     @property
     def variant(self) -> str:

@@ -3,6 +3,9 @@ of the decoded 8-bit tensors, and an ImageNet-C-style tree read back (real PNG/J
 
 from __future__ import annotations
 
+import multiprocessing
+import shutil
+
 import pytest
 import torch
 from folder_files import write_tree
@@ -67,15 +70,20 @@ def test_generated_corruptions_are_those_of_the_decoded_tensors(tree):
     assert C.folder_parameter("defocus_blur", 3, 32) == C.parameter("defocus_blur", 3)
 
 
-def write_imagenet_c(tree, root):
+def write_imagenet_c(tree, root, names=("gaussian_noise",), severities=(1, 5)):
     """The test images at the test transform's geometry (resize, centre crop), lossless, as
-    ``<root>/gaussian_noise/<severity>/<class>/*.png``: a tree that holds the clean test set."""
+    ``<root>/<name>/<severity>/<class>/*.png``: a tree that holds the clean test set, except
+    that severity s of the i-th name is darkened by 10·(i + s) levels (each copy its own
+    accuracy)."""
     geometry = T.Compose([T.Resize(36), T.CenterCrop(32)])
-    for severity in (1, 5):
-        for image in sorted((tree / "val").glob("*/*")):
-            out = root / "gaussian_noise" / str(severity) / image.parent.name / f"{image.stem}.png"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            geometry(Image.open(image).convert("RGB")).save(out)
+    for i, name in enumerate(names):
+        for severity in severities:
+            darker = 0 if len(names) == 1 else 10 * (i + severity)
+            for image in sorted((tree / "val").glob("*/*")):
+                out = root / name / str(severity) / image.parent.name / f"{image.stem}.png"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                clean = geometry(Image.open(image).convert("RGB"))
+                clean.point(lambda v, d=darker: max(v - d, 0)).save(out)
     return root
 
 
@@ -103,3 +111,44 @@ def test_an_imagenet_c_tree_is_read_back(tree, tmp_path):
 class _One:
     def gather(self, t):
         return t
+
+
+def test_an_imagenet_c_tree_with_workers_leaves_no_workers_behind(tree, tmp_path, capfd):
+    """Each corruption and severity is read by its own loader with the test set's workers:
+    their workers end with each pass (they used to stay, piling up until the DataLoader broke
+    or hung); the values are those read without workers."""
+    names = ("gaussian_noise", "shot_noise", "defocus_blur")
+    folder = write_imagenet_c(tree, tmp_path / "imagenet-c", names, (1, 3, 5))
+    m = metrics(folder=str(folder), names="all", severities=[1, 3, 5])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 3))
+    values = {}
+    for workers in (0, 2):
+        d = dataset(tree)
+        d.num_workers = workers
+        data = build_data(d, CPU, seed=0)
+        before = set(multiprocessing.active_children())
+        values[workers], sources = corruption_values(model, data, m, d, 0)
+        assert set(multiprocessing.active_children()) <= before  # no worker left running
+    assert values[2] == values[0] and sources == ["files"]
+    assert len({values[0][f"test_acc_c_{n}"] for n in names}) > 1  # the copies differ
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
+
+
+def test_an_imagenet_c_tree_is_checked_before_anything_runs(tree, tmp_path):
+    """Every corruption and severity asked for is a folder with the test set's class folders:
+    checked with the settings, not after training."""
+    folder = write_imagenet_c(tree, tmp_path / "imagenet-c", ("gaussian_noise", "fog"), (1, 2))
+    d = dataset(tree)
+    validate(metrics(folder=str(folder), names="all", severities=[1, 2]), d)
+    with pytest.raises(UserError, match=r"no .*fog/3 \(expected <folder>/<corruption>/"):
+        validate(metrics(folder=str(folder), names="all", severities=[2, 3]), d)
+    shutil.rmtree(folder / "fog" / "2" / "bee")
+    with pytest.raises(UserError) as e:
+        validate(metrics(folder=str(folder), names="all", severities=[1, 2]), d)
+    assert str(e.value) == (
+        f"metrics.corruptions.folder: {folder / 'fog' / '2'} has other class folders than the "
+        "test set (dataset.root's val/) (missing bee); labels are the positions of the sorted "
+        "class names, so both need exactly the same class folders"
+    )

@@ -120,12 +120,38 @@ def test_landscape_slices_and_the_pair_on_folder_runs(tmp_path):
     assert (pair["train_samples"], pair["test_samples"]) == (64, 30)
 
 
-def test_bad_trees_stop_sam_run_before_anything_is_written(tmp_path):
+def test_the_landscape_keeps_its_batchnorm_subset_in_the_cache(tmp_path):
+    """``bn=recompute``'s samples (the subset drawn with seed + 1) are decoded once into the
+    run's cache, then read back from it, as the evaluated subset is."""
+    from sam_runner.landscape.evaluate import Evaluator
+
+    run = Path(shutil.copytree(trained(0), tmp_path / "run"))
+    path = run / "cache" / "measure_subset_n48_seed1.pt"
+    loaded = RunDir(run).load(torch.device("cpu"))
+    ev = Evaluator(loaded, 64, 32, bn="recompute", bn_samples=48)
+    assert path.is_file()
+    state = torch.load(path, weights_only=True)
+    assert torch.equal(state["x"], loaded.data.folder_subset(48, 1)[0])  # as decoded, seed + 1
+    assert torch.equal(torch.cat(ev.bn_inputs), loaded.data.prepare(state["x"], None))
+    state["x"] = torch.zeros_like(state["x"])  # the cache, not the images, is read next time
+    torch.save(state, path)
+    again = Evaluator(RunDir(run).load(torch.device("cpu")), 64, 32, "recompute", 48)
+    zeros = loaded.data.prepare(torch.zeros_like(state["x"]), None)
+    assert torch.equal(torch.cat(again.bn_inputs), zeros)
+
+
+@pytest.mark.parametrize("metrics", ["metrics=default", "metrics=off"])
+def test_bad_images_stop_sam_run_with_workers_leaving_no_folder(tmp_path, metrics):
+    """An unreadable image read by a DataLoader worker: one line naming it, exit 2, no run
+    folder; found when the measurement subset is decoded, before training (metrics on), or by
+    the training loader in the first epoch (metrics off: no subset)."""
     root = write_tree(tmp_path / "t", per_class=8, val_per_class=1)
     (root / "train" / "ant" / "0.png").write_bytes(b"broken")
     run = tmp_path / "run"
+    args = [a for a in folder_args(root) if not a.startswith("dataset.num_workers")]
+    args += ["dataset.num_workers=2", metrics, f"hydra.run.dir={run}"]
     proc = subprocess.run(
-        [sys.executable, "-m", "sam_runner.cli", *folder_args(root), f"hydra.run.dir={run}"],
+        [sys.executable, "-m", "sam_runner.cli", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -133,6 +159,8 @@ def test_bad_trees_stop_sam_run_before_anything_is_written(tmp_path):
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "0.png is unreadable" in lines[0]
-    assert not (run / "metrics.jsonl").exists() and not (run / "cache").exists()
-    assert not (run / "checkpoints").exists()
+    assert lines == [
+        f"sam-run: error: dataset.root: image {root / 'train' / 'ant' / '0.png'} is unreadable "
+        "(UnidentifiedImageError); replace or remove it"
+    ], proc.stderr[-2000:]
+    assert not run.exists()
