@@ -23,6 +23,7 @@ RUN_ONLY_KEYS = (
     "logger",
     "dataset.data_dir",
     "dataset.download",
+    "dataset.num_workers",  # each example's augmentation is seeded by its place, not its worker
     "plots",  # the figures' file format, not what a run computes
 )
 

@@ -28,6 +28,7 @@ SECTIONS = [
     "augment",
     "costs",
     "folder",
+    "threads",
 ]
 
 

@@ -277,6 +277,9 @@ def test_folder_names_come_from_the_command_and_are_valid_run_dir_values():
                 "logger.mode=offline",
                 "trainer.device=cpu",
                 "trainer.progress=none",
+                "trainer.threads=1",
+                "trainer.on_locked=wait",
+                "dataset.num_workers=8",
                 "seed=0,1",
             ]
         )
