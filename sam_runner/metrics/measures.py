@@ -88,10 +88,14 @@ class Measurement:
             self._moments = S.per_sample_gradient_moments(self.objective())
         return self._moments
 
-    def close(self) -> None:
+    def close_operators(self) -> None:
+        """Close the operators ``operator_on`` opened (their cached graphs go)."""
         for op in reversed(list(self._operators.values())):
             op.close()
         self._operators.clear()
+
+    def close(self) -> None:
+        self.close_operators()
         if self._objective is not None:
             self._objective.close()
             self._objective = None

@@ -285,6 +285,8 @@ class CurvatureTracker:
                 MEASURES.entries(), key=lambda e: e.meta.get("moves_parameters", False)
             ):
                 options = _options(self.cfg, entry.config)
+                if entry.meta.get("moves_parameters", False):
+                    m.close_operators()  # moving θ invalidates their graphs: free them first
                 if options.pop("enabled", False) and (final or not entry.meta.get("final_only")):
                     out.update(entry.target(m, **options))
         finally:
