@@ -4,6 +4,9 @@
   cnn1d, SAM; trained for one epoch) with ``metrics=full``, in this process, everything included
   (data, the model rebuilt from its checkpoint, the training and test sets, λ_1..3, trace,
   density, every sharpness measure); the median of ``--repeats``.
+- eval_full_over_default: that measurement over the same job's default one (``sam-eval JOB``:
+  the same sets, λ_max alone), one warm-up of each, then alternately (default, full) per repeat;
+  the median of the repeats' ratios. Target ≤ 8.
 - corruptions_over_clean_eval: the corruption evaluation of that job (every MNIST-1D corruption
   at its five severities: ``corrupted_copies`` = 15 copies of the test set) over one clean
   test-set evaluation (``evaluate``), each the median of ``--repeats``, measured alternately.
@@ -53,18 +56,27 @@ def _trained_default_job(folder: Path) -> Path:
     return job
 
 
-def _eval_per_job(job: Path, repeats: int) -> float:
+def _eval_full_and_ratio(job: Path, repeats: int) -> tuple[float, float]:
+    """(median seconds of the metrics=full measurement, median of full / default), measured
+    alternately after one warm-up of each (one-time costs: imports, the HVP timing choices)."""
     from sam_runner.evaluation.job import measure_job
     from sam_runner.evaluation.settings import compose_eval, plain
 
-    settings = plain(compose_eval(["metrics=full"], job))
-    times = []
-    for _ in range(repeats):
+    settings = {m: plain(compose_eval([f"metrics={m}"], job)) for m in ("default", "full")}
+
+    def timed(m):
         t0 = time.perf_counter()
-        record = measure_job(job, settings)
-        times.append(time.perf_counter() - t0)
+        record = measure_job(job, settings[m])
         assert record["status"] == "completed", record.get("error")
-    return statistics.median(times)
+        return time.perf_counter() - t0
+
+    timed("default"), timed("full")
+    fulls, ratios = [], []
+    for _ in range(repeats):  # alternated: slow drift of a shared machine cancels
+        default = timed("default")
+        fulls.append(timed("full"))
+        ratios.append(fulls[-1] / default)
+    return statistics.median(fulls), statistics.median(ratios)
 
 
 def _ratio(model, data, dataset_cfg, repeats: int) -> tuple[float, int]:
@@ -100,7 +112,8 @@ def run(args) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as d:
         job = _trained_default_job(Path(d))
-        out["eval_per_job_s"] = _eval_per_job(job, repeats)
+        full, ratio = _eval_full_and_ratio(job, repeats)
+        out.update(eval_per_job_s=full, eval_full_over_default=ratio, eval_full_target=8)
         from sam_runner.results.rundir import RunDir
 
         run = RunDir(job).load(torch.device("cpu"), strict=True)

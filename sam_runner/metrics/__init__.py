@@ -8,7 +8,13 @@ from .calibration import (
     reliability_bins,
 )
 from .hvp import HessianOperator
-from .solvers import hessian_eigenpairs, hessian_trace, spectral_density, top_hessian_eigenvalues
+from .solvers import (
+    hessian_eigenpairs,
+    hessian_trace,
+    smoothed_density,
+    spectral_density,
+    top_hessian_eigenvalues,
+)
 
 __all__ = [
     "expected_calibration_error",
@@ -20,5 +26,6 @@ __all__ = [
     "hessian_eigenpairs",
     "hessian_trace",
     "spectral_density",
+    "smoothed_density",
     "HessianOperator",
 ]

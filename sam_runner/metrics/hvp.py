@@ -8,7 +8,14 @@ Two methods:
   bounded by one batch's graph).
 - ``forward_over_reverse``: ``torch.func.jvp`` of ``torch.func.grad``.
 ``auto`` takes ``double_backward`` when the graphs are cached; otherwise it times both on the
-first batch once per (model, device, batch shape) and keeps the faster. On a CPU,
+first batch once per (model, device, batch shape) and keeps the faster.
+``hvp_batch`` applies H to several vectors: over cached graphs, all of them through one
+backward (``is_grads_batched``, a vmap over the saved graph) or one backward per vector.
+``batching="auto"`` keeps the loop on a CPU: on the default model on 2 cores vmap's batched
+matrix products copy the saved tensors, 1.5× slower per vector than the loop (3 and 8 vectors,
+the median of 7 alternated pairs), and timing the two there costs about as many HVPs as a
+trace and, on a loaded machine, picks either. On CUDA it times both once per model shape and
+vector count on the first batch and keeps the faster (not measured on a GPU yet). On a CPU,
 ``double_backward``'s batches are spread over worker threads with an equal share of the
 intra-op threads each (small convolutions use two cores poorly: ~1.3× on 2 cores), their sums
 added in a fixed order. The choice, the cache and the threads are ours, not from a paper.
@@ -16,6 +23,7 @@ added in a fixed order. The choice, the cache and the threads are ours, not from
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -23,7 +31,9 @@ import torch
 from .objective import Objective, grad_or_zero
 
 HVP_METHODS = ("auto", "double_backward", "forward_over_reverse")
+BATCHINGS = ("auto", "batched", "loop")
 _method_choice: dict = {}  # (model type, device, params, batch shape, cached) -> method name
+_batching_choice: dict = {}  # (the same, number of vectors) -> whether one batched backward pays
 
 
 class _BatchPool:
@@ -90,13 +100,25 @@ class _SavedBytes:
 class HessianOperator(Objective):
     """Flat v ↦ H v for the mean loss over ``batches``; counts the HVPs it performs."""
 
-    def __init__(self, model, loss_fn, batches, method: str = "auto", graph_cache_mb: float = 1024):
+    def __init__(
+        self,
+        model,
+        loss_fn,
+        batches,
+        method: str = "auto",
+        graph_cache_mb: float = 1024,
+        batching: str = "auto",
+    ):
         if method not in HVP_METHODS:
             raise ValueError(
                 f"hvp method={method!r} is unknown; choose one of {', '.join(HVP_METHODS)}"
             )
+        if batching not in BATCHINGS:
+            raise ValueError(
+                f"hvp batching={batching!r} is unknown; choose one of {', '.join(BATCHINGS)}"
+            )
         super().__init__(model, loss_fn, batches)
-        self.graph_cache_mb = graph_cache_mb
+        self.graph_cache_mb, self.batching = graph_cache_mb, batching
         self.hvps = 0
         self._graphs = None
         self._pool = _BatchPool(self.device, len(self.batches))
@@ -168,6 +190,94 @@ class HessianOperator(Objective):
         hv = self.hvp_list(self.unflat(v.to(self.dtype)))
         return self.flat(hv).to(v.dtype)
 
+    # -- several vectors at once
+    def hvp_batch(self, V: torch.Tensor) -> torch.Tensor:
+        """H applied to each row of V [B, n] (counts B HVPs): through one backward for all rows
+        when ``batching_pays(B)``, else one HVP per row. The rows agree with ``op(v)`` to float
+        rounding."""
+        if len(V) > 1 and self.batching_pays(len(V)):
+            try:
+                hv = self._hvp_batched(self._unflat_rows(V.to(self.dtype)))
+            except RuntimeError:  # an operation vmap cannot batch: the loop, from now on
+                _batching_choice[self._shape_key(len(V))] = False
+                self.batching = "loop"
+            else:
+                self.hvps += len(V)
+                return torch.cat([h.detach().reshape(len(V), -1) for h in hv], 1).to(V.dtype)
+        return torch.stack([self(v) for v in V])
+
+    def batching_pays(self, count: int) -> bool:
+        """Whether ``count`` vectors go through one batched backward: only over cached graphs
+        with ``double_backward``; under ``auto``, never on a CPU (measured slower there, see the
+        module docstring), and on CUDA when timed faster than the loop (once per model shape
+        and count, on the first batch, probe vectors from a private generator)."""
+        if self.batching == "loop" or not (self._cache_ok and self.method == "double_backward"):
+            return False
+        if self.batching == "batched":
+            return True
+        if self.device.type != "cuda":
+            return False
+        key = self._shape_key(count)
+        if key not in _batching_choice:
+            _batching_choice[key] = self._time_batching(count)
+        return _batching_choice[key]
+
+    def _time_batching(self, count) -> bool:
+        g = torch.Generator().manual_seed(0)  # not the global RNG (see _choose)
+        V = torch.randn(count, self.numel, generator=g).to(self.device, self.dtype)
+        rows = self._unflat_rows(V)
+        try:
+            self._hvp_batched(rows, 1)  # warm-up; timed on the first batch only
+            batched = self._timed(lambda: self._hvp_batched(rows, 1))
+        except RuntimeError:
+            return False
+        loop = self._timed(lambda: [self.hvp_list(self.unflat(v), n_batches=1) for v in V])
+        return batched < loop
+
+    def _timed(self, fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def _unflat_rows(self, V) -> list:
+        """Rows of V [B, n] as a list of [B, *shape] tensors, one per parameter."""
+        sizes = [math.prod(s) for s in self.shapes]
+        return [c.reshape(len(V), *s) for c, s in zip(V.split(sizes, 1), self.shapes)]
+
+    def _hvp_batched(self, vs, n_batches=None):
+        self._build_graphs()
+        count = len(vs[0])
+
+        def batch(i):
+            hv = grad_or_zero(
+                self._graphs[i],
+                self.params,
+                grad_outputs=vs,
+                retain_graph=True,
+                is_grads_batched=True,
+            )
+            # a parameter the loss does not reach gets one unbatched zero: one per vector
+            return [
+                h if h.dim() > p.dim() else h.expand(count, *p.shape)
+                for h, p in zip(hv, self.params)
+            ]
+
+        return self._pool.sum(batch, range(n_batches or len(self.batches)))
+
+    def _shape_key(self, *extra) -> tuple:
+        x0 = self.batches[0][0]
+        return (
+            type(self.model).__name__,
+            str(self.device),
+            self.numel,
+            tuple(x0.shape),
+            self._cache_ok,
+            len(self.batches),
+            *extra,
+        )
+
     def _choose(self, method):
         # With cached graphs an HVP is one backward through the saved graph, which forward-over-
         # reverse (it recomputes the forward and the gradient each time) cannot beat: no timing.
@@ -175,15 +285,7 @@ class HessianOperator(Objective):
             return method
         if self._cache_ok:
             return "double_backward"
-        x0 = self.batches[0][0]
-        key = (
-            type(self.model).__name__,
-            str(self.device),
-            self.numel,
-            tuple(x0.shape),
-            self._cache_ok,
-            len(self.batches),
-        )
+        key = self._shape_key()
         if key not in _method_choice:
             # not the global RNG: a resumed run must draw as an unbroken one
             g = torch.Generator().manual_seed(0)

@@ -25,6 +25,22 @@ from .hvp import HessianOperator
 from .objective import Objective
 from .solvers import hessian_trace, spectral_density
 
+# metrics.trace.num_samples and metrics.density.num_samples: the first samples of the Hessian
+# subset (docs/metrics.md#trace, #density: what the smaller subset changes, measured)
+TRACE_SAMPLES = 1024
+DENSITY_SAMPLES = 1024
+
+
+def leading_batches(batches, num_samples: int) -> list:
+    """The first ``num_samples`` samples of ``batches``, in the same batches (the last cut)."""
+    out, left = [], num_samples
+    for x, y in batches:
+        if left <= 0:
+            break
+        out.append((x[:left], y[:left]))
+        left -= len(y)
+    return out
+
 
 @dataclass
 class Measurement:
@@ -37,6 +53,8 @@ class Measurement:
     seed: int
     final: bool
     _objective: Objective | None = field(default=None, repr=False)
+    _operators: dict = field(default_factory=dict, repr=False)
+    _moments: tuple | None = field(default=None, repr=False)
 
     def objective(self) -> Objective:
         """The mean loss over the sharpness batches (opened once, closed by ``close``)."""
@@ -44,15 +62,40 @@ class Measurement:
             self._objective = Objective(self.operator.model, self.loss_fn, self.sharpness_batches)
         return self._objective
 
+    def operator_on(self, num_samples: int) -> HessianOperator:
+        """A Hessian operator on the first ``num_samples`` samples of the subset (the measurement's
+        own when that is all of them), with its HVP method; opened once per size (its graphs
+        cached for every measure on that size), closed by ``close``."""
+        batches = leading_batches(self.operator.batches, num_samples)
+        size = sum(len(y) for _, y in batches)
+        if size == sum(len(y) for _, y in self.operator.batches):
+            return self.operator
+        if size not in self._operators:
+            op = self.operator
+            self._operators[size] = HessianOperator(
+                op.model, self.loss_fn, batches, op.method, op.graph_cache_mb, op.batching
+            )
+        return self._operators[size]
+
     def sharpness_operator(self) -> HessianOperator:
-        """A Hessian operator on the sharpness batches (a context manager: closed on leaving),
-        with the measurement's HVP method."""
-        op = self.operator
-        return HessianOperator(
-            op.model, self.loss_fn, self.sharpness_batches, op.method, op.graph_cache_mb
-        )
+        """The Hessian operator on the sharpness batches (``operator_on``)."""
+        return self.operator_on(sum(len(y) for _, y in self.sharpness_batches))
+
+    def fisher_moments(self) -> tuple:
+        """``per_sample_gradient_moments`` on the sharpness samples, taken once for both Fisher
+        measures."""
+        if self._moments is None:
+            self._moments = S.per_sample_gradient_moments(self.objective())
+        return self._moments
+
+    def close_operators(self) -> None:
+        """Close the operators ``operator_on`` opened (their cached graphs go)."""
+        for op in reversed(list(self._operators.values())):
+            op.close()
+        self._operators.clear()
 
     def close(self) -> None:
+        self.close_operators()
         if self._objective is not None:
             self._objective.close()
             self._objective = None
@@ -63,10 +106,10 @@ class Measurement:
     "Hutchinson estimate of tr(H), Rademacher probes",
     config="trace",
     keys=("hessian_trace", "hessian_trace_se"),
-    schema={"num_probes": "probes"},
+    schema={"num_probes": "probes", "num_samples": "count"},
 )
-def trace(m: Measurement, **options) -> dict:
-    mean, se = hessian_trace(m.operator, seed=m.seed, **options)
+def trace(m: Measurement, num_samples: int = TRACE_SAMPLES, **options) -> dict:
+    mean, se = hessian_trace(m.operator_on(num_samples), seed=m.seed, **options)
     return {"hessian_trace": mean, "hessian_trace_se": se}
 
 
@@ -76,10 +119,11 @@ def trace(m: Measurement, **options) -> dict:
     config="density",
     keys=("hessian_density",),
     final_only=True,
-    schema={"num_runs": "count", "num_steps": "count"},
+    schema={"num_runs": "count", "num_steps": "count", "num_samples": "count"},
 )
-def density(m: Measurement, **options) -> dict:
-    return {"hessian_density": spectral_density(m.operator, seed=m.seed, **options)}
+def density(m: Measurement, num_samples: int = DENSITY_SAMPLES, **options) -> dict:
+    d = spectral_density(m.operator_on(num_samples), seed=m.seed, **options)
+    return {"hessian_density": d}
 
 
 @MEASURES.register(
@@ -115,8 +159,7 @@ def average(m: Measurement, **options) -> dict:
     schema={"num_directions": "count"},
 )
 def directional(m: Measurement, **options) -> dict:
-    with m.sharpness_operator() as op:
-        mean, top = S.directional_sharpness(op, seed=m.seed, **options)
+    mean, top = S.directional_sharpness(m.sharpness_operator(), seed=m.seed, **options)
     return {"sharpness_dir": mean, "sharpness_dir_max": top}
 
 
@@ -149,8 +192,9 @@ def armijo(m: Measurement, **options) -> dict:
     },
 )
 def fisher_trace_ratio(m: Measurement, **options) -> dict:
-    with m.sharpness_operator() as op:
-        mean, se = S.fisher_trace_ratio(op, seed=m.seed, **options)
+    mean, se = S.fisher_trace_ratio(
+        m.sharpness_operator(), seed=m.seed, moments=m.fisher_moments(), **options
+    )
     return {"fisher_trace_ratio": mean, "fisher_trace_ratio_se": se}
 
 
@@ -162,5 +206,6 @@ def fisher_trace_ratio(m: Measurement, **options) -> dict:
     schema={},
 )
 def fisher_rao_norm(m: Measurement) -> dict:
-    value, se = S.fisher_rao_norm(m.objective())  # per-sample gradients: no HVPs
+    # per-sample gradients (the trace ratio's, when it ran): no HVPs
+    value, se = S.fisher_rao_norm(m.objective(), m.fisher_moments())
     return {"fisher_rao_norm": value, "fisher_rao_norm_se": se}

@@ -46,6 +46,7 @@ import torch
 
 from ..module_state import modes_restored
 from ..optim.blocks import is_bias
+from .fast_forwards import own_conv1d
 from .hvp import HessianOperator
 from .objective import Objective
 from .solvers import hessian_diagonal, hutch_plus_plus
@@ -175,11 +176,11 @@ def _armijo_probe_impl(
 def per_sample_gradient_moments(obj: Objective, chunk: int = 256):
     """(diagonal empirical Fisher: the mean over samples of the squared per-sample gradient, flat;
     the per-sample ⟨θ, ∇ℓ_n⟩ in float64), from per-sample gradients in eval mode (module
-    docstring)."""
+    docstring), with Conv1d's own forward (``own_conv1d``)."""
     from torch.func import functional_call, grad, vmap
 
     model = obj.model
-    with modes_restored(model):
+    with modes_restored(model), own_conv1d(model):
         model.eval()  # per-sample gradients need per-sample forward passes (see module docstring)
         params = tuple(p.detach() for p in obj.params)
 
@@ -192,8 +193,8 @@ def per_sample_gradient_moments(obj: Objective, chunk: int = 256):
         total = torch.zeros(obj.numel, device=obj.device, dtype=obj.dtype)
         dots = []
         with warnings.catch_warnings():
-            # vmap's fallback for ops without a batching rule (pooling, unfold) is exact, only
-            # slower; its warning would be printed once per run, to no use for the user
+            # vmap's fallback for ops without a batching rule (pooling) is exact, only slower;
+            # its warning would be printed once per run, to no use for the user
             warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
             for x, y in obj.batches:
                 for i in range(0, len(y), chunk):
@@ -206,10 +207,11 @@ def per_sample_gradient_moments(obj: Objective, chunk: int = 256):
         return total / len(dots), dots
 
 
-def fisher_rao_norm(obj: Objective) -> tuple[float, float]:
+def fisher_rao_norm(obj: Objective, moments=None) -> tuple[float, float]:
     """⟨θ, Fθ⟩ for the empirical Fisher F = mean_n ∇ℓ_n ∇ℓ_nᵀ (all trainable parameters), i.e. the
-    mean of ⟨θ, ∇ℓ_n⟩² over the samples: (value, its standard error over the samples)."""
-    _, dots = per_sample_gradient_moments(obj)
+    mean of ⟨θ, ∇ℓ_n⟩² over the samples: (value, its standard error over the samples).
+    ``moments``: ``per_sample_gradient_moments(obj)`` when already taken."""
+    _, dots = moments or per_sample_gradient_moments(obj)
     squares = dots.square().cpu()
     return float(squares.mean()), float(squares.std() / math.sqrt(len(squares)))
 
@@ -220,17 +222,19 @@ def fisher_trace_ratio(
     damping: float = 1e-3,
     exact_max_params: int = 1024,
     seed: int = 0,
+    moments=None,
 ):
     """Σ_i H_ii / (F_ii + δ), δ = damping · mean_i F_ii: (value, standard error). Exact (H's
     diagonal by one HVP per coordinate, standard error 0) up to ``exact_max_params`` parameters;
-    beyond, Hutch++ on W^½ H W^½, W = diag(1/(F + δ)), with ``num_probes`` HVPs."""
+    beyond, Hutch++ on W^½ H W^½, W = diag(1/(F + δ)), with ``num_probes`` HVPs (in blocks).
+    ``moments``: ``per_sample_gradient_moments(op)`` when already taken."""
     _positive("damping", damping)
-    fisher, _ = per_sample_gradient_moments(op)
+    fisher, _ = moments or per_sample_gradient_moments(op)
     scale = float(fisher.double().mean())
     weight = 1.0 / (fisher + damping * (scale if scale > 0 else 1.0))
     if op.numel <= exact_max_params:
         return float(torch.dot(weight.double(), hessian_diagonal(op))), 0.0
     root = weight.sqrt()
     return hutch_plus_plus(
-        lambda v: root * op(root * v), op.numel, num_probes, seed, op.device, op.dtype
+        lambda V: root * op.hvp_batch(root * V), op.numel, num_probes, seed, op.device, op.dtype
     )

@@ -133,6 +133,49 @@ def _certified(evals, res, k, tol) -> bool:
     return gap > float(res[k - 1] + res[k]) or gap <= tol * abs(float(evals[k - 1]))
 
 
+class _Run:
+    """One Lanczos run, advanced a step at a time by the caller's w = H q_j (so that several runs
+    can share one batched HVP, ``spectral_density``)."""
+
+    def __init__(self, n, init, generator, device, dtype):
+        self.n, self.generator, self.Q = n, generator, _Basis(n, device, dtype)
+        if init is not None and float(init.norm()) > 0:
+            q = init.to(device=device, dtype=dtype).reshape(-1)
+            self.Q[0] = q / q.norm()
+        else:
+            self.Q[0] = _random_unit(n, generator, device, dtype)
+        self.alphas, self.betas, self.beta, self._w = [], [], 0.0, None
+
+    @property
+    def q(self) -> torch.Tensor:
+        """The vector whose H q the next step needs."""
+        return self.Q[len(self.alphas)]
+
+    def step(self, w):
+        """α_j, w orthogonalised against every vector so far, β_j = ‖w‖; T_j's Ritz pairs."""
+        j = len(self.alphas)
+        self.alphas.append(float(torch.dot(w, self.Q[j])))
+        self._w = self.Q.orthogonalize(w, j + 1)
+        self.beta = float(self._w.norm())
+        return _ritz(self.alphas, self.betas)
+
+    def advance(self, evals) -> None:
+        """The next Lanczos vector; on an invariant subspace a fresh orthogonal direction."""
+        j, Q = len(self.alphas) - 1, self.Q
+        scale = max(abs(float(evals[0])), abs(float(evals[-1])), 1e-30)
+        if self.beta <= 1e-7 * scale:
+            w = Q.orthogonalize(_random_unit(self.n, self.generator, Q.device, Q.dtype), j + 1)
+            self.betas.append(0.0)
+            Q[j + 1] = w / w.norm()
+        else:
+            self.betas.append(self.beta)
+            Q[j + 1] = self._w / self.beta
+
+    def result(self, k, converged) -> LanczosResult:
+        exact = len(self.alphas) == self.n
+        return _result(self.Q, self.alphas, self.betas, self.beta, k, converged or exact, exact)
+
+
 def lanczos(
     matvec,
     n: int,
@@ -151,33 +194,17 @@ def lanczos(
     """
     _check_lanczos(k, tol, max_iter)
     dtype = dtype or (torch.float32 if tol >= 1e-5 else torch.float64)
-    steps, Q = min(max_iter, n), _Basis(n, device, dtype)
-    if init is not None and float(init.norm()) > 0:
-        q = init.to(device=device, dtype=dtype).reshape(-1)
-        Q[0] = q / q.norm()
-    else:
-        Q[0] = _random_unit(n, generator, device, dtype)
-    alphas, betas, converged, beta = [], [], False, 0.0
+    steps, run = min(max_iter, n), _Run(n, init, generator, device, dtype)
+    converged = False
     for j in range(steps):
-        w = matvec(Q[j])
-        alphas.append(float(torch.dot(w, Q[j])))
-        w = Q.orthogonalize(w, j + 1)
-        beta = float(w.norm())
-        evals, evecs = _ritz(alphas, betas)
-        if stop and _certified(evals, (beta * evecs[-1]).abs(), k, tol):
+        evals, evecs = run.step(matvec(run.q))
+        if stop and _certified(evals, (run.beta * evecs[-1]).abs(), k, tol):
             converged = True
             break
         if j + 1 == steps:
             break
-        scale = max(abs(float(evals[0])), abs(float(evals[-1])), 1e-30)
-        if beta <= 1e-7 * scale:  # invariant subspace: continue from a fresh orthogonal direction
-            w = Q.orthogonalize(_random_unit(n, generator, device, dtype), j + 1)
-            betas.append(0.0)
-            Q[j + 1] = w / w.norm()
-        else:
-            betas.append(beta)
-            Q[j + 1] = w / beta
-    return _result(Q, alphas, betas, beta, k, converged or len(alphas) == n, exact=len(alphas) == n)
+        run.advance(evals)
+    return run.result(k, converged)
 
 
 def _result(Q, alphas, betas, beta, k, converged, exact) -> LanczosResult:
@@ -287,56 +314,69 @@ def top_hessian_eigenvalues(model, loss_fn, batches, k: int = 1, **kwargs) -> li
     return hessian_eigenpairs(model, loss_fn, batches, k, **kwargs).values
 
 
-def hutchinson(
-    op: HessianOperator, num_probes: int = 100, seed: int = 0, weight=None
-) -> tuple[float, float]:
-    """Hutchinson's estimate of tr(diag(w) H) (tr(H) without ``weight``) with Rademacher probes v:
-    the mean of (w ⊙ v)ᵀ H v and its standard error."""
-    if not (isinstance(num_probes, int) and num_probes >= 2):
-        raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for _ in range(num_probes):
-        v = (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).to(op.device, op.dtype)
-        samples.append(torch.dot(v if weight is None else weight * v, op(v)))
-    s = torch.stack(samples).double().cpu()
-    return float(s.mean()), float(s.std() / math.sqrt(num_probes))
+PROBE_BLOCK = 8  # probes per batched HVP (Hutchinson, Hutch++, the exact diagonal)
+
+
+def _blocks(matmat, V: torch.Tensor) -> torch.Tensor:
+    """matmat over the rows of V, ``PROBE_BLOCK`` rows at a time."""
+    return torch.cat([matmat(V[i : i + PROBE_BLOCK]) for i in range(0, len(V), PROBE_BLOCK)])
 
 
 def _rademacher(n, generator, device, dtype):
     return (torch.randint(0, 2, (n,), generator=generator) * 2 - 1).to(device, dtype)
 
 
-def hutch_plus_plus(matvec, n: int, num_matvecs: int = 60, seed: int = 0, device="cpu", dtype=None):
-    """Hutch++ (Meyer et al. 2021) estimate of tr(A) for the symmetric ``matvec``: the exact trace
-    of A on Q = orth(A S), S n×s Rademacher (s = ``num_matvecs`` // 3), plus Hutchinson on the
-    rest (I − QQᵀ)A(I − QQᵀ) with the remaining probes: (estimate, standard error of the
-    Hutchinson part). The sketch takes the dominant directions out of Hutchinson's variance."""
+def _rademachers(count, n, generator, device, dtype) -> torch.Tensor:
+    """[count, n]: the same vectors, in the same order, as ``count`` calls of ``_rademacher``."""
+    return torch.stack([_rademacher(n, generator, device, dtype) for _ in range(count)])
+
+
+def hutchinson(
+    op: HessianOperator, num_probes: int = 100, seed: int = 0, weight=None
+) -> tuple[float, float]:
+    """Hutchinson's estimate of tr(diag(w) H) (tr(H) without ``weight``) with Rademacher probes v:
+    the mean of (w ⊙ v)ᵀ H v and its standard error. Probes go through ``op.hvp_batch`` in blocks;
+    the probes, and so the estimate, are those of one HVP per probe."""
+    if not (isinstance(num_probes, int) and num_probes >= 2):
+        raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
+    g = torch.Generator().manual_seed(seed)
+    V = _rademachers(num_probes, op.numel, g, op.device, op.dtype)
+    HV = _blocks(op.hvp_batch, V)
+    W = V if weight is None else weight * V
+    s = torch.stack([torch.dot(w, hv) for w, hv in zip(W, HV)]).double().cpu()
+    return float(s.mean()), float(s.std() / math.sqrt(num_probes))
+
+
+def hutch_plus_plus(matmat, n: int, num_matvecs: int = 60, seed: int = 0, device="cpu", dtype=None):
+    """Hutch++ (Meyer et al. 2021) estimate of tr(A) for the symmetric A, ``matmat`` applying it to
+    the rows of a [B, n] matrix: the exact trace of A on Q = orth(A S), S n×s Rademacher
+    (s = ``num_matvecs`` // 3), plus Hutchinson on the rest (I − QQᵀ)A(I − QQᵀ) with the remaining
+    probes: (estimate, standard error of the Hutchinson part). The sketch takes the dominant
+    directions out of Hutchinson's variance. Each third goes through ``matmat`` in blocks."""
     if not (isinstance(num_matvecs, int) and num_matvecs >= 6):
         raise ValueError(f"num_probes={num_matvecs!r} must be an integer >= 6 (Hutch++)")
     g = torch.Generator().manual_seed(seed)
     dtype = dtype or torch.float32
     sketch = num_matvecs // 3
-    Y = torch.stack([matvec(_rademacher(n, g, device, dtype)) for _ in range(sketch)], 1)
-    Q = torch.linalg.qr(Y)[0]
-    exact = sum(float(torch.dot(q.double(), matvec(q).double())) for q in Q.T)
-    samples = []
-    for _ in range(num_matvecs - 2 * sketch):
-        z = _rademacher(n, g, device, dtype)
-        z = z - Q @ (Q.T @ z)
-        samples.append(torch.dot(z.double(), matvec(z).double()))
-    s = torch.stack(samples).cpu()
+    Y = _blocks(matmat, _rademachers(sketch, n, g, device, dtype))
+    Q = torch.linalg.qr(Y.T)[0]
+    AQ = _blocks(matmat, Q.T.contiguous())
+    exact = sum(float(torch.dot(q.double(), aq.double())) for q, aq in zip(Q.T, AQ))
+    Z = _rademachers(num_matvecs - 2 * sketch, n, g, device, dtype)
+    Z = Z - (Z @ Q) @ Q.T
+    s = torch.stack([torch.dot(z.double(), az.double()) for z, az in zip(Z, _blocks(matmat, Z))])
+    s = s.cpu()
     return exact + float(s.mean()), float(s.std() / math.sqrt(len(s)))
 
 
 def hessian_diagonal(op: HessianOperator) -> torch.Tensor:
-    """H's diagonal (float64), exactly: H_ii = ⟨e_i, H e_i⟩, one HVP per coordinate."""
+    """H's diagonal (float64), exactly: H_ii = ⟨e_i, H e_i⟩, one HVP per coordinate (in blocks)."""
     out = torch.empty(op.numel, dtype=torch.float64, device=op.device)
-    e = torch.zeros(op.numel, device=op.device, dtype=op.dtype)
-    for i in range(op.numel):
-        e[i] = 1.0
-        out[i] = op(e)[i]
-        e[i] = 0.0
+    for i in range(0, op.numel, PROBE_BLOCK):
+        rows = torch.arange(min(PROBE_BLOCK, op.numel - i), device=op.device)
+        E = torch.zeros(len(rows), op.numel, device=op.device, dtype=op.dtype)
+        E[rows, i + rows] = 1.0
+        out[i : i + len(rows)] = op.hvp_batch(E)[rows, i + rows]
     return out
 
 
@@ -346,28 +386,51 @@ def hessian_trace(op: HessianOperator, num_probes: int = 100, seed: int = 0) -> 
 
 
 def spectral_density(
-    op: HessianOperator, num_runs: int = 3, num_steps: int = 80, seed: int = 0
+    op: HessianOperator, num_runs: int = 3, num_steps: int = 25, seed: int = 0
 ) -> dict:
     """Stochastic Lanczos quadrature (Ghorbani et al. 2019): for each of ``num_runs`` Rademacher
     start vectors, the nodes (Ritz values) and weights (squared first eigenvector components)
     of a ``num_steps``-step Lanczos run. The spectral density is the average over runs of
-    Σ_i w_i δ(λ − node_i); smooth it with a Gaussian to plot."""
+    Σ_i w_i δ(λ − node_i); smooth it with a Gaussian to plot (``smoothed_density``). The runs
+    advance in lock-step, one ``op.hvp_batch`` per step, when one batched backward pays for
+    them; else one after the other (one basis in memory at a time). Each run draws the vectors
+    of its restarts (invariant subspaces) from a generator of its own, so the runs do not depend
+    on which way they go."""
+    for name, value in (("num_runs", num_runs), ("num_steps", num_steps)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
     g = torch.Generator().manual_seed(seed)
-    nodes, weights = [], []
-    for _ in range(num_runs):
-        v = (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).double()
-        r = lanczos(
-            op,
-            op.numel,
-            1,
-            1e-3,
-            min(num_steps, op.numel),
-            v,
-            g,
-            op.device,
-            torch.float32,
-            stop=False,
-        )
-        nodes.append(r.nodes)
-        weights.append(r.weights)
-    return {"nodes": nodes, "weights": weights}
+    starts = [
+        (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).double() for _ in range(num_runs)
+    ]
+    together = num_runs if op.batching_pays(num_runs) else 1
+    results = []
+    for i in range(0, num_runs, together):
+        results += _lockstep(op, starts[i : i + together], min(num_steps, op.numel), seed + 1 + i)
+    return {"nodes": [r.nodes for r in results], "weights": [r.weights for r in results]}
+
+
+def smoothed_density(density: dict, grid: torch.Tensor, sigma: float) -> torch.Tensor:
+    """The SLQ density (``spectral_density``'s nodes and weights, the mean over runs) convolved
+    with a Gaussian of width ``sigma``, on ``grid`` (float64): the curve a plot at that resolution
+    shows, (1/runs) Σ_runs Σ_i w_i φ_σ(x − node_i)."""
+    grid = grid.double()
+    out = torch.zeros_like(grid)
+    for nodes, weights in zip(density["nodes"], density["weights"]):
+        z = (grid[None] - torch.tensor(nodes, dtype=torch.float64)[:, None]) / sigma
+        out += (torch.tensor(weights, dtype=torch.float64)[:, None] * torch.exp(-0.5 * z**2)).sum(0)
+    return out / (len(density["nodes"]) * sigma * math.sqrt(2 * math.pi))
+
+
+def _lockstep(op: HessianOperator, starts, steps: int, seed: int) -> list:
+    """``steps``-step Lanczos runs (float32 basis, no stopping rule) from ``starts``, advanced
+    together: one ``op.hvp_batch`` of their current vectors per step."""
+    gens = [torch.Generator().manual_seed(seed + r) for r in range(len(starts))]
+    runs = [_Run(op.numel, v, gen, op.device, torch.float32) for v, gen in zip(starts, gens)]
+    for j in range(steps):
+        W = op.hvp_batch(torch.stack([r.q for r in runs]))
+        for r, w in zip(runs, W):
+            evals, _ = r.step(w)
+            if j + 1 < steps:
+                r.advance(evals)
+    return [r.result(1, False) for r in runs]

@@ -42,7 +42,7 @@ from ..module_state import modes_restored
 from ..registry import MEASURES
 from .dynamics import dynamics
 from .hvp import HVP_METHODS, HessianOperator
-from .measures import Measurement
+from .measures import Measurement, leading_batches
 from .solvers import hessian_eigenpairs
 
 BN_MODES = ("eval", "train")
@@ -279,17 +279,15 @@ class CurvatureTracker:
         """Every enabled measure; the sharpness ones on the first ``sharpness.num_samples``
         samples."""
         n = int(OmegaConf.select(self.cfg, "sharpness.num_samples", default=1024))
-        (x, y), bs = self._subset, int(self.h.get("batch_size", 512))
-        head = [
-            (x[i : min(i + bs, n)], y[i : min(i + bs, n)]) for i in range(0, min(n, len(y)), bs)
-        ]
-        m = Measurement(op, head, self.loss_fn, self.seed, final)
+        m = Measurement(op, leading_batches(op.batches, n), self.loss_fn, self.seed, final)
         out = {}
         try:
             for entry in sorted(
                 MEASURES.entries(), key=lambda e: e.meta.get("moves_parameters", False)
             ):
                 options = _options(self.cfg, entry.config)
+                if entry.meta.get("moves_parameters", False):
+                    m.close_operators()  # moving θ invalidates their graphs: free them first
                 if options.pop("enabled", False) and (final or not entry.meta.get("final_only")):
                     if self.note is not None:
                         self.note(f"{entry.name} (metrics.{entry.config})")
