@@ -368,7 +368,12 @@ class Run:
             self.steps_per_epoch,
             enabled=self.dist.is_main,
         )
-        if self.threads not in (None, *THREADS_SAID):  # once a process (rank 0), with progress
+        self._say_threads()
+
+    def _say_threads(self) -> None:
+        """The thread line, once a process (a local sweep's jobs share one), with the progress
+        lines (rank 0)."""
+        if self.threads not in (None, *THREADS_SAID):
             THREADS_SAID.append(self.threads)
             self.progress.note(f"sam-run: {self.threads}")
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import torch
 
@@ -174,7 +175,9 @@ class HessianOperator(Objective):
             return torch.func.jvp(lambda *ps: grad_fn(ps), primals, tuple(vs))[1]
 
         # one thread: functional_call swaps the module's parameters in place, so it cannot overlap
-        return _sum_lists(batch(i) for i in range(n_batches or len(self.batches)))
+        with warnings.catch_warnings():  # torch's jvp rules still script themselves on first use
+            warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", FutureWarning)
+            return _sum_lists(batch(i) for i in range(n_batches or len(self.batches)))
 
     def hvp_list(self, vs, method=None, n_batches=None):
         method = method or self.method
@@ -278,6 +281,28 @@ class HessianOperator(Objective):
             *extra,
         )
 
+    def _time_methods(self) -> str:
+        """The faster method, timed on a slice of the first batch (its leading 64 samples: the
+        two methods' costs grow alike with the batch, and a full batch of a large model would
+        cost four full HVPs), each after a warm-up on 2 samples (first-call costs)."""
+        # not the global RNG: a resumed run must draw as an unbroken one
+        g = torch.Generator().manual_seed(0)
+        vs = [torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device) for p in self.params]
+        (x, y), saved = self.batches[0], (self.batches, self.weights)
+        cost = {}
+        try:
+            for m in ("double_backward", "forward_over_reverse"):
+                for n in (2, 64):
+                    self.batches, self.weights = [(x[:n], y[:n])], [1.0]
+                    t0 = time.perf_counter()
+                    self.hvp_list(vs, m, 1)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    cost[m] = time.perf_counter() - t0
+        finally:
+            self.batches, self.weights = saved
+        return min(cost, key=cost.get)
+
     def _choose(self, method):
         # With cached graphs an HVP is one backward through the saved graph, which forward-over-
         # reverse (it recomputes the forward and the gradient each time) cannot beat: no timing.
@@ -287,18 +312,5 @@ class HessianOperator(Objective):
             return "double_backward"
         key = self._shape_key()
         if key not in _method_choice:
-            # not the global RNG: a resumed run must draw as an unbroken one
-            g = torch.Generator().manual_seed(0)
-            vs = [
-                torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device) for p in self.params
-            ]
-            cost = {}
-            for m in ("double_backward", "forward_over_reverse"):
-                self.hvp_list(vs, m, 1)  # warm-up; timed on the first batch only
-                t0 = time.perf_counter()
-                self.hvp_list(vs, m, 1)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                cost[m] = time.perf_counter() - t0
-            _method_choice[key] = min(cost, key=cost.get)
+            _method_choice[key] = self._time_methods()
         return _method_choice[key]
