@@ -97,6 +97,12 @@ def warnings(cfg) -> list[str]:
             "less than a core, and the run is slower than with fewer"
         )
     threads, (cpus, source) = t.get("threads"), distributed.allowed_cpus()
+    workers = int(cfg.dataset.get("num_workers", 0) or 0)
+    if cfg.dataset.name == "image_folder" and workers > max(1, cpus // devices):
+        out.append(
+            f"dataset.num_workers={workers} is more than the {cpus} CPU(s) allowed ({source}) "
+            f"for {devices} process(es): {max(1, cpus // devices)} worker(s) a loader"
+        )
     if device == "cpu" and threads is not None and threads * devices > cpus:
         out.append(
             f"trainer.threads={threads} x {devices} process(es) is more than the {cpus} CPU(s) "

@@ -273,3 +273,20 @@ def test_folder_batches_do_not_depend_on_the_worker_count(tree):
         batches.append([(x, idx) for x, _, idx in data.train])
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*batches))
     assert len(batches[0]) == 7  # 120 images in batches of 16, the last incomplete one dropped
+
+
+def test_more_workers_than_cpus_are_capped_with_a_notice(tree, monkeypatch):
+    from conftest import compose
+
+    from sam_runner.data.sources import folder_workers
+    from sam_runner.validate import warnings
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert folder_workers(cfg(num_workers=4)) == 1 and folder_workers(cfg(num_workers=0)) == 0
+    data = build_data(cfg(root=str(tree), num_workers=4), CPU, seed=0)
+    assert data.train.kw["num_workers"] == 1
+    run = compose("dataset=image_folder", f"dataset.root={tree}", "dataset.num_workers=3")
+    assert (
+        "dataset.num_workers=3 is more than the 1 CPU(s) allowed (SLURM_CPUS_PER_TASK) for 1 "
+        "process(es): 1 worker(s) a loader"
+    ) in warnings(run)

@@ -200,6 +200,15 @@ def _folder_keys(cfg) -> None:
     )
 
 
+def folder_workers(cfg, world: int = 1) -> int:
+    """``dataset.num_workers``, at most the CPUs each process is allowed (more workers than
+    cores only contend; validate.warnings says so before the run)."""
+    from ..distributed import allowed_cpus
+
+    asked = int(cfg.get("num_workers", 4))
+    return min(asked, max(1, allowed_cpus()[0] // world))
+
+
 @DATASETS.register(
     "image_folder",
     "any <root>/train, <root>/val class-folder tree, through a DataLoader",
@@ -228,7 +237,7 @@ def image_folder(cfg, seed, rank, world):
         (train.samples[i][0], int(t)) for i, t in zip(keep.tolist(), targets)
     ]
     train.targets = targets.tolist()
-    n, workers = len(train), int(cfg.get("num_workers", 4))
+    n, workers = len(train), folder_workers(cfg, world)
     loader = lambda ds, shuffle, drop, **kw: FolderLoader(
         Indexed(ds), cfg.batch_size, shuffle, seed, workers, drop, rank, world, **kw
     )
