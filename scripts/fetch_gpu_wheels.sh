@@ -50,7 +50,7 @@ WHEELS=(
   cmaes==0.13.1
   cliff==4.17.0
   stevedore==5.10.0
-  prettytable==3.18.0
+  prettytable==3.19.0
   wcwidth==0.9.4
   cmd2==4.3.1
   rich-argparse==1.8.0

@@ -1,14 +1,17 @@
 """scripts/fetch_gpu_wheels.sh carries what the lent GPU machine lacks, and only that: every
 runtime dependency in pyproject.toml, and theirs (markers read for that machine: CPython 3.12 on
 Linux x86-64), is either downloaded by the script or on the machine's package list
-(scripts/device_packages.txt); nothing on that list travels again; each pin is the version the
-suite runs with here and meets every requirement on it. No network: the dependencies are read
-from the installed distributions' metadata."""
+(scripts/device_packages.txt); nothing on that list travels again; each pin meets every
+requirement on it. A pin other than the version installed here is a warning, not a failure: a
+fresh install takes the registry's newest release, and CI must not break the day a transitive
+dependency publishes one (update the pin then). No network: the dependencies are read from the
+installed distributions' metadata."""
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import re
+import warnings
 
 import pytest
 from conftest import ROOT
@@ -80,7 +83,8 @@ def test_the_wheel_set_is_what_the_device_lacks_of_the_runtime_dependencies():
     assert [n for n in carried if n not in needs] == [], "not needed"
     for name, version in carried.items():
         here = md.version(name)
-        assert Version(here) == Version(version), f"{name}: pinned {version}, tested with {here}"
+        if Version(here) != Version(version):
+            warnings.warn(f"{SCRIPT.name}: {name} pinned {version}, installed here {here}")
         for req in needs[name]:
             assert req.specifier.contains(version, prereleases=True), f"{name} {version}: {req}"
 
