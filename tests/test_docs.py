@@ -167,3 +167,22 @@ def test_running_md_describes_the_edge_of_stability_figure_curves_png_draws():
     for words in ("stability threshold", "SAM edge", "Armijo-probe curvature"):
         assert any(words in label for label in labels) and words in text
     assert len(fig.axes) == 2 and "η/2" not in text and "the loss on the same steps" in text
+
+
+def test_extending_md_lists_every_registry():
+    """Each module-level ``Registry(...)`` of the package has its row in extending.md's table."""
+    import ast
+
+    names = set()
+    for path in (ROOT / "sam_runner").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "Registry"
+            ):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    assert len(names) >= 13, names
+    text = (ROOT / "docs" / "extending.md").read_text()
+    missing = sorted(n for n in names if f"| `{n}` |" not in text)
+    assert not missing, f"docs/extending.md's registry table lacks {missing}"
