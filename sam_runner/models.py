@@ -21,6 +21,18 @@ INPUTS = {"1d": "1-D signals (channels, length)", "image": "images (channels, he
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "gelu": nn.GELU}
 
 
+def without_download(model_cfg):
+    """The model's config with pretrained weights off: validation builds the architecture only (and
+    sam-eval, which loads the run's own weights)."""
+    if not model_cfg.get("pretrained", False):
+        return model_cfg
+    from omegaconf import OmegaConf
+
+    out = OmegaConf.to_container(model_cfg, resolve=True)
+    out["pretrained"] = False
+    return OmegaConf.create(out)
+
+
 class Blocks(nn.Module):
     """A model that is its top-level children applied in order (its functional blocks)."""
 

@@ -174,6 +174,17 @@ def image_size(cfg) -> int:
     )
 
 
+def data_shape(dataset_cfg) -> tuple[tuple, int]:
+    """(input shape, class count) of a dataset, from its registration (image folders: their
+    configured image size, and a placeholder class count)."""
+    entry = DATASETS.entry(dataset_cfg.name)
+    shape = entry.input_shape
+    if shape is None:  # checked here too: the trainer's checks build the model first
+        size = image_size(dataset_cfg)
+        shape = (3, size, size)
+    return tuple(shape), entry.num_classes or 2
+
+
 def _folder_keys(cfg) -> None:
     """The keys and the tree, checked before anything runs: the image size and worker count,
     the splits, the same class folders in both, class folders with images."""

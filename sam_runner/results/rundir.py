@@ -238,9 +238,8 @@ class RunDir:
         """The run at its final (or averaged) weights, with its data; ``strict``: the
         checkpoint's recorded settings must be the config's (sam-eval)."""
         from ..data import build_data
-        from ..models import build_model
+        from ..models import build_model, without_download
         from ..settings import require_same_config, result_config
-        from ..validate import without_download
 
         require(
             self.path.is_dir(),
@@ -298,9 +297,9 @@ class LoadedRun:
     def autocast(self):
         import torch
 
-        from ..train import PRECISIONS
+        from ..train import DTYPES
 
-        dtype = PRECISIONS.get(str(self.cfg.trainer.get("precision", "fp32")))
+        dtype = DTYPES.get(str(self.cfg.trainer.get("precision", "fp32")))
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dtype)
