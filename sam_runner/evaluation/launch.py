@@ -20,7 +20,7 @@ import os
 import sys
 
 from ..errors import one_line
-from ..results.rundir import eval_file
+from ..rundir import eval_file
 from ..runfiles import write_json
 from .job import measure_job
 from .plan import Measurement

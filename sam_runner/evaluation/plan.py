@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError, require
-from ..results.rundir import AVERAGED, RunDir, eval_file
+from ..rundir import AVERAGED, RunDir, eval_file
 from ..runfiles import CHECKPOINT, json_problem, read_json
 from .paths import job_folders
 
@@ -29,7 +29,7 @@ EVAL_FILE = eval_file("last")
 
 @dataclass
 class Measurement:
-    """What sam-eval does about one job folder (the job itself: ``results.rundir.RunDir``)."""
+    """What sam-eval does about one job folder (the job itself: ``rundir.RunDir``)."""
 
     path: Path
     name: str  # relative to PATH ("." for a run folder)

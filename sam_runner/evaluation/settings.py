@@ -93,7 +93,7 @@ def check(cfg) -> None:
         e.progress in PROGRESS,
         f"eval.progress={e.progress!r} is unknown; choose one of {', '.join(PROGRESS)}",
     )
-    from ..results.rundir import check_weights
+    from ..rundir import check_weights
 
     check_weights(str(e.get("weights", "last")), "eval.weights")
     check_cluster("slurm" if launcher(cfg) == "slurm" else None, "hydra/launcher=slurm")

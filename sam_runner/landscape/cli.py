@@ -327,7 +327,7 @@ def run(args, say=print) -> dict:
         summary = read_json(folder(path, opt.weights) / SUMMARY)
         say(_slice_lines(path, opt, summary))
         return summary
-    from ..results.rundir import load_run
+    from ..rebuild import load_run
     from .slices import run_slices
 
     summary = run_slices(load_run(path, device(), opt.weights), opt)
@@ -349,7 +349,7 @@ def _connect_two(path: Path, to: Path, opt, device, say) -> dict:
         summary = read_json(out / SUMMARY)
         say(_pair_line(path, summary))
         return summary
-    from ..results.rundir import load_run
+    from ..rebuild import load_run
     from .connectivity import connect
     from .files import require_writable
 

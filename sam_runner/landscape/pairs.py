@@ -15,7 +15,7 @@ import itertools
 from pathlib import Path
 
 from ..errors import require
-from ..results.rundir import load_run
+from ..rebuild import load_run
 from ..results.sweep import group_overrides
 from ..runfiles import CHECKPOINT, job_dirs, read_json
 from ..sweep.plan import saved_overrides

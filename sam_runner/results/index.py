@@ -33,9 +33,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..rundir import RunDir, eval_file, landscape_folder
 from ..runfiles import job_dirs
 from ..settings import flatten
-from .rundir import RunDir, eval_file, landscape_folder
 
 SCHEMA = 1  # bump when the tables' meaning changes: an older database is rebuilt by itself
 DEFAULT_DB = "sam-results.sqlite"

@@ -37,9 +37,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..rundir import RunDir
 from ..runfiles import finite
 from ..settings import override_key, run_only
-from .rundir import RunDir
 from .sections import SECTIONS
 
 LABELS = {
@@ -131,8 +131,8 @@ def job_values(path: Path) -> tuple[dict, str, str]:
 def _not_measured(run: RunDir, measured: dict) -> str:
     """Why a job's eval.json is not its source: absent, unreadable, or a failed measurement."""
     from ..errors import first_line
+    from ..rundir import eval_file
     from ..runfiles import json_problem
-    from .rundir import eval_file
 
     problem = json_problem(run.path / eval_file())
     if problem == "missing":

@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..rundir import RunDir
 from ..runfiles import atomic_write_bytes, finite
-from .rundir import RunDir
 from .runs_table import _job_name, counts_line
 from .sections import ordered
 from .sweep import BOUND_STATS, STATUSES, Report, build_report

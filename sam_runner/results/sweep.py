@@ -31,10 +31,10 @@ from pathlib import Path
 
 from ..errors import require
 from ..plots.style import natural_key  # matplotlib is imported only when drawing
+from ..rundir import RunDir, has_rho
 from ..runfiles import finite, job_dirs
 from ..settings import override_key, run_only
 from ..sweep.plan import expected_jobs
-from .rundir import RunDir, has_rho
 
 DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
 BOUND_STATS = ("bound", "lambda_max_over_bound")  # per group, over jobs with both λ_max and a bound

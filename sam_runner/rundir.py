@@ -11,30 +11,30 @@
   summary: running, killed or interrupted), ``rows()`` (metrics.jsonl);
 - ``eval(weights)``, ``landscape(weights)``, ``pair_summaries(weights)``: what sam-eval and
   sam-landscape wrote (``weights="averaged"``: ``eval_averaged.json``, ``landscape_averaged/``);
-- ``load(device, weights)``: the model rebuilt by the runner's own ``build_data`` and
-  ``build_model`` at the final weights (``checkpoints/last.pt``) or the averaged ones
-  (``checkpoints/averaged.pt``, written by ``trainer.weight_averaging``), read weights-only.
+- ``checkpoint()``: ``checkpoints/last.pt``, loaded weights-only (the model rebuilt from it, or
+  from ``checkpoints/averaged.pt``: ``rebuild.py``).
 
-Importing this module imports nothing heavy (no torch): sam-report and sam-index read folders
-with it; ``load`` imports torch.
+The names of every file and folder of a run folder are this module's constants, and nothing else
+in the package spells them. Importing it imports nothing heavy (no torch): sam-report and
+sam-index read folders with it; ``checkpoint()`` imports torch.
 """
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from ..errors import UserError, require
-from ..registry import VARIANTS
-from ..runfiles import CHECKPOINT, Checkpoint, json_problem, read_json, read_rows
+from .errors import UserError, require
+from .registry import VARIANTS
+from .runfiles import CHECKPOINT, Checkpoint, json_problem, read_json, read_rows
 
 AVERAGED = Path("checkpoints") / "averaged.pt"
+CACHE = "cache"  # an image folder's decoded measurement subsets
 WEIGHTS = ("last", "averaged")
 STATUSES = ("completed", "diverged", "failed")
 EVAL_FILES = {"last": "eval.json", "averaged": "eval_averaged.json"}
-LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}  # landscape/files.py
+LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}
+LANDSCAPE_SUMMARY = "landscape.json"  # in a landscape folder, and in each of its pair folders
 
 
 def check_weights(weights: str, spelling: str = "weights") -> str:
@@ -117,7 +117,7 @@ class RunDir:
     def missing_reason(self) -> str:
         """Why the run has no readable summary: corrupt, still training (who holds its lock),
         or neither (running elsewhere, or killed)."""
-        from ..lock import held_by
+        from .lock import held_by
 
         problem = json_problem(self.path / "summary.json")
         if problem not in (None, "missing"):
@@ -147,19 +147,15 @@ class RunDir:
         return e if isinstance(e, dict) else None
 
     def landscape(self, weights: str = "last") -> dict | None:
-        from ..landscape.files import SUMMARY
-
-        s = read_json(self.path / landscape_folder(weights) / SUMMARY)
+        s = read_json(self.path / landscape_folder(weights) / LANDSCAPE_SUMMARY)
         return s if isinstance(s, dict) else None
 
     def pair_summaries(self, weights: str = "last") -> list[dict]:
         """The connectivity results stored under the run's landscape folder."""
-        from ..landscape.files import SUMMARY
-
         folder = self.path / landscape_folder(weights)
         return [
             s
-            for p in sorted(folder.glob(f"*/{SUMMARY}"))
+            for p in sorted(folder.glob(f"*/{LANDSCAPE_SUMMARY}"))
             if isinstance(s := read_json(p), dict) and isinstance(s.get("run_b"), dict)
         ]
 
@@ -212,132 +208,6 @@ class RunDir:
         )
         return self._last
 
-    def weights(self, weights: str = "last") -> dict:
-        """The model state dict of ``last.pt`` or ``averaged.pt``."""
-        if check_weights(weights) == "last":
-            return self.checkpoint()["model"]
-        path = self.path / AVERAGED
-        require(
-            path.is_file(),
-            f"run folder {self.path} has no averaged weights ({AVERAGED}); train it with "
-            "trainer.weight_averaging=swa or ema, or use weights=last",
-        )
-        import torch
-
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise UserError(f"{path} is unreadable ({type(e).__name__}); restore it") from None
-        require(
-            isinstance(state, dict) and isinstance(state.get("model"), dict),
-            f"{path} is not a sam-run averaged checkpoint (no model entry)",
-        )
-        return state["model"]
-
-    def load(self, device, weights: str = "last", purpose: str = "sam-landscape", strict=False):
-        """The run at its final (or averaged) weights, with its data; ``strict``: the
-        checkpoint's recorded settings must be the config's (sam-eval)."""
-        from ..data import build_data
-        from ..models import build_model, without_download
-        from ..settings import require_same_config, result_config
-
-        require(
-            self.path.is_dir(),
-            f"run folder {str(self.path)!r} does not exist or is not a folder; pass a folder "
-            "sam-run wrote",
-        )
-        require(
-            (self.path / CHECKPOINT).is_file(),
-            f"run folder {self.path} has no checkpoint ({CHECKPOINT}); {purpose} needs the "
-            "weights a sam-run run saves at each evaluated epoch",
-        )
-        import torch
-
-        state = self.weights(weights)
-        cfg = self.omega_config(purpose)
-        if strict:
-            saved = (self.checkpoint().get("fingerprint") or {}).get("config")
-            require_same_config(saved, result_config(cfg), f"checkpoint {CHECKPOINT}", self.path)
-        torch.manual_seed(int(cfg.seed))  # as the run built its data
-        data = build_data(cfg.dataset, device, int(cfg.seed))
-        # an image folder's measurement subset as training decoded it (read, never written)
-        data.cache_dir, data.cache_write = self.path / "cache", False
-        torch.manual_seed(int(cfg.seed))
-        model = build_model(without_download(cfg.model), data.input_shape, data.num_classes)
-        try:
-            model.load_state_dict(state)
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise UserError(
-                f"checkpoint {self.path / CHECKPOINT} does not fit the model its config builds "
-                f"({type(e).__name__}); was the config changed after training?"
-            ) from None
-        model.to(device).eval()
-        return LoadedRun(self.path.resolve(), cfg, state, model, data, device, weights)
-
-
-@dataclass
-class LoadedRun:
-    """What ``RunDir.load`` returns: a run's config, weights, model and data."""
-
-    path: Path
-    cfg: object  # the job's config (OmegaConf)
-    state: dict  # the model state dict loaded, on the CPU
-    model: object  # nn.Module on the device, in eval mode, at those weights
-    data: object  # sam_runner.data.Data
-    device: object  # torch.device
-    weights: str = "last"  # last | averaged
-
-    def criterion(self):
-        """The run's own per-sample loss (its label smoothing included), as its test evaluation."""
-        from torch import nn
-
-        smoothing = float(self.cfg.trainer.get("label_smoothing", 0.0))
-        return nn.CrossEntropyLoss(label_smoothing=smoothing, reduction="none")
-
-    def autocast(self):
-        import torch
-
-        from ..train import DTYPES
-
-        dtype = DTYPES.get(str(self.cfg.trainer.get("precision", "fp32")))
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
-
-    def train_subset(self, n: int, offset: int = 0, keep: bool = False):
-        """The curvature subset of the run (``data.train_subset(n, seed)``) with ``offset`` 0;
-        ``keep``: an image folder's subset decoded here is kept in the run's cache (the
-        landscape's; sam-eval only reads the cache)."""
-        return self.data.train_subset(int(n), int(self.cfg.seed) + offset, write=keep or None)
-
-    @property
-    def variant(self) -> str:
-        return str(self.cfg.optimizer.name)
-
-    @property
-    def rho(self) -> float | None:
-        rho = self.cfg.optimizer.get("rho")
-        return float(rho) if has_rho(self.variant) and rho is not None else None
-
-    def label(self) -> str:
-        """``sam, ρ = 0.05, seed 0`` for titles (``run_label``)."""
-        return run_label(self.describe())
-
-    def describe(self) -> dict:
-        from ..provenance import built_model
-
-        out = {
-            "run": str(self.path),
-            "variant": self.variant,
-            "rho": self.rho,
-            "seed": int(self.cfg.seed),
-            "model": built_model(self.cfg.model, self.data.input_shape),  # auto resolved
-            "dataset": str(self.cfg.dataset.name),
-        }
-        if self.weights != "last":
-            out["weights"] = self.weights
-        return out
-
 
 def run_label(described: dict) -> str:
     """A run as a figure's title names it: ``sam, ρ = 0.05, seed 0``, a sweep's job with its
@@ -349,16 +219,11 @@ def run_label(described: dict) -> str:
     return f"job {name} ({text})" if name.isdigit() else text
 
 
-def load_run(run_dir, device, weights: str = "last") -> LoadedRun:
-    """``RunDir(run_dir).load(device, weights)``: the run at its checkpoint's weights."""
-    return RunDir(run_dir).load(device, weights)
-
-
 def _data_dir_here(cfg) -> None:
     """dataset.data_dir (and download) of this environment where the run's is absent or gone."""
     from omegaconf import OmegaConf
 
-    from ..paths import config_dir
+    from .paths import config_dir
 
     default = OmegaConf.load(Path(config_dir()) / "common" / "dataset.yaml")
     try:
