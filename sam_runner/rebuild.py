@@ -37,6 +37,7 @@ def state_dict(run: RunDir, weights: str = "last") -> dict:
     )
     return state["model"]
 
+
 def load(run: RunDir, device, weights: str = "last", purpose: str = "sam-landscape", strict=False):
     """The run at its final (or averaged) weights, with its data; ``strict``: the
     checkpoint's recorded settings must be the config's (sam-eval)."""

@@ -34,6 +34,7 @@ def objective_key(cfg) -> str | None:
         return key
     return "val_acc" if cfg.dataset.get("val_split") else None
 
+
 RUN_ONLY_KEYS = (
     "hydra",
     "trainer.device",

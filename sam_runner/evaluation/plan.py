@@ -28,7 +28,7 @@ EVAL_FILE = eval_file("last")
 
 
 @dataclass
-class Measurement:
+class PlannedJob:
     """What sam-eval does about one job folder (the job itself: ``rundir.RunDir``)."""
 
     path: Path
@@ -37,7 +37,7 @@ class Measurement:
     reason: str = ""
 
 
-def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]:
+def plan(path: Path, settings: dict, weights: str = "last") -> list[PlannedJob]:
     """Every job of PATH with what to do about it, in natural order (``weights``: which of the
     job's weights, into which file: eval.json, or eval_averaged.json for averaged.pt)."""
     path = Path(path)
@@ -47,7 +47,7 @@ def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]
         summary = read_json(d / "summary.json") or {}
         if summary.get("status") != "completed":
             status = summary.get("status") or RunDir(d).missing_reason
-            jobs.append(Measurement(d, name, "skip", f"not completed ({status})"))
+            jobs.append(PlannedJob(d, name, "skip", f"not completed ({status})"))
             continue
         require(
             weights != "averaged" or (d / AVERAGED).is_file(),
@@ -57,11 +57,11 @@ def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]
         done = read_json(d / eval_file(weights)) or {}
         fresh_ = fresh(d, weights)
         if done.get("status") == "completed" and done.get("eval_settings") == settings and fresh_:
-            jobs.append(Measurement(d, name, "done", "already measured with these settings"))
+            jobs.append(PlannedJob(d, name, "done", "already measured with these settings"))
         else:
             problem = json_problem(d / eval_file(weights))
             corrupt = f"its {eval_file(weights)} is {problem}" if problem != "missing" else ""
-            jobs.append(Measurement(d, name, "measure", corrupt if done == {} else ""))
+            jobs.append(PlannedJob(d, name, "measure", corrupt if done == {} else ""))
     require(
         any(j.state != "skip" for j in jobs),
         f"PATH={str(path)!r} holds no completed run to measure "
@@ -81,7 +81,7 @@ def fresh(job_dir: Path, weights: str = "last") -> bool:
         return False
 
 
-def check_jobs(jobs: list[Measurement], metrics_cfg) -> None:
+def check_jobs(jobs: list[PlannedJob], metrics_cfg) -> None:
     """One line for the first job the settings do not apply to (corruptions to its dataset): bad
     input, refused before anything runs. A job that cannot be measured (its config or checkpoint
     unreadable or missing) is not refused here: it fails, into its eval.json, and the rest go on."""

@@ -20,9 +20,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..errors import UserError, first_line, integer, require
+from ..jobarray import check_cluster, cluster_of
 from ..preflight import config_paths, unknown_option
 from ..settings import flatten
-from ..sweep.array import check_cluster, cluster_of
 
 CONFIG = "eval"
 FORMAT = 1  # what eval.json holds; a change of what is computed bumps it (and measures again)

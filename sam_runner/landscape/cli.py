@@ -7,7 +7,7 @@
 
 The options are ``landscape.KEY=VALUE`` words, with sam-run's ``trainer.device=``,
 ``trainer.progress=``, ``plots.format=`` and ``hydra/launcher=`` (the one grammar of the
-analysis commands, results/grammar.py); ``translate`` turns them into the argparse flags that
+analysis commands, grammar.py); ``translate`` turns them into the argparse flags that
 parse them, and the earlier flags still work with a notice. Bad input is one line,
 ``sam-landscape: error: ...`` in the spelling the call used, exit 2, before anything is written.
 """
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..jobarray import TasksFailed
 from ..runfiles import CHECKPOINT, read_json
-from ..sweep.array import TasksFailed
 from .figures import draw_pair, draw_slices, slice_figures
 from .files import SUMMARY, connectivity_done, folder, pair_folder, slices_done
 from .options import Options
@@ -266,9 +266,9 @@ FLAG_OF = {
 
 
 def run_settings(args) -> None:
-    """sam-run's spellings (results/grammar.py) into the flags' places."""
+    """sam-run's spellings (grammar.py) into the flags' places."""
+    from ..grammar import require_known, split_run_words
     from ..plots.style import FORMATS
-    from ..results.grammar import require_known, split_run_words
 
     words = list(getattr(args, "settings", None) or [])
     require_known(
@@ -301,7 +301,7 @@ def run(args, say=print) -> dict:
     )
     array = None
     if args.launcher not in (None, "local"):
-        from ..sweep.array import CLUSTERS, check_cluster, launcher_params
+        from ..jobarray import CLUSTERS, check_cluster, launcher_params
 
         check_cluster(CLUSTERS[args.launcher], f"--launcher {args.launcher}")
         array = (
@@ -447,9 +447,9 @@ def _as_flags(word: str, actions: dict) -> list[str]:
 
 
 def translate(argv: list[str]) -> tuple[list[str], list[str]]:
-    """The one grammar (results/grammar.py): ``landscape.KEY=VALUE`` words as flags; and the
+    """The one grammar (grammar.py): ``landscape.KEY=VALUE`` words as flags; and the
     notes of the earlier spellings (the flags) used."""
-    from ..results.grammar import deprecated
+    from ..grammar import deprecated
 
     actions = {
         a.dest: a
@@ -507,7 +507,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; files already written are complete", file=sys.stderr)
         return 130
-    from ..results.grammar import say_notes
+    from ..grammar import say_notes
 
     say_notes(notes)  # after the work: an error stays one line
     return 0

@@ -123,7 +123,7 @@ def _in_array(task, items, opt, array, names, describe, say) -> dict:
     """The items as one task each; a failed task is named and the others go on. Raises
     TasksFailed at the end when any failed."""
     from ..errors import one_line
-    from ..sweep.array import TasksFailed, run_array
+    from ..jobarray import TasksFailed, run_array
 
     if not items:
         return {}

@@ -276,7 +276,7 @@ def write_measures(report, out_dir: Path) -> list[Path]:
     table = measures_table(report)
     if table is None:
         return []
-    from ..plots.measures import plot_measures
+    from ..plots.ranking import plot_measures
     from ..plots.style import save_figure
     from ..runfiles import atomic_write_bytes
 
