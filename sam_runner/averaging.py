@@ -23,8 +23,8 @@ import torch
 
 from .errors import integer, number, require
 from .registry import WEIGHT_AVERAGING as AVERAGING
+from .rundir import AVERAGED
 
-AVERAGED = Path("checkpoints") / "averaged.pt"
 LOGGED = ("test_acc", "test_loss", "test_ece")  # of the averaged weights, as avg_<key>
 
 

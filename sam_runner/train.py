@@ -36,7 +36,8 @@ from .models import build_model, load_initial_weights
 from .optim.build import build_optimizer
 from .progress import Progress, print_final
 from .provenance import provenance
-from .runfiles import CHECKPOINT, Checkpoint, MetricsLog, json_problem, read_json, write_json
+from .rundir import CACHE, CHECKPOINT, METRICS, SUMMARY
+from .runfiles import Checkpoint, MetricsLog, json_problem, read_json, write_json
 from .samplers import build_sampler
 from .schedulers import build_scheduler
 from .settings import objective_key, plot_format, require_same_config, result_config
@@ -114,7 +115,7 @@ def read_summary(run_dir: Path) -> dict | None:
     """summary.json, or None. A corrupt one is named in one line and rebuilt by this run from
     its checkpoint and metrics lines (``Run.resume``); without a checkpoint the job fails with
     that reason rather than train again over a result it cannot read."""
-    path = run_dir / "summary.json"
+    path = run_dir / SUMMARY
     done = read_json(path)
     problem = None if done is not None else json_problem(path)
     if problem is None or problem == "missing":
@@ -225,7 +226,7 @@ class ValSet:
         key, out = objective_key(self.run.cfg), {}
         if key is not None:  # a model chosen on test data is no held-out result: say so
             out.update(objective=key, selected_on_test=key.startswith("test_"))
-        path = self.run.run_dir / "metrics.jsonl"  # every evaluation, resumed runs' included
+        path = self.run.run_dir / METRICS  # every evaluation, resumed runs' included
         lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
         lines = [x for x in lines if isinstance(x.get("val_acc"), (int, float))]
         if lines:
@@ -262,7 +263,7 @@ class Run:
         torch.manual_seed(cfg.seed)
         dist = self.dist
         self.data = data = build_data(cfg.dataset, device, cfg.seed, dist.rank, dist.world)
-        data.cache_dir, data.cache_write = self.run_dir / "cache", self.dist.is_main  # folders
+        data.cache_dir, data.cache_write = self.run_dir / CACHE, self.dist.is_main  # folders
         torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
         self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
         self.init_from = load_initial_weights(cfg.model, model)  # given weights, if any
@@ -299,7 +300,7 @@ class Run:
         self.rng = RNGState(device)
         self.fingerprint = fingerprint(cfg, model, self.dist.world)
         self.checkpoint = Checkpoint(self.run_dir / CHECKPOINT)
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.log = MetricsLog(self.run_dir / METRICS)
         self.progress = Progress(
             t.get("progress", "auto"),
             self.clock.epochs,
@@ -543,7 +544,7 @@ class Run:
             summary["error"] = self.error
         if self.dist.is_main:
             summary.update(self.val_set.summary_values())
-            write_json(self.run_dir / "summary.json", summary)
+            write_json(self.run_dir / SUMMARY, summary)
             _write_plots(self.run_dir, plot_format(self.cfg))
             self.logger.summary(summary)
             self.logger.finish(self.status)
@@ -601,7 +602,7 @@ class Run:
 
 def _write_failure(run_dir: Path, summary: dict) -> None:
     try:
-        write_json(run_dir / "summary.json", summary)
+        write_json(run_dir / SUMMARY, summary)
     except OSError:
         pass  # an unwritable run folder is reported by the error that got us here
 

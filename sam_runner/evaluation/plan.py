@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError, require
-from ..rundir import AVERAGED, RunDir, eval_file
-from ..runfiles import CHECKPOINT, json_problem, read_json
+from ..rundir import AVERAGED, CHECKPOINT, RunDir, eval_file
+from ..runfiles import json_problem, read_json
 from .paths import job_folders
 
 EVAL_FILE = eval_file("last")
@@ -44,7 +44,7 @@ def plan(path: Path, settings: dict, weights: str = "last") -> list[PlannedJob]:
     jobs = []
     for d in job_folders(path):
         name = str(d.relative_to(path)) if d != path else "."
-        summary = read_json(d / "summary.json") or {}
+        summary = RunDir(d).summary or {}
         if summary.get("status") != "completed":
             status = summary.get("status") or RunDir(d).missing_reason
             jobs.append(PlannedJob(d, name, "skip", f"not completed ({status})"))

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ..errors import UserError, require
 from ..jobarray import TasksFailed
-from ..runfiles import CHECKPOINT, read_json
+from ..rundir import CHECKPOINT, has_checkpoint, is_run
+from ..runfiles import read_json
 from .figures import draw_pair, draw_slices, slice_figures
 from .files import SUMMARY, connectivity_done, folder, pair_folder, slices_done
 from .options import Options
@@ -254,7 +255,7 @@ def _device(name: str):
 
 
 def _is_run_folder(path: Path) -> bool:
-    return any((path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
+    return is_run(path) or has_checkpoint(path)
 
 
 FLAG_OF = {

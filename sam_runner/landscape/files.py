@@ -112,7 +112,7 @@ def pair_folder(run_a: Path, run_b: Path, weights: str = "last") -> Path:
 def newer_than_weights(summary: Path, *runs: Path) -> bool:
     """Whether ``summary`` was written after each run's checkpoint (a run trained again since is
     measured again)."""
-    from ..runfiles import CHECKPOINT
+    from ..rundir import CHECKPOINT
 
     try:
         written = summary.stat().st_mtime_ns

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import require
 from ..rebuild import load_run
 from ..results.sweep import group_overrides
-from ..runfiles import CHECKPOINT, job_dirs, read_json
+from ..rundir import CHECKPOINT, RunDir, job_dirs
 from ..sweep.plan import saved_overrides
 from .figures import draw_pair, draw_slices, drawn, slice_figures
 from .files import connectivity_done, folder, pair_folder, slices_done
@@ -30,12 +30,7 @@ def completed_jobs(sweep_dir: Path) -> list[Path]:
         f"{sweep_dir} holds no run: no checkpoint, and no job folders (folders with .hydra/ "
         "or summary.json) below it; pass a run folder or a sweep folder sam-run wrote",
     )
-    return [
-        d
-        for d in dirs
-        if (read_json(d / "summary.json") or {}).get("status") == "completed"
-        and (d / CHECKPOINT).is_file()
-    ]
+    return [d for d in dirs if RunDir(d).status == "completed" and (d / CHECKPOINT).is_file()]
 
 
 def seed_pairs(jobs: list[Path]) -> list[tuple[Path, Path]]:

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..rundir import METRICS
 from ..settings import objective_key
 
 # where a search keeps its Optuna study (in the sweep folder), and the study's name
@@ -66,7 +67,7 @@ def worst(way: str) -> float:
 
 def final_line(run_dir) -> dict:
     """The run's last evaluated metrics line (the one with test_acc), or {}."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS
     if not path.exists():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
