@@ -34,6 +34,7 @@ from .metrics.robustness import Robustness
 from .metrics.tracker import CurvatureTracker
 from .models import build_model, load_initial_weights
 from .optim.build import build_optimizer
+from .plots.run import write_run_plots
 from .progress import Progress, print_final
 from .provenance import provenance
 from .rundir import CACHE, CHECKPOINT, METRICS, SUMMARY
@@ -609,8 +610,6 @@ def _write_failure(run_dir: Path, summary: dict) -> None:
 
 def _write_plots(run_dir: Path, fmt: str = "png") -> None:
     try:
-        from .plots.run import write_run_plots
-
         write_run_plots(run_dir, fmt)
     # plots are a view of the run's files: never fail a finished run over them
     except Exception as e:
