@@ -23,8 +23,9 @@ import torch
 
 from .errors import integer, number, require
 from .registry import WEIGHT_AVERAGING as AVERAGING
+from .rundir import AVERAGED
+from .runfiles import atomic_write
 
-AVERAGED = Path("checkpoints") / "averaged.pt"
 LOGGED = ("test_acc", "test_loss", "test_ece")  # of the averaged weights, as avg_<key>
 
 
@@ -165,8 +166,6 @@ class Averaged(NoAveraging):
 
     def save(self, run_dir: Path) -> None:
         """checkpoints/averaged.pt, atomically, once something is averaged."""
-        from .runfiles import atomic_write
-
         if self.n_averaged:
             weights = self.weights()
             atomic_write(Path(run_dir) / AVERAGED, lambda f: torch.save(weights, f))

@@ -15,7 +15,7 @@ from . import __version__
 from .errors import RunFolderConflict, UserError, one_line
 from .paths import config_dir
 from .preflight import preflight
-from .runfiles import holds_results
+from .rundir import holds_results
 
 
 def register_resolvers() -> None:

@@ -15,10 +15,23 @@ from torch import nn
 
 from .errors import UserError, integer, number, one_line, require
 from .registry import MODELS
+from .rundir import AVERAGED, CHECKPOINT
 
 INPUTS = {"1d": "1-D signals (channels, length)", "image": "images (channels, height, width)"}
 # model.activation of mlp, cnn and cnn1d (relu by default; tanh for edge-of-stability studies)
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "gelu": nn.GELU}
+
+
+def without_download(model_cfg):
+    """The model's config with pretrained weights off: validation builds the architecture only (and
+    sam-eval, which loads the run's own weights)."""
+    if not model_cfg.get("pretrained", False):
+        return model_cfg
+    from omegaconf import OmegaConf
+
+    out = OmegaConf.to_container(model_cfg, resolve=True)
+    out["pretrained"] = False
+    return OmegaConf.create(out)
 
 
 class Blocks(nn.Module):
@@ -373,7 +386,7 @@ def build_model(cfg, input_shape: tuple, num_classes: int, arch: str | None = No
 
 
 # ---------------------------------------------------------------- starting from given weights
-INIT_WEIGHTS = {"last": "last.pt", "averaged": "averaged.pt"}  # model.init_weights of a run folder
+INIT_WEIGHTS = {"last": CHECKPOINT, "averaged": AVERAGED}  # model.init_weights of a run folder
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, AveragedModel, torch.compile
 
 
@@ -390,7 +403,7 @@ def init_path(model_cfg) -> Path | None:
     )
     path = Path(str(given)).expanduser()
     if path.is_dir():
-        path = path / "checkpoints" / INIT_WEIGHTS[weights]
+        path = path / INIT_WEIGHTS[weights]
     require(
         path.is_file(),
         f"model.init_from={given}: {path} does not exist (give a run folder, a checkpoint file "

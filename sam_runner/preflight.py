@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from .errors import UserError, first_line
 from .paths import config_dir
+from .rundir import RunDir
 from .settings import override_key
 
 # the config groups whose keys the runner reads: a key added under them with "+" must exist
@@ -102,12 +103,11 @@ def say_if_completed(args) -> None:
     """A run whose folder holds it completed (the same job, the same config): its closing line
     again, and exit 0, composed once and before Hydra or torch load (what ``train()`` does for
     it, at a fraction of the start-up). Anything else goes the usual way."""
-    from .runfiles import read_json
     from .sweep.plan import same_job
 
     given = [o.split("=", 1)[1] for o in args.overrides if override_key(o) == "hydra.run.dir"]
     run_dir = Path(given[-1] if given else default_folder(args))
-    done = read_json(run_dir / "summary.json")
+    done = RunDir(run_dir).summary
     if not done or done.get("status") != "completed" or done.get("overrides") is None:
         return
     if not same_job(done["overrides"], args.overrides):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from .errors import UserError, first_line
 
-CHECKPOINT = Path("checkpoints") / "last.pt"
 # 1: counters and logger id at the top level (before the run's parts had names)
 CHECKPOINT_FORMAT = 2
 
@@ -106,14 +105,6 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def holds_results(run_dir) -> bool:
-    """Whether running in ``run_dir`` would continue a run there: a checkpoint to resume, or a
-    completed summary."""
-    run_dir = Path(run_dir)
-    summary = read_json(run_dir / "summary.json") or {}
-    return (run_dir / CHECKPOINT).exists() or summary.get("status") == "completed"
-
-
 class MetricsLog:
     """metrics.jsonl: one JSON object per line. On resume, lines past the checkpoint are dropped."""
 
@@ -182,22 +173,3 @@ def upgrade(state: dict) -> dict:
         state["logger"] = {"run_id": state.pop("logger_run_id", None)}
         state["format"] = CHECKPOINT_FORMAT
     return state
-
-
-def job_dirs(sweep_dir) -> list[Path]:
-    """Every job folder under a sweep: folders holding ``.hydra/`` (Hydra writes it when a job
-    starts)
-    or ``summary.json``, in natural order (``2`` before ``10``)."""
-    sweep_dir = Path(sweep_dir)
-    if not sweep_dir.is_dir():
-        return []
-    dirs = set()
-    # one walk (os.walk's scandir), not two rglob passes: a thousand job folders in a blink
-    for parent, names, files in os.walk(sweep_dir, followlinks=True):  # as rglob did
-        if ".hydra" in names or "summary.json" in files:
-            dirs.add(Path(parent))
-        names[:] = [n for n in names if n != ".hydra"]
-    dirs.discard(sweep_dir)
-    return sorted(
-        dirs, key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts]
-    )

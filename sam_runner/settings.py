@@ -12,6 +12,29 @@ import json
 
 from .errors import RunFolderConflict
 
+# the words a run's config accepts that commands above the trainer read too (sam-eval, sam-report,
+# a sweep's objective): here, so that none of them imports the trainer for a constant
+MAX_SEED = 2**32 - 1  # torch seeds are 64-bit, and runs derive further seeds from it
+PRECISIONS = ("fp32", "bf16", "fp16")
+PROGRESS = ("auto", "bar", "lines", "none")
+
+
+def plot_format(cfg) -> str:
+    """``plots.format``: the format of the run's figures (png without the key: a config
+    composed before it existed)."""
+    plots = cfg.get("plots") or {}
+    return str(plots.get("format", "png"))
+
+
+def objective_key(cfg) -> str | None:
+    """``trainer.objective``'s key for a composed config, or None (``auto`` without a validation
+    split)."""
+    key = str(cfg.trainer.get("objective", "auto") or "auto")
+    if key != "auto":
+        return key
+    return "val_acc" if cfg.dataset.get("val_split") else None
+
+
 RUN_ONLY_KEYS = (
     "hydra",
     "trainer.device",

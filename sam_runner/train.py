@@ -22,89 +22,31 @@ import torch
 
 from . import distributed
 from .averaging import build_averaging
-from .averaging import validate as validate_averaging
 from .clock import Clock
 from .data import build_data
 from .data.augment import Mixing
-from .errors import Interrupted, RunFolderConflict, UserError, integer, number, one_line, require
-from .lock import ON_LOCKED, held_by, job_lock
+from .errors import Interrupted, RunFolderConflict, UserError, one_line, require
+from .lock import held_by, job_lock
 from .loggers import NullLogger, build_logger
 from .losses import mean_loss, per_example
 from .metrics.evaluate import evaluate
 from .metrics.robustness import Robustness
 from .metrics.tracker import CurvatureTracker
-from .models import build_model, check_initial_weights, load_initial_weights
+from .models import build_model, load_initial_weights
 from .optim.build import build_optimizer
+from .plots.run import write_run_plots
 from .progress import Progress, print_final
 from .provenance import provenance
-from .runfiles import CHECKPOINT, Checkpoint, MetricsLog, json_problem, read_json, write_json
+from .rundir import CACHE, CHECKPOINT, METRICS, SUMMARY
+from .runfiles import Checkpoint, MetricsLog, json_problem, read_json, write_json
 from .samplers import build_sampler
 from .schedulers import build_scheduler
-from .settings import require_same_config, result_config
+from .settings import objective_key, plot_format, require_same_config, result_config
+from .validate import validate_trainer
 
-MAX_SEED = 2**32 - 1
-PROGRESS = ("auto", "bar", "lines", "none")
 THREADS_SAID: list[str] = []  # the thread lines this process printed (a local sweep's jobs)
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def validate(cfg) -> None:
-    """The trainer's own keys (the other groups check theirs where they are built)."""
-    t = cfg.trainer
-    integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
-    require(
-        t.precision in PRECISIONS,
-        f"trainer.precision={t.precision!r} is unknown; choose fp32, bf16 or fp16",
-    )
-    integer("trainer.accumulate", t.accumulate, "an integer >= 1", lambda a: a >= 1)
-    for key, accepted in (("progress", PROGRESS), ("on_locked", ON_LOCKED)):
-        value = t.get(key, accepted[0])
-        require(
-            value in accepted, f"trainer.{key}={value!r} is unknown; choose {', '.join(accepted)}"
-        )
-    from .plots.style import check_format
-
-    check_format(plot_format(cfg))
-    bs = cfg.dataset.batch_size
-    require(
-        not isinstance(bs, int) or bs <= 0 or bs % t.accumulate == 0,
-        f"dataset.batch_size={bs} must be divisible by trainer.accumulate={t.accumulate}",
-    )
-    clip = t.get("gradient_clip")
-    require(
-        clip is None or (isinstance(clip, (int, float)) and clip > 0),
-        f"trainer.gradient_clip={clip} must be null or a number > 0",
-    )
-    number(
-        "trainer.label_smoothing",
-        t.get("label_smoothing", 0.0),
-        "a number in [0, 1]",
-        lambda s: 0 <= s <= 1,
-    )
-    integer(
-        "trainer.eval_every_n_epochs",
-        t.get("eval_every_n_epochs", 1),
-        "an integer >= 1",
-        lambda n: n >= 1,
-    )
-    # torch seeds are 64-bit, and runs derive further seeds from it (seed * 100003 + epoch)
-    integer("seed", cfg.seed, f"an integer in [0, {MAX_SEED}]", lambda s: 0 <= s <= MAX_SEED)
-    for key in ("steps", "eval_every_n_steps"):  # null: off
-        if t.get(key) is not None:
-            integer(f"trainer.{key}", t[key], "an integer >= 1 (or null)", lambda n: n >= 1)
-    per_example(t.get("loss", "cross_entropy"), float(t.get("label_smoothing", 0.0)))
-    validate_averaging(cfg)
-    _check_init_from(cfg)
-
-
-def _check_init_from(cfg) -> None:
-    """``model.init_from`` exists and fits the model, before anything is read or trained."""
-    from .registry import DATASETS
-    from .validate import _data_shape, without_download
-
-    shape, classes = _data_shape(cfg.dataset)
-    known = DATASETS.entry(cfg.dataset.name).num_classes is not None
-    check_initial_weights(without_download(cfg.model), shape, classes, known)
+# the autocast type of each of settings.PRECISIONS
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def fingerprint(cfg, model, world: int = 1) -> dict:
@@ -174,7 +116,7 @@ def read_summary(run_dir: Path) -> dict | None:
     """summary.json, or None. A corrupt one is named in one line and rebuilt by this run from
     its checkpoint and metrics lines (``Run.resume``); without a checkpoint the job fails with
     that reason rather than train again over a result it cannot read."""
-    path = run_dir / "summary.json"
+    path = run_dir / SUMMARY
     done = read_json(path)
     problem = None if done is not None else json_problem(path)
     if problem is None or problem == "missing":
@@ -282,12 +224,10 @@ class ValSet:
         return {f"val_{k}": row[f"test_{k}"] for k in self.KEYS}
 
     def summary_values(self) -> dict:
-        from .sweep.objective import objective_key
-
         key, out = objective_key(self.run.cfg), {}
         if key is not None:  # a model chosen on test data is no held-out result: say so
             out.update(objective=key, selected_on_test=key.startswith("test_"))
-        path = self.run.run_dir / "metrics.jsonl"  # every evaluation, resumed runs' included
+        path = self.run.run_dir / METRICS  # every evaluation, resumed runs' included
         lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
         lines = [x for x in lines if isinstance(x.get("val_acc"), (int, float))]
         if lines:
@@ -313,7 +253,7 @@ class Run:
     def setup(self) -> None:
         """Build data, model, optimizer, scheduler, scaler, sampler, tracker and logger."""
         cfg, t = self.cfg, self.cfg.trainer
-        validate(cfg)
+        validate_trainer(cfg)
         self.device = device = self.dist.device or distributed.resolve_device(t.device)
         self.threads = self._cpu_threads(device)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -324,7 +264,7 @@ class Run:
         torch.manual_seed(cfg.seed)
         dist = self.dist
         self.data = data = build_data(cfg.dataset, device, cfg.seed, dist.rank, dist.world)
-        data.cache_dir, data.cache_write = self.run_dir / "cache", self.dist.is_main  # folders
+        data.cache_dir, data.cache_write = self.run_dir / CACHE, self.dist.is_main  # folders
         torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
         self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
         self.init_from = load_initial_weights(cfg.model, model)  # given weights, if any
@@ -361,7 +301,7 @@ class Run:
         self.rng = RNGState(device)
         self.fingerprint = fingerprint(cfg, model, self.dist.world)
         self.checkpoint = Checkpoint(self.run_dir / CHECKPOINT)
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.log = MetricsLog(self.run_dir / METRICS)
         self.progress = Progress(
             t.get("progress", "auto"),
             self.clock.epochs,
@@ -605,7 +545,7 @@ class Run:
             summary["error"] = self.error
         if self.dist.is_main:
             summary.update(self.val_set.summary_values())
-            write_json(self.run_dir / "summary.json", summary)
+            write_json(self.run_dir / SUMMARY, summary)
             _write_plots(self.run_dir, plot_format(self.cfg))
             self.logger.summary(summary)
             self.logger.finish(self.status)
@@ -663,22 +603,13 @@ class Run:
 
 def _write_failure(run_dir: Path, summary: dict) -> None:
     try:
-        write_json(run_dir / "summary.json", summary)
+        write_json(run_dir / SUMMARY, summary)
     except OSError:
         pass  # an unwritable run folder is reported by the error that got us here
 
 
-def plot_format(cfg) -> str:
-    """``plots.format``: the format of the run's figures (png without the key: a config
-    composed before it existed)."""
-    plots = cfg.get("plots") or {}
-    return str(plots.get("format", "png"))
-
-
 def _write_plots(run_dir: Path, fmt: str = "png") -> None:
     try:
-        from .plots.run import write_run_plots
-
         write_run_plots(run_dir, fmt)
     # plots are a view of the run's files: never fail a finished run over them
     except Exception as e:
@@ -693,7 +624,7 @@ def rank_seed(seed: int, epoch: int, rank: int) -> int:
 
 
 def _autocast(device, precision):
-    dtype = PRECISIONS[precision]
+    dtype = DTYPES[precision]
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)

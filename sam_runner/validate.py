@@ -11,22 +11,27 @@ import os
 import torch
 
 from . import distributed
+from .averaging import validate as validate_averaging
 from .data import validate as validate_dataset
+from .data.sources import data_shape
+from .errors import integer, number, require
+from .lock import ON_LOCKED
 from .loggers import build_logger
+from .losses import per_example
 from .metrics.robustness import validate as validate_corruptions
 from .metrics.tracker import validate as validate_metrics
-from .models import build_model
+from .models import build_model, check_initial_weights, without_download
 from .optim.build import build_optimizer
+from .plots.style import check_format
 from .registry import DATASETS, SAMPLERS
 from .schedulers import validate as validate_scheduler
+from .settings import MAX_SEED, PRECISIONS, PROGRESS, plot_format
 
 PLACEHOLDER_STEPS = 1000  # the optimizer's schedules need a length; the data's is not read here
 
 
 def validate_config(cfg) -> None:
     """One-line UserErrors for anything a run would refuse on its own settings."""
-    from .train import validate as validate_trainer
-
     validate_trainer(cfg)
     validate_dataset(cfg.dataset)
     entry = SAMPLERS.entry(cfg.dataset.get("sampler", "uniform"))
@@ -39,33 +44,62 @@ def validate_config(cfg) -> None:
     distributed.check_devices(cfg.trainer.get("devices", 1), str(cfg.trainer.device))
     distributed.check_threads(cfg.trainer.get("threads"))
     with torch.device("meta"):
-        model = build_model(without_download(cfg.model), *_data_shape(cfg.dataset))
+        model = build_model(without_download(cfg.model), *data_shape(cfg.dataset))
         build_optimizer(cfg, model, PLACEHOLDER_STEPS)
 
 
-def _data_shape(dataset_cfg) -> tuple[tuple, int]:
-    """(input shape, class count) of a dataset, from its registration (image folders: their
-    configured image size, and a placeholder class count)."""
-    entry = DATASETS.entry(dataset_cfg.name)
-    shape = entry.input_shape
-    if shape is None:  # checked here too: the trainer's checks build the model first
-        from .data.sources import image_size
+def validate_trainer(cfg) -> None:
+    """The trainer's own keys (the other groups check theirs where they are built)."""
+    t = cfg.trainer
+    integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
+    require(
+        t.precision in PRECISIONS,
+        f"trainer.precision={t.precision!r} is unknown; choose fp32, bf16 or fp16",
+    )
+    integer("trainer.accumulate", t.accumulate, "an integer >= 1", lambda a: a >= 1)
+    for key, accepted in (("progress", PROGRESS), ("on_locked", ON_LOCKED)):
+        value = t.get(key, accepted[0])
+        require(
+            value in accepted, f"trainer.{key}={value!r} is unknown; choose {', '.join(accepted)}"
+        )
+    check_format(plot_format(cfg))
+    bs = cfg.dataset.batch_size
+    require(
+        not isinstance(bs, int) or bs <= 0 or bs % t.accumulate == 0,
+        f"dataset.batch_size={bs} must be divisible by trainer.accumulate={t.accumulate}",
+    )
+    clip = t.get("gradient_clip")
+    require(
+        clip is None or (isinstance(clip, (int, float)) and clip > 0),
+        f"trainer.gradient_clip={clip} must be null or a number > 0",
+    )
+    number(
+        "trainer.label_smoothing",
+        t.get("label_smoothing", 0.0),
+        "a number in [0, 1]",
+        lambda s: 0 <= s <= 1,
+    )
+    integer(
+        "trainer.eval_every_n_epochs",
+        t.get("eval_every_n_epochs", 1),
+        "an integer >= 1",
+        lambda n: n >= 1,
+    )
+    # torch seeds are 64-bit, and runs derive further seeds from it (seed * 100003 + epoch)
+    integer("seed", cfg.seed, f"an integer in [0, {MAX_SEED}]", lambda s: 0 <= s <= MAX_SEED)
+    for key in ("steps", "eval_every_n_steps"):  # null: off
+        if t.get(key) is not None:
+            integer(f"trainer.{key}", t[key], "an integer >= 1 (or null)", lambda n: n >= 1)
+    per_example(t.get("loss", "cross_entropy"), float(t.get("label_smoothing", 0.0)))
+    validate_averaging(cfg)
+    _check_init_from(cfg)
 
-        size = image_size(dataset_cfg)
-        shape = (3, size, size)
-    return tuple(shape), entry.num_classes or 2
 
-
-def without_download(model_cfg):
-    """The model's config with pretrained weights off: validation builds the architecture only (and
-    sam-eval, which loads the run's own weights)."""
-    if not model_cfg.get("pretrained", False):
-        return model_cfg
-    from omegaconf import OmegaConf
-
-    out = OmegaConf.to_container(model_cfg, resolve=True)
-    out["pretrained"] = False
-    return OmegaConf.create(out)
+def _check_init_from(cfg) -> None:
+    """``model.init_from`` exists and fits the model, before anything is read or trained."""
+    shape, classes = data_shape(cfg.dataset)
+    known = DATASETS.entry(cfg.dataset.name).num_classes is not None
+    check_initial_weights(without_download(cfg.model), shape, classes, known)
 
 
 def warnings(cfg) -> list[str]:

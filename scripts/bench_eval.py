@@ -114,9 +114,9 @@ def run(args) -> dict:
         job = _trained_default_job(Path(d))
         full, ratio = _eval_full_and_ratio(job, repeats)
         out.update(eval_per_job_s=full, eval_full_over_default=ratio, eval_full_target=8)
-        from sam_runner.results.rundir import RunDir
+        from sam_runner.rebuild import load_run
 
-        run = RunDir(job).load(torch.device("cpu"), strict=True)
+        run = load_run(job, torch.device("cpu"), strict=True)
         cfg, data, model = run.cfg, run.data, run.model
         ratio, copies = _ratio(model, data, cfg.dataset, repeats)
     out.update(corruptions_over_clean_eval=ratio, corrupted_copies=copies)

@@ -29,7 +29,7 @@ from sam_runner.landscape.directions import filter_normalized
 from sam_runner.landscape.evaluate import Evaluator
 from sam_runner.landscape.geometry import grid
 from sam_runner.models import build_model
-from sam_runner.results.rundir import LoadedRun
+from sam_runner.rebuild import LoadedRun
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,9 +31,9 @@ def tridiagonals(job: Path, sizes, runs: int, reference: int) -> dict:
     from sam_runner.metrics.hvp import HessianOperator
     from sam_runner.metrics.measures import leading_batches
     from sam_runner.metrics.solvers import lanczos
-    from sam_runner.results.rundir import RunDir
+    from sam_runner.rebuild import load_run
 
-    run = RunDir(job).load(torch.device("cpu"), "last", "slq_steps", strict=True)
+    run = load_run(job, torch.device("cpu"), "last", "slq_steps", strict=True)
     model, seed = run.model.eval(), int(run.cfg.seed)
     x, y = run.data.train_subset(4096, seed)  # the default metrics.hessian subset
     batches = [(x[i : i + 512], y[i : i + 512]) for i in range(0, len(y), 512)]

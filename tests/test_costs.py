@@ -10,7 +10,7 @@ from conftest import compose
 
 from sam_runner import distributed
 from sam_runner.errors import UserError
-from sam_runner.runfiles import job_dirs
+from sam_runner.rundir import job_dirs
 from sam_runner.sweep.plan import completed_jobs, numbered_batches
 from sam_runner.validate import warnings
 

@@ -21,7 +21,7 @@ from sam_runner.paths import config_dir
 from sam_runner.registry import MODELS
 from sam_runner.schedulers import build_scheduler
 from sam_runner.sweep.plan import expand
-from sam_runner.train import validate
+from sam_runner.validate import validate_trainer as validate
 
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 STUDIES = [

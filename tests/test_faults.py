@@ -13,7 +13,7 @@ from conftest import ROOT, TINY, compose, run_cli
 
 from sam_runner.errors import UserError
 from sam_runner.lock import JobLocked, held_by, job_lock
-from sam_runner.results.rundir import RunDir
+from sam_runner.rundir import RunDir
 from sam_runner.train import train
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")

@@ -102,13 +102,120 @@ def cycles_through(graph: dict, prefix: str) -> list[list[str]]:
     return found
 
 
-def test_the_results_package_has_no_import_cycle():
+def test_the_package_has_no_import_cycle():
     graph = import_graph()
-    assert "sam_runner.results.rundir" in graph
-    cycles = cycles_through(graph, "sam_runner.results")
+    assert "sam_runner.rundir" in graph
+    cycles = cycles_through(graph, "sam_runner")
     assert not cycles, [" -> ".join(c) for c in cycles[:5]]
+
+
+# The package's floors, lowest first (a module's floor is its top-level name under sam_runner):
+# a module imports its own floor or the ones below, never one above. The ground holds what every
+# command reads (errors, settings, the run folder's owner, the words every command spells the
+# same); the parts are what a run is built
+# from, and the figures drawn from files; then the trainer; then what launches training jobs;
+# then the analysis commands; then the front doors.
+FLOORS = (
+    {"errors", "settings", "rundir", "runfiles", "registry", "clock", "paths", "lock", "progress"}
+    | {"module_state", "distributed", "grammar"},
+    {"data", "models", "optim", "metrics", "losses", "samplers", "schedulers", "averaging"}
+    | {"loggers", "provenance", "plots"},
+    {"validate", "train", "rebuild"},
+    {"sweep", "preflight", "jobarray"},
+    {"evaluation", "landscape", "results"},
+    {"cli", "help"},
+)
+
+
+def floor_of(module: str) -> int | None:
+    """The floor of ``sam_runner.X...`` (None for the package itself)."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    found = [i for i, names in enumerate(FLOORS) if parts[1] in names]
+    assert found, f"{module} is on no floor: add sam_runner.{parts[1]} to FLOORS"
+    return found[0]
+
+
+def upward_imports(graph: dict) -> list[str]:
+    return [
+        f"{a} -> {b}"
+        for a, targets in sorted(graph.items())
+        for b in sorted(targets)
+        if floor_of(a) is not None and floor_of(b) is not None and floor_of(b) > floor_of(a)
+    ]
+
+
+def test_no_module_imports_a_higher_floor():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_floor_check_finds_an_upward_import():
+    graph = {"sam_runner.rundir": {"sam_runner.train"}, "sam_runner.train": {"sam_runner.rundir"}}
+    assert upward_imports(graph) == ["sam_runner.rundir -> sam_runner.train"]
 
 
 def test_the_cycle_check_finds_a_cycle():
     graph = {"sam_runner.results.a": {"sam_runner.b"}, "sam_runner.b": {"sam_runner.results.a"}}
     assert cycles_through(graph, "sam_runner.results") == [["sam_runner.results.a", "sam_runner.b"]]
+
+
+# third-party packages whose private names (a module path part or a name starting with "_") only
+# sweep/hydra_api.py may use: an upgrade of one of them is a change to that module alone
+GUARDED = ("hydra", "hydra_optuna_sweeper", "submitit")
+PRIVATE_NAMES_OWNER = ROOT / "sam_runner" / "sweep" / "hydra_api.py"
+
+
+def _guarded(module: str) -> bool:
+    parts = module.split(".")
+    if parts[0] == "hydra_plugins":  # other plugins' private parts; ours is the package's own
+        return len(parts) > 1 and parts[1] != "sam_runner_sweeper"
+    return parts[0] in GUARDED
+
+
+def private_uses(path) -> list[str]:
+    """Imports of a guarded package's private names in ``path``, and ``x._name`` where ``x`` is
+    a name imported from a guarded package."""
+    tree, found, imported = ast.parse(path.read_text()), [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            pairs = [
+                (a.name, a.asname or a.name.split(".")[0], a.name.split(".")) for a in node.names
+            ]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            pairs = [
+                (node.module, a.asname or a.name, [*node.module.split("."), a.name])
+                for a in node.names
+            ]
+        else:
+            continue
+        for module, bound, parts in pairs:
+            if _guarded(module):
+                imported.add(bound)
+                if any(p.startswith("_") for p in parts):
+                    found.append(f"{path.name}:{node.lineno} imports {'.'.join(parts)}")
+    for node in ast.walk(tree):
+        attr = getattr(node, "attr", "")
+        if attr.startswith("_") and not attr.startswith("__"):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in imported:
+                found.append(f"{path.name}:{node.lineno} uses {base.id}...{attr}")
+    return found
+
+
+def test_private_third_party_names_live_in_hydra_api_alone():
+    files = [*(ROOT / "sam_runner").rglob("*.py"), *(ROOT / "hydra_plugins").rglob("*.py")]
+    hits = [h for p in files if p != PRIVATE_NAMES_OWNER for h in private_uses(p)]
+    assert hits == []
+    assert private_uses(PRIVATE_NAMES_OWNER)  # the check sees them where they are
+
+
+def test_the_private_name_check_finds_one(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import submitit\nfrom hydra._internal.utils import x\nsubmitit.A._p()\n")
+    assert private_uses(module) == [
+        "m.py:2 imports hydra._internal.utils.x",
+        "m.py:3 uses submitit..._p",
+    ]

@@ -39,7 +39,7 @@ class Sweeper(hydra_api.basic_sweeper_class()):
     def sweep(self, arguments):
         """Hydra's ``BasicSweeper.sweep`` without the completed jobs: the others launch in
         runs of consecutive numbers, each job in the folder of its number."""
-        parsed = hydra_api.parse_overrides([*self._parse_config(), *arguments])
+        parsed = hydra_api.parse_overrides([*hydra_api.sweeper_params(self), *arguments])
         (jobs,) = self.split_arguments(parsed, None)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         done = completed_jobs(sweep_dir, jobs, exclude_keys(self.config))

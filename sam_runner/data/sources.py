@@ -11,13 +11,15 @@ from pathlib import Path
 
 import torch
 
+from ..distributed import allowed_cpus
 from ..errors import UserError, integer, require
 from ..registry import DATASETS
 from ..runfiles import atomic_write
 from . import Arrays, Data
 from .augment import folder_transform
+from .folder import FolderSubset, check_tree, read_image
 from .labels import training_labels, validation_split
-from .loaders import FolderLoader, Indexed
+from .loaders import FolderLoader, Indexed, Normalize
 
 CIFAR_STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -174,11 +176,20 @@ def image_size(cfg) -> int:
     )
 
 
+def data_shape(dataset_cfg) -> tuple[tuple, int]:
+    """(input shape, class count) of a dataset, from its registration (image folders: their
+    configured image size, and a placeholder class count)."""
+    entry = DATASETS.entry(dataset_cfg.name)
+    shape = entry.input_shape
+    if shape is None:  # checked here too: the trainer's checks build the model first
+        size = image_size(dataset_cfg)
+        shape = (3, size, size)
+    return tuple(shape), entry.num_classes or 2
+
+
 def _folder_keys(cfg) -> None:
     """The keys and the tree, checked before anything runs: the image size and worker count,
     the splits, the same class folders in both, class folders with images."""
-    from .folder import check_tree
-
     image_size(cfg)
     integer(
         "dataset.num_workers",
@@ -203,8 +214,6 @@ def _folder_keys(cfg) -> None:
 def folder_workers(cfg, world: int = 1) -> int:
     """``dataset.num_workers``, at most the CPUs each process is allowed (more workers than
     cores only contend; validate.warnings says so before the run)."""
-    from ..distributed import allowed_cpus
-
     asked = int(cfg.get("num_workers", 4))
     return min(asked, max(1, allowed_cpus()[0] // world))
 
@@ -219,9 +228,6 @@ def folder_workers(cfg, world: int = 1) -> int:
 )
 def image_folder(cfg, seed, rank, world):
     from torchvision import datasets
-
-    from .folder import FolderSubset, read_image
-    from .loaders import Normalize
 
     _folder_keys(cfg)
     root = Path(str(cfg.root))

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from ..results.grammar import deprecated, say_notes
+from ..grammar import deprecated, say_notes
 
 PROG = "sam-eval"
 SHOWN = ("lambda_max", "gen_gap", "test_acc", "test_acc_c")  # on each job's closing line
@@ -65,7 +65,7 @@ OLD_SPELLINGS = {"eval.device": "trainer.device", "eval.progress": "trainer.prog
 
 
 def run_spellings(overrides: list[str]) -> tuple[list[str], list[str]]:
-    """sam-run's spellings (results/grammar.py) as this config's keys, and the notes of the
+    """sam-run's spellings (grammar.py) as this config's keys, and the notes of the
     earlier spellings used."""
     out, notes = [], []
     new = {v: k for k, v in OLD_SPELLINGS.items()}

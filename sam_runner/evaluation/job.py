@@ -1,6 +1,6 @@
 """One job measured at its final weights, into ``<job>/eval.json``.
 
-The model is rebuilt by the run-folder reader (``results.rundir.RunDir.load``) from the job's
+The model is rebuilt by the run-folder reader (``rebuild.load``) from the job's
 own stored config and its ``checkpoints/last.pt`` (loaded weights-only; its stored settings must
 be the config's) or, with ``eval.weights=averaged``, its ``checkpoints/averaged.pt``, on the data
 the job trained on (``build_data``: the same split, label noise and seed). Then, all in
@@ -37,7 +37,8 @@ from torch import nn
 
 from ..errors import one_line
 from ..lock import held_by, job_lock
-from ..results.rundir import RunDir, eval_file
+from ..rebuild import load
+from ..rundir import RunDir, eval_file
 from ..runfiles import write_json
 
 
@@ -85,7 +86,7 @@ def measure(job_dir: Path, settings: dict) -> dict:
     metrics = OmegaConf.create(settings["metrics"])
     device = distributed.resolve_device(str(settings["eval"]["device"]))
     say = phase_lines(job_dir, settings)
-    run = RunDir(job_dir).load(device, weights_of(settings), "sam-eval", strict=True)
+    run = load(RunDir(job_dir), device, weights_of(settings), "sam-eval", strict=True)
     cfg, data, model = run.cfg, run.data, run.model
     say("the training and test sets")
     out = set_values(model, data, metrics, cfg.dataset, bars(settings))

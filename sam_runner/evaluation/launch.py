@@ -20,10 +20,10 @@ import os
 import sys
 
 from ..errors import one_line
-from ..results.rundir import eval_file
+from ..rundir import eval_file
 from ..runfiles import write_json
 from .job import measure_job
-from .plan import Measurement
+from .plan import PlannedJob
 
 
 class Progress:
@@ -39,7 +39,7 @@ class Progress:
 
             self.bar = tqdm(total=total, desc="sam-eval", unit="job", file=sys.stderr)
 
-    def finished(self, job: Measurement, record: dict) -> None:
+    def finished(self, job: PlannedJob, record: dict) -> None:
         self.done += 1
         if self.bar is not None:
             self.bar.update(1)
@@ -59,7 +59,7 @@ class Progress:
             self.bar.close()
 
 
-def run_jobs(jobs: list[Measurement], settings: dict, launcher: str, launcher_params: dict) -> dict:
+def run_jobs(jobs: list[PlannedJob], settings: dict, launcher: str, launcher_params: dict) -> dict:
     """{job name: its eval.json record}, every job run by the chosen launcher."""
     progress = Progress(settings["eval"]["progress"], len(jobs))
     try:
@@ -77,7 +77,7 @@ def run_jobs(jobs: list[Measurement], settings: dict, launcher: str, launcher_pa
         progress.close()
 
 
-def lost(job: Measurement, settings: dict, why: str) -> dict:
+def lost(job: PlannedJob, settings: dict, why: str) -> dict:
     """The record of a job whose process ended early: its eval.json if it wrote one with these
     settings, else a failure written now."""
     from ..runfiles import read_json
@@ -131,7 +131,7 @@ def _exit_with(pid: int) -> None:
     threading.Thread(target=watch, name="sam-eval-watchdog", daemon=True).start()
 
 
-def _pool(jobs: list[Measurement], settings: dict, progress: Progress) -> dict:
+def _pool(jobs: list[PlannedJob], settings: dict, progress: Progress) -> dict:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -161,7 +161,7 @@ def _pool(jobs: list[Measurement], settings: dict, progress: Progress) -> dict:
 
 # ---------------------------------------------------------------------------- a submitit array
 def _array(jobs, settings, cluster: str, params: dict, progress: Progress) -> dict:
-    from ..sweep.array import run_array
+    from ..jobarray import run_array
 
     out = {}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import require
-from ..runfiles import job_dirs
+from ..rundir import is_run, job_dirs
 
 
 def job_folders(path: Path) -> list[Path]:
@@ -15,7 +15,7 @@ def job_folders(path: Path) -> list[Path]:
         path.is_dir(),
         f"PATH={str(path)!r} is not a folder; pass a run folder or a sweep folder of sam-run",
     )
-    if (path / ".hydra").is_dir() or (path / "summary.json").exists():
+    if is_run(path):
         return [path]
     dirs = job_dirs(path)
     require(

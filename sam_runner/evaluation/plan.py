@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError, require
-from ..results.rundir import AVERAGED, RunDir, eval_file
-from ..runfiles import CHECKPOINT, json_problem, read_json
+from ..rundir import AVERAGED, CHECKPOINT, RunDir, eval_file
+from ..runfiles import json_problem, read_json
 from .paths import job_folders
 
 EVAL_FILE = eval_file("last")
 
 
 @dataclass
-class Measurement:
-    """What sam-eval does about one job folder (the job itself: ``results.rundir.RunDir``)."""
+class PlannedJob:
+    """What sam-eval does about one job folder (the job itself: ``rundir.RunDir``)."""
 
     path: Path
     name: str  # relative to PATH ("." for a run folder)
@@ -37,17 +37,17 @@ class Measurement:
     reason: str = ""
 
 
-def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]:
+def plan(path: Path, settings: dict, weights: str = "last") -> list[PlannedJob]:
     """Every job of PATH with what to do about it, in natural order (``weights``: which of the
     job's weights, into which file: eval.json, or eval_averaged.json for averaged.pt)."""
     path = Path(path)
     jobs = []
     for d in job_folders(path):
         name = str(d.relative_to(path)) if d != path else "."
-        summary = read_json(d / "summary.json") or {}
+        summary = RunDir(d).summary or {}
         if summary.get("status") != "completed":
             status = summary.get("status") or RunDir(d).missing_reason
-            jobs.append(Measurement(d, name, "skip", f"not completed ({status})"))
+            jobs.append(PlannedJob(d, name, "skip", f"not completed ({status})"))
             continue
         require(
             weights != "averaged" or (d / AVERAGED).is_file(),
@@ -57,11 +57,11 @@ def plan(path: Path, settings: dict, weights: str = "last") -> list[Measurement]
         done = read_json(d / eval_file(weights)) or {}
         fresh_ = fresh(d, weights)
         if done.get("status") == "completed" and done.get("eval_settings") == settings and fresh_:
-            jobs.append(Measurement(d, name, "done", "already measured with these settings"))
+            jobs.append(PlannedJob(d, name, "done", "already measured with these settings"))
         else:
             problem = json_problem(d / eval_file(weights))
             corrupt = f"its {eval_file(weights)} is {problem}" if problem != "missing" else ""
-            jobs.append(Measurement(d, name, "measure", corrupt if done == {} else ""))
+            jobs.append(PlannedJob(d, name, "measure", corrupt if done == {} else ""))
     require(
         any(j.state != "skip" for j in jobs),
         f"PATH={str(path)!r} holds no completed run to measure "
@@ -81,7 +81,7 @@ def fresh(job_dir: Path, weights: str = "last") -> bool:
         return False
 
 
-def check_jobs(jobs: list[Measurement], metrics_cfg) -> None:
+def check_jobs(jobs: list[PlannedJob], metrics_cfg) -> None:
     """One line for the first job the settings do not apply to (corruptions to its dataset): bad
     input, refused before anything runs. A job that cannot be measured (its config or checkpoint
     unreadable or missing) is not refused here: it fails, into its eval.json, and the rest go on."""

@@ -20,9 +20,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..errors import UserError, first_line, integer, require
+from ..jobarray import check_cluster, cluster_of
 from ..preflight import config_paths, unknown_option
 from ..settings import flatten
-from ..sweep.array import check_cluster, cluster_of
 
 CONFIG = "eval"
 FORMAT = 1  # what eval.json holds; a change of what is computed bumps it (and measures again)
@@ -93,7 +93,7 @@ def check(cfg) -> None:
         e.progress in PROGRESS,
         f"eval.progress={e.progress!r} is unknown; choose one of {', '.join(PROGRESS)}",
     )
-    from ..results.rundir import check_weights
+    from ..rundir import check_weights
 
     check_weights(str(e.get("weights", "last")), "eval.weights")
     check_cluster("slurm" if launcher(cfg) == "slurm" else None, "hydra/launcher=slurm")

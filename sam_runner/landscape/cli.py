@@ -7,7 +7,7 @@
 
 The options are ``landscape.KEY=VALUE`` words, with sam-run's ``trainer.device=``,
 ``trainer.progress=``, ``plots.format=`` and ``hydra/launcher=`` (the one grammar of the
-analysis commands, results/grammar.py); ``translate`` turns them into the argparse flags that
+analysis commands, grammar.py); ``translate`` turns them into the argparse flags that
 parse them, and the earlier flags still work with a notice. Bad input is one line,
 ``sam-landscape: error: ...`` in the spelling the call used, exit 2, before anything is written.
 """
@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError, require
-from ..runfiles import CHECKPOINT, read_json
-from ..sweep.array import TasksFailed
+from ..jobarray import TasksFailed
+from ..rundir import CHECKPOINT, has_checkpoint, is_run
+from ..runfiles import read_json
 from .figures import draw_pair, draw_slices, slice_figures
 from .files import SUMMARY, connectivity_done, folder, pair_folder, slices_done
 from .options import Options
@@ -254,7 +255,7 @@ def _device(name: str):
 
 
 def _is_run_folder(path: Path) -> bool:
-    return any((path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
+    return is_run(path) or has_checkpoint(path)
 
 
 FLAG_OF = {
@@ -266,9 +267,9 @@ FLAG_OF = {
 
 
 def run_settings(args) -> None:
-    """sam-run's spellings (results/grammar.py) into the flags' places."""
+    """sam-run's spellings (grammar.py) into the flags' places."""
+    from ..grammar import require_known, split_run_words
     from ..plots.style import FORMATS
-    from ..results.grammar import require_known, split_run_words
 
     words = list(getattr(args, "settings", None) or [])
     require_known(
@@ -301,7 +302,7 @@ def run(args, say=print) -> dict:
     )
     array = None
     if args.launcher not in (None, "local"):
-        from ..sweep.array import CLUSTERS, check_cluster, launcher_params
+        from ..jobarray import CLUSTERS, check_cluster, launcher_params
 
         check_cluster(CLUSTERS[args.launcher], f"--launcher {args.launcher}")
         array = (
@@ -327,7 +328,7 @@ def run(args, say=print) -> dict:
         summary = read_json(folder(path, opt.weights) / SUMMARY)
         say(_slice_lines(path, opt, summary))
         return summary
-    from ..results.rundir import load_run
+    from ..rebuild import load_run
     from .slices import run_slices
 
     summary = run_slices(load_run(path, device(), opt.weights), opt)
@@ -349,7 +350,7 @@ def _connect_two(path: Path, to: Path, opt, device, say) -> dict:
         summary = read_json(out / SUMMARY)
         say(_pair_line(path, summary))
         return summary
-    from ..results.rundir import load_run
+    from ..rebuild import load_run
     from .connectivity import connect
     from .files import require_writable
 
@@ -447,9 +448,9 @@ def _as_flags(word: str, actions: dict) -> list[str]:
 
 
 def translate(argv: list[str]) -> tuple[list[str], list[str]]:
-    """The one grammar (results/grammar.py): ``landscape.KEY=VALUE`` words as flags; and the
+    """The one grammar (grammar.py): ``landscape.KEY=VALUE`` words as flags; and the
     notes of the earlier spellings (the flags) used."""
-    from ..results.grammar import deprecated
+    from ..grammar import deprecated
 
     actions = {
         a.dest: a
@@ -507,7 +508,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; files already written are complete", file=sys.stderr)
         return 130
-    from ..results.grammar import say_notes
+    from ..grammar import say_notes
 
     say_notes(notes)  # after the work: an error stays one line
     return 0

@@ -27,6 +27,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..module_state import modes_restored
+from ..progress import Counter
 from .files import COLUMNS
 
 __all__ = ["COLUMNS", "BN_MODES", "Evaluator", "progress_bar"]
@@ -37,8 +38,6 @@ BN_OFFSET = 1  # the BatchNorm samples: the subset drawn with seed + 1 (not the 
 def progress_bar(total: int, desc: str, mode: str, unit: str = "points"):
     """Progress over ``total`` points (``trainer.progress``, the rule of progress.py): a tqdm bar
     on stderr, a line at the first point and every tenth (``lines``: a log, nohup), or nothing."""
-    from ..progress import Counter
-
     return Counter(total, desc, mode, "sam-landscape", unit)
 
 

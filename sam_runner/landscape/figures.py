@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..results.rundir import run_label
+from ..rundir import run_label
 from ..runfiles import read_json
 from .files import SUMMARY, read_columns
 

@@ -1,6 +1,6 @@
 """The files sam-landscape writes, each atomically (runfiles.atomic_write): a kill leaves the
-old file or the new one, never half of one; landscape.json is written last. Torch-free:
-sam-report reads the names from here."""
+old file or the new one, never half of one; landscape.json is written last. Torch-free; the folder's
+names are rundir.py's."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import math
 import re
 from pathlib import Path
 
+from ..rundir import LANDSCAPE_FOLDERS as FOLDERS
+from ..rundir import LANDSCAPE_SUMMARY as SUMMARY
 from ..runfiles import atomic_write, atomic_write_bytes, read_json, write_json
 
-FOLDER = "landscape"  # the last weights'; the averaged weights': landscape_averaged
-FOLDERS = {"last": FOLDER, "averaged": f"{FOLDER}_averaged"}
+FOLDER = FOLDERS["last"]  # the last weights'; the averaged weights': FOLDERS["averaged"]
 COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")  # the values at each point
-SUMMARY = "landscape.json"
 
 
 def require_writable(run_dir: Path, weights: str = "last") -> None:
@@ -112,7 +112,7 @@ def pair_folder(run_a: Path, run_b: Path, weights: str = "last") -> Path:
 def newer_than_weights(summary: Path, *runs: Path) -> bool:
     """Whether ``summary`` was written after each run's checkpoint (a run trained again since is
     measured again)."""
-    from ..runfiles import CHECKPOINT
+    from ..rundir import CHECKPOINT
 
     try:
         written = summary.stat().st_mtime_ns

@@ -15,9 +15,9 @@ import itertools
 from pathlib import Path
 
 from ..errors import require
-from ..results.rundir import load_run
+from ..rebuild import load_run
 from ..results.sweep import group_overrides
-from ..runfiles import CHECKPOINT, job_dirs, read_json
+from ..rundir import CHECKPOINT, RunDir, job_dirs
 from ..sweep.plan import saved_overrides
 from .figures import draw_pair, draw_slices, drawn, slice_figures
 from .files import connectivity_done, folder, pair_folder, slices_done
@@ -30,12 +30,7 @@ def completed_jobs(sweep_dir: Path) -> list[Path]:
         f"{sweep_dir} holds no run: no checkpoint, and no job folders (folders with .hydra/ "
         "or summary.json) below it; pass a run folder or a sweep folder sam-run wrote",
     )
-    return [
-        d
-        for d in dirs
-        if (read_json(d / "summary.json") or {}).get("status") == "completed"
-        and (d / CHECKPOINT).is_file()
-    ]
+    return [d for d in dirs if RunDir(d).status == "completed" and (d / CHECKPOINT).is_file()]
 
 
 def seed_pairs(jobs: list[Path]) -> list[tuple[Path, Path]]:
@@ -123,7 +118,7 @@ def _in_array(task, items, opt, array, names, describe, say) -> dict:
     """The items as one task each; a failed task is named and the others go on. Raises
     TasksFailed at the end when any failed."""
     from ..errors import one_line
-    from ..sweep.array import TasksFailed, run_array
+    from ..jobarray import TasksFailed, run_array
 
     if not items:
         return {}

@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import OmegaConf
 
-from ..runfiles import CHECKPOINT, read_json
+from ..rundir import CHECKPOINT
+from ..runfiles import read_json
 from .directions import filter_normalized, hessian_directions, norm, weight_norm
 from .evaluate import COLUMNS, Evaluator
 from .figures import draw_slices

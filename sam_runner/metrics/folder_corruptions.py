@@ -19,6 +19,9 @@ from pathlib import Path
 import torch
 
 from ..data import corruptions as C
+from ..data.folder import class_names, read_image, require_same_classes
+from ..data.loaders import FolderLoader, Indexed
+from ..data.sources import IMAGENET_STATS
 from ..errors import UserError, first_line, require
 
 
@@ -62,8 +65,6 @@ def folder_loader(data, section: dict, dataset_cfg, seed: int, name: str, severi
 def check_corruption_tree(section: dict, names: list, dataset_root) -> None:
     """Before anything runs: every corruption and severity asked of an ImageNet-C tree is a
     folder holding exactly the test set's class folders (``<dataset.root>/val``)."""
-    from ..data.folder import class_names
-
     root, val = Path(str(section["folder"])), Path(str(dataset_root)) / "val"
     classes = class_names(val) if val.is_dir() else None
     for name in folder_names(section, names):
@@ -85,8 +86,6 @@ def severity_folder(root: Path, name: str, severity: int) -> Path:
 
 def tree_classes(path: Path, classes: list) -> None:
     """``path``'s class folders must be the test set's: labels are sorted positions."""
-    from ..data.folder import class_names, require_same_classes
-
     where = f"metrics.corruptions.folder: {path}"
     require_same_classes(classes, class_names(path), where, "the test set (dataset.root's val/)")
 
@@ -97,10 +96,6 @@ def tree_loader(data, root: Path, name: str, severity: int, size: int):
     workers run at a time."""
     from torchvision import datasets
     from torchvision import transforms as T
-
-    from ..data.folder import read_image
-    from ..data.loaders import FolderLoader, Indexed
-    from ..data.sources import IMAGENET_STATS
 
     path = severity_folder(root, name, severity)
     tree_classes(path, data.test.ds.ds.classes)

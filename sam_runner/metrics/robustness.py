@@ -24,12 +24,14 @@ from pathlib import Path
 
 import torch
 
+from .. import distributed
 from ..data import corruptions as C
 from ..data.loaders import TensorLoader
 from ..errors import UserError, require
 from ..registry import CORRUPTIONS, DATASETS
 from .calibration import expected_calibration_error
 from .evaluate import predict
+from .folder_corruptions import check_corruption_tree, folder_loader, folder_names
 
 SOURCES = ("auto", "files", "generated")
 # the published arrays of each dataset's test set, under dataset.data_dir
@@ -124,8 +126,6 @@ def _check_dataset(metrics_cfg, dataset_cfg) -> None:
     if not DATASETS.entry(dataset_cfg.name).tensors:
         _check_tree(_section(metrics_cfg))
         if _section(metrics_cfg).get("folder") is not None:
-            from .folder_corruptions import check_corruption_tree
-
             names = selected(metrics_cfg, kind)
             check_corruption_tree(_section(metrics_cfg), names, dataset_cfg.get("root", "."))
     elif _section(metrics_cfg).get("source", "auto") == "files":
@@ -196,8 +196,6 @@ def corrupted_loader(data, metrics_cfg, dataset_cfg, seed: int, name: str, sever
     """The test set under one corruption at one severity: the published arrays when the source
     allows and they are there, else generated batch by batch."""
     if data.train_tensors is None:  # an image folder
-        from .folder_corruptions import folder_loader
-
         return folder_loader(data, _section(metrics_cfg), dataset_cfg, seed, name, severity)
     test = data.test
     source = _section(metrics_cfg).get("source", "auto")
@@ -214,8 +212,6 @@ def corrupted_loader(data, metrics_cfg, dataset_cfg, seed: int, name: str, sever
 def corruption_values(model, data, metrics_cfg, dataset_cfg, seed, autocast=None, dist=None):
     """``test_acc_c``, ``test_ece_c``, ``test_acc_c_<corruption>`` (see the module docstring),
     and the set of sources used (``files``, ``generated``)."""
-    from .. import distributed
-
     autocast = autocast if autocast is not None else contextlib.nullcontext()
     dist = dist if dist is not None else distributed.current()
     n_bins = int(metrics_cfg.get("ece_bins", 15))
@@ -223,8 +219,6 @@ def corruption_values(model, data, metrics_cfg, dataset_cfg, seed, autocast=None
     out, accs, eces, sources = {}, [], [], set()
     names = selected(metrics_cfg, kind)
     if data.train_tensors is None:
-        from .folder_corruptions import folder_names
-
         names = folder_names(_section(metrics_cfg), names)
     for name in names:
         per = []

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runfiles import finite, read_json, read_rows
+from ..rundir import RunDir
+from ..runfiles import finite
 from .style import FONT, figure, log_scale, save_figure
 
 PANELS = (
@@ -266,8 +267,8 @@ def write_run_plots(run_dir, fmt: str = "png") -> list[Path]:
     run folder."""
     run_dir = Path(run_dir)
     written = []
-    rows = read_rows(run_dir / "metrics.jsonl")
-    summary = read_json(run_dir / "summary.json") or {}
+    rows = RunDir(run_dir).rows()
+    summary = RunDir(run_dir).summary or {}
     if rows:
         draw = plot_eos if step_curvature(rows) else plot_curves
         written.append(save_figure(draw(rows, run_title(summary)), run_dir, "curves", fmt))

@@ -1,12 +1,10 @@
-"""Everything after training: reading run folders, the sweep model and the report.
+"""Everything after training: the sweep model and the report (a run folder itself is read
+through ``sam_runner.rundir.RunDir``, its model rebuilt by ``sam_runner.rebuild``).
 
-- rundir.py: ``RunDir``, the one reader of a run folder (config, status, summary, metrics
-  lines, eval and landscape results, the model at its last or averaged weights);
 - sweep.py: jobs, groups and statistics over one or several sources (sweeps, runs, database);
-- sections.py: the registry of report.md's sections; runs_table.py, measures.py,
+- sections.py: the registry of report.md's sections; runs_table.py, measure_ranking.py,
   corruption.py, eos.py and landscape.py register theirs (an analysis is one module);
-- report.py: ``sam-report``; index.py: ``sam-index`` (the SQLite results database);
-- grammar.py: how the analysis commands are told how to run (sam-run's spellings).
+- report.py: ``sam-report``; index.py: ``sam-index`` (the SQLite results database).
 
 Importing this package, or any module in it, imports nothing heavy (no torch).
 """

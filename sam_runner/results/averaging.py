@@ -6,7 +6,7 @@ and so on), so that SWA reads against SAM in one table.
 
 from __future__ import annotations
 
-from .rundir import RunDir
+from ..rundir import RunDir
 from .sections import SECTIONS
 from .sweep import stats
 

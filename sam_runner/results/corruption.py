@@ -12,7 +12,7 @@ import math
 import statistics
 
 from ..runfiles import finite
-from .measures import CORRUPTION_PREFIX, Point, measures_table
+from .measure_ranking import CORRUPTION_PREFIX, Point, measures_table
 from .sections import SECTIONS
 from .sweep import group_overrides
 

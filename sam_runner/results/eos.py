@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import statistics
 
+from ..rundir import RunDir
 from ..runfiles import finite
-from .rundir import RunDir
 from .sections import SECTIONS
 from .sweep import group_overrides, stats
 

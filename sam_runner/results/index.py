@@ -33,22 +33,33 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import UserError, require
-from ..runfiles import job_dirs
+from ..rundir import (
+    CONFIG,
+    LANDSCAPE_SUMMARY,
+    METRICS,
+    OVERRIDES,
+    SUMMARY,
+    RunDir,
+    eval_file,
+    has_checkpoint,
+    is_run,
+    job_dirs,
+    landscape_folder,
+)
 from ..settings import flatten
-from .rundir import RunDir, eval_file, landscape_folder
 
 SCHEMA = 1  # bump when the tables' meaning changes: an older database is rebuilt by itself
 DEFAULT_DB = "sam-results.sqlite"
 BUSY_TIMEOUT_S = 60
 WATCHED = (  # the files a row is made of: a change of any re-reads the folder
-    "summary.json",
-    "metrics.jsonl",
-    ".hydra/config.yaml",
-    ".hydra/overrides.yaml",
+    SUMMARY,
+    METRICS,
+    str(CONFIG),
+    str(OVERRIDES),
     eval_file("last"),
     eval_file("averaged"),
-    f"{landscape_folder('last')}/landscape.json",
-    f"{landscape_folder('averaged')}/landscape.json",
+    f"{landscape_folder('last')}/{LANDSCAPE_SUMMARY}",
+    f"{landscape_folder('averaged')}/{LANDSCAPE_SUMMARY}",
 )
 SKIPPED_SUMMARY_KEYS = ("config", "reliability")  # the config has its own columns; bins are big
 TABLES = {
@@ -175,7 +186,7 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
     if old and old[0] == sig:
         return "unchanged"
     run = RunDir(run_dir)
-    if (run_dir / "summary.json").is_file() and run.summary is None:
+    if (run_dir / SUMMARY).is_file() and run.summary is None:
         print(
             f"sam-index: warning: {run_dir}: summary.json is not readable JSON; folder skipped",
             file=sys.stderr,
@@ -199,7 +210,7 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
 def folders(path: Path) -> list[tuple[Path, Path]]:
     """(run folder, its sweep folder) of every run under PATH (absolute)."""
     path = path.resolve()
-    if RunDir(path).is_run() and not job_dirs(path):
+    if (is_run(path) or has_checkpoint(path)) and not job_dirs(path):
         sweep = path.parent if (path.parent / "multirun.yaml").is_file() else path
         return [(path, sweep)]
     return [(d.resolve(), path) for d in job_dirs(path)]

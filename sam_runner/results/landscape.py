@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .rundir import RunDir
+from ..rundir import RunDir
 from .sections import SECTIONS
 from .sweep import stats
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
-from ..runfiles import atomic_write_bytes, read_json
+from ..rundir import RunDir
+from ..runfiles import atomic_write_bytes
 from ..sweep.objective import STORAGE_FILE, STUDY_NAME, final_line
 from .sections import SECTIONS
 
@@ -73,7 +74,7 @@ def load_study(sweep_dir) -> Study:
     trials, log_keys, objective = [], set(), None
     for t in study.trials:
         folder = sweep_dir / str(t.number)
-        summary = read_json(folder / "summary.json") or {}
+        summary = RunDir(folder).summary or {}
         objective = objective or summary.get("objective")
         trials.append(Trial(t.number, t.state.name, t.value, dict(t.params), folder, summary))
         log_keys |= {

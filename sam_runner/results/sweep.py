@@ -31,10 +31,10 @@ from pathlib import Path
 
 from ..errors import require
 from ..plots.style import natural_key  # matplotlib is imported only when drawing
-from ..runfiles import finite, job_dirs
+from ..rundir import RunDir, has_rho, is_run, job_dirs
+from ..runfiles import finite
 from ..settings import override_key, run_only
 from ..sweep.plan import expected_jobs
-from .rundir import RunDir, has_rho
 
 DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
 BOUND_STATS = ("bound", "lambda_max_over_bound")  # per group, over jobs with both λ_max and a bound
@@ -195,13 +195,9 @@ def _panel(key: tuple, common: set) -> str:
     )
 
 
-def _is_run_folder(path: Path) -> bool:
-    return (path / ".hydra").is_dir() or (path / "summary.json").is_file()
-
-
 def source_jobs(path: Path, metrics, label: str) -> tuple[list[Job], list[str]]:
     """The jobs of one source folder (a sweep, or one run) and its notes."""
-    if _is_run_folder(path):
+    if is_run(path):
         return [load_job(path, metrics, label or path.name, str(path))], []
     dirs = job_dirs(path)
     expected = expected_jobs(path)
@@ -243,7 +239,7 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
             f"sweep folder {str(p)!r} does not exist or is not a folder; "
             "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)",
         )
-    dirs = [d for p in paths for d in ([p] if _is_run_folder(p) else job_dirs(p))]
+    dirs = [d for p in paths for d in ([p] if is_run(p) else job_dirs(p))]
     return build_from_dirs(paths, dirs, metrics, ignore)
 
 

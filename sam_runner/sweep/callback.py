@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from ..errors import UserError
 from ..lock import held_by
-from ..runfiles import job_dirs, read_json
+from ..rundir import RunDir, job_dirs
 from .plan import (
     check_folder,
     check_job,
@@ -48,7 +48,7 @@ def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
     jobs = []
     for num in numbers:
         d = dirs.get(num, Path(sweep_dir) / str(num))
-        summary = read_json(d / "summary.json") or {}
+        summary = RunDir(d).summary or {}
         overrides = summary.get("overrides")
         jobs.append((num, d, summary, saved_overrides(d) if overrides is None else overrides))
     # show what varies between jobs; the overrides every job shares are noise here

@@ -1,8 +1,11 @@
-"""The Hydra internals the runner relies on, in one place: the overrides parser, the basic
-sweeper's job order, the config composer and the command-line parser, plus what the runner
-knows of each sweeper (whether its jobs are known in advance, or whether it searches a space).
+"""The third-party internals the runner relies on, in one place: Hydra's overrides parser, the
+basic sweeper's job order and params, the config composer and the command-line parser, the Optuna
+plugin's sweeper, submitit's shared parameter names, plus what the runner knows of each sweeper
+(whether its jobs are known in advance, or whether it searches a space).
 
-Hydra keeps these under ``hydra._internal`` or in plugins; the runner's checks (preflight.py)
+Hydra keeps these under ``hydra._internal`` or in plugins, submitit and the Optuna plugin under
+private names; no other module of the runner imports a private name of theirs
+(tests/test_structure.py checks it). The runner's checks (preflight.py)
 and its plan (plan.py) only use the functions here, so a Hydra upgrade or another sweeper is a
 change to this module alone: register a search sweeper's ``_target_`` in ``SEARCH_SWEEPERS``
 and preflight validates its space and refuses it without an objective.
@@ -49,6 +52,31 @@ def basic_sweeper_class():
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     return BasicSweeper
+
+
+def sweeper_params(sweeper) -> list[str]:
+    """A basic sweeper's ``hydra.sweeper.params`` as override lines (``key=value``), as Hydra's
+    own sweep reads them before the command's overrides."""
+    return [f"{k}={v}" for k, v in (sweeper.params or {}).items()]
+
+
+def optuna_sweeper_impl():
+    """The Optuna plugin's sweeper implementation and its reader of search-space overrides
+    (the runner's search sweeper builds on them)."""
+    from hydra_plugins.hydra_optuna_sweeper._impl import (
+        OptunaSweeperImpl,
+        create_params_from_overrides,
+    )
+
+    return OptunaSweeperImpl, create_params_from_overrides
+
+
+def submitit_shared_parameters() -> set[str]:
+    """The executor parameters every submitit cluster shares (the others take a
+    ``<cluster>_`` prefix)."""
+    import submitit
+
+    return set(submitit.AutoExecutor._valid_parameters())
 
 
 def basic_product(parsed) -> list[list[str]]:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..errors import RunFolderConflict, first_line, one_line
+from ..rundir import SUMMARY, RunDir
 from ..runfiles import read_json, write_json
 
 
@@ -34,7 +35,7 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
         return summary
     devices = cfg.trainer.get("devices", 1)
     device = distributed.check_devices(devices, str(cfg.trainer.device))
-    done = read_json(Path(run_dir) / "summary.json")
+    done = RunDir(run_dir).summary
     if devices == 1 or (done and done.get("status") == "completed"):
         return train(cfg, run_dir, overrides)
     try:
@@ -56,7 +57,7 @@ INTERRUPTIONS = (KeyboardInterrupt, SystemExit)
 def record_failure(run_dir, overrides: list[str], message: str, replace: bool = False) -> dict:
     """summary.json with status failed and the one-line error (kept when train() already wrote one,
     unless ``replace``)."""
-    path = Path(run_dir) / "summary.json"
+    path = Path(run_dir) / SUMMARY
     summary = read_json(path)
     if replace or not summary or summary.get("status") != "failed":
         summary = {

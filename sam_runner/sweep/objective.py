@@ -16,19 +16,13 @@ import math
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..rundir import METRICS
+from ..settings import objective_key
 
 # where a search keeps its Optuna study (in the sweep folder), and the study's name
 STORAGE_FILE, STUDY_NAME = "optuna.db", "search"
 
 DIRECTIONS = ("auto", "maximize", "minimize")
-
-
-def objective_key(cfg) -> str | None:
-    """The objective's key for a composed config, or None (``auto`` without a validation split)."""
-    key = str(cfg.trainer.get("objective", "auto") or "auto")
-    if key != "auto":
-        return key
-    return "val_acc" if cfg.dataset.get("val_split") else None
 
 
 def direction(cfg) -> str:
@@ -73,7 +67,7 @@ def worst(way: str) -> float:
 
 def final_line(run_dir) -> dict:
     """The run's last evaluated metrics line (the one with test_acc), or {}."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS
     if not path.exists():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

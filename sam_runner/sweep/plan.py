@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..errors import RunFolderConflict, UserError
-from ..runfiles import holds_results, read_json
+from ..rundir import RunDir, holds_results
 from ..settings import RUN_ONLY_KEYS, describe_changes, override_key, run_only
 from . import hydra_api
 
@@ -131,15 +131,8 @@ def expected_jobs(sweep_dir) -> list[list[str]] | None:
 
 # ---------------------------------------------------------------------------- job folders
 def saved_overrides(job_dir: Path) -> list[str] | None:
-    """The overrides a job folder was made with (.hydra/overrides.yaml, else summary.json)."""
-    path = Path(job_dir) / ".hydra" / "overrides.yaml"
-    if path.exists():
-        try:
-            return [str(o) for o in load_yaml(path)]
-        except Exception:
-            return None
-    summary = read_json(Path(job_dir) / "summary.json")
-    return summary.get("overrides") if summary else None
+    """The overrides a job folder was made with (``RunDir.saved_overrides``)."""
+    return RunDir(job_dir).saved_overrides
 
 
 def load_yaml(path):
@@ -158,7 +151,7 @@ def completed_jobs(sweep_dir, jobs: list[list[str]], exclude=DEFAULT_EXCLUDE) ->
     job of a different sweep is not counted: ``check_folder`` refuses the folder.)"""
     done = {}
     for num, overrides in enumerate(jobs):
-        summary = read_json(Path(sweep_dir) / str(num) / "summary.json")
+        summary = RunDir(Path(sweep_dir) / str(num)).summary
         if not summary or summary.get("status") != "completed":
             continue
         old = summary.get("overrides")

@@ -19,17 +19,15 @@ import sys
 from pathlib import Path
 
 import optuna
-from hydra_plugins.hydra_optuna_sweeper._impl import (
-    OptunaSweeperImpl,
-    create_params_from_overrides,
-)
 from omegaconf import OmegaConf
 
 from ..errors import UserError
-from . import objective
+from . import hydra_api, objective
 from .callback import _exclude, fail
 from .objective import STORAGE_FILE, STUDY_NAME
 from .plan import check_job, job_key
+
+OptunaSweeperImpl, create_params_from_overrides = hydra_api.optuna_sweeper_impl()
 
 LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 

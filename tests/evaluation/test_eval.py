@@ -27,8 +27,8 @@ from eval_helpers import (
 
 from sam_runner.data import build_data
 from sam_runner.models import build_model
-from sam_runner.results.rundir import RunDir
-from sam_runner.runfiles import CHECKPOINT, Checkpoint
+from sam_runner.rundir import CHECKPOINT, RunDir
+from sam_runner.runfiles import Checkpoint
 
 
 def record(sweep, job) -> dict:

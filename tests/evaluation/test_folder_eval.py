@@ -18,7 +18,7 @@ import torch
 from conftest import compose
 from folder_files import write_tree
 
-from sam_runner.results.rundir import RunDir
+from sam_runner.rebuild import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASURE = ["metrics.hessian.num_samples=64", "metrics.hessian.max_iter=30"]
@@ -84,7 +84,7 @@ def test_training_logs_lambda_max_and_sam_eval_repeats_it(tmp_path):
     assert ev["test_acc"] == pytest.approx(row["test_acc"], abs=1e-6)
     assert ev["test_loss"] == pytest.approx(row["test_loss"], rel=1e-5)
     # whole sets directly: every file through the evaluation transform, the loaded model
-    loaded = RunDir(run).load(torch.device("cpu"))
+    loaded = load_run(run, torch.device("cpu"))
     for split, key in (("train", "train_acc"), ("val", "test_acc")):
         ds = loaded.data.train_plain.ds.ds if split == "train" else loaded.data.test.ds.ds
         x = torch.stack([ds[i][0] for i in range(len(ds))])
@@ -97,7 +97,7 @@ def test_training_logs_lambda_max_and_sam_eval_repeats_it(tmp_path):
 def test_the_subset_is_the_same_in_training_sam_eval_and_sam_landscape():
     run = trained(0)
     cached = torch.load(run / "cache" / "measure_subset_n64_seed0.pt", weights_only=True)["x"]
-    loaded = RunDir(run).load(torch.device("cpu"))
+    loaded = load_run(run, torch.device("cpu"))
     fresh = loaded.data.folder_subset(64, 0)[0]  # decoded again, no cache
     assert torch.equal(cached, fresh)
     x, _ = loaded.train_subset(64)  # what sam-eval's tracker and sam-landscape's evaluator get
@@ -127,7 +127,7 @@ def test_the_landscape_keeps_its_batchnorm_subset_in_the_cache(tmp_path):
 
     run = Path(shutil.copytree(trained(0), tmp_path / "run"))
     path = run / "cache" / "measure_subset_n48_seed1.pt"
-    loaded = RunDir(run).load(torch.device("cpu"))
+    loaded = load_run(run, torch.device("cpu"))
     ev = Evaluator(loaded, 64, 32, bn="recompute", bn_samples=48)
     assert path.is_file()
     state = torch.load(path, weights_only=True)
@@ -135,7 +135,7 @@ def test_the_landscape_keeps_its_batchnorm_subset_in_the_cache(tmp_path):
     assert torch.equal(torch.cat(ev.bn_inputs), loaded.data.prepare(state["x"], None))
     state["x"] = torch.zeros_like(state["x"])  # the cache, not the images, is read next time
     torch.save(state, path)
-    again = Evaluator(RunDir(run).load(torch.device("cpu")), 64, 32, "recompute", 48)
+    again = Evaluator(load_run(run, torch.device("cpu")), 64, 32, "recompute", 48)
     zeros = loaded.data.prepare(torch.zeros_like(state["x"]), None)
     assert torch.equal(torch.cat(again.bn_inputs), zeros)
 

@@ -14,7 +14,7 @@ import yaml
 from eval_helpers import EVAL_ARGS, JOBS, copy_of, sam_eval, trained_sweep
 from scipy.stats import kendalltau
 
-from sam_runner.results.measures import measures_table
+from sam_runner.results.measure_ranking import measures_table
 from sam_runner.results.report import build_report, main, write_report
 
 
@@ -218,7 +218,7 @@ def test_no_section_and_no_files_without_enough_completed_jobs(tmp_path):
 def test_kendall_tau_is_scipys_tau_b_to_the_last_bit():
     import numpy as np
 
-    from sam_runner.results.measures import kendall_tau
+    from sam_runner.results.measure_ranking import kendall_tau
 
     rng = np.random.default_rng(0)
     for n in (2, 3, 5, 40, 200):

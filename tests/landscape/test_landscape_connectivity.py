@@ -15,7 +15,7 @@ from sam_runner.landscape.bezier import BezierCurve, curve_optimizer, curve_step
 from sam_runner.landscape.cli import main
 from sam_runner.landscape.evaluate import COLUMNS, Evaluator
 from sam_runner.landscape.files import pair_folder
-from sam_runner.results.rundir import load_run
+from sam_runner.rebuild import load_run
 from sam_runner.runfiles import read_rows
 
 QUIET = ["--progress", "none"]

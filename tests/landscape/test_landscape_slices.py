@@ -20,7 +20,7 @@ from sam_runner.landscape.evaluate import COLUMNS
 from sam_runner.landscape.options import Options
 from sam_runner.landscape.slices import make_evaluator, run_slices
 from sam_runner.models import build_model
-from sam_runner.results.rundir import LoadedRun, load_run
+from sam_runner.rebuild import LoadedRun, load_run
 from sam_runner.runfiles import read_rows
 
 SMALL = ["--points", "11", "--grid", "5", "--progress", "none"]

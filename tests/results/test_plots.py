@@ -344,7 +344,7 @@ def test_every_figure_is_written_as_png_pdf_or_svg_and_nothing_else(tmp_path):
 
 
 def test_a_run_is_titled_by_what_it_is_not_by_its_folder_name():
-    from sam_runner.results.rundir import run_label
+    from sam_runner.rundir import run_label
 
     long = "/x/multirun/optimizer-sam+base__optimizer.rho-0.05__seed-0+1__trainer.epochs-3"
     job = {"run": f"{long}/3", "variant": "sam", "rho": 0.05, "seed": 1}

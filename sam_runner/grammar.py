@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import require
+from .errors import require
 
 RUN_KEYS = ("trainer.device", "trainer.progress", "hydra/launcher", "plots.format")
 LAUNCHER_PREFIX = "hydra.launcher."

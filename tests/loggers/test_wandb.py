@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 from conftest import TINY, compose, stopped_early_of
-from results_helpers import (
+from results.results_helpers import (
     SWEEP_NAME,
     finished_wandb_content,
     shared_sweep,

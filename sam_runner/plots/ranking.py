@@ -14,7 +14,7 @@ NCOLS = 4
 
 
 def plot_measures(table, label):
-    """The grid of a ``results.measures.Table``; ``label(key)`` names a measure."""
+    """The grid of a ``results.measure_ranking.Table``; ``label(key)`` names a measure."""
     from matplotlib.lines import Line2D
 
     rows = table.rows

@@ -11,30 +11,79 @@
   summary: running, killed or interrupted), ``rows()`` (metrics.jsonl);
 - ``eval(weights)``, ``landscape(weights)``, ``pair_summaries(weights)``: what sam-eval and
   sam-landscape wrote (``weights="averaged"``: ``eval_averaged.json``, ``landscape_averaged/``);
-- ``load(device, weights)``: the model rebuilt by the runner's own ``build_data`` and
-  ``build_model`` at the final weights (``checkpoints/last.pt``) or the averaged ones
-  (``checkpoints/averaged.pt``, written by ``trainer.weight_averaging``), read weights-only.
+- ``checkpoint()``: ``checkpoints/last.pt``, loaded weights-only (the model rebuilt from it, or
+  from ``checkpoints/averaged.pt``: ``rebuild.py``).
 
-Importing this module imports nothing heavy (no torch): sam-report and sam-index read folders
-with it; ``load`` imports torch.
+The names of every file and folder of a run folder are this module's constants, and nothing else
+in the package spells them. Importing it imports nothing heavy (no torch): sam-report and
+sam-index read folders with it; ``checkpoint()`` imports torch.
 """
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
+import os
 from functools import cached_property
 from pathlib import Path
 
-from ..errors import UserError, require
-from ..registry import VARIANTS
-from ..runfiles import CHECKPOINT, Checkpoint, json_problem, read_json, read_rows
+from .errors import UserError, require
+from .registry import VARIANTS
+from .runfiles import Checkpoint, json_problem, read_json, read_rows
 
-AVERAGED = Path("checkpoints") / "averaged.pt"
+# the names of a run folder's files and folders (nothing else in the package spells them)
+SUMMARY = "summary.json"  # status, final values, overrides, settings: written last
+METRICS = "metrics.jsonl"  # one line per evaluation (and per logged step)
+HYDRA = ".hydra"  # Hydra writes it when a job starts
+OVERRIDES = Path(HYDRA) / "overrides.yaml"
+CONFIG = Path(HYDRA) / "config.yaml"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT = Path(CHECKPOINTS) / "last.pt"
+AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
+CACHE = "cache"  # an image folder's decoded measurement subsets
 WEIGHTS = ("last", "averaged")
 STATUSES = ("completed", "diverged", "failed")
 EVAL_FILES = {"last": "eval.json", "averaged": "eval_averaged.json"}
-LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}  # landscape/files.py
+LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}
+LANDSCAPE_SUMMARY = "landscape.json"  # in a landscape folder, and in each of its pair folders
+
+
+def is_run(path) -> bool:
+    """Whether ``path`` is a job folder sam-run made: it holds ``.hydra/`` (a job under Hydra,
+    from its start) or ``summary.json`` (a finished one, or a run of ``train(cfg, dir)``)."""
+    path = Path(path)
+    return (path / HYDRA).is_dir() or (path / SUMMARY).is_file()
+
+
+def has_checkpoint(path) -> bool:
+    """Whether ``path`` holds a checkpoints folder: a run folder of ``train(cfg, dir)`` killed
+    before its summary is one too, for the commands that rebuild a run's model."""
+    return (Path(path) / CHECKPOINTS).exists()
+
+
+def holds_results(run_dir) -> bool:
+    """Whether running in ``run_dir`` would continue a run there: a checkpoint to resume, or a
+    completed summary."""
+    run_dir = Path(run_dir)
+    summary = read_json(run_dir / SUMMARY) or {}
+    return (run_dir / CHECKPOINT).exists() or summary.get("status") == "completed"
+
+
+def job_dirs(sweep_dir) -> list[Path]:
+    """Every job folder under a sweep: folders holding ``.hydra/`` (Hydra writes it when a job
+    starts)
+    or ``summary.json``, in natural order (``2`` before ``10``)."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        return []
+    dirs = set()
+    # one walk (os.walk's scandir), not two rglob passes: a thousand job folders in a blink
+    for parent, names, files in os.walk(sweep_dir, followlinks=True):  # as rglob did
+        if HYDRA in names or SUMMARY in files:
+            dirs.add(Path(parent))
+        names[:] = [n for n in names if n != HYDRA]
+    dirs.discard(sweep_dir)
+    return sorted(
+        dirs, key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts]
+    )
 
 
 def check_weights(weights: str, spelling: str = "weights") -> str:
@@ -99,13 +148,10 @@ class RunDir:
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
-    def is_run(self) -> bool:
-        return any((self.path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
-
     # ---- files as they are
     @cached_property
     def summary(self) -> dict | None:
-        s = read_json(self.path / "summary.json")
+        s = read_json(self.path / SUMMARY)
         return s if isinstance(s, dict) else None
 
     @property
@@ -117,9 +163,9 @@ class RunDir:
     def missing_reason(self) -> str:
         """Why the run has no readable summary: corrupt, still training (who holds its lock),
         or neither (running elsewhere, or killed)."""
-        from ..lock import held_by
+        from .lock import held_by
 
-        problem = json_problem(self.path / "summary.json")
+        problem = json_problem(self.path / SUMMARY)
         if problem not in (None, "missing"):
             return f"summary.json is {problem}"
         holder = held_by(self.path, "train")
@@ -128,38 +174,47 @@ class RunDir:
         return "no summary.json: running, or killed"
 
     @cached_property
+    def saved_overrides(self) -> list[str] | None:
+        """The overrides the job was made with: ``.hydra/overrides.yaml``, else summary.json's;
+        None when neither records them, or when overrides.yaml is unreadable (then which job the
+        folder holds is not known)."""
+        path = self.path / OVERRIDES
+        if path.exists():
+            saved = _read_yaml(path)
+            return [str(o) for o in saved] if isinstance(saved, list) else None
+        saved = (self.summary or {}).get("overrides")
+        return None if saved is None else [str(o) for o in saved]
+
+    @property
     def overrides(self) -> list[str]:
-        saved = _read_yaml(self.path / ".hydra" / "overrides.yaml")
-        if not isinstance(saved, list):
-            saved = list((self.summary or {}).get("overrides") or [])
-        return [str(o) for o in saved]
+        """``saved_overrides``, with summary.json's where overrides.yaml is unreadable; [] when
+        nothing records them."""
+        if self.saved_overrides is not None:
+            return self.saved_overrides
+        return [str(o) for o in (self.summary or {}).get("overrides") or []]
 
     @cached_property
     def hydra_config(self) -> dict | None:
-        cfg = _read_yaml(self.path / ".hydra" / "config.yaml")
+        cfg = _read_yaml(self.path / CONFIG)
         return cfg if isinstance(cfg, dict) else None
 
     def rows(self) -> list[dict]:
-        return read_rows(self.path / "metrics.jsonl")
+        return read_rows(self.path / METRICS)
 
     def eval(self, weights: str = "last") -> dict | None:
         e = read_json(self.path / eval_file(weights))
         return e if isinstance(e, dict) else None
 
     def landscape(self, weights: str = "last") -> dict | None:
-        from ..landscape.files import SUMMARY
-
-        s = read_json(self.path / landscape_folder(weights) / SUMMARY)
+        s = read_json(self.path / landscape_folder(weights) / LANDSCAPE_SUMMARY)
         return s if isinstance(s, dict) else None
 
     def pair_summaries(self, weights: str = "last") -> list[dict]:
         """The connectivity results stored under the run's landscape folder."""
-        from ..landscape.files import SUMMARY
-
         folder = self.path / landscape_folder(weights)
         return [
             s
-            for p in sorted(folder.glob(f"*/{SUMMARY}"))
+            for p in sorted(folder.glob(f"*/{LANDSCAPE_SUMMARY}"))
             if isinstance(s := read_json(p), dict) and isinstance(s.get("run_b"), dict)
         ]
 
@@ -182,7 +237,7 @@ class RunDir:
         environment's data folder where the run's is absent or gone."""
         from omegaconf import OmegaConf
 
-        path = self.path / ".hydra" / "config.yaml"
+        path = self.path / CONFIG
         if path.is_file():
             try:
                 cfg = OmegaConf.load(path)
@@ -212,133 +267,6 @@ class RunDir:
         )
         return self._last
 
-    def weights(self, weights: str = "last") -> dict:
-        """The model state dict of ``last.pt`` or ``averaged.pt``."""
-        if check_weights(weights) == "last":
-            return self.checkpoint()["model"]
-        path = self.path / AVERAGED
-        require(
-            path.is_file(),
-            f"run folder {self.path} has no averaged weights ({AVERAGED}); train it with "
-            "trainer.weight_averaging=swa or ema, or use weights=last",
-        )
-        import torch
-
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise UserError(f"{path} is unreadable ({type(e).__name__}); restore it") from None
-        require(
-            isinstance(state, dict) and isinstance(state.get("model"), dict),
-            f"{path} is not a sam-run averaged checkpoint (no model entry)",
-        )
-        return state["model"]
-
-    def load(self, device, weights: str = "last", purpose: str = "sam-landscape", strict=False):
-        """The run at its final (or averaged) weights, with its data; ``strict``: the
-        checkpoint's recorded settings must be the config's (sam-eval)."""
-        from ..data import build_data
-        from ..models import build_model
-        from ..settings import require_same_config, result_config
-        from ..validate import without_download
-
-        require(
-            self.path.is_dir(),
-            f"run folder {str(self.path)!r} does not exist or is not a folder; pass a folder "
-            "sam-run wrote",
-        )
-        require(
-            (self.path / CHECKPOINT).is_file(),
-            f"run folder {self.path} has no checkpoint ({CHECKPOINT}); {purpose} needs the "
-            "weights a sam-run run saves at each evaluated epoch",
-        )
-        import torch
-
-        state = self.weights(weights)
-        cfg = self.omega_config(purpose)
-        if strict:
-            saved = (self.checkpoint().get("fingerprint") or {}).get("config")
-            require_same_config(saved, result_config(cfg), f"checkpoint {CHECKPOINT}", self.path)
-        torch.manual_seed(int(cfg.seed))  # as the run built its data
-        data = build_data(cfg.dataset, device, int(cfg.seed))
-        # an image folder's measurement subset as training decoded it (read, never written)
-        data.cache_dir, data.cache_write = self.path / "cache", False
-        torch.manual_seed(int(cfg.seed))
-        model = build_model(without_download(cfg.model), data.input_shape, data.num_classes)
-        try:
-            model.load_state_dict(state)
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise UserError(
-                f"checkpoint {self.path / CHECKPOINT} does not fit the model its config builds "
-                f"({type(e).__name__}); was the config changed after training?"
-            ) from None
-        model.to(device).eval()
-        return LoadedRun(self.path.resolve(), cfg, state, model, data, device, weights)
-
-
-@dataclass
-class LoadedRun:
-    """What ``RunDir.load`` returns: a run's config, weights, model and data."""
-
-    path: Path
-    cfg: object  # the job's config (OmegaConf)
-    state: dict  # the model state dict loaded, on the CPU
-    model: object  # nn.Module on the device, in eval mode, at those weights
-    data: object  # sam_runner.data.Data
-    device: object  # torch.device
-    weights: str = "last"  # last | averaged
-
-    def criterion(self):
-        """The run's own per-sample loss (its label smoothing included), as its test evaluation."""
-        from torch import nn
-
-        smoothing = float(self.cfg.trainer.get("label_smoothing", 0.0))
-        return nn.CrossEntropyLoss(label_smoothing=smoothing, reduction="none")
-
-    def autocast(self):
-        import torch
-
-        from ..train import PRECISIONS
-
-        dtype = PRECISIONS.get(str(self.cfg.trainer.get("precision", "fp32")))
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
-
-    def train_subset(self, n: int, offset: int = 0, keep: bool = False):
-        """The curvature subset of the run (``data.train_subset(n, seed)``) with ``offset`` 0;
-        ``keep``: an image folder's subset decoded here is kept in the run's cache (the
-        landscape's; sam-eval only reads the cache)."""
-        return self.data.train_subset(int(n), int(self.cfg.seed) + offset, write=keep or None)
-
-    @property
-    def variant(self) -> str:
-        return str(self.cfg.optimizer.name)
-
-    @property
-    def rho(self) -> float | None:
-        rho = self.cfg.optimizer.get("rho")
-        return float(rho) if has_rho(self.variant) and rho is not None else None
-
-    def label(self) -> str:
-        """``sam, ρ = 0.05, seed 0`` for titles (``run_label``)."""
-        return run_label(self.describe())
-
-    def describe(self) -> dict:
-        from ..provenance import built_model
-
-        out = {
-            "run": str(self.path),
-            "variant": self.variant,
-            "rho": self.rho,
-            "seed": int(self.cfg.seed),
-            "model": built_model(self.cfg.model, self.data.input_shape),  # auto resolved
-            "dataset": str(self.cfg.dataset.name),
-        }
-        if self.weights != "last":
-            out["weights"] = self.weights
-        return out
-
 
 def run_label(described: dict) -> str:
     """A run as a figure's title names it: ``sam, ρ = 0.05, seed 0``, a sweep's job with its
@@ -350,16 +278,11 @@ def run_label(described: dict) -> str:
     return f"job {name} ({text})" if name.isdigit() else text
 
 
-def load_run(run_dir, device, weights: str = "last") -> LoadedRun:
-    """``RunDir(run_dir).load(device, weights)``: the run at its checkpoint's weights."""
-    return RunDir(run_dir).load(device, weights)
-
-
 def _data_dir_here(cfg) -> None:
     """dataset.data_dir (and download) of this environment where the run's is absent or gone."""
     from omegaconf import OmegaConf
 
-    from ..paths import config_dir
+    from .paths import config_dir
 
     default = OmegaConf.load(Path(config_dir()) / "common" / "dataset.yaml")
     try:

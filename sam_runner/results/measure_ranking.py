@@ -37,10 +37,12 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..rundir import RunDir, eval_file
 from ..runfiles import finite
 from ..settings import override_key, run_only
-from .rundir import RunDir
 from .sections import SECTIONS
+
+MEASURED = eval_file("last")  # a point's source when sam-eval measured it (its file's name)
 
 LABELS = {
     "lambda_max": "λ_max",
@@ -102,7 +104,7 @@ class Table:
     rows: list = field(default_factory=list)  # one dict per measure, ranked
 
     def sources(self) -> dict:
-        return {s: sum(p.source == s for p in self.points) for s in ("eval.json", "training")}
+        return {s: sum(p.source == s for p in self.points) for s in (MEASURED, "training")}
 
 
 # ---------------------------------------------------------------------------- reading jobs
@@ -123,7 +125,7 @@ def job_values(path: Path) -> tuple[dict, str, str]:
     run = RunDir(path)
     measured = run.eval() or {}
     if measured.get("status") == "completed":
-        return {k: v for k, v in measured.items() if finite(v)}, "eval.json", ""
+        return {k: v for k, v in measured.items() if finite(v)}, MEASURED, ""
     values = {k: v for k, v in _training_values(run).items() if finite(v)}
     return values, "training", _not_measured(run, measured)
 
@@ -131,8 +133,8 @@ def job_values(path: Path) -> tuple[dict, str, str]:
 def _not_measured(run: RunDir, measured: dict) -> str:
     """Why a job's eval.json is not its source: absent, unreadable, or a failed measurement."""
     from ..errors import first_line
+    from ..rundir import eval_file
     from ..runfiles import json_problem
-    from .rundir import eval_file
 
     problem = json_problem(run.path / eval_file())
     if problem == "missing":
@@ -276,7 +278,7 @@ def write_measures(report, out_dir: Path) -> list[Path]:
     table = measures_table(report)
     if table is None:
         return []
-    from ..plots.measures import plot_measures
+    from ..plots.ranking import plot_measures
     from ..plots.style import save_figure
     from ..runfiles import atomic_write_bytes
 
@@ -326,7 +328,7 @@ def sources_lines(table: Table) -> list[str]:
     (their gen_gap is an estimate, and mixed with sam-eval's numbers in one τ)."""
     src = table.sources()
     line = (
-        f"Measured by sam-eval (eval.json): {src['eval.json']} job(s); from the training logs: "
+        f"Measured by sam-eval (eval.json): {src[MEASURED]} job(s); from the training logs: "
         f"{src['training']}."
     )
     if not src["training"]:
@@ -339,7 +341,7 @@ def sources_lines(table: Table) -> list[str]:
         "their train accuracy is the last epoch's running mean, with augmentation, so their "
         "gen_gap is an estimate"
     )
-    if not src["eval.json"] and len(by_why) == 1:
+    if not src[MEASURED] and len(by_why) == 1:
         said = f"**All from the training logs** ({next(iter(by_why))}): {estimate}."
     else:
         named = "; ".join(f"{', '.join(names)} ({why})" for why, names in by_why.items())

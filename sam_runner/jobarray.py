@@ -17,7 +17,8 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from ..errors import UserError, first_line, require
+from .errors import UserError, first_line, require
+from .sweep import hydra_api
 
 CLUSTERS = {"slurm": "slurm", "submitit_local": "local"}  # launcher preset -> submitit cluster
 
@@ -46,7 +47,7 @@ def launcher_params(launcher: str, options: list[str], folder: Path) -> dict:
     set, for an array whose submitit files go under ``folder``; one-line errors."""
     from hydra.errors import HydraException
 
-    from .plan import compose
+    from .sweep.plan import compose
 
     require(
         launcher in CLUSTERS,
@@ -104,7 +105,7 @@ def executor(cluster: str, params: dict):
         {"slurm_max_num_timeout": timeouts} if cluster == "slurm" and timeouts is not None else {}
     )
     ex = submitit.AutoExecutor(folder=folder, cluster=cluster, **init)
-    shared = submitit.AutoExecutor._valid_parameters()
+    shared = hydra_api.submitit_shared_parameters()
     ex.update_parameters(**{k if k in shared else f"{cluster}_{k}": v for k, v in params.items()})
     return ex
 

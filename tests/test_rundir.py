@@ -11,11 +11,12 @@ import pytest
 import torch
 import yaml
 from conftest import compose
-from results_helpers import copy_sweep, shared_sweep
+from results.results_helpers import copy_sweep, shared_sweep
 
 from sam_runner.errors import UserError
-from sam_runner.results.rundir import RunDir
+from sam_runner.rebuild import load, state_dict
 from sam_runner.results.sweep import build_report
+from sam_runner.rundir import RunDir
 
 FAST = ["trainer.epochs=1", "dataset.num_samples=400", "metrics=off", "trainer.progress=none"]
 FAST += ["model=mlp", "model.hidden=[16]"]
@@ -52,7 +53,7 @@ def test_a_folder_trained_without_hydra_has_the_config_its_summary_records(witho
     assert not (run_dir / ".hydra").exists() and run.hydra_config is None
     assert run.get("model.arch") == "mlp" and run.get("seed") == cfg.seed
     assert run.get("model.hidden") == [16] and run.overrides == FAST
-    loaded = run.load(torch.device("cpu"))
+    loaded = load(run, torch.device("cpu"))
     saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(loaded.model.state_dict()[k].cpu(), v) for k, v in saved.items())
     assert loaded.variant == cfg.optimizer.name and not loaded.model.training
@@ -96,7 +97,7 @@ def test_an_interrupted_job_is_missing_with_its_last_logged_epoch(tmp_path):
 
 def test_weights_a_run_does_not_have_are_one_line(without_hydra):
     with pytest.raises(UserError, match="has no averaged weights") as e:
-        RunDir(without_hydra[0]).weights("averaged")
+        state_dict(RunDir(without_hydra[0]), "averaged")
     assert "\n" not in str(e.value)
     with pytest.raises(UserError, match="weights='best' is unknown"):
-        RunDir(without_hydra[0]).weights("best")
+        state_dict(RunDir(without_hydra[0]), "best")
