@@ -23,6 +23,7 @@ import torch
 from . import distributed
 from .averaging import build_averaging
 from .averaging import validate as validate_averaging
+from .cli_words import PROGRESS
 from .clock import Clock
 from .data import build_data
 from .data.augment import Mixing
@@ -43,7 +44,6 @@ from .schedulers import build_scheduler
 from .settings import require_same_config, result_config
 
 MAX_SEED = 2**32 - 1
-PROGRESS = ("auto", "bar", "lines", "none")
 THREADS_SAID: list[str] = []  # the thread lines this process printed (a local sweep's jobs)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -62,7 +62,7 @@ def validate(cfg) -> None:
         require(
             value in accepted, f"trainer.{key}={value!r} is unknown; choose {', '.join(accepted)}"
         )
-    from .plots.style import check_format
+    from .cli_words import check_format
 
     check_format(plot_format(cfg))
     bs = cfg.dataset.batch_size

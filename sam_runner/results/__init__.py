@@ -5,8 +5,7 @@
 - sweep.py: jobs, groups and statistics over one or several sources (sweeps, runs, database);
 - sections.py: the registry of report.md's sections; runs_table.py, measures.py,
   corruption.py, eos.py and landscape.py register theirs (an analysis is one module);
-- report.py: ``sam-report``; index.py: ``sam-index`` (the SQLite results database);
-- grammar.py: how the analysis commands are told how to run (sam-run's spellings).
+- report.py: ``sam-report``; index.py: ``sam-index`` (the SQLite results database).
 
 Importing this package, or any module in it, imports nothing heavy (no torch).
 """

@@ -246,7 +246,7 @@ SETTINGS = ("plots.format",)  # key=value words among the folders: the figures' 
 
 def split_settings(argv: list[str]) -> tuple[list[str], dict]:
     """(the other words, {key: value} of the ``plots.KEY=VALUE`` words), the one grammar of the
-    analysis commands (results/grammar.py); an unknown ``plots.`` key is a one-line error."""
+    analysis commands (cli_words.py); an unknown ``plots.`` key is a one-line error."""
     rest, given = [], {}
     for word in argv:
         key, _, value = word.partition("=")
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     try:
         argv, settings = split_settings(argv)
-        from ..plots.style import check_format
+        from ..cli_words import check_format
 
         fmt = check_format(settings.get("plots.format", "png"))
     except UserError as e:

@@ -76,7 +76,7 @@ def test_training_logs_lambda_max_and_sam_eval_repeats_it(tmp_path):
     row = last_row(run)
     assert isinstance(row["lambda_max"], float) and row["lambda_max"] > 0
     assert (run / "cache" / "measure_subset_n64_seed0.pt").is_file()
-    code, _, err = sam_eval(run, *MEASURE, "eval.device=cpu")
+    code, _, err = sam_eval(run, *MEASURE, "trainer.device=cpu")
     assert code == 0, err
     ev = json.loads((run / "eval.json").read_text())
     assert ev["status"] == "completed", ev.get("error")

@@ -293,7 +293,7 @@ def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
         "hydra/launcher=slurm",
         "hydra.launcher.cpus_per_task=1",
         "hydra.launcher.timeout_min=10",
-        "eval.progress=lines",
+        "trainer.progress=lines",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
