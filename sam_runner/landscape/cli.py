@@ -52,11 +52,15 @@ COUNTS = {  # the least value of each count (null: the run's own, where the yaml
 
 
 def parse_argv(argv: list[str]) -> tuple[Path | None, list[str], str | None]:
-    """(the folder, the overrides, ``--to``'s run or None); a word that is neither is refused."""
+    """(the folder, the overrides, the other run or None); a word that is none is refused.
+    ``landscape.to=PATH`` and ``--to PATH`` are taken as they are, not as Hydra overrides: a
+    sweep's job folders are named ``model.channels=8_seed=1``, which Hydra's grammar refuses."""
     path, overrides, to = None, [], None
     words = iter(argv)
     for word in words:
-        if word == "--to" or word.startswith("--to="):
+        if word.startswith("landscape.to="):
+            to = word[len("landscape.to=") :] or None
+        elif word == "--to" or word.startswith("--to="):
             to = word[5:] if "=" in word else next(words, None)
             require(to, "--to needs a run folder: --to RUN_B (or landscape.to=RUN_B)")
         elif word.startswith("-"):
@@ -162,7 +166,7 @@ def _is_run_folder(path: Path) -> bool:
 
 
 def compose(path: Path, overrides: list[str], to: str | None):
-    """conf/landscape.yaml with the overrides (``--to``'s run set after composing: a path is
+    """conf/landscape.yaml with the overrides (the other run set after composing: a path is
     not an override's grammar), and the keys the call gave."""
     from omegaconf import OmegaConf
 
