@@ -194,11 +194,9 @@ def backend_for(device: torch.device) -> str:
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """The device ``trainer.device`` names for one process: ``auto`` is CUDA when there is a GPU,
     ``cuda`` is the process's GPU (``cuda:<local rank>``), ``cuda:N`` that GPU; one-line errors."""
-    name = str(name)
-    require(
-        name in ("auto", "cpu", "cuda") or name.startswith("cuda:"),
-        f"trainer.device={name!r} is unknown; choose auto, cpu or cuda",
-    )
+    from .cli_words import check_device
+
+    name = check_device(name)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cpu":

@@ -15,9 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from omegaconf import OmegaConf
-
-from .errors import UserError, first_line, require
+from .errors import require
 from .sweep import hydra_api
 
 CLUSTERS = {"slurm": "slurm", "submitit_local": "local"}  # launcher preset -> submitit cluster
@@ -40,37 +38,6 @@ def check_cluster(cluster: str | None, name: str) -> None:
         f"{name} needs SLURM's sbatch on PATH, and it is not; run on a SLURM login node or "
         "run locally",
     )
-
-
-def launcher_params(launcher: str, options: list[str], folder: Path) -> dict:
-    """``hydra.launcher`` of the preset ``launcher`` with ``options`` (``KEY=VALUE`` of its keys)
-    set, for an array whose submitit files go under ``folder``; one-line errors."""
-    from hydra.errors import HydraException
-
-    from .sweep.plan import compose
-
-    require(
-        launcher in CLUSTERS,
-        f"--launcher={launcher} is unknown; choose local, {', '.join(CLUSTERS)}",
-    )
-    for option in options:
-        require(
-            "=" in option and option.split("=", 1)[0].strip(),
-            f"--launcher-option {option!r} is not KEY=VALUE (e.g. partition=gpu, gpus_per_task=1)",
-        )
-    overrides = [f"hydra/launcher={launcher}", f"hydra.sweep.dir={Path(folder).absolute()}"]
-    try:
-        cfg = compose([*overrides, *(f"hydra.launcher.{o}" for o in options)], "eval")
-    except HydraException as e:
-        keys = compose(overrides, "eval").hydra.launcher
-        bad = next((o for o in options if o.split("=", 1)[0].strip() not in keys), None)
-        if bad is not None:
-            raise UserError(
-                f"--launcher-option {bad}: {bad.split('=', 1)[0]} is not a key of the {launcher} "
-                f"launcher; its keys are {', '.join(k for k in keys if k != '_target_')}"
-            ) from None
-        raise UserError(f"--launcher-option: {first_line(str(e.__cause__ or e))}") from None
-    return OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
 
 
 class TasksFailed(Exception):

@@ -130,7 +130,7 @@ def redraw_in_format(run_dir: Path, overrides) -> None:
     given = [o.split("=", 1)[1] for o in overrides if override_key(o) == "plots.format"]
     if not given:
         return
-    from .plots.style import check_format
+    from .cli_words import check_format
 
     fmt = check_format(given[-1])
     if not (run_dir / f"curves.{fmt}").exists():

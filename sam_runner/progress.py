@@ -8,8 +8,6 @@ from __future__ import annotations
 import sys
 import time
 
-MODES = ("auto", "bar", "lines", "none")
-
 
 def resolve_mode(mode: str) -> str:
     """``auto`` as ``bar`` on a terminal (stderr), else ``lines``; the others as they are."""

@@ -16,7 +16,6 @@ from .errors import RunFolderConflict
 # a sweep's objective): here, so that none of them imports the trainer for a constant
 MAX_SEED = 2**32 - 1  # torch seeds are 64-bit, and runs derive further seeds from it
 PRECISIONS = ("fp32", "bf16", "fp16")
-PROGRESS = ("auto", "bar", "lines", "none")
 
 
 def plot_format(cfg) -> str:

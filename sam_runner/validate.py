@@ -12,6 +12,7 @@ import torch
 
 from . import distributed
 from .averaging import validate as validate_averaging
+from .cli_words import PROGRESS, check_format
 from .data import validate as validate_dataset
 from .data.sources import data_shape
 from .errors import integer, number, require
@@ -22,10 +23,9 @@ from .metrics.robustness import validate as validate_corruptions
 from .metrics.tracker import validate as validate_metrics
 from .models import build_model, check_initial_weights, without_download
 from .optim.build import build_optimizer
-from .plots.style import check_format
 from .registry import DATASETS, SAMPLERS
 from .schedulers import validate as validate_scheduler
-from .settings import MAX_SEED, PRECISIONS, PROGRESS, plot_format
+from .settings import MAX_SEED, PRECISIONS, plot_format
 
 PLACEHOLDER_STEPS = 1000  # the optimizer's schedules need a length; the data's is not read here
 

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from ..grammar import deprecated, say_notes
 
 PROG = "sam-eval"
 SHOWN = ("lambda_max", "gen_gap", "test_acc", "test_acc_c")  # on each job's closing line
@@ -28,8 +27,8 @@ def parse(argv) -> argparse.Namespace:
         "metrics settings enable, corruptions), into each job's eval.json.",
         epilog="Overrides: the metrics group and keys as in training (metrics=full, "
         "metrics.hessian.k=5, metrics.corruptions.enabled=true), eval.workers=N (local "
-        "processes), trainer.device=cpu|cuda, trainer.progress=bar|lines|none (as for sam-run; "
-        "eval.device= and eval.progress= are the earlier spellings), "
+        "processes), trainer.device=cpu|cuda|cuda:N, trainer.progress=bar|lines|none (as for "
+        "sam-run), "
         "eval.weights=last|averaged (averaged: checkpoints/averaged.pt, into eval_averaged.json), "
         "hydra/launcher=slurm (one SLURM array task per job, hydra.launcher.* as for sam-run).",
     )
@@ -61,61 +60,26 @@ def main(argv=None) -> int:
         return 130
 
 
-OLD_SPELLINGS = {"eval.device": "trainer.device", "eval.progress": "trainer.progress"}
-
-
-def run_spellings(overrides: list[str]) -> tuple[list[str], list[str]]:
-    """sam-run's spellings (grammar.py) as this config's keys, and the notes of the
-    earlier spellings used."""
-    out, notes = [], []
-    new = {v: k for k, v in OLD_SPELLINGS.items()}
-    for o in overrides:
-        key, _, value = o.partition("=")
-        if key in new:
-            out.append(f"{new[key]}={value}")
-            continue
-        if key in OLD_SPELLINGS:
-            notes.append(deprecated(PROG, f"{key}=", f"{OLD_SPELLINGS[key]}="))
-        out.append(o)
-    return out, notes
-
-
-def _compose(overrides: list[str], path: Path):
-    """The eval config; an error about a setting names it as it was spelled."""
-    from .settings import compose_eval
-
-    translated, notes = run_spellings(overrides)
-    try:
-        return compose_eval(translated, path), notes
-    except UserError as e:
-        text = str(e)
-        for old, new in OLD_SPELLINGS.items():
-            if any(o.startswith(new + "=") for o in overrides):
-                text = text.replace(old, new)
-        raise UserError(text) from None
-
-
 def evaluate_folder(path: Path, overrides: list[str]) -> int:
     """Plan, check, measure, report (see the module docstring for the exit status)."""
     from omegaconf import OmegaConf
 
     from .plan import check_jobs, plan
-    from .settings import check_metrics, eval_settings, launcher, plain
+    from .settings import check_metrics, compose_eval, eval_settings, launcher, plain
 
-    cfg, notes = _compose(overrides, path)
+    cfg = compose_eval(overrides, path)
     jobs = plan(path, eval_settings(cfg), str(cfg.eval.weights))
     todo = [j for j in jobs if j.state == "measure"]
     if todo:  # torch and the measuring code load only for a job to measure
         check_metrics(cfg)
         check_jobs(jobs, cfg.metrics)
-    say_notes(notes)  # the input is good: now the notices of earlier spellings
     print(_header(path, jobs), flush=True)
     records = {}
     if todo:
         from .launch import run_jobs
 
         if launcher(cfg) == "local" and int(cfg.eval.workers) == 1:
-            _threads(str(cfg.eval.device))  # a pool's workers share the CPUs by the same rule
+            _threads(str(cfg.trainer.device))  # a pool's workers share the CPUs by the same rule
         params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
         records = run_jobs(todo, {**plain(cfg), "root": str(path)}, launcher(cfg), params)
     for job in todo:

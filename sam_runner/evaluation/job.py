@@ -84,7 +84,7 @@ def measure(job_dir: Path, settings: dict) -> dict:
     from ..metrics import robustness
 
     metrics = OmegaConf.create(settings["metrics"])
-    device = distributed.resolve_device(str(settings["eval"]["device"]))
+    device = distributed.resolve_device(str(settings["trainer"]["device"]))
     say = phase_lines(job_dir, settings)
     run = load(RunDir(job_dir), device, weights_of(settings), "sam-eval", strict=True)
     cfg, data, model = run.cfg, run.data, run.model
@@ -107,7 +107,7 @@ def phase_lines(job_dir: Path, settings: dict):
     (a job of ``metrics=full`` takes minutes: the log shows where it is); else nothing."""
     from ..progress import resolve_mode
 
-    if resolve_mode(str(settings["eval"].get("progress", "auto"))) != "lines":
+    if resolve_mode(str(settings["trainer"]["progress"])) != "lines":
         return lambda _what: None
     root = settings.get("root")  # PATH of the command: jobs are named as on its other lines
     name = os.path.relpath(job_dir, root) if root else job_dir.name
@@ -124,7 +124,7 @@ def bars(settings: dict) -> bool:
     """Batch bars within a job: only as a bar on a terminal (lines would flood the log)."""
     from ..progress import resolve_mode
 
-    return resolve_mode(str(settings["eval"].get("progress", "auto"))) == "bar"
+    return resolve_mode(str(settings["trainer"]["progress"])) == "bar"
 
 
 def weights_of(settings: dict) -> str:

@@ -61,7 +61,7 @@ class Progress:
 
 def run_jobs(jobs: list[PlannedJob], settings: dict, launcher: str, launcher_params: dict) -> dict:
     """{job name: its eval.json record}, every job run by the chosen launcher."""
-    progress = Progress(settings["eval"]["progress"], len(jobs))
+    progress = Progress(settings["trainer"]["progress"], len(jobs))
     try:
         if launcher in ("slurm", "submitit"):
             cluster = "slurm" if launcher == "slurm" else "local"
@@ -138,7 +138,7 @@ def _pool(jobs: list[PlannedJob], settings: dict, progress: Progress) -> dict:
     from .. import distributed
 
     workers = min(int(settings["eval"]["workers"]), len(jobs))
-    device = distributed.resolve_device(str(settings["eval"]["device"]))
+    device = distributed.resolve_device(str(settings["trainer"]["device"]))
     forkserver = device.type == "cpu" and "forkserver" in mp.get_all_start_methods()
     ctx = mp.get_context("forkserver" if forkserver else "spawn")
     if forkserver:

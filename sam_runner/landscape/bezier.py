@@ -7,11 +7,11 @@ its optimizer group built by ``build_optimizer`` over a model that holds θ_C (s
 perturbs θ_C, and its ε moves φ(t) by 2t(1 − t)·ε), its scheduler over the curve's epochs and
 its closure style (zero the gradients, forward, per-sample loss, the variant's
 ``reduce_loss``, backward). The curve is trained in the mode it is evaluated in (our choice):
-with ``--bn eval`` BatchNorm normalises with statistics blended like the weights (θ_C's are
-the end points' mean, so along the curve they are (1 − t)·A + t·B) and other modules
-(dropout) train as usual; with ``--bn recompute`` BatchNorm uses batch statistics in training,
-as Garipov et al. do, and the evaluation recomputes the running statistics at each t. t's draws
-come from ``--seed``. It is evaluated at the points of the α grid in [0, 1].
+with ``landscape.bn=eval`` BatchNorm normalises with statistics blended like the weights
+(θ_C's are the end points' mean, so along the curve they are (1 − t)·A + t·B) and other modules
+(dropout) train as usual; with ``landscape.bn=recompute`` BatchNorm uses batch statistics in
+training, as Garipov et al. do, and the evaluation recomputes the running statistics at each t.
+t's draws come from ``landscape.seed``. It is evaluated at the points of the α grid in [0, 1].
 
 Weight decay, as Garipov et al. train curves: on the curve point, not on θ_C. The base
 optimizer is built with weight decay 0, and the run's ``base_optimizer.weight_decay`` w enters

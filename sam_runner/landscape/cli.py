@@ -5,322 +5,213 @@
     sam-landscape SWEEP_DIR landscape.pairs=seeds  every pair of a sweep's jobs differing in seed
     sam-landscape SWEEP_DIR                        every completed job's slices
 
-The options are ``landscape.KEY=VALUE`` words, with sam-run's ``trainer.device=``,
-``trainer.progress=``, ``plots.format=`` and ``hydra/launcher=`` (the one grammar of the
-analysis commands, grammar.py); ``translate`` turns them into the argparse flags that
-parse them, and the earlier flags still work with a notice. Bad input is one line,
-``sam-landscape: error: ...`` in the spelling the call used, exit 2, before anything is written.
+The options are Hydra overrides of conf/landscape.yaml (composed as sam-eval composes
+conf/eval.yaml): ``landscape.*``, and the words every command shares with sam-run
+(``trainer.device``, ``trainer.progress``, ``plots.format``, ``hydra/launcher``; cli_words.py).
+``--to RUN_B`` is kept as the other spelling of ``landscape.to=RUN_B``. Bad input is one line,
+``sam-landscape: error: ...`` naming the key as typed, exit 2, before anything is written.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
-import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-from ..errors import UserError, require
+from .. import cli_words, command_config
+from ..errors import UserError, integer, number, require
 from ..jobarray import TasksFailed
-from ..rundir import CHECKPOINT, has_checkpoint, is_run
+from ..rundir import CHECKPOINT
 from ..runfiles import read_json
 from .figures import draw_pair, draw_slices, slice_figures
 from .files import SUMMARY, connectivity_done, folder, pair_folder, slices_done
 from .options import Options
 
 PROG = "sam-landscape"
-SLICE_FLAGS = ("slices", "directions", "span", "points", "grid", "include_bias_bn", "fit_radius")
-PAIR_FLAGS = ("alpha_range", "alphas", "curve", "curve_epochs")
-PROGRESS = ("auto", "bar", "lines", "none")
-SETTINGS_HELP = (
-    "how it runs, spelled as for sam-run: trainer.device=auto|cpu|cuda|cuda:N, "
-    "trainer.progress=auto|bar|lines|none, hydra/launcher=local|slurm|submitit_local, "
-    "hydra.launcher.KEY=VALUE, plots.format=png|pdf|svg (--device, --progress, --launcher, "
-    "--launcher-option: the earlier spellings)"
-)
-LAUNCHERS = ("local", "slurm", "submitit_local")
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # argparse reads -5e-1 as an option; a number in e-notation is a value (--span -5e-1 5e-1)
-        self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.?\d+([eE][-+]?\d+)?$")
-
-    def error(self, message):  # one line, not argparse's usage block
-        self.exit(2, f"{PROG}: error: {message}\n")
-
-
-def _slice_flags(ap) -> None:
-    g = ap.add_argument_group("slices around one run (RUN_DIR, or each job of SWEEP_DIR)")
-    g.add_argument("--slices", choices=("1d", "2d", "both"), help="which slices (default both)")
-    g.add_argument(
-        "--directions",
-        choices=("random", "hessian"),
-        help="filter-normalized random directions (default), or the top Hessian eigenvectors",
-    )
-    g.add_argument("--span", nargs=2, type=float, metavar=("LO", "HI"), help="default -1 1")
-    g.add_argument("--points", type=int, help="points of the 1-D slice (default 51)")
-    g.add_argument("--grid", type=int, help="points per axis of the 2-D slice (default 21)")
-    g.add_argument(
-        "--include-bias-bn",
-        action="store_true",
-        default=None,
-        help="random directions also move biases and BatchNorm parameters (default: zero there)",
-    )
-    g.add_argument("--fit-radius", type=float, help="|α| of the quadratic fit (default 0.1)")
-
-
-def _pair_flags(ap) -> None:
-    g = ap.add_argument_group("between two runs (--to, --pairs)")
-    g.add_argument("--to", type=Path, metavar="RUN_B", help="the other run (same architecture)")
-    g.add_argument(
-        "--pairs", choices=("seeds",), help="SWEEP_DIR: every pair of jobs differing only in seed"
-    )
-    g.add_argument(
-        "--alpha-range", nargs=2, type=float, metavar=("LO", "HI"), help="default -0.25 1.25"
-    )
-    g.add_argument("--alphas", type=int, help="points along α (default 31; 0, 0.5, 1 among them)")
-    g.add_argument(
-        "--curve",
-        choices=("linear", "bezier"),
-        help="also train a quadratic Bézier curve between the runs (default linear: the line only)",
-    )
-    g.add_argument("--curve-epochs", type=int, help="epochs of curve training (default: the run's)")
-
-
-def parser() -> argparse.ArgumentParser:
-    ap = _Parser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0],
-        epilog="docs/landscape.md: what is computed, the options and the files written.",
-    )
-    ap.add_argument("path", type=Path, metavar="RUN_DIR", help="a run folder, or a sweep folder")
-    ap.add_argument("settings", nargs="*", metavar="KEY=VALUE", help=SETTINGS_HELP)
-    _slice_flags(ap)
-    _pair_flags(ap)
-    g = ap.add_argument_group("evaluation")
-    g.add_argument(
-        "--seed",
-        type=int,
-        help="directions' seed (d1: seed, d2: seed + 1), Bézier t draws (default 0)",
-    )
-    g.add_argument(
-        "--bn",
-        choices=("eval", "recompute"),
-        help="BatchNorm: the run's running statistics (default), or recomputed at each point",
-    )
-    g.add_argument(
-        "--bn-samples", type=int, help="training samples of --bn recompute (default 4096)"
-    )
-    g.add_argument(
-        "--train-samples",
-        type=int,
-        help="training subset size (default: the run's metrics.hessian.num_samples)",
-    )
-    g.add_argument("--batch-size", type=int, help="samples per forward pass (default 4096)")
-    g.add_argument(
-        "--weights",
-        choices=("last", "averaged"),
-        help="the run's final weights (default, into landscape/) or its averaged ones "
-        "(checkpoints/averaged.pt of trainer.weight_averaging, into landscape_averaged/)",
-    )
-    g.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
-    g.add_argument(
-        "--progress",
-        choices=PROGRESS,
-        help="a tqdm bar, or a line at every tenth of a slice (auto: a bar on a terminal, else "
-        "lines)",
-    )
-    g = ap.add_argument_group("a sweep folder's jobs or pairs as a job array")
-    g.add_argument(
-        "--launcher",
-        choices=LAUNCHERS,
-        help="local: one after another here (default); slurm: one task of a SLURM array per job "
-        "or pair, with sam-run's hydra/launcher=slurm preset; submitit_local: that array as "
-        "local processes",
-    )
-    g.add_argument(
-        "--launcher-option",
-        action="append",
-        metavar="KEY=VALUE",
-        help="a key of that preset (partition=gpu, gpus_per_task=1, timeout_min=60); repeatable",
-    )
-    return ap
-
-
-def _check_modes(args) -> None:
-    given = {k for k, v in vars(args).items() if v is not None}
-    between = args.to is not None or args.pairs is not None
-    require(
-        not (args.to is not None and args.pairs), "--to and --pairs exclude each other; use one"
-    )
-    array = args.launcher not in (None, "local") or args.launcher_option
-    require(
-        not array or (args.to is None and not _is_run_folder(args.path)),
-        "--launcher and --launcher-option apply to a sweep folder (its jobs' slices, or "
-        "--pairs seeds), not to one run or --to",
-    )
-    require(
-        not args.launcher_option or args.launcher not in (None, "local"),
-        "--launcher-option sets the array's launcher: add --launcher slurm (or submitit_local)",
-    )
-    wrong = [k for k in (SLICE_FLAGS if between else PAIR_FLAGS) if k in given]
-    if wrong:
-        flag = "--" + wrong[0].replace("_", "-")
-        raise UserError(
-            f"{flag} applies to slices, not to --to or --pairs"
-            if between
-            else f"{flag} applies to --to or --pairs, not to slices"
-        )
-
-
-def _count(name: str, value, least: int) -> None:
-    require(value is None or value >= least, f"--{name}={value} must be an integer >= {least}")
-
-
-def _range(name: str, pair, accepted: str, ok) -> None:
-    if pair is None:
-        return
-    lo, hi = pair
-    require(
-        all(math.isfinite(v) for v in pair) and lo < hi and ok(lo, hi),
-        f"--{name} {lo:g} {hi:g} must be {accepted}",
-    )
-
-
-def _check_values(args) -> None:
-    _range(
-        "span",
-        args.span,
-        "two finite numbers LO < 0 < HI (0 is the run itself)",
-        lambda a, b: a < 0 < b,
-    )
-    _range(
-        "alpha-range",
-        args.alpha_range,
-        "two finite numbers LO <= 0 and HI >= 1 (α = 0 and 1 are the two runs)",
-        lambda a, b: a <= 0 and b >= 1,
-    )
-    for name, least in (("points", 3), ("grid", 3), ("alphas", 2), ("curve_epochs", 1)):
-        _count(name.replace("_", "-"), getattr(args, name), least)
-    for name in ("bn_samples", "train_samples", "batch_size"):
-        _count(name.replace("_", "-"), getattr(args, name), 1)
-    _count("seed", args.seed, 0)
-    r = args.fit_radius
-    require(
-        r is None or (math.isfinite(r) and r > 0),
-        f"--fit-radius={r} must be a finite number > 0",
-    )
-    require(
-        args.curve != "bezier" or args.to is not None or args.pairs,
-        "--curve bezier needs two runs: --to RUN_B, or --pairs seeds",
-    )
-    d = args.device
-    require(
-        d is None or d in ("auto", "cpu", "cuda") or (d.startswith("cuda:") and d[5:].isdigit()),
-        f"--device={d} is unknown; choose auto, cpu, cuda or cuda:N",
-    )
-
-
-def options(args) -> Options:
-    """The checked flags as Options (a flag not given keeps its default)."""
-    _check_modes(args)
-    _check_values(args)
-    opt = Options()
-    for key in vars(opt):
-        value = getattr(args, key, None)
-        if value is not None:
-            setattr(opt, key, tuple(value) if isinstance(value, list) else value)
-    return opt
-
-
-def _device(name: str):
-    import torch
-
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    require(
-        name == "cpu" or torch.cuda.is_available(),
-        f"--device={name} but CUDA is not available here; use --device=cpu or auto",
-    )
-    device = torch.device(name)
-    count = torch.cuda.device_count() if device.type == "cuda" else 0
-    require(
-        device.index is None or device.index < count,
-        f"--device={name} but this machine has {count} GPU(s); choose cuda:0 to cuda:{count - 1}",
-    )
-    return device
-
-
-def _is_run_folder(path: Path) -> bool:
-    return is_run(path) or has_checkpoint(path)
-
-
-FLAG_OF = {
-    "trainer.device": "device",
-    "trainer.progress": "progress",
-    "hydra/launcher": "launcher",
-    "plots.format": "plot_format",
+CONFIG = "landscape"
+SLICE_KEYS = ("slices", "directions", "span", "points", "grid", "include_bias_bn", "fit_radius")
+PAIR_KEYS = ("alpha_range", "alphas", "curve", "curve_epochs")
+CHOICES = {
+    "slices": ("1d", "2d", "both"),
+    "directions": ("random", "hessian"),
+    "curve": ("linear", "bezier"),
+    "bn": ("eval", "recompute"),
+    "weights": ("last", "averaged"),
+}
+COUNTS = {  # the least value of each count (null: the run's own, where the yaml says so)
+    "points": 3,
+    "grid": 3,
+    "alphas": 2,
+    "curve_epochs": 1,
+    "bn_samples": 1,
+    "train_samples": 1,
+    "batch_size": 1,
+    "seed": 0,
 }
 
 
-def run_settings(args) -> None:
-    """sam-run's spellings (grammar.py) into the flags' places."""
-    from ..grammar import require_known, split_run_words
-    from ..plots.style import FORMATS
+def parse_argv(argv: list[str]) -> tuple[Path | None, list[str], str | None]:
+    """(the folder, the overrides, the other run or None); a word that is none is refused.
+    ``landscape.to=PATH`` and ``--to PATH`` are taken as they are, not as Hydra overrides: a
+    sweep's job folders are named ``model.channels=8_seed=1``, which Hydra's grammar refuses."""
+    path, overrides, to = None, [], None
+    words = iter(argv)
+    for word in words:
+        if word.startswith("landscape.to="):
+            to = word[len("landscape.to=") :] or None
+        elif word == "--to" or word.startswith("--to="):
+            to = word[5:] if "=" in word else next(words, None)
+            require(to, "--to needs a run folder: --to RUN_B (or landscape.to=RUN_B)")
+        elif word.startswith("-"):
+            raise UserError(
+                f"{word} is not an option; sam-landscape takes KEY=VALUE overrides "
+                "(landscape.points=21, trainer.device=cpu): sam-landscape --help lists them"
+            )
+        elif path is None and "=" not in word:
+            path = Path(word)
+        else:
+            require("=" in word, f"{word!r} is not KEY=VALUE; one folder comes first")
+            overrides.append(word)
+    require(path is not None, "no folder given: sam-landscape RUN_DIR [KEY=VALUE ...]")
+    return path, overrides, to
 
-    words = list(getattr(args, "settings", None) or [])
-    require_known(
-        words,
-        PROG,
-        "trainer.device=, trainer.progress=, hydra/launcher=, hydra.launcher.KEY=, plots.format=",
+
+def _check_modes(ls, given: set[str], array: bool, path: Path) -> None:
+    between = ls.to is not None or ls.pairs is not None
+    require(
+        not (ls.to is not None and ls.pairs is not None),
+        "landscape.to and landscape.pairs exclude each other; use one",
     )
-    given, launcher_options, _ = split_run_words(words)
-    choices = {"trainer.progress": PROGRESS, "hydra/launcher": LAUNCHERS, "plots.format": FORMATS}
-    for key, value in given.items():
-        accepted = choices.get(key)
-        require(
-            accepted is None or value in accepted,
-            f"{key}={value!r} is unknown; choose one of {', '.join(accepted or ())}",
+    require(ls.pairs in (None, "seeds"), f"landscape.pairs={ls.pairs!r} is unknown; choose seeds")
+    require(
+        not array or (ls.to is None and not _is_run_folder(path)),
+        "hydra/launcher applies to a sweep folder (its jobs' slices, or landscape.pairs=seeds), "
+        "not to one run or landscape.to",
+    )
+    wrong = [k for k in (SLICE_KEYS if between else PAIR_KEYS) if f"landscape.{k}" in given]
+    if wrong:
+        raise UserError(
+            f"landscape.{wrong[0]} applies to slices, not to landscape.to or landscape.pairs"
+            if between
+            else f"landscape.{wrong[0]} applies to landscape.to or landscape.pairs, not to slices"
         )
-        setattr(args, FLAG_OF[key], value)
-    if launcher_options:
-        args.launcher_option = [*(args.launcher_option or []), *launcher_options]
+    require(
+        ls.curve != "bezier" or between,
+        "landscape.curve=bezier needs two runs: landscape.to=RUN_B, or landscape.pairs=seeds",
+    )
 
 
-def run(args, say=print) -> dict:
-    """What the flags ask for; returns the landscape.json written (or the sweep's counts)."""
-    run_settings(args)
-    opt = options(args)
-    path = args.path
+def _range(name: str, pair, accepted: str, ok) -> tuple:
+    key = f"landscape.{name}"
+    shown = f"[{', '.join(f'{v:g}' for v in pair)}]" if _numbers(pair) else repr(pair)
+    require(
+        _numbers(pair) and len(pair) == 2 and all(math.isfinite(v) for v in pair),
+        f"{key}={shown} must be {accepted}",
+    )
+    lo, hi = pair
+    require(lo < hi and ok(lo, hi), f"{key}={shown} must be {accepted}")
+    return float(lo), float(hi)
+
+
+def _numbers(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    )
+
+
+def _check_values(ls) -> dict:
+    """The landscape keys, checked, as Options' values."""
+    out = {k: v for k, v in vars(ls).items() if k not in ("to", "pairs")}
+    for key, values in CHOICES.items():
+        cli_words.check_choice(getattr(ls, key), f"landscape.{key}", values)
+    for key, least in COUNTS.items():
+        value = getattr(ls, key)
+        if value is not None or key not in ("curve_epochs", "train_samples"):
+            integer(f"landscape.{key}", value, f"an integer >= {least}", lambda v: v >= least)
+    span = "two finite numbers [LO, HI], LO < 0 < HI (0 is the run itself)"
+    out["span"] = _range("span", ls.span, span, lambda a, b: a < 0 < b)
+    alphas = "two finite numbers [LO, HI], LO <= 0 and HI >= 1 (α = 0 and 1 are the two runs)"
+    out["alpha_range"] = _range("alpha_range", ls.alpha_range, alphas, lambda a, b: a <= 0 <= b - 1)
+    out["fit_radius"] = number(
+        "landscape.fit_radius",
+        ls.fit_radius,
+        "a finite number > 0",
+        lambda r: math.isfinite(r) and r > 0,
+    )
+    require(
+        isinstance(ls.include_bias_bn, bool),
+        f"landscape.include_bias_bn={ls.include_bias_bn!r} must be true or false",
+    )
+    return out
+
+
+def options(cfg, given: set[str], path: Path) -> Options:
+    """The composed config, checked, as Options."""
+    from omegaconf import OmegaConf
+
+    # plain values (lists, not ListConfig), by attribute
+    ls = SimpleNamespace(**OmegaConf.to_container(cfg.landscape, resolve=True))
+    _check_modes(ls, given, command_config.array_launcher(cfg) is not None, path)
+    return Options(
+        **_check_values(ls),
+        device=cli_words.check_device(cfg.trainer.device),
+        progress=cli_words.check_progress(cfg.trainer.progress),
+        plot_format=cli_words.check_format(cfg.plots.format),
+    )
+
+
+def _is_run_folder(path: Path) -> bool:
+    return any((path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
+
+
+def compose(path: Path, overrides: list[str], to: str | None):
+    """conf/landscape.yaml with the overrides (the other run set after composing: a path is
+    not an override's grammar), and the keys the call gave."""
+    from omegaconf import OmegaConf
+
+    from ..settings import override_key
+
+    cfg = command_config.compose_command(CONFIG, overrides, path / ".sam-landscape")
+    given = {override_key(o) for o in overrides}
+    if to is not None:
+        OmegaConf.update(cfg, "landscape.to", to)
+        given.add("landscape.to")
+    return cfg, given
+
+
+def run(path: Path, overrides: list[str], to: str | None = None, say=print) -> dict:
+    """What the overrides ask for; returns the landscape.json written (or the sweep's counts)."""
     require(
         path.is_dir(),
         f"folder {str(path)!r} does not exist or is not a folder; pass a run folder or a sweep "
         "folder sam-run wrote",
     )
-    array = None
-    if args.launcher not in (None, "local"):
-        from ..jobarray import CLUSTERS, check_cluster, launcher_params
+    cfg, given = compose(path, overrides, to)
+    opt = options(cfg, given, path)
+    array = command_config.array_launcher(cfg)
+    if array is not None:
+        from ..jobarray import check_cluster
 
-        check_cluster(CLUSTERS[args.launcher], f"--launcher {args.launcher}")
-        array = (
-            CLUSTERS[args.launcher],
-            launcher_params(args.launcher, args.launcher_option or [], path / ".sam-landscape"),
-        )
-    # torch loads only for work to do here (an array's task resolves its device where it runs)
-    device = functools.cache(lambda: _device(opt.device) if array is None else None)
+        check_cluster(array[0], "hydra/launcher=slurm")
+    return _dispatch(path, cfg.landscape, opt, array, say)
+
+
+def _dispatch(path: Path, ls, opt: Options, array, say) -> dict:
     from . import pairs
 
-    if args.pairs:
+    # torch loads only for work to do here (an array's task resolves its device where it runs)
+    device = functools.cache(lambda: _device(opt.device) if array is None else None)
+    if ls.pairs is not None:
         require(
             not (path / CHECKPOINT).is_file(),
-            f"--pairs seeds needs a sweep folder; {path} is a run folder (two runs: --to RUN_B)",
+            f"landscape.pairs=seeds needs a sweep folder; {path} is a run folder (two runs: "
+            "landscape.to=RUN_B)",
         )
         return pairs.connect_pairs(path, opt, device, say, array)
-    if args.to is not None:
-        return _connect_two(path, args.to, opt, device, say)
+    if ls.to is not None:
+        return _connect_two(path, Path(ls.to), opt, device, say)
     if not _is_run_folder(path):
         return pairs.slice_jobs(path, opt, device, say, array)
     if slices_done(path, opt):  # nothing to compute: said from the folder, before torch loads
@@ -336,8 +227,17 @@ def run(args, say=print) -> dict:
     return summary
 
 
+def _device(name: str):
+    from ..distributed import resolve_device
+
+    return resolve_device(name)
+
+
 def _connect_two(path: Path, to: Path, opt, device, say) -> dict:
-    require(to.is_dir(), f"--to {str(to)!r} does not exist or is not a folder; pass a run folder")
+    require(
+        to.is_dir(),
+        f"landscape.to={str(to)!r} does not exist or is not a folder; pass a run folder",
+    )
     if to.resolve() == path.resolve():  # a valid check of the tool, but say so
         print(
             f"sam-landscape: warning: landscape.to={str(to)!r} is the run itself: every "
@@ -413,94 +313,44 @@ def _pair_line(run_a: Path, s: dict) -> str:
     return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']), weights)}/"
 
 
-RUN_SPELLING = {
-    "device": "trainer.device=",
-    "progress": "trainer.progress=",
-    "launcher": "hydra/launcher=",
-    "launcher_option": "hydra.launcher.KEY=VALUE",
-}
+def help_text() -> str:
+    """The usage and every key of conf/landscape.yaml with the comment beside it."""
+    import yaml
 
+    from ..help import yaml_comments
+    from ..paths import config_dir
 
-def _as_flags(word: str, actions: dict) -> list[str]:
-    """``landscape.KEY=VALUE`` as the flag argparse reads (``landscape.span=[-1,1]``: ``--span
-    -1 1``; ``landscape.include_bias_bn=true``: ``--include-bias-bn``)."""
-    import difflib
-
-    key, value = word[len("landscape.") :].split("=", 1)
-    if key not in actions:
-        near = difflib.get_close_matches(key, list(actions), n=1)
-        hint = f" (did you mean landscape.{near[0]}?)" if near else ""
-        raise UserError(
-            f"landscape.{key} is not an option{hint}; choose one of "
-            + ", ".join(f"landscape.{k}" for k in actions)
-        )
-    action = actions[key]
-    flag = action.option_strings[0]
-    if action.nargs == 0:
-        require(
-            value.lower() in ("true", "false"),
-            f"landscape.{key}={value!r} must be true or false",
-        )
-        return [flag] if value.lower() == "true" else []
-    if action.nargs == 2:
-        return [flag, *value.strip("[]").split(",")]
-    return [flag, value]
-
-
-def translate(argv: list[str]) -> tuple[list[str], list[str]]:
-    """The one grammar (grammar.py): ``landscape.KEY=VALUE`` words as flags; and the
-    notes of the earlier spellings (the flags) used."""
-    from ..grammar import deprecated
-
-    actions = {
-        a.dest: a
-        for a in parser()._actions
-        if a.option_strings and a.dest not in ("help", *RUN_SPELLING)
-    }
-    by_flag = {o: a.dest for a in parser()._actions for o in a.option_strings}
-    out, notes = [], []
-    for word in argv:
-        if word.startswith("landscape.") and "=" in word:
-            out += _as_flags(word, actions)
-            continue
-        dest = by_flag.get(word.split("=", 1)[0]) if word.startswith("--") else None
-        if dest is not None and dest != "help":
-            new = RUN_SPELLING.get(dest, f"landscape.{dest}=")
-            notes.append(deprecated(PROG, word.split("=", 1)[0], new))
-        out.append(word)
-    return out, notes
-
-
-def in_grammar(message: str) -> str:
-    """An error's flags (``--points=0``, ``--to``) in the one grammar's spellings
-    (``landscape.points=0``, ``landscape.to``), for a call that used no flag."""
-    by_flag = {o: a.dest for a in parser()._actions for o in a.option_strings}
-
-    def word(m) -> str:
-        dest = by_flag.get(m.group(1))
-        if dest is None or dest == "help":
-            return m.group(0)
-        new = RUN_SPELLING.get(dest, f"landscape.{dest}=")
-        if m.group(3):  # a range: --span -1 1 is landscape.span=[-1, 1]
-            return f"{new}[{', '.join(m.group(3).split())}]"
-        return new if m.group(2) else new.rstrip("=")
-
-    number = r" [-+]?(?:[\d.]+(?:e[-+]?\d+)?|nan|inf)"
-    return re.sub(rf"(?<![\w-])(--[a-z][a-z-]*)(=?)((?:{number}){{2}}(?![\w.]))?", word, message)
+    conf = Path(config_dir()) / f"{CONFIG}.yaml"
+    tree = yaml.safe_load(conf.read_text())
+    keys = {}
+    for key, text in yaml_comments(conf).items():
+        if not key.startswith("hydra."):
+            section, leaf = key.split(".", 1)
+            keys[f"{key}={yaml.safe_dump(tree[section][leaf]).splitlines()[0]}"] = text
+    width = max(len(k) for k in keys) + 2
+    lines = [__doc__.split("\n\n")[0], "", *__doc__.split("\n\n")[1].splitlines(), ""]
+    lines += ["Overrides (KEY=VALUE after the folder; the defaults shown):"]
+    lines += [f"  {k:<{width}}{text}" for k, text in keys.items()]
+    lines += [
+        "  hydra/launcher=slurm|submitit_local: a sweep folder's jobs or pairs as a job array",
+        "    (hydra.launcher.KEY=VALUE: the launcher's keys, as for sam-run)",
+        "",
+        "--to RUN_B is the other spelling of landscape.to=RUN_B.",
+        "docs/landscape.md: what is computed, the options and the files written.",
+    ]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text())
+        return 0
     try:
-        argv, notes = translate(argv)
+        path, overrides, to = parse_argv(argv)
+        run(path, overrides, to)
     except UserError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    args = parser().parse_intermixed_args(argv)
-    try:
-        run(args)
-    except UserError as e:
-        print(f"{PROG}: error: {e if notes else in_grammar(str(e))}", file=sys.stderr)
         return 2
     except TasksFailed as e:  # the others' results are written; the same command retries these
         print(f"{PROG}: error: {e}", file=sys.stderr)
@@ -508,9 +358,6 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; files already written are complete", file=sys.stderr)
         return 130
-    from ..grammar import say_notes
-
-    say_notes(notes)  # after the work: an error stays one line
     return 0
 
 

@@ -5,7 +5,7 @@ Frankle et al. (2020): evaluating the straight line between two networks and the
 error along it. The barrier here subtracts the straight line between the two end values
 (geometry.py) instead of their mean; the two agree at α = ½. Every floating-point tensor of
 the two state dicts is interpolated, BatchNorm statistics included (our default); with
-``--bn recompute`` the statistics are reset at each α on training data (Jordan et al. 2023).
+``landscape.bn=recompute`` the statistics are reset at each α on training data (Jordan et al. 2023).
 The training subset is run A's curvature subset, and the test set the runs' own.
 
 Writes into RUN_A/landscape/<RUN_B's folder name>/: connectivity.csv (alpha, then the four
@@ -41,8 +41,8 @@ def check_same_architecture(a, b) -> None:
     if str(a.cfg.dataset.name) != str(b.cfg.dataset.name):
         raise UserError(
             f"run {a.path.name} was trained on dataset {a.cfg.dataset.name} and run "
-            f"{b.path.name} on {b.cfg.dataset.name}; --to needs two runs of one model on one "
-            "dataset"
+            f"{b.path.name} on {b.cfg.dataset.name}; landscape.to needs two runs of one model "
+            "on one dataset"
         )
     sa, sb = _structure(a), _structure(b)
     if sa != sb:
@@ -51,8 +51,8 @@ def check_same_architecture(a, b) -> None:
             f"{len(sa)} vs {len(sb)} tensors",
         )
         raise UserError(
-            f"runs of different architectures ({what}; {diff}); --to needs two runs of the same "
-            "architecture"
+            f"runs of different architectures ({what}; {diff}); landscape.to needs two runs of "
+            "the same architecture"
         )
 
 

@@ -1,5 +1,6 @@
-"""The options of sam-landscape (argparse flags; see cli.py) with their defaults, and the part of
-them a result depends on (``settings``: two results with the same settings are the same)."""
+"""The options of sam-landscape (the landscape.* keys of conf/landscape.yaml; see cli.py) with
+their defaults, and the part of them a result depends on (``settings``: two results with the
+same settings are the same)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A sweep folder: the connectivity of every pair of jobs that differ only in seed
-(``--pairs seeds``), or every job's slices; resumable, both.
+(``landscape.pairs=seeds``), or every job's slices; resumable, both.
 
 The jobs are the sweep's completed job folders (``runfiles.job_dirs``, summary status
 ``completed``, a checkpoint); two jobs are of one group when their overrides agree once
@@ -98,19 +98,19 @@ def redraw_missing(folders, stems, opt, draw) -> str:
 
 # ------------------------------------------------------------------------- as a job array
 def slice_task(job: Path, opt, device=None) -> dict:
-    """One job's slices (an array task: on the device its node has, ``--device``)."""
-    from .cli import _device
+    """One job's slices (an array task: on the device its node has, ``trainer.device``)."""
+    from ..distributed import resolve_device
     from .slices import run_slices
 
-    return run_slices(load_run(job, device or _device(opt.device), opt.weights), opt)
+    return run_slices(load_run(job, device or resolve_device(opt.device), opt.weights), opt)
 
 
 def connect_task(a: Path, b: Path, opt, device=None) -> dict:
     """One seed pair's connectivity (an array task: on its node's device)."""
-    from .cli import _device
+    from ..distributed import resolve_device
     from .connectivity import connect
 
-    device = device or _device(opt.device)
+    device = device or resolve_device(opt.device)
     return connect(load_run(a, device, opt.weights), load_run(b, device, opt.weights), opt)
 
 

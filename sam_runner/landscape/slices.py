@@ -28,7 +28,8 @@ from .geometry import grid, index_of, line_summary
 
 
 def train_samples(run, opt) -> int:
-    """--train-samples, else the run's curvature subset size (metrics.hessian.num_samples)."""
+    """landscape.train_samples, else the run's curvature subset size
+    (metrics.hessian.num_samples)."""
     if opt.train_samples is not None:
         return int(opt.train_samples)
     return int(OmegaConf.select(run.cfg, "metrics.hessian.num_samples", default=4096))

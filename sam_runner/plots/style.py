@@ -8,7 +8,7 @@ import io
 import re
 from pathlib import Path
 
-from ..errors import require
+from ..cli_words import check_format
 from ..runfiles import atomic_write_bytes, finite
 
 FONT = 10  # points: legends and labels readable at 100% zoom
@@ -25,17 +25,10 @@ def figure(nrows=1, ncols=1, size=(6.0, 4.0), **kwargs):
     return fig, fig.subplots(nrows, ncols, squeeze=False, **kwargs)
 
 
-FORMATS = ("png", "pdf", "svg")  # plots.format: PNG to look at, PDF and SVG for papers
 # fonts as text, not Type 3 glyphs (PDF) or paths (SVG keeps them as paths: it renders alike
 # everywhere); no creation date, so the same figure gives the same bytes
 SAVE_RC = {"pdf.fonttype": 42, "svg.hashsalt": "sam-runner"}
 NO_DATE = {"png": None, "pdf": {"CreationDate": None}, "svg": {"Date": None}}
-
-
-def check_format(fmt, spelling: str = "plots.format") -> str:
-    """``fmt`` when it is a format figures are written in, else a one-line error."""
-    require(fmt in FORMATS, f"{spelling}={fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
-    return fmt
 
 
 def save_figure(fig, folder, stem: str, fmt: str = "png") -> Path:

@@ -7,7 +7,7 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
 (``sam-index``). Writes, into the (first) folder or ``--out``:
 
 - ``report.md``: the registered sections (``sections.py``), in order: the head, the measures
-  (measure_ranking.py), the corruption mCE (corruption.py), the runs table (runs_table.py), the edge
+  (measures.py), the corruption mCE (corruption.py), the runs table (runs_table.py), the edge
   of stability (eos.py), the loss landscape (landscape.py), the jobs not completed, the figures,
   one row per job, the notes; with several folders, the runs table says where each group came
   from;
@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError, require
-from ..rundir import RunDir
 from ..runfiles import atomic_write_bytes, finite
+from .rundir import RunDir
 from .runs_table import _job_name, counts_line
 from .sections import ordered
 from .sweep import BOUND_STATS, STATUSES, Report, build_report
@@ -246,7 +246,7 @@ SETTINGS = ("plots.format",)  # key=value words among the folders: the figures' 
 
 def split_settings(argv: list[str]) -> tuple[list[str], dict]:
     """(the other words, {key: value} of the ``plots.KEY=VALUE`` words), the one grammar of the
-    analysis commands (grammar.py); an unknown ``plots.`` key is a one-line error."""
+    analysis commands (cli_words.py); an unknown ``plots.`` key is a one-line error."""
     rest, given = [], {}
     for word in argv:
         key, _, value = word.partition("=")
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     try:
         argv, settings = split_settings(argv)
-        from ..plots.style import check_format
+        from ..cli_words import check_format
 
         fmt = check_format(settings.get("plots.format", "png"))
     except UserError as e:

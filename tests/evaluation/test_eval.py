@@ -45,7 +45,7 @@ def evaluated(tmp_path_factory):
     sam-eval must not touch, as they were before."""
     sweep = copy_of(trained_sweep(), tmp_path_factory.mktemp("eval") / "sweep")
     before = fingerprint(sweep)
-    code, out, err = sam_eval(sweep, *EVAL_ARGS, "eval.progress=lines")
+    code, out, err = sam_eval(sweep, *EVAL_ARGS, "trainer.progress=lines")
     assert code == 0, err
     return sweep, before, out, err
 
@@ -131,9 +131,9 @@ def test_same_settings_skip_other_settings_measure_again(evaluated, tmp_path):
     # a checkpoint written after the measurement (the job trained again): measured again
     later = (sweep / "0" / "eval.json").stat().st_mtime_ns + 1_000_000
     os.utime(sweep / "0" / CHECKPOINT, ns=(later, later))
-    code, out, _ = sam_eval(sweep, *EVAL_ARGS, "eval.progress=none")
+    code, out, _ = sam_eval(sweep, *EVAL_ARGS, "trainer.progress=none")
     assert code == 0 and "1 to measure, 3 already measured with these settings" in out
-    code, out, _ = sam_eval(sweep, "metrics.hessian.enabled=false", "eval.progress=none")
+    code, out, _ = sam_eval(sweep, "metrics.hessian.enabled=false", "trainer.progress=none")
     assert code == 0 and "4 to measure, 0 already measured" in out
     for job in JOBS:
         r = record(sweep, job)
@@ -146,7 +146,7 @@ def test_a_failing_job_is_recorded_and_the_others_go_on(evaluated, tmp_path):
     (sweep / "1" / CHECKPOINT).write_bytes(b"not a checkpoint")
     for job in ("1", "3"):
         (sweep / job / "eval.json").unlink()
-    code, out, err = sam_eval(sweep, *EVAL_ARGS, "eval.progress=none")
+    code, out, err = sam_eval(sweep, *EVAL_ARGS, "trainer.progress=none")
     assert code == 1
     assert "2 to measure, 2 already measured" in out
     last = err.strip().splitlines()[-1]
@@ -156,7 +156,7 @@ def test_a_failing_job_is_recorded_and_the_others_go_on(evaluated, tmp_path):
     assert failed["eval_settings"] == record(sweep, "0")["eval_settings"]
     assert record(sweep, "3")["status"] == "completed"
     # a rerun tries the failed job again (and only it)
-    code, out, _ = sam_eval(sweep, *EVAL_ARGS, "eval.progress=none")
+    code, out, _ = sam_eval(sweep, *EVAL_ARGS, "trainer.progress=none")
     assert code == 1 and "1 to measure, 3 already measured" in out
 
 
@@ -164,7 +164,7 @@ def test_workers_measure_what_one_process_measures(evaluated, tmp_path):
     sweep = copy_of(evaluated[0], tmp_path / "sweep")
     for job in JOBS:
         (sweep / job / "eval.json").unlink()
-    code, _, err = sam_eval(sweep, *EVAL_ARGS, "eval.workers=2", "eval.progress=lines")
+    code, _, err = sam_eval(sweep, *EVAL_ARGS, "eval.workers=2", "trainer.progress=lines")
     assert code == 0, err
     for job in JOBS:
         a, b = record(sweep, job), record(evaluated[0], job)
@@ -183,7 +183,7 @@ def test_workers_measure_what_one_process_measures(evaluated, tmp_path):
         ),
         (["metrics.hessian.k=0"], "metrics.hessian.k=0 must be an integer >= 1"),
         (["eval.workers=0"], "eval.workers=0 must be an integer >= 1"),
-        (["eval.device=tpu"], "eval.device='tpu' is unknown; choose auto, cpu or cuda"),
+        (["trainer.device=tpu"], "trainer.device='tpu' is unknown; choose auto, cpu, cuda"),
         (
             ["metrics.corruptions.enabled=true", "metrics.corruptions.names=[contrast]"],
             "job 0: metrics.corruptions.names: contrast is not a corruption of dataset=mnist1d",
@@ -240,7 +240,7 @@ def test_a_killed_sam_eval_finishes_the_rest_without_redoing_a_job(evaluated, tm
     proc.wait()
     done = {j: (sweep / j / "eval.json").stat() for j in measured()}
     assert 1 <= len(done) < len(JOBS)
-    code, out, err = sam_eval(sweep, *EVAL_ARGS, "eval.progress=none")
+    code, out, err = sam_eval(sweep, *EVAL_ARGS, "trainer.progress=none")
     assert code == 0, err
     assert f"{len(JOBS) - len(done)} to measure, {len(done)} already measured" in out
     for job, stat in done.items():  # not measured again: the very same file
@@ -300,12 +300,11 @@ def test_averaged_weights_are_measured_into_their_own_file(evaluated, tmp_path):
     assert again["test_loss"] != pytest.approx(averaged["test_loss"], rel=1e-6)
 
 
-def test_sam_runs_spellings_and_the_earlier_ones(evaluated, tmp_path):
+def test_sam_runs_spellings(evaluated, tmp_path):
     run = copy_of(evaluated[0] / "3", tmp_path / "run")
     code, _, err = sam_eval(run, *EVAL_ARGS, "trainer.device=tpu")
     assert code == 2 and "trainer.device='tpu' is unknown" in err and "eval.device" not in err
     code, out, err = sam_eval(run, *EVAL_ARGS, "trainer.device=cpu", "trainer.progress=none")
-    assert code == 0 and "already measured" in out and "deprecated" not in err
-    code, out, err = sam_eval(run, *EVAL_ARGS, "eval.device=cpu", "eval.progress=none")
-    notes = [x for x in err.splitlines() if "deprecated" in x]
-    assert code == 0 and len(notes) == 2 and "spell it trainer.device=" in notes[0]
+    assert code == 0 and "already measured" in out
+    code, out, err = sam_eval(run, *EVAL_ARGS, "eval.device=cpu")  # one spelling: sam-run's
+    assert code == 2 and "eval.device is not a key" in err

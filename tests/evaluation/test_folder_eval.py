@@ -76,7 +76,7 @@ def test_training_logs_lambda_max_and_sam_eval_repeats_it(tmp_path):
     row = last_row(run)
     assert isinstance(row["lambda_max"], float) and row["lambda_max"] > 0
     assert (run / "cache" / "measure_subset_n64_seed0.pt").is_file()
-    code, _, err = sam_eval(run, *MEASURE, "eval.device=cpu")
+    code, _, err = sam_eval(run, *MEASURE, "trainer.device=cpu")
     assert code == 0, err
     ev = json.loads((run / "eval.json").read_text())
     assert ev["status"] == "completed", ev.get("error")
@@ -109,12 +109,19 @@ def test_landscape_slices_and_the_pair_on_folder_runs(tmp_path):
 
     a = Path(shutil.copytree(trained(0), tmp_path / "a"))
     b = trained(1)
-    quiet = ["--progress", "none", "--device", "cpu"]
-    assert main([str(a), "--points", "5", "--grid", "3", *quiet]) == 0
+    quiet = ["trainer.progress=none", "trainer.device=cpu"]
+    assert main([str(a), "landscape.points=5", "landscape.grid=3", *quiet]) == 0
     s = json.loads((a / "landscape" / "landscape.json").read_text())
     # the run's measurement subset and its whole test set (3 classes x 10 images)
     assert (s["train_samples"], s["test_samples"]) == (64, 30)
-    argv = [str(a), "--to", str(b), "--alphas", "3", "--bn", "recompute", "--bn-samples", "48"]
+    argv = [
+        str(a),
+        "--to",
+        str(b),
+        "landscape.alphas=3",
+        "landscape.bn=recompute",
+        "landscape.bn_samples=48",
+    ]
     assert main([*argv, *quiet]) == 0
     pair = json.loads((a / "landscape" / b.name / "landscape.json").read_text())
     assert (pair["train_samples"], pair["test_samples"]) == (64, 30)

@@ -58,34 +58,38 @@ def test_a_folder_that_holds_no_run(tmp_path, capsys):
 
 
 def test_pairs_of_a_run_folder(run, capsys):
-    assert "needs a sweep folder" in fails([run, "--pairs", "seeds"], capsys)
+    assert "needs a sweep folder" in fails([run, "landscape.pairs=seeds"], capsys)
 
 
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--points", "1"], "--points=1 must be an integer >= 3"),
-        (["--grid", "0"], "--grid=0 must be an integer >= 3"),
-        (["--span", "1", "-1"], "--span 1 -1 must be two finite numbers LO < 0 < HI"),
-        (["--span", "0.1", "1"], "--span 0.1 1 must be"),
-        (["--span", "-1", "nan"], "must be two finite numbers"),
-        (["--fit-radius", "-1"], "--fit-radius=-1.0 must be a finite number > 0"),
-        (["--train-samples", "0"], "--train-samples=0 must be an integer >= 1"),
-        (["--seed", "-2"], "--seed=-2 must be an integer >= 0"),
-        (["--bn", "train"], "argument --bn: invalid choice: 'train'"),
-        (["--directions", "pca"], "argument --directions: invalid choice"),
-        (["--points", "ten"], "argument --points: invalid int value: 'ten'"),
-        (["--device", "tpu"], "--device=tpu is unknown; choose auto, cpu, cuda or cuda:N"),
-        (["--alphas", "5"], "--alphas applies to --to or --pairs, not to slices"),
-        (["--curve", "bezier"], "--curve applies to --to or --pairs"),
-        (["--to", "X", "--grid", "5"], "--grid applies to slices, not to --to or --pairs"),
-        (["--to", "X", "--pairs", "seeds"], "--to and --pairs exclude each other"),
-        (["--to", "X", "--alpha-range", "0.2", "1"], "--alpha-range 0.2 1 must be"),
-        (["--to", "X", "--alphas", "1"], "--alphas=1 must be an integer >= 2"),
-        (["--to", "X", "--curve-epochs", "0"], "--curve-epochs=0 must be an integer >= 1"),
-        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["landscape.points=1"], "landscape.points=1 must be an integer >= 3"),
+        (["landscape.grid=0"], "landscape.grid=0 must be an integer >= 3"),
+        (["landscape.span=[1,-1]"], "landscape.span=[1, -1] must be two finite numbers [LO, HI]"),
+        (["landscape.span=[0.1,1]"], "landscape.span=[0.1, 1] must be"),
+        (["landscape.span=[-1,nan]"], "must be two finite numbers"),
+        (["landscape.fit_radius=-1"], "landscape.fit_radius=-1 must be a finite number > 0"),
+        (["landscape.train_samples=0"], "landscape.train_samples=0 must be an integer >= 1"),
+        (["landscape.seed=-2"], "landscape.seed=-2 must be an integer >= 0"),
+        (["landscape.bn=train"], "landscape.bn='train' is unknown; choose one of eval, recompute"),
+        (["landscape.directions=pca"], "landscape.directions='pca' is unknown"),
+        (["landscape.points=ten"], "landscape.points='ten' must be an integer >= 3"),
+        (["trainer.device=tpu"], "trainer.device='tpu' is unknown; choose auto, cpu, cuda"),
+        (["landscape.alphas=5"], "landscape.alphas applies to landscape.to or landscape.pairs"),
+        (["landscape.curve=bezier"], "landscape.curve applies to landscape.to or landscape.pairs"),
+        (["--to", "X", "landscape.grid=5"],
+         "landscape.grid applies to slices, not to landscape.to or landscape.pairs"),
+        (["landscape.to=X", "landscape.pairs=seeds"], "landscape.to and landscape.pairs exclude"),
+        (["--to", "X", "landscape.alpha_range=[0.2,1]"], "landscape.alpha_range=[0.2, 1] must be"),
+        (["--to", "X", "landscape.alphas=1"], "landscape.alphas=1 must be an integer >= 2"),
+        (["--to", "X", "landscape.curve_epochs=0"],
+         "landscape.curve_epochs=0 must be an integer >= 1"),
+        (["landscape.pionts=5"], "landscape.pionts is not a key; did you mean landscape.points?"),
+        (["optimizer.rho=1"], "optimizer.rho is not a key"),
+        (["--frobnicate"], "--frobnicate is not an option; sam-landscape takes KEY=VALUE"),
     ],
-)
+)  # fmt: skip
 def test_bad_options(run, capsys, argv, words):
     assert words in fails([run, *argv], capsys)
     assert not (run / "landscape").exists()
@@ -98,7 +102,8 @@ def test_bad_options(run, capsys, argv, words):
         (["landscape.to=X", "landscape.grid=5"],
          "landscape.grid applies to slices, not to landscape.to or landscape.pairs"),
         (["landscape.train_samples=0"], "landscape.train_samples=0 must be an integer >= 1"),
-        (["trainer.device=tpu"], "trainer.device=tpu is unknown; choose auto, cpu, cuda or cuda:N"),
+        (["trainer.device=tpu"],
+         "trainer.device='tpu' is unknown; choose auto, cpu, cuda or cuda:N"),
     ],
 )  # fmt: skip
 def test_an_error_is_spelled_as_the_call_spelled_its_options(run, capsys, words, line):
@@ -106,21 +111,25 @@ def test_an_error_is_spelled_as_the_call_spelled_its_options(run, capsys, words,
 
 
 def test_a_missing_run_b(run, capsys):
-    assert "--to" in fails([run, "--to", run.parent / "nope"], capsys)
+    assert "landscape.to=" in fails([run, "--to", run.parent / "nope"], capsys)
+    assert "landscape.to=" in fails([run, f"landscape.to={run.parent / 'nope'}"], capsys)
 
 
 def test_the_console_entry_point_runs_as_a_module(run):
     proc = subprocess.run(
-        [sys.executable, "-m", "sam_runner.landscape.cli", str(run), "--points", "0"],
+        [sys.executable, "-m", "sam_runner.landscape.cli", str(run), "landscape.points=0"],
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "sam-landscape: error: --points=0 must be an integer >= 3"
+    assert proc.stderr.strip() == "sam-landscape: error: landscape.points=0 must be an integer >= 3"
     help_text = subprocess.run(
         [sys.executable, "-m", "sam_runner.landscape.cli", "--help"], capture_output=True, text=True
     ).stdout
-    assert "--to RUN_B" in help_text and "--pairs" in help_text and "--bn" in help_text
+    # every key of conf/landscape.yaml with its default and the comment beside it
+    assert "landscape.points=51" in help_text and "points of the 1-D slice" in help_text
+    assert "landscape.to=null" in help_text and "--to RUN_B" in help_text
+    assert "trainer.device=auto" in help_text and "plots.format=png" in help_text
 
 
 def test_options_that_do_not_change_a_result_do_not_redo_it():
@@ -143,14 +152,14 @@ def test_averaged_weights_go_into_their_own_folder(run, capsys):
 
     import torch
 
-    line = fails([run, "--weights", "averaged"], capsys)
+    line = fails([run, "landscape.weights=averaged"], capsys)
     assert "averaged.pt" in line and str(run) in line
     model = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["model"]
     model = {k: v * 0.5 if v.is_floating_point() else v for k, v in model.items()}
     averaged = {"model": model, "kind": "ema", "n_averaged": 5, "epoch": 1, "step": 4}
     torch.save(averaged, run / "checkpoints" / "averaged.pt")
-    flags = ["--slices", "1d", "--points", "5", "--train-samples", "64"]
-    assert main([str(run), *flags, "--weights", "averaged"]) == 0
+    flags = ["landscape.slices=1d", "landscape.points=5", "landscape.train_samples=64"]
+    assert main([str(run), *flags, "landscape.weights=averaged"]) == 0
     assert main([str(run), *flags]) == 0
     avg = json.loads((run / "landscape_averaged" / "landscape.json").read_text())
     last = json.loads((run / "landscape" / "landscape.json").read_text())
@@ -158,27 +167,23 @@ def test_averaged_weights_go_into_their_own_folder(run, capsys):
     assert avg["train_loss"] != last["train_loss"]  # L(θ) at the other weights
 
 
-def test_the_one_grammar_and_the_earlier_flags_give_one_result(run, capsys):
-    words = ["landscape.slices=1d", "landscape.points=5", "landscape.train_samples=64"]
-    assert main([str(run), *words, "trainer.device=cpu", "trainer.progress=none"]) == 0
-    assert "deprecated" not in capsys.readouterr().err
-    new = (run / "landscape" / "slice_1d.csv").read_text()
-    flags = ["--slices", "1d", "--points", "7", "--train-samples", "64"]
-    assert main([str(run), *flags, "--device", "cpu", "--progress", "none"]) == 0
-    notes = [x for x in capsys.readouterr().err.splitlines() if "deprecated" in x]
-    assert len(notes) == 5 and "spell it landscape.points=" in notes[1]
-    assert "spell it trainer.device=" in notes[3] and "spell it trainer.progress=" in notes[4]
-    assert main([str(run), *words, "--device", "cpu", "trainer.progress=none"]) == 0
-    assert (run / "landscape" / "slice_1d.csv").read_text() == new
+def test_the_to_alias_and_the_key_give_one_result(run, tmp_path, capsys):
+    other = copy_run(trained(*MLP), tmp_path / "other")
+    words = ["landscape.alphas=3", "landscape.train_samples=64", "trainer.device=cpu"]
+    assert main([str(run), *words, f"landscape.to={other}", "trainer.progress=none"]) == 0
+    assert (run / "landscape" / "other" / "connectivity.csv").is_file()
     capsys.readouterr()
+    # the same computation: found done, not computed again
+    assert main([str(run), *words, "--to", str(other), "trainer.progress=none"]) == 0
+    assert "the connectivity with these settings, newer than the weights: kept" in (
+        capsys.readouterr().out
+    )
     line = fails([run, "trainer.progress=line"], capsys)
     assert "trainer.progress='line' is unknown; choose one of auto, bar, lines, none" in line
-    line = fails([run, "optimizer.rho=1"], capsys)
-    assert "'optimizer.rho=1' is not a sam-landscape setting" in line
-    line = fails([run, "landscape.pionts=5"], capsys)
-    assert "landscape.pionts is not an option (did you mean landscape.points?)" in line
     line = fails([run, "landscape.span=[1,2]"], capsys)
     assert "landscape.span=[1, 2] must be" in line
+    line = fails([run, "landscape.points"], capsys)
+    assert "'landscape.points' is not KEY=VALUE" in line
 
 
 def test_a_done_landscape_is_said_from_its_folder_before_torch_loads(run, tmp_path):

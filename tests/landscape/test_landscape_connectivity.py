@@ -18,7 +18,7 @@ from sam_runner.landscape.files import pair_folder
 from sam_runner.rebuild import load_run
 from sam_runner.runfiles import read_rows
 
-QUIET = ["--progress", "none"]
+QUIET = ["trainer.progress=none"]
 
 
 def table(path):
@@ -32,7 +32,7 @@ def last_test(run):
 
 def test_a_run_with_itself_is_flat_and_its_barrier_is_zero(tmp_path):
     run = copy_run(trained(*CNN), tmp_path / "run")
-    assert main([str(run), "--to", str(run), "--alphas", "7", *QUIET]) == 0
+    assert main([str(run), "--to", str(run), "landscape.alphas=7", *QUIET]) == 0
     out = run / "landscape" / run.name
     rows = table(out / "connectivity.csv")
     assert [r["alpha"] for r in rows] == pytest.approx([-0.25, 0, 0.25, 0.5, 0.75, 1, 1.25])
@@ -68,7 +68,14 @@ def test_the_ends_are_the_two_runs_own_losses_and_the_barrier_is_their_rise(tmp_
 def test_batchnorm_recomputed_at_each_alpha(tmp_path):
     a = copy_run(trained(*CNN), tmp_path / "a")
     b = trained(*CNN, "seed=1")
-    argv = [str(a), "--to", str(b), "--alphas", "5", "--bn", "recompute", "--bn-samples", "128"]
+    argv = [
+        str(a),
+        "--to",
+        str(b),
+        "landscape.alphas=5",
+        "landscape.bn=recompute",
+        "landscape.bn_samples=128",
+    ]
     assert main([*argv, *QUIET]) == 0
     s = json.loads((a / "landscape" / b.name / "landscape.json").read_text())
     assert s["settings"]["bn"] == "recompute" and s["settings"]["bn_samples"] == 128
@@ -80,7 +87,14 @@ def test_batchnorm_recomputed_at_each_alpha(tmp_path):
 def test_a_trained_bezier_curve_has_a_lower_mean_loss_than_the_straight_line(tmp_path):
     a = copy_run(trained(*MLP, "trainer.epochs=8"), tmp_path / "a")
     b = trained(*MLP, "trainer.epochs=8", "seed=1")
-    argv = [str(a), "--to", str(b), "--curve", "bezier", "--curve-epochs", "4", "--alphas", "11"]
+    argv = [
+        str(a),
+        "--to",
+        str(b),
+        "landscape.curve=bezier",
+        "landscape.curve_epochs=4",
+        "landscape.alphas=11",
+    ]
     assert main([*argv, *QUIET]) == 0
     out = pair_folder(a, b)
     s = json.loads((out / "landscape.json").read_text())

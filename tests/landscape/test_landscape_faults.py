@@ -4,11 +4,12 @@ a landscape folder that cannot be written; e-notation spans; the notice for one 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from landscape_helpers import MLP, copy_run, trained
 
-from sam_runner.landscape.cli import main, parser
+from sam_runner.landscape.cli import compose, main
 from sam_runner.lock import job_lock
 
 
@@ -25,22 +26,23 @@ def run(tmp_path):
 
 
 def test_a_negative_span_in_e_notation_is_a_value():
-    assert parser().parse_args(["x", "--span", "-5e-1", "5e-1"]).span == [-0.5, 0.5]
+    cfg, given = compose(Path("x"), ["landscape.span=[-5e-1,5e-1]"], None)
+    assert list(cfg.landscape.span) == [-0.5, 0.5] and given == {"landscape.span"}
 
 
 def test_a_run_connected_to_itself_is_said_not_silent(run, capsys):
-    assert main([str(run), "--to", str(run), "--alphas", "3", "--progress", "none"]) == 0
+    assert main([str(run), "--to", str(run), "landscape.alphas=3", "trainer.progress=none"]) == 0
     assert "is the run itself: every point is the same weights" in capsys.readouterr().err
 
 
 def test_a_landscape_folder_that_cannot_be_written_is_refused_before_computing(run, capsys):
     (run / "landscape").write_text("")  # a file where the folder goes: unwritable even for root
-    err = refused([run, "--slices", "1d", "--points", "3"], capsys)
+    err = refused([run, "landscape.slices=1d", "landscape.points=3"], capsys)
     assert f"{run / 'landscape'} cannot be written" in err
 
 
 def test_a_run_another_sam_landscape_measures_is_refused_with_who(run, capsys):
     with job_lock(run, "landscape"):
-        err = refused([run, "--slices", "1d", "--points", "3"], capsys)
+        err = refused([run, "landscape.slices=1d", "landscape.points=3"], capsys)
     assert f"is being worked on by pid {os.getpid()}" in err
     assert not (run / "landscape" / "slice_1d.csv").exists()

@@ -23,7 +23,7 @@ from sam_runner.models import build_model
 from sam_runner.rebuild import LoadedRun, load_run
 from sam_runner.runfiles import read_rows
 
-SMALL = ["--points", "11", "--grid", "5", "--progress", "none"]
+SMALL = ["landscape.points=11", "landscape.grid=5", "trainer.progress=none"]
 
 
 def rows(path):
@@ -71,7 +71,7 @@ def test_the_centre_is_the_runs_own_loss_exactly(tmp_path, hydra):
 
 def test_files_settings_and_weights_put_back(tmp_path):
     run = copy_run(trained(*CNN), tmp_path / "run")
-    assert main([str(run), *SMALL, "--seed", "4", "--span", "-0.5", "0.5"]) == 0
+    assert main([str(run), *SMALL, "landscape.seed=4", "landscape.span=[-0.5,0.5]"]) == 0
     out = run / "landscape"
     table = rows(out / "slice_1d.csv")
     assert list(table[0]) == ["coordinate", *COLUMNS] and len(table) == 11
@@ -97,10 +97,10 @@ def test_files_settings_and_weights_put_back(tmp_path):
 
 def test_a_later_2d_slice_keeps_the_1d_numbers(tmp_path):
     run = copy_run(trained(*MLP), tmp_path / "run")
-    assert main([str(run), *SMALL, "--slices", "1d"]) == 0
+    assert main([str(run), *SMALL, "landscape.slices=1d"]) == 0
     first = json.loads((run / "landscape" / "landscape.json").read_text())
     assert "slice_2d" not in first
-    assert main([str(run), *SMALL, "--slices", "2d"]) == 0
+    assert main([str(run), *SMALL, "landscape.slices=2d"]) == 0
     both = json.loads((run / "landscape" / "landscape.json").read_text())
     assert both["basin_width_1d"] == first["basin_width_1d"] and "slice_2d" in both
 
@@ -159,8 +159,13 @@ def test_curvature_along_a_hessian_eigenvector_per_unit_norm_is_its_eigenvalue(t
 def test_hessian_slice_of_a_real_run_has_the_eigenvalue_as_its_curvature_scale(tmp_path):
     """On a ReLU network the slice crosses kinks the Hessian does not see: close, not equal."""
     run = copy_run(trained(*MLP, "trainer.epochs=3"), tmp_path / "run")
-    argv = [str(run), "--directions", "hessian", "--slices", "1d", "--progress", "none"]
-    assert main([*argv, "--span", "-0.05", "0.05", "--fit-radius", "0.05"]) == 0
+    argv = [
+        str(run),
+        "landscape.directions=hessian",
+        "landscape.slices=1d",
+        "trainer.progress=none",
+    ]
+    assert main([*argv, "landscape.span=[-0.05,0.05]", "landscape.fit_radius=0.05"]) == 0
     s = json.loads((run / "landscape" / "landscape.json").read_text())
     lam = s["slice_1d"]["direction"]["eigenvalue"]
     assert s["curvature_1d_per_unit_norm"] == pytest.approx(lam, rel=0.1)

@@ -37,7 +37,7 @@ def pair_files(sweep):
 
 
 def test_seed_pairs_are_connected_once_and_a_second_call_skips_them(sweep, capsys):
-    argv = [str(sweep), "--pairs", "seeds", "--alphas", "5", "--progress", "none"]
+    argv = [str(sweep), "landscape.pairs=seeds", "landscape.alphas=5", "trainer.progress=none"]
     assert main(argv) == 0
     assert "4 seed pair(s) among 5 completed job(s): 0 already done, 4 to compute" in (
         capsys.readouterr().out
@@ -53,16 +53,27 @@ def test_seed_pairs_are_connected_once_and_a_second_call_skips_them(sweep, capsy
     assert files[("1", "4")].exists()
     assert main(argv) == 0
     assert "4 already done, 0 to compute" in capsys.readouterr().out
-    assert main([*argv[:-4], "--alphas", "7", "--progress", "none"]) == 0  # other options: redone
+    assert (
+        main([*argv[:-2], "landscape.alphas=7", "trainer.progress=none"]) == 0
+    )  # other options: redone
     assert "0 already done, 4 to compute" in capsys.readouterr().out
 
 
 def test_every_jobs_slices_and_the_report_columns(sweep, capsys):
-    assert main([str(sweep), "--slices", "1d", "--points", "11", "--progress", "none"]) == 0
+    assert (
+        main([str(sweep), "landscape.slices=1d", "landscape.points=11", "trainer.progress=none"])
+        == 0
+    )
     assert "5 completed job(s): 0 already done, 5 to compute" in capsys.readouterr().out
-    assert main([str(sweep), "--slices", "1d", "--points", "11", "--progress", "none"]) == 0
+    assert (
+        main([str(sweep), "landscape.slices=1d", "landscape.points=11", "trainer.progress=none"])
+        == 0
+    )
     assert "5 already done, 0 to compute" in capsys.readouterr().out
-    assert main([str(sweep), "--pairs", "seeds", "--alphas", "5", "--progress", "none"]) == 0
+    assert (
+        main([str(sweep), "landscape.pairs=seeds", "landscape.alphas=5", "trainer.progress=none"])
+        == 0
+    )
     assert report_main([str(sweep), "--out", str(sweep / "report")]) == 0
     with open(sweep / "report" / "report.csv") as f:
         rows = {r["variant"]: r for r in csv.DictReader(f)}
@@ -103,9 +114,9 @@ def test_seed_pairs_as_a_submitit_array_equal_the_local_ones_and_resume(sweep, t
     """One task a pair (submitit's local processes: the SLURM array's code path without a
     cluster); the same numbers as computing the pairs here, and a rerun submits nothing."""
     local = shutil.copytree(sweep, tmp_path / "local")
-    argv = ["--pairs", "seeds", "--alphas", "5", "--progress", "none"]
+    argv = ["landscape.pairs=seeds", "landscape.alphas=5", "trainer.progress=none"]
     assert main([str(local), *argv]) == 0
-    array = [*argv, "--launcher", "submitit_local", "--launcher-option", "timeout_min=10"]
+    array = [*argv, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
     assert main([str(sweep), *array]) == 0
     captured = capsys.readouterr()
     assert "submitted 4 task(s)" in captured.err and (sweep / ".sam-landscape").is_dir()
@@ -121,8 +132,12 @@ def test_seed_pairs_as_a_submitit_array_equal_the_local_ones_and_resume(sweep, t
 @pytest.mark.parametrize(
     ("job", "args", "message"),
     [
-        ("0", ["--launcher", "slurm"], "--launcher and --launcher-option apply to a sweep"),
-        ("", ["--launcher-option", "partition=x"], "--launcher-option sets the array's launcher"),
+        ("0", ["hydra/launcher=slurm"], "hydra/launcher applies to a sweep folder"),
+        (
+            "",
+            ["hydra.launcher.partition=x"],
+            "hydra.launcher.partition sets a job array's launcher",
+        ),
     ],
 )
 def test_array_flags_are_refused_where_they_do_not_apply(sweep, capsys, job, args, message):
@@ -132,14 +147,14 @@ def test_array_flags_are_refused_where_they_do_not_apply(sweep, capsys, job, arg
 
 
 def test_an_unknown_launcher_option_names_the_keys(sweep, capsys):
-    argv = [str(sweep), "--launcher", "submitit_local", "--launcher-option", "partiton=gpu"]
+    argv = [str(sweep), "hydra/launcher=submitit_local", "hydra.launcher.partiton=gpu"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert (
         err.startswith(
-            "sam-landscape: error: --launcher-option partiton=gpu: partiton is not a key of the "
-            "submitit_local launcher; its keys are"
+            "sam-landscape: error: hydra.launcher.partiton is not a key of this launcher"
         )
+        and "its keys are" in err
         and err.count("\n") == 1
     ), err
     assert not (sweep / ".sam-landscape").exists()

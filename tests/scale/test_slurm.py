@@ -293,7 +293,7 @@ def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
         "hydra/launcher=slurm",
         "hydra.launcher.cpus_per_task=1",
         "hydra.launcher.timeout_min=10",
-        "eval.progress=lines",
+        "trainer.progress=lines",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -308,7 +308,7 @@ def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
 
 @pytest.mark.usefixtures("slurm")
 def test_sam_landscape_computes_a_sweeps_slices_as_a_slurm_array(tmp_path):
-    """sam-landscape --launcher slurm on a sweep: one array task per job, each writing its job's
+    """sam-landscape hydra/launcher=slurm on a sweep: one array task per job, each writing its job's
     landscape.json; a rerun with the same options submits nothing."""
     sweep_dir = two_trained_jobs(tmp_path / "sweep")
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -317,16 +317,11 @@ def test_sam_landscape_computes_a_sweeps_slices_as_a_slurm_array(tmp_path):
         "-m",
         "sam_runner.landscape.cli",
         str(sweep_dir),
-        "--slices",
-        "1d",
-        "--points",
-        "7",
-        "--launcher",
-        "slurm",
-        "--launcher-option",
-        "cpus_per_task=1",
-        "--launcher-option",
-        "timeout_min=10",
+        "landscape.slices=1d",
+        "landscape.points=7",
+        "hydra/launcher=slurm",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.timeout_min=10",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
