@@ -7,6 +7,7 @@ samplers and CSAM), the test loss, the Hessian and every sharpness measure.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from .errors import require
@@ -60,3 +61,15 @@ def mean_loss(name: str):
         return per(logits, targets).mean()
 
     return loss
+
+
+def skew_jsd(p, q, alpha: float):
+    """The α-skew Jensen–Shannon divergence of two ``[N, C]`` probability tensors, one value per
+    row: α·KL(p‖m) + (1−α)·KL(q‖m), m = αp + (1−α)q, natural log (α = ½: the Jensen–Shannon
+    divergence). Zero probabilities contribute 0 (x log x → 0)."""
+    m = alpha * p + (1 - alpha) * q
+
+    def kl_to_m(a):
+        return (torch.xlogy(a, a) - torch.xlogy(a, m)).sum(dim=-1)
+
+    return alpha * kl_to_m(p) + (1 - alpha) * kl_to_m(q)

@@ -29,6 +29,7 @@ RUNNER_GROUPS = (
     "trainer",
     "logger",
     "metrics",
+    "regularizer",
 )
 _ABSENT = object()
 # the topmost folder this command created for its run or sweep folder (None: that existed)

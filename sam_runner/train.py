@@ -37,6 +37,7 @@ from .optim.build import build_optimizer
 from .plots.run import write_run_plots
 from .progress import Progress, print_final
 from .provenance import provenance
+from .regularizers import build_regularizer
 from .rundir import CACHE, CHECKPOINT, METRICS, SUMMARY
 from .runfiles import Checkpoint, MetricsLog, json_problem, read_json, write_json
 from .samplers import build_sampler
@@ -288,6 +289,7 @@ class Run:
         loss = t.get("loss", "cross_entropy")
         self.criterion = per_example(loss, float(t.label_smoothing))
         self.autocast = _autocast(device, t.precision)
+        self.regularizer = build_regularizer(cfg.get("regularizer"), self.autocast)
         self.sampler = build_sampler(cfg.dataset, data)
         self.tracker = CurvatureTracker(
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
@@ -448,7 +450,8 @@ class Run:
             per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
             # weighted by size: the step's mean loss even when the batch does not split evenly
             loss = optimizer.reduce_loss(per_sample, out, ym) * (len(ym) / batch)
-            self.scaler.scale(loss).backward()
+            objective = self.regularizer.add(loss, self.model, xm, out, len(ym) / batch)
+            self.scaler.scale(objective).backward()  # the logged loss stays the task's
             total += loss.detach()
             self.sampler.observe(optimizer.pass_index, im, ym, per_sample.detach())
             if optimizer.pass_index == 0:

@@ -24,6 +24,7 @@ from .metrics.tracker import validate as validate_metrics
 from .models import build_model, check_initial_weights, without_download
 from .optim.build import build_optimizer
 from .registry import DATASETS, SAMPLERS
+from .regularizers import build_regularizer
 from .schedulers import validate as validate_scheduler
 from .settings import MAX_SEED, PRECISIONS, plot_format
 
@@ -52,6 +53,7 @@ def validate_trainer(cfg) -> None:
     """The trainer's own keys (the other groups check theirs where they are built)."""
     t = cfg.trainer
     integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
+    build_regularizer(cfg.get("regularizer"))  # its keys, before anything is written
     require(
         t.precision in PRECISIONS,
         f"trainer.precision={t.precision!r} is unknown; choose fp32, bf16 or fp16",

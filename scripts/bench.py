@@ -29,6 +29,7 @@ SECTIONS = [
     "costs",
     "folder",
     "threads",
+    "objectives",
 ]
 
 

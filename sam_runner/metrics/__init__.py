@@ -1,4 +1,5 @@
-"""Metrics: calibration and curvature (the public functions of the Python API live here)."""
+"""Metrics: calibration, curvature and activation statistics (the public functions of the Python
+API live here)."""
 
 from .calibration import (
     adaptive_calibration_error,
@@ -8,6 +9,7 @@ from .calibration import (
     reliability_bins,
 )
 from .hvp import HessianOperator
+from .oui import oui
 from .solvers import (
     hessian_eigenpairs,
     hessian_trace,
@@ -28,4 +30,5 @@ __all__ = [
     "spectral_density",
     "smoothed_density",
     "HessianOperator",
+    "oui",
 ]

@@ -7,7 +7,14 @@ this package is imported here: adding a variant is one module and one yaml.
 
 from ..registry import VARIANTS
 from .engine import SharpnessAware
+from .lion import Lion, LionK
 
 globals().update({cls.__name__: cls for cls in VARIANTS.values()})  # SAM, ASAM, GEARSAM, ...
 
-__all__ = ["SharpnessAware", "VARIANTS", *(cls.__name__ for cls in VARIANTS.values())]
+__all__ = [
+    "SharpnessAware",
+    "VARIANTS",
+    "Lion",
+    "LionK",
+    *(cls.__name__ for cls in VARIANTS.values()),
+]

@@ -10,6 +10,7 @@ import torch
 
 from ..errors import number, require
 from ..registry import BASE_OPTIMIZERS
+from .lion import KS, Lion, LionK
 from .muon import MuonWithAdamW
 
 
@@ -34,8 +35,8 @@ def _momentum(cfg, default: float) -> float:
     )
 
 
-def _betas(cfg) -> tuple:
-    betas = cfg.get("betas", (0.9, 0.999))
+def _betas(cfg, default=(0.9, 0.999)) -> tuple:
+    betas = cfg.get("betas", default)
     accepted = "two numbers in [0, 1), e.g. base_optimizer.betas=[0.9,0.999]"
     require(
         isinstance(betas, Sequence) and not isinstance(betas, str) and len(betas) == 2,
@@ -63,3 +64,19 @@ def muon(cfg):
     return MuonWithAdamW, dict(
         **common_kwargs(cfg), momentum=_momentum(cfg, 0.95), betas=_betas(cfg)
     )
+
+
+@BASE_OPTIMIZERS.register("lion", "Lion: the sign of interpolated momentum (lr 3e-4, wd 0.15)")
+def lion(cfg):
+    return Lion, dict(**common_kwargs(cfg), betas=_betas(cfg, (0.9, 0.99)))
+
+
+@BASE_OPTIMIZERS.register("lion_k", "Lion-K: Lion with the gradient of a convex K (l1, l2, huber)")
+def lion_k(cfg):
+    k = cfg.get("k", "l1")
+    require(k in KS, f"base_optimizer.k={k!r} is unknown; choose {', '.join(KS)}")
+    delta = number(
+        "base_optimizer.delta", cfg.get("delta", 1.0), "a finite number > 0",
+        lambda d: 0 < d < math.inf,
+    )  # fmt: skip
+    return LionK, dict(**common_kwargs(cfg), betas=_betas(cfg, (0.9, 0.99)), k=k, delta=delta)

@@ -1,0 +1,98 @@
+"""Training-objective regularizers (``regularizer=<name>``): a term added to each pass's loss.
+
+The trainer calls ``regularizer.add(loss, model, x, logits, share)`` once per micro-batch and
+pass; ``none`` returns the loss itself, so a run without a regularizer is unchanged bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch.func import functional_call
+
+from .errors import number, require
+from .losses import skew_jsd
+from .registry import REGULARIZERS
+
+SPACES = ("parameter", "input")
+
+
+class NoRegularizer:
+    extra_forwards = 0
+
+    def add(self, loss, model, x, logits, share):  # noqa: ARG002 (the hook's signature)
+        return loss
+
+
+class SkewJSD:
+    """weight·mean JSD_α(p(x; θ) ‖ p(x̃; θ̃)) with a perturbed second forward: θ̃ = θ + δ (a fresh
+    Gaussian direction of norm ``radius`` over all trainable parameters) or x̃ = x + radius·N(0, 1).
+    The second forward runs on copies of the buffers, so BatchNorm's running statistics are
+    those of the training forward alone; its noise comes from torch's generator, which the
+    checkpoint holds, so a resumed run draws alike."""
+
+    extra_forwards = 1
+
+    def __init__(self, alpha: float, weight: float, space: str, radius: float, autocast=None):
+        self.alpha, self.weight, self.space, self.radius = alpha, weight, space, radius
+        self.autocast = autocast
+
+    def perturbed_inputs(self, model, x):
+        """(parameters and buffers of the second forward, its input)."""
+        params = {n: p for n, p in model.named_parameters()}
+        buffers = {n: b.clone() for n, b in model.named_buffers()}
+        if self.space == "input":
+            return {**params, **buffers}, x + self.radius * torch.randn_like(x)
+        trainable = [n for n, p in params.items() if p.requires_grad]
+        with torch.no_grad():
+            z = {n: torch.randn_like(params[n]) for n in trainable}
+            norm = torch.linalg.vector_norm(torch.stack([v.norm() for v in z.values()]))
+            scale = self.radius / (norm + 1e-12)
+        shifted = {n: params[n] + z[n] * scale for n in trainable}  # out of place: grads reach θ
+        return {**params, **shifted, **buffers}, x
+
+    def divergence(self, model, x, logits):
+        """The mean α-skew JSD of this micro-batch (before the weight)."""
+        state, x2 = self.perturbed_inputs(model, x)
+        with self.autocast or contextlib.nullcontext():
+            other = functional_call(model, state, (x2,))
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # half precision: in float32
+        p, q = torch.softmax(logits.to(dtype), 1), torch.softmax(other.to(dtype), 1)
+        return skew_jsd(p, q, self.alpha).mean()
+
+    def add(self, loss, model, x, logits, share):
+        return loss + self.weight * share * self.divergence(model, x, logits)
+
+
+def _keys(cfg) -> tuple:
+    alpha = number("regularizer.alpha", cfg.get("alpha", 0.5), "a number in (0, 1)",
+                   lambda a: 0 < a < 1)  # fmt: skip
+    weight = number("regularizer.weight", cfg.get("weight", 1.0), "a finite number >= 0",
+                    lambda w: 0 <= w < math.inf)  # fmt: skip
+    space = cfg.get("space", "parameter")
+    require(space in SPACES, f"regularizer.space={space!r} is unknown; choose {', '.join(SPACES)}")
+    radius = number("regularizer.radius", cfg.get("radius", 0.05), "a finite number >= 0",
+                    lambda r: 0 <= r < math.inf)  # fmt: skip
+    return alpha, weight, space, radius
+
+
+@REGULARIZERS.register("none", "the training loss alone")
+def none(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
+    return NoRegularizer()
+
+
+@REGULARIZERS.register("jsd", "+ weight·JSD_α(p(x; θ) ‖ p(x̃; θ̃)), θ or x perturbed")
+def jsd(cfg, autocast=None):
+    alpha, weight, space, radius = _keys(cfg)
+    if weight == 0:
+        return NoRegularizer()  # nothing added: the plain run exactly, without the extra forward
+    return SkewJSD(alpha, weight, space, radius, autocast)
+
+
+def build_regularizer(cfg, autocast=None):
+    """The regularizer ``cfg`` (the ``regularizer`` group; absent: none) names, keys checked."""
+    if cfg is None:
+        return NoRegularizer()
+    return REGULARIZERS.build(cfg.get("name", "none"), cfg, autocast)
