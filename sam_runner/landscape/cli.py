@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from .. import cli_words, command_config
 from ..errors import UserError, integer, number, require
 from ..jobarray import TasksFailed
-from ..rundir import CHECKPOINT
+from ..rundir import CHECKPOINT, has_checkpoint, is_run
 from ..runfiles import read_json
 from .figures import draw_pair, draw_slices, slice_figures
 from .files import SUMMARY, connectivity_done, folder, pair_folder, slices_done
@@ -163,7 +163,7 @@ def options(cfg, given: set[str], path: Path) -> Options:
 
 
 def _is_run_folder(path: Path) -> bool:
-    return any((path / p).exists() for p in (".hydra", "summary.json", "checkpoints"))
+    return is_run(path) or has_checkpoint(path)
 
 
 def compose(path: Path, overrides: list[str], to: str | None):

@@ -7,7 +7,7 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
 (``sam-index``). Writes, into the (first) folder or ``--out``:
 
 - ``report.md``: the registered sections (``sections.py``), in order: the head, the measures
-  (measures.py), the corruption mCE (corruption.py), the runs table (runs_table.py), the edge
+  (measure_ranking.py), the corruption mCE (corruption.py), the runs table (runs_table.py), the edge
   of stability (eos.py), the loss landscape (landscape.py), the jobs not completed, the figures,
   one row per job, the notes; with several folders, the runs table says where each group came
   from;
@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError, require
+from ..rundir import RunDir
 from ..runfiles import atomic_write_bytes, finite
-from .rundir import RunDir
 from .runs_table import _job_name, counts_line
 from .sections import ordered
 from .sweep import BOUND_STATS, STATUSES, Report, build_report
