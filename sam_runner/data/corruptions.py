@@ -142,9 +142,11 @@ def disk_kernel(radius: float, alias_blur: float) -> torch.Tensor:
     """The defocus kernel: the indicator of the disk x² + y² ≤ radius² on the grid −8..8
     (−L..L, L = ⌈radius⌉, for a radius over 8: ImageNet-C's largest), normalised to sum 1, then
     smoothed by a 3×3 Gaussian (5×5 for a radius over 8, as ImageNet-C's code) of standard
-    deviation ``alias_blur`` (its weights exp(−t²/2σ²) on t = −1, 0, 1, normalised); the
-    all-zero border is trimmed (it contributes nothing). Computed in float32, as the published
-    kernel was."""
+    deviation ``alias_blur`` (its weights exp(−t²/2σ²) on t = −1, 0, 1, normalised) with the
+    grid's borders mirrored without repeating the edge (reflect-101, OpenCV's default, as
+    ``cv2.GaussianBlur`` in ImageNet-C's code: a disk that reaches the grid's edge keeps its mass,
+    so the kernel sums to a little over 1 there); the all-zero border is trimmed (it contributes
+    nothing). Computed in float32, as the published kernel was."""
     half = max(8, math.ceil(radius))
     t = torch.arange(-half, half + 1, dtype=torch.float32)
     disk = ((t[:, None] ** 2 + t[None, :] ** 2) <= radius**2).to(torch.float32)
