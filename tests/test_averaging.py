@@ -247,6 +247,13 @@ def test_init_from_that_does_not_fit_names_the_first_tensor(tmp_path):
     with pytest.raises(UserError) as e:
         load_initial_weights(cfg.model, build_model(cfg.model, (1, 8, 8), 10))
     assert "stem.0.weight is [4, 1, 3, 3] there and [8, 1, 3, 3] here" in str(e.value)
+    assert "reset_head" not in str(e.value)  # the head is not what differs
+    assert "another width or architecture" in str(e.value)
+    # another class count: the classifier differs, and reset_head is the way out
+    with pytest.raises(UserError) as e:
+        same = compose(*SMALL, f"model.init_from={src}").model
+        load_initial_weights(same, build_model(same, (1, 8, 8), 3))
+    assert "(another class count: model.reset_head=true)" in str(e.value)
 
 
 BAD = [
