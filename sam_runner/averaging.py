@@ -6,17 +6,20 @@ and ``ema``, on ``torch.optim.swa_utils``.
 instead of the run's scheduler, or with ``trainer.swa_lr=[high, low]`` the cyclic rate of the
 paper, one cycle an epoch (``CyclicSWASchedule``); the weights at the end of each epoch from
 then on join an equal average. ``ema``: after every optimizer step, avg ← d·avg + (1 − d)·w with
-d = ``trainer.ema_decay`` (the first step copies w). Only parameters are averaged; before each
-evaluation the averaged weights' BatchNorm statistics are recomputed (``update_bn``) on the
-un-augmented training set, and the averaged weights are evaluated on the test set
-(``avg_test_*``). Each checkpoint also writes ``checkpoints/averaged.pt``: ``{"model": state
-dict (the model's own keys, BatchNorm statistics recomputed), "kind", "n_averaged", "epoch",
-"step"}``.
+d = ``trainer.ema_decay`` (the first step copies w), warmed up by default
+(``trainer.ema_warmup``): the t-th update after the copy uses dₜ = min(d, (1 + t)/(10 + t)), as
+timm's and TensorFlow's EMA offer, so early weights fade within a run's budget. Only parameters
+are averaged; before each evaluation the averaged weights' BatchNorm statistics are recomputed
+(``update_bn``) on the un-augmented training set, and the averaged weights are evaluated on the
+test set (``avg_test_*``). Each checkpoint also writes ``checkpoints/averaged.pt``:
+``{"model": state dict (the model's own keys, BatchNorm statistics recomputed), "kind",
+"n_averaged", "epoch", "step"}``.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -55,6 +58,10 @@ def validate(cfg) -> None:
             t.get("ema_decay", 0.999),
             "a number in (0, 1)",
             lambda d: 0 < d < 1,
+        )
+        require(
+            isinstance(t.get("ema_warmup", True), bool),
+            f"trainer.ema_warmup={t.get('ema_warmup')} must be true or false",
         )
 
 
@@ -296,12 +303,54 @@ class EMA(Averaged):
     kind = "ema"
 
     def __init__(self, trainer_cfg, model, _optimizer, clock, plain_batches, measure):
-        from torch.optim.swa_utils import get_ema_multi_avg_fn
-
         decay = float(trainer_cfg.get("ema_decay", 0.999))
-        super().__init__(
-            model, clock, plain_batches, measure, multi_avg_fn=get_ema_multi_avg_fn(decay)
-        )
+        warmup = bool(trainer_cfg.get("ema_warmup", True))
+        super().__init__(model, clock, plain_batches, measure, multi_avg_fn=ema_fn(decay, warmup))
+        note = horizon_note(decay, warmup, int(clock.total_steps))
+        if note and distributed_main():
+            print(note, file=sys.stderr)
 
     def after_step(self) -> None:
         self.update()
+
+
+def ema_decay_at(decay: float, warmup: bool, t: int) -> float:
+    """The decay of the t-th update after the first copy (t >= 1)."""
+    return min(decay, (1 + t) / (10 + t)) if warmup else decay
+
+
+def ema_fn(decay: float, warmup: bool):
+    """AveragedModel's multi_avg_fn: avg ← dₜ·avg + (1 − dₜ)·w, t the number averaged so far."""
+
+    @torch.no_grad()
+    def update(averaged: list, current: list, n_averaged) -> None:
+        d = ema_decay_at(decay, warmup, int(n_averaged))
+        if torch.is_floating_point(averaged[0]):
+            torch._foreach_lerp_(averaged, current, 1 - d)
+        else:
+            for a, w in zip(averaged, current, strict=True):
+                a.copy_(a * d + w * (1 - d))
+
+    return update
+
+
+def horizon_note(decay: float, warmup: bool, total_steps: int) -> str | None:
+    """A notice when the average's horizon 1/(1 − d) exceeds a quarter of the step budget: the
+    average then still holds much of the early weights at the end."""
+    horizon = 1 / (1 - decay)
+    if total_steps <= 0 or horizon <= total_steps / 4:
+        return None
+    if warmup:
+        why = "the warm-up (trainer.ema_warmup) keeps the early weights from dominating"
+    else:
+        why = f"the first step keeps {decay ** (total_steps - 1):.2f} of the final average"
+    return (
+        f"sam-run: notice: trainer.ema_decay={decay} averages over ~{horizon:.0f} steps, more "
+        f"than a quarter of the run's {total_steps}; {why}"
+    )
+
+
+def distributed_main() -> bool:
+    from . import distributed
+
+    return distributed.current().is_main

@@ -453,9 +453,10 @@ def classifier_name(model: nn.Module) -> str | None:
     return name
 
 
-def _fitting(state: dict, own: dict, path, skip: str | None) -> dict:
+def _fitting(state: dict, own: dict, path, skip: str | None, head: str | None = None) -> dict:
     """``state`` without the skipped classifier, or a one-line error naming the first tensor
-    that does not fit ``own`` (the model's state dict)."""
+    that does not fit ``own`` (the model's state dict); ``model.reset_head`` is suggested only
+    where that tensor is the classifier's (``head``)."""
     skipped = lambda k: skip is not None and k.startswith(f"{skip}.")
     kept = {k: v for k, v in state.items() if not skipped(k)}
     for k, v in own.items():
@@ -463,10 +464,15 @@ def _fitting(state: dict, own: dict, path, skip: str | None) -> dict:
             continue
         require(k in kept, f"model.init_from={path} does not fit this model: it has no {k}")
         if tuple(kept[k].shape) != tuple(v.shape):
+            in_head = head is not None and k.startswith(f"{head}.")
+            hint = (
+                "another class count: model.reset_head=true"
+                if in_head
+                else "another width or architecture: the model's keys must match the source's"
+            )
             raise UserError(
                 f"model.init_from={path} does not fit this model: {k} is "
-                f"{list(kept[k].shape)} there and {list(v.shape)} here (another class count: "
-                "model.reset_head=true)"
+                f"{list(kept[k].shape)} there and {list(v.shape)} here ({hint})"
             )
     extra = next((k for k in kept if k not in own), None)
     require(extra is None, f"model.init_from={path} does not fit this model: {extra} is not in it")
@@ -482,7 +488,7 @@ def load_initial_weights(model_cfg, model: nn.Module) -> dict | None:
     state, record = found
     skip = classifier_name(model) if record["reset_head"] else None
     own = model.state_dict()
-    kept = _fitting(state, own, record["path"], skip)
+    kept = _fitting(state, own, record["path"], skip, classifier_name(model))
     model.load_state_dict({**own, **kept})
     return record
 
@@ -497,4 +503,5 @@ def check_initial_weights(model_cfg, input_shape, num_classes, classes_known=Tru
     with torch.device("meta"):
         model = build_model(model_cfg, input_shape, num_classes)
     head = record["reset_head"] or not classes_known
-    _fitting(state, model.state_dict(), record["path"], classifier_name(model) if head else None)
+    name = classifier_name(model)
+    _fitting(state, model.state_dict(), record["path"], name if head else None, name)

@@ -68,11 +68,30 @@ def test_two_samples_of_one_batch_get_their_own_operation(policy):
     assert len(distinct) >= 4, f"{policy}: {len(distinct)} distinct results of 8"
 
 
-def test_cutout_is_one_16x16_hole():
+def holes(x):
+    """(rows, cols) of each image's hole: the pixels 0 in every channel, checked to be one
+    rectangle (a square clipped at the border)."""
+    mask = (x == 0).all(dim=1)
+    rows, cols = mask.any(2).sum(1), mask.any(1).sum(1)
+    assert torch.equal(mask.flatten(1).sum(1), rows * cols)  # one filled rectangle
+    return rows, cols
+
+
+def test_cutout_fills_the_mean_colour_in_a_square_centred_anywhere_and_clipped():
+    from sam_runner.data.sources import CIFAR_STATS
+
+    mean, std = CIFAR_STATS["cifar10"]
     _, op = tensor_policy("cutout", 32)
-    white = torch.full((4, 3, 32, 32), 255, dtype=torch.uint8)
-    out = op(white, torch.Generator().manual_seed(0))
-    assert ((out == 0).all(dim=1).flatten(1).sum(1) == 256).all()
+    white = torch.full((512, 3, 32, 32), 255, dtype=torch.uint8)
+    out = Normalize(mean, std, policy=op)(white, torch.Generator().manual_seed(0))
+    rows, cols = holes(out)  # 0 after normalisation: the dataset's mean colour
+    assert rows.min() >= 8 and rows.max() <= 16 and cols.min() >= 8 and cols.max() <= 16
+    area = (rows * cols).float()
+    assert (area == 256).any() and (area < 256).any()  # whole inside, or clipped at the border
+    assert 186 < area.mean() < 206  # DeVries & Taylor's placement: 196 px on average
+    rest = (1 - torch.tensor(mean)) / torch.tensor(std)
+    untouched = out.permute(1, 0, 2, 3)[:, ~(out == 0).all(dim=1)]
+    assert torch.allclose(untouched, rest.view(3, 1).expand_as(untouched))
 
 
 def test_data_parallel_shares_are_the_one_process_batch_sliced():

@@ -72,6 +72,7 @@ def test_swa_equals_averaged_model_fed_the_epoch_end_weights_and_bn_is_recompute
 
 def test_ema_equals_its_recurrence_step_by_step(tmp_path):
     ema = [*SMALL, "trainer.weight_averaging=ema", "trainer.ema_decay=0.5"]
+    ema.append("trainer.ema_warmup=false")  # the plain recurrence
     for steps in (1, 2, 3):
         train(compose(*ema, f"trainer.steps={steps}"), tmp_path / str(steps), [])
     w = [weights(tmp_path / str(s))["model"] for s in (1, 2, 3)]
@@ -81,6 +82,48 @@ def test_ema_equals_its_recurrence_step_by_step(tmp_path):
     for name, _ in model.named_parameters():
         expected = 0.5 * (0.5 * w[0][name] + 0.5 * w[1][name]) + 0.5 * w[2][name]
         assert torch.allclose(saved["model"][name], expected, atol=1e-6), name
+
+
+def test_ema_warmup_follows_its_decays_in_a_run(tmp_path):
+    ema = [*SMALL, "trainer.weight_averaging=ema", "trainer.ema_decay=0.5"]  # warm-up: default
+    for steps in (1, 2, 3):
+        train(compose(*ema, f"trainer.steps={steps}"), tmp_path / str(steps), [])
+    w = [weights(tmp_path / str(s))["model"] for s in (1, 2, 3)]
+    saved = weights(tmp_path / "3", "averaged.pt")
+    d1, d2 = 2 / 11, 3 / 12  # min(0.5, (1 + t)/(10 + t)) for t = 1, 2
+    model = build_model(compose(*SMALL).model, (1, 8, 8), 10)
+    for name, _ in model.named_parameters():
+        expected = d2 * (d1 * w[0][name] + (1 - d1) * w[1][name]) + (1 - d2) * w[2][name]
+        assert torch.allclose(saved["model"][name], expected, atol=1e-6), name
+
+
+def first_step_share(*overrides: str, steps: int) -> float:
+    """The first step's weight in the EMA after ``steps`` updates: w = 1 at the first, 0 after."""
+    from sam_runner.averaging import build_averaging
+    from sam_runner.clock import Clock
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    clock = Clock()
+    clock.total_steps = steps
+    run = compose(*SMALL, "trainer.weight_averaging=ema", *overrides)
+    ema = build_averaging(run, model, None, clock, [], None)
+    for step in range(steps):
+        with torch.no_grad():
+            model.weight.fill_(1.0 if step == 0 else 0.0)
+        ema.after_step()
+    return float(ema.averaged.module.weight.detach())
+
+
+def test_ema_warmup_lets_the_first_steps_fade_within_a_short_run(capsys):
+    # swa_vs_sam_mini's 176 steps at the default decay 0.999
+    plain = first_step_share("trainer.ema_warmup=false", steps=176)
+    assert plain == pytest.approx(0.999**175, rel=1e-5)  # 0.84: the plain recurrence
+    assert first_step_share(steps=176) < 1e-3  # warmed up: the product of (1 + t)/(10 + t)
+    err = capsys.readouterr().err
+    assert err.count("sam-run: notice: trainer.ema_decay=0.999 averages over ~1000 steps") == 2
+    assert "the first step keeps 0.84 of the final average" in err
+    first_step_share(steps=4000)  # 1000 <= 4000 / 4: no notice
+    assert "notice" not in capsys.readouterr().err
 
 
 def test_a_run_stopped_and_resumed_with_swa_ends_like_an_uninterrupted_one(tmp_path):
@@ -204,6 +247,13 @@ def test_init_from_that_does_not_fit_names_the_first_tensor(tmp_path):
     with pytest.raises(UserError) as e:
         load_initial_weights(cfg.model, build_model(cfg.model, (1, 8, 8), 10))
     assert "stem.0.weight is [4, 1, 3, 3] there and [8, 1, 3, 3] here" in str(e.value)
+    assert "reset_head" not in str(e.value)  # the head is not what differs
+    assert "another width or architecture" in str(e.value)
+    # another class count: the classifier differs, and reset_head is the way out
+    with pytest.raises(UserError) as e:
+        same = compose(*SMALL, f"model.init_from={src}").model
+        load_initial_weights(same, build_model(same, (1, 8, 8), 3))
+    assert "(another class count: model.reset_head=true)" in str(e.value)
 
 
 BAD = [
@@ -217,6 +267,10 @@ BAD = [
     (
         ["trainer.weight_averaging=ema", "trainer.ema_decay=1.0"],
         "trainer.ema_decay=1.0 must be a number in (0, 1)",
+    ),
+    (
+        ["trainer.weight_averaging=ema", "trainer.ema_warmup=maybe"],
+        "trainer.ema_warmup=maybe must be true or false",
     ),
     (
         ["trainer.weight_averaging=swa", "trainer.swa_lr=[0.01,0.1]"],

@@ -76,6 +76,16 @@ def direct(paths, size=32):
     return torch.stack([tf(Image.open(p).convert("RGB")) for p in paths])
 
 
+def test_folder_cutout_is_the_tensor_paths_mean_colour_square_clipped_at_the_border(tree):
+    data = build_data(cfg(root=str(tree), augment="cutout"), CPU, seed=0)
+    x = torch.cat([b[0] for b in data.train])  # 120 normalised 32×32 images
+    mask = (x == 0).all(dim=1)  # 0 after normalisation: the mean colour, as on tensor data
+    rows, cols = mask.any(2).sum(1), mask.any(1).sum(1)
+    assert torch.equal(mask.flatten(1).sum(1), rows * cols)  # one rectangle per image
+    assert rows.min() >= 8 and rows.max() <= 16 and cols.min() >= 8 and cols.max() <= 16
+    assert (rows * cols < 256).any()  # centred anywhere: clipped at the border
+
+
 def test_folder_subset_is_unaugmented_seeded_and_cached(tree, tmp_path):
     data = build_data(cfg(root=str(tree)), CPU, seed=0)
     x, y = data.train_subset(50, 0)

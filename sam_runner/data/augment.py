@@ -40,10 +40,28 @@ def basic(_size):
 
 
 @AUGMENTS.register("cutout", "basic, then one 16×16 hole (Cutout, DeVries & Taylor 2017)")
-def cutout(_size):
-    # a square of CUTOUT_SIDE² of the area, inside the image, zero-filled
-    area = CUTOUT_SIDE**2
-    return _v2().RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0), value=0)
+def cutout(size):
+    return Cutout(round(CUTOUT_SIDE * size))
+
+
+class Cutout:
+    """DeVries & Taylor's Cutout as their code does it: a square of side ``side`` centred on a
+    uniformly drawn pixel, clipped at the border (so it may be cut to a rectangle: mean area 196
+    px for 16×16 on 32×32), set to 0 in the normalised image, i.e. the dataset's mean colour.
+    It runs after normalisation on tensor and folder data alike (``after_normalisation``)."""
+
+    after_normalisation = True
+
+    def __init__(self, side: int):
+        self.side = int(side)
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        h, w = img.shape[-2:]
+        cy, cx = (int(torch.randint(n, (1,))) for n in (h, w))  # the global RNG, as v2's
+        half = self.side // 2
+        out = img.clone()
+        out[..., max(0, cy - half) : min(h, cy + half), max(0, cx - half) : min(w, cx + half)] = 0
+        return out
 
 
 @AUGMENTS.register("autoaugment", "basic, then AutoAugment (CIFAR10 policy on 32², else ImageNet)")
@@ -84,6 +102,8 @@ class TensorPolicy:
 
     def __init__(self, op):
         self.op = op
+        # Cutout fills the mean colour: it runs on the normalised floats, the rest on uint8
+        self.after_normalisation = getattr(op, "after_normalisation", False)
 
     def __call__(self, x, g, batch=None):
         size, share = batch if batch is not None else (len(x), slice(None))
@@ -114,8 +134,9 @@ def folder_transform(value, size: int, mean, std):
     else:
         head = [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
     op = entry.target(size)
-    geometric = [] if op is None or entry.name == "cutout" else [op]
-    tail = [op] if entry.name == "cutout" else []
+    late = getattr(op, "after_normalisation", False)
+    geometric = [] if op is None or late else [op]
+    tail = [op] if late else []
     return v2.Compose(
         [
             *head,

@@ -3,7 +3,8 @@ the parameter of each of its five severities.
 
 Images (``inputs="image"``): functions of a batch of images with values in [0, 1] (float, NCHW,
 on any device), with the parameters of Hendrycks & Dietterich 2019 (CIFAR-10-C), re-implemented
-here from their formulas as tensor operations. ``corrupt_images`` clips the result to [0, 1] and
+here from their formulas as tensor operations (image folders take ImageNet-C's parameters
+instead: ``IMAGENET_C``, ``folder_parameter``). ``corrupt_images`` clips the result to [0, 1] and
 stores it in 8 bits by truncation, as the published arrays were stored. Only corruptions that are
 exact on tensors are here: the noise family (Gaussian, shot, impulse, and the extra speckle),
 defocus and Gaussian blur, brightness, contrast and the extra saturate. Not here: glass blur
@@ -142,9 +143,11 @@ def disk_kernel(radius: float, alias_blur: float) -> torch.Tensor:
     """The defocus kernel: the indicator of the disk x² + y² ≤ radius² on the grid −8..8
     (−L..L, L = ⌈radius⌉, for a radius over 8: ImageNet-C's largest), normalised to sum 1, then
     smoothed by a 3×3 Gaussian (5×5 for a radius over 8, as ImageNet-C's code) of standard
-    deviation ``alias_blur`` (its weights exp(−t²/2σ²) on t = −1, 0, 1, normalised); the
-    all-zero border is trimmed (it contributes nothing). Computed in float32, as the published
-    kernel was."""
+    deviation ``alias_blur`` (its weights exp(−t²/2σ²) on t = −1, 0, 1, normalised) with the
+    grid's borders mirrored without repeating the edge (reflect-101, OpenCV's default, as
+    ``cv2.GaussianBlur`` in ImageNet-C's code: a disk that reaches the grid's edge keeps its mass,
+    so the kernel sums to a little over 1 there); the all-zero border is trimmed (it contributes
+    nothing). Computed in float32, as the published kernel was."""
     half = max(8, math.ceil(radius))
     t = torch.arange(-half, half + 1, dtype=torch.float32)
     disk = ((t[:, None] ** 2 + t[None, :] ** 2) <= radius**2).to(torch.float32)
@@ -152,7 +155,8 @@ def disk_kernel(radius: float, alias_blur: float) -> torch.Tensor:
     a = 1 if radius <= 8 else 2
     w = torch.exp(-0.5 * torch.arange(-a, a + 1, dtype=torch.float32) ** 2 / alias_blur**2)
     w = (w / w.sum()).to(torch.float32)
-    smooth = F.conv2d(disk[None, None], (w[:, None] * w[None, :])[None, None], padding=a)[0, 0]
+    padded = F.pad(disk[None, None], (a, a, a, a), mode="reflect")  # torch's reflect is 101
+    smooth = F.conv2d(padded, (w[:, None] * w[None, :])[None, None])[0, 0]
     keep = smooth.abs().sum(0).nonzero().flatten()
     r = int(max(half - int(keep.min()), int(keep.max()) - half))
     return smooth[half - r : half + 1 + r, half - r : half + 1 + r]
@@ -316,24 +320,36 @@ def generator(device, seed: int, name: str, severity: int, rank: int = 0) -> tor
     return g
 
 
-# ImageNet-C's parameters of the corruptions whose form depends on the image size (pixel
-# lengths, for 224² images); image folders scale them by image_size / 224 (folder_parameter)
+# ImageNet-C's parameters (Hendrycks & Dietterich's ImageNet-C code, for 224² images), the
+# table image folders use: the per-pixel ones as published at every size, the blurs' pixel
+# lengths scaled by image_size / 224 (folder_parameter)
 IMAGENET_C = {
+    "gaussian_noise": (0.08, 0.12, 0.18, 0.26, 0.38),
+    "shot_noise": (60, 25, 12, 5, 3),
+    "impulse_noise": (0.03, 0.06, 0.09, 0.17, 0.27),
+    "speckle_noise": (0.15, 0.2, 0.35, 0.45, 0.6),
     "gaussian_blur": (1.0, 2.0, 3.0, 4.0, 6.0),
     "defocus_blur": ((3.0, 0.1), (4.0, 0.5), (6.0, 0.5), (8.0, 0.5), (10.0, 0.5)),
+    "brightness": (0.1, 0.2, 0.3, 0.4, 0.5),
+    "contrast": (0.4, 0.3, 0.2, 0.1, 0.05),
+    "saturate": ((0.3, 0.0), (0.1, 0.0), (2.0, 0.0), (5.0, 0.1), (20.0, 0.2)),
 }
+SIZED = ("gaussian_blur", "defocus_blur")  # a length in pixels: scaled with the image
 
 
 def folder_parameter(name: str, severity: int, image_size: int):
-    """The parameter of ``name`` on image-folder images of ``image_size``: for the
-    size-dependent corruptions of images over 64², ImageNet-C's pixel lengths scaled by
-    image_size / 224 (the blur σ, the defocus radius; its anti-alias σ as published); for
-    images of 64² or less, the registry's (CIFAR-10-C's, made for 32²: ImageNet-C's scaled down
-    that far blur less than CIFAR-10-C's, its severity 1 not at all); for the per-pixel ones
-    (noise, brightness, contrast, saturate: no length in them), the registry's."""
-    if name not in IMAGENET_C or image_size <= 64:
+    """The parameter of ``name`` on image-folder images of ``image_size``: ImageNet-C's for the
+    per-pixel corruptions (noise, brightness, contrast, saturate: no length in them), at every
+    size; for the two blurs over 64², ImageNet-C's pixel lengths scaled by image_size / 224 (the
+    blur σ, the defocus radius; its anti-alias σ as published); for the blurs at 64² or less,
+    the registry's (CIFAR-10-C's, made for 32²: ImageNet-C's scaled down that far blur less
+    than CIFAR-10-C's, its severity 1 not at all)."""
+    if name not in IMAGENET_C or (name in SIZED and image_size <= 64):
         return parameter(name, severity)
-    c, scale = IMAGENET_C[name][severity - 1], image_size / 224
+    c = IMAGENET_C[name][severity - 1]
+    if name not in SIZED:
+        return c
+    scale = image_size / 224
     return (c[0] * scale, c[1]) if isinstance(c, tuple) else c * scale
 
 

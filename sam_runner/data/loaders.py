@@ -92,12 +92,14 @@ class Normalize:
         """
         if self.augment:
             x = random_crop_flip(x, self.pad, g, batch)
-        if self.policy is not None:  # on the stored images (uint8: the policies' own range)
+        late = self.policy is not None and self.policy.after_normalisation
+        if self.policy is not None and not late:  # on the stored images (uint8: their range)
             x = self.policy(x, g, batch)
         # one float32 copy, normalised in place: a whole measurement subset passes here, and
         # temporaries would hold it three more times
         x = x.to(torch.float32, copy=True).div_(self.scale)
-        return x.sub_(self.mean.to(x.device)).div_(self.std.to(x.device))
+        x = x.sub_(self.mean.to(x.device)).div_(self.std.to(x.device))
+        return self.policy(x, g, batch) if late else x
 
 
 def random_crop_flip(x, pad, g, batch=None):

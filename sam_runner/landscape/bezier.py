@@ -16,7 +16,10 @@ t's draws come from ``landscape.seed``. It is evaluated at the points of the α 
 Weight decay, as Garipov et al. train curves: on the curve point, not on θ_C. The base
 optimizer is built with weight decay 0, and the run's ``base_optimizer.weight_decay`` w enters
 the loss as ½·w·‖φ(t)‖² over the trainable parameters (its gradient in θ_C is
-w·2t(1 − t)·φ(t)). The epoch losses reported are of that penalised loss, the one descended.
+w·2t(1 − t)·φ(t)). Under a SAM variant the penalty enters the gradient ε is built from only
+with ``optimizer.perturb_with_weight_decay=true``, as in training (default: ε from the loss's
+gradient alone); the descent pass always has it. The epoch losses reported are of that
+penalised loss at θ_C, the one descended.
 """
 
 from __future__ import annotations
@@ -93,10 +96,16 @@ def _closure(optimizer, curve, criterion, autocast, scaler, wd, x, y, t):
         out = curve.forward(x, t)
     per_sample = criterion(out.float(), y)
     loss = optimizer.reduce_loss(per_sample, out, y)
-    if wd:  # Garipov et al.'s weight decay: on the curve point φ(t)
-        loss = loss + 0.5 * wd * curve.squared_norm(t)
-    scaler.scale(loss).backward()
-    return loss.detach()
+    if not wd:
+        scaler.scale(loss).backward()
+        return loss.detach()
+    # Garipov et al.'s weight decay: on the curve point φ(t). A SAM variant's ascent pass (the
+    # gradient ε is built from) leaves it out unless perturb_with_weight_decay, as in training
+    penalised = loss + 0.5 * wd * curve.squared_norm(t)
+    ascent = getattr(optimizer, "last_perturbed", False) and optimizer.pass_index == 0
+    plain = ascent and not getattr(optimizer, "perturb_with_weight_decay", False)
+    scaler.scale(loss if plain else penalised).backward()
+    return penalised.detach()
 
 
 def curve_step(optimizer, curve, criterion, autocast, scaler, wd, x, y, t):

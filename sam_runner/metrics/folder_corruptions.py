@@ -8,8 +8,8 @@
   the test set's. ``names: all`` is every corruption folder of the tree.
 - otherwise the registry's corruptions are generated batch by batch on the device (source
   ``generated``) from the test images decoded in 8 bits (the evaluation transform), with the
-  parameters of ``corruptions.folder_parameter``: ImageNet-C's, scaled to the image size, for
-  the blurs; the registry's own for the per-pixel ones.
+  parameters of ``corruptions.folder_parameter``: ImageNet-C's table (the per-pixel ones as
+  published, the blurs' lengths scaled to the image size), not the registry's CIFAR-10-C one.
 """
 
 from __future__ import annotations

@@ -119,6 +119,41 @@ def test_defocus_blur_equals_the_disk_kernel_applied_with_mirrored_borders():
             np.testing.assert_allclose(hwc(out[i]), np.clip(ref, 0, 1), atol=2e-7)
 
 
+def imagenet_c():
+    """Hendrycks' ImageNet-C code (the ``imagecorruptions`` package, 1.1.2; a test-only
+    dependency). It imports ``pkg_resources``, which newer setuptools no longer ship: a stand-in
+    with the one function it uses is put in first when the real one is missing."""
+    import importlib.util
+    import os
+    import sys
+    import types
+
+    if "pkg_resources" not in sys.modules and importlib.util.find_spec("pkg_resources") is None:
+        shim = types.ModuleType("pkg_resources")
+        shim.resource_filename = lambda pkg, name: os.path.join(
+            os.path.dirname(importlib.util.find_spec(pkg).origin), name
+        )
+        sys.modules["pkg_resources"] = shim
+    return pytest.importorskip("imagecorruptions.corruptions")
+
+
+@pytest.mark.parametrize("size", [32, 64, 224])
+def test_defocus_blur_is_imagenet_cs_within_one_level_at_every_severity(size):
+    """ImageNet-C's parameters through our kernel and ImageNet-C's own code (cv2, borders
+    reflect-101 both for the kernel's smoothing and the filtering), on two random images."""
+    ic = imagenet_c()
+    x = np.random.default_rng(size).integers(0, 256, (2, size, size, 3)).astype(np.uint8)
+    for severity in C.SEVERITIES:
+        c = C.IMAGENET_C["defocus_blur"][severity - 1]
+        ref = np.stack([np.uint8(ic.defocus_blur(img, severity)) for img in x]).astype(int)
+        t = torch.from_numpy(x).permute(0, 3, 1, 2)
+        ours = C.corrupt_images("defocus_blur", t, severity, None, c).permute(0, 2, 3, 1)
+        diff = np.abs(ours.numpy().astype(int) - ref)
+        assert diff.max() <= 1 and (diff == 0).mean() >= 0.99, (size, severity)
+        k = ic.disk(int(c[0]), c[1])
+        assert abs(float(C.disk_kernel(*c).sum()) - float(k.sum())) < 1e-6, severity
+
+
 def hsv_reference(img, change):
     """Per pixel through the standard library's HSV conversion."""
     out = np.empty_like(img)

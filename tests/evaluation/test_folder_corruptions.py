@@ -66,8 +66,35 @@ def test_generated_corruptions_are_those_of_the_decoded_tensors(tree):
     # the size-dependent ones at ImageNet-C's parameters (at 224² exactly), the others as listed
     assert C.folder_parameter("defocus_blur", 5, 224) == (10.0, 0.5)
     assert C.folder_parameter("gaussian_blur", 2, 112) == 1.0
-    assert C.folder_parameter("gaussian_noise", 3, 224) == C.parameter("gaussian_noise", 3)
     assert C.folder_parameter("defocus_blur", 3, 32) == C.parameter("defocus_blur", 3)
+
+
+# ImageNet-C's per-pixel parameters as its code publishes them (severity 1 to 5)
+IMAGENET_C_PER_PIXEL = {
+    "gaussian_noise": (0.08, 0.12, 0.18, 0.26, 0.38),
+    "shot_noise": (60, 25, 12, 5, 3),
+    "impulse_noise": (0.03, 0.06, 0.09, 0.17, 0.27),
+    "speckle_noise": (0.15, 0.2, 0.35, 0.45, 0.6),
+    "brightness": (0.1, 0.2, 0.3, 0.4, 0.5),
+    "contrast": (0.4, 0.3, 0.2, 0.1, 0.05),
+    "saturate": ((0.3, 0), (0.1, 0), (2, 0), (5, 0.1), (20, 0.2)),
+}
+
+
+@pytest.mark.parametrize("size", [32, 64, 224])
+def test_folder_data_takes_imagenet_cs_per_pixel_severities_at_every_size(size):
+    for name, published in IMAGENET_C_PER_PIXEL.items():
+        assert tuple(C.folder_parameter(name, s, size) for s in C.SEVERITIES) == published, name
+
+
+def test_a_generated_folder_corruption_is_drawn_at_imagenet_cs_parameter(tree):
+    d = dataset(tree)
+    data = build_data(d, CPU, seed=0)
+    raw = torch.cat([x for x, _, _ in data.test_images])
+    loader, _ = corrupted_loader(data, metrics(), d, 0, "contrast", 5)
+    got = torch.cat([x for x, _, _ in loader])
+    expect = C.corrupt_images("contrast", raw, 5, None, 0.05)  # CIFAR-10-C's would be 0.15
+    assert torch.equal(got, data.prepare(expect, None))
 
 
 def write_imagenet_c(tree, root, names=("gaussian_noise",), severities=(1, 5)):

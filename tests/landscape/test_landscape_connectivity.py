@@ -198,3 +198,48 @@ def test_non_finite_logits_have_no_accuracy_and_both_panels_leave_them_out():
         drawn = [line for line in ax.get_lines() if line.get_label().startswith("line, ")]
         assert all(np.isnan(line.get_ydata()[0]) for line in drawn)
         assert any("not finite at α = -0.25" in t.get_text() for t in ax.texts)
+
+
+@pytest.mark.parametrize("with_wd", [False, True])
+def test_a_sam_curve_step_builds_eps_with_weight_decay_only_as_training_would(with_wd):
+    """Under SAM the penalty ½·w·‖φ(t)‖² enters the ascent gradient only with
+    ``optimizer.perturb_with_weight_decay=true`` (training's default keeps it out of ε); the
+    descent gradient at θ_C + ε always has it."""
+    cpu = torch.device("cpu")
+    run_a, run_b = load_run(trained(*MLP), cpu), load_run(trained(*MLP, "seed=1"), cpu)
+    ev = Evaluator(run_a, 64, 64)
+    curve = BezierCurve(ev, run_a.state, run_b.state)
+    lr, wd, rho, t = 0.1, 0.5, 0.2, 0.4
+    cfg = compose(
+        "optimizer=sam",
+        f"optimizer.rho={rho}",
+        f"optimizer.perturb_with_weight_decay={str(with_wd).lower()}",
+        f"base_optimizer.lr={lr}",
+        "base_optimizer.momentum=0",
+        f"base_optimizer.weight_decay={wd}",
+    )
+    optimizer, _ = curve_optimizer(cfg, curve.control, 10)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    optimizer.bind(model=curve.control, grad_scaler=scaler, clip_grad_norm=None)
+    (x, *_), y = ev.train
+    y = y[: len(x)]
+    wa, wc, wb = weights(t)
+    criterion = run_a.criterion()
+
+    def grads_at(c, penalised):
+        leaves = [v.detach().clone().requires_grad_(True) for v in c]
+        phi = [wa * a + wc * ci + wb * b for a, ci, b in zip(curve.a, leaves, curve.b)]
+        out = torch.func.functional_call(curve.control, dict(zip(curve.names, phi)), (x,))
+        loss = criterion(out.float(), y).mean()
+        if penalised:
+            loss = loss + 0.5 * wd * sum(v.square().sum() for v in phi)
+        return torch.autograd.grad(loss, leaves)
+
+    c0 = [v.detach().clone() for v in curve.c]
+    g0 = grads_at(c0, penalised=with_wd)
+    norm = torch.sqrt(sum(g.square().sum() for g in g0))
+    g1 = grads_at([c + rho * g / norm for c, g in zip(c0, g0)], penalised=True)
+    expected = [c - lr * g for c, g in zip(c0, g1)]
+    curve_step(optimizer, curve, criterion, run_a.autocast(), scaler, wd, x, y, t)
+    for new, want in zip(curve.c, expected):
+        assert torch.allclose(new, want, rtol=1e-4, atol=1e-6)
