@@ -17,6 +17,7 @@ from sam_runner.errors import UserError
 from sam_runner.preflight import preflight
 from sam_runner.sweep.hydra_api import search_space
 from sam_runner.sweep.objective import job_value
+from sam_runner.sweep.study import open_storage
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 TINY = [
@@ -145,7 +146,7 @@ def test_sigkill_during_trial_3_then_the_same_command_ends_with_4_trials(tmp_pat
     assert f"resuming {sweep / '2'} from epoch 1" in again.stderr  # from its checkpoint
     assert "trial #0 of" not in again.stdout and "trial #1 of" not in again.stdout  # not rerun
     assert {n: (sweep / n / "metrics.jsonl").read_bytes() for n in ("0", "1")} == before
-    study = optuna.load_study(study_name="search", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    study = optuna.load_study(study_name="search", storage=open_storage(sweep, None))
     states = [t.state.name for t in study.trials]
     assert states == ["COMPLETE"] * 4
     # the resumed sampler draws new values, not the first trials' again
@@ -183,9 +184,9 @@ def test_search_report_ranks_trials_and_puts_failed_ones_last(tmp_path):
     from sam_runner.runfiles import write_json
 
     study = optuna.create_study(
-        study_name="search", direction="maximize", storage=f"sqlite:///{tmp_path / 'optuna.db'}"
+        study_name="search", direction="maximize", storage=open_storage(tmp_path, None)
     )
-    space = {"optimizer.rho": optuna.distributions.LogUniformDistribution(0.01, 0.5)}
+    space = {"optimizer.rho": optuna.distributions.FloatDistribution(0.01, 0.5, log=True)}
     for value in (0.5, -math.inf, 0.7):
         t = study.ask(space)
         study.tell(t, value)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..runfiles import atomic_write_bytes, read_json
-from ..sweep.objective import STORAGE_FILE, STUDY_NAME, final_line
+from ..sweep.objective import OLD_STORAGE_FILE, STORAGE_FILE, STUDY_NAME, final_line
 from .sections import SECTIONS
 
 METRICS = ("loss", "acc", "ece", "nll")
@@ -54,19 +54,21 @@ class Study:
 
 
 def is_search(sweep_dir) -> bool:
-    """Whether a folder holds a search's study (the sweeper's SQLite storage)."""
-    return (Path(sweep_dir) / STORAGE_FILE).is_file()
+    """Whether a folder holds a search's study (the sweeper's journal, or an older SQLite file)."""
+    return any((Path(sweep_dir) / f).is_file() for f in (STORAGE_FILE, OLD_STORAGE_FILE))
 
 
 def load_study(sweep_dir) -> Study:
     import optuna
 
+    from ..sweep.study import open_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sweep_dir = Path(sweep_dir)
-    storage = f"sqlite:///{(sweep_dir / STORAGE_FILE).absolute()}"
+    storage = open_storage(sweep_dir, None, migrate=False)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     if not names:
-        raise UserError(f"{sweep_dir / STORAGE_FILE} holds no Optuna study")
+        raise UserError(f"{sweep_dir} holds no Optuna study")
     study = optuna.load_study(
         study_name=STUDY_NAME if STUDY_NAME in names else names[0], storage=storage
     )
