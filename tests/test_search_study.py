@@ -119,3 +119,23 @@ def test_the_study_lives_in_a_journal_and_an_old_sqlite_study_is_carried_over(tm
     again = optuna.load_study(study_name="search", storage=open_storage(tmp_path, None))
     assert len(again.trials) == 2 and capsys.readouterr().err == ""  # copied once
     assert json.loads((tmp_path / "optuna.journal").read_text().splitlines()[0])
+
+
+def test_bad_sweeper_settings_are_one_line_before_anything_trains(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "sam_runner.cli", "-m", "hparams_search=sam_rho_lr"]
+    base += ["trainer.epochs=1", f"hydra.sweep.dir={tmp_path / 's'}"]
+    cases = {
+        "hydra.sweeper.n_trials=0": "hydra.sweeper.n_trials=0 must be at least 1",
+        "hydra.sweeper.sampler.name=grid": "sampler.name=grid is unknown",
+        f"hydra.sweeper.storage=sqlite:///{tmp_path}/no/such/dir/x.db": "cannot be opened",
+    }
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for line, said in cases.items():
+        out = subprocess.run([*base, line], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 2 and said in out.stderr, (line, out.stderr[-2000:])
+        assert out.stderr.strip().count("\n") == 0, out.stderr
+        assert not list((tmp_path / "s").glob("*/metrics.jsonl"))  # nothing trained

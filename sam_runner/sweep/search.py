@@ -91,13 +91,19 @@ class Search:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         seed = self.sampler_conf.get("seed")
         sampler, pinned = make_sampler(self.sampler_conf, seed)
-        study = optuna.create_study(
-            study_name=self.study_name or STUDY_NAME,
-            storage=open_storage(sweep_dir, self.storage),
-            sampler=sampler,
-            direction=self.way,
-            load_if_exists=True,
-        )
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name or STUDY_NAME,
+                storage=open_storage(sweep_dir, self.storage),
+                sampler=sampler,
+                direction=self.way,
+                load_if_exists=True,
+            )
+        except Exception as e:  # a database's driver raises its own errors
+            if not self.storage:
+                raise
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            fail(f"hydra.sweeper.storage={self.storage} cannot be opened ({reason})")
         if study.trials and seed is not None:
             # seeded afresh with the preset's seed it would draw the first trials' values again
             study.sampler = make_sampler(self.sampler_conf, int(seed) + len(study.trials))[0]
