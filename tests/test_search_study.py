@@ -139,3 +139,24 @@ def test_bad_sweeper_settings_are_one_line_before_anything_trains(tmp_path):
         assert out.returncode == 2 and said in out.stderr, (line, out.stderr[-2000:])
         assert out.stderr.strip().count("\n") == 0, out.stderr
         assert not list((tmp_path / "s").glob("*/metrics.jsonl"))  # nothing trained
+
+
+@pytest.mark.parametrize(
+    "preset, keys",
+    [
+        ("sam_rho_lr", ["optimizer.rho", "base_optimizer.lr"]),
+        ("gear_sam", ["optimizer.rho", "base_optimizer.lr", "optimizer.beta"]),
+        ("tlc_sam", ["optimizer.rho", "base_optimizer.lr", "optimizer.tau_target"]),
+        ("le_sam", ["optimizer.sigma", "optimizer.rho_max", "base_optimizer.lr"]),
+    ],
+)
+def test_the_presets_compose_onto_our_sweeper_unchanged(preset, keys):
+    from sam_runner.sweep.hydra_api import compose
+
+    cfg = compose([f"hparams_search={preset}", "hydra.sweeper.n_trials=7"])
+    sweeper = OmegaConf.to_container(cfg.hydra.sweeper)
+    assert sweeper["_target_"] == "hydra_plugins.sam_runner_sweeper.search.SearchSweeper"
+    assert sweeper["n_trials"] == 7 and sweeper["sampler"] == {**tpe_preset(), "seed": 0}
+    space, fixed = parse_space([f"{k}={v}" for k, v in sweeper["params"].items()])
+    assert list(space) == keys and fixed == []
+    assert all(d.log for k, d in space.items() if k != "optimizer.beta")
