@@ -160,3 +160,27 @@ def test_the_presets_compose_onto_our_sweeper_unchanged(preset, keys):
     space, fixed = parse_space([f"{k}={v}" for k, v in sweeper["params"].items()])
     assert list(space) == keys and fixed == []
     assert all(d.log for k, d in space.items() if k != "optimizer.beta")
+
+
+def test_a_running_trial_is_rerun_only_when_nobody_runs_it(tmp_path):
+    """A second sweeper of the same study leaves the first one's running trials alone; a trial
+    whose sweeper was killed (and whose job holds no lock) is run again."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from sam_runner.lock import job_lock
+    from sam_runner.sweep.search import orphaned
+
+    study = optuna.create_study(storage=open_storage(tmp_path, None))
+    x = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], text=True, capture_output=True
+    ).stdout.strip()
+    here = socket.gethostname()
+    for owner in (f"{os.getppid()} {here}", f"{dead} {here}", f"{os.getppid()} {here}"):
+        study.ask(x).set_user_attr("sweeper", owner)
+    with job_lock(tmp_path / "1", "train"):
+        assert not orphaned(study.trials[1], tmp_path)  # its job runs
+    assert [orphaned(t, tmp_path) for t in study.trials] == [False, True, False]

@@ -13,6 +13,8 @@ search goes on.
 from __future__ import annotations
 
 import math
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import optuna
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
+from ..lock import held_by
 from . import objective
 from .callback import _exclude, fail
 from .objective import STUDY_NAME
@@ -37,6 +40,24 @@ def plain(conf) -> dict:
             f"(hydra.sweeper.sampler.name=tpe, random, nsgaii, ...) so its settings are recorded"
         )
     return OmegaConf.to_container(conf) if isinstance(conf, DictConfig) else dict(conf or {})
+
+
+def orphaned(trial, sweep_dir: Path) -> bool:
+    """Whether a running trial was left by a killed command (run it again) rather than being
+    run now by another sweeper of the same study: its job holds no lock in its folder and the
+    sweeper that asked it is not alive on this host (another host's is judged by the lock)."""
+    if held_by(sweep_dir / str(trial.number), "train"):
+        return False
+    pid, _, host = str(trial.user_attrs.get("sweeper", "")).partition(" ")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 class Search:
@@ -73,12 +94,20 @@ class Search:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what runs
         study = self.open_study()
         # trials a killed command left running: run again in their folders, from checkpoints
-        for batch in self.batches([t.number for t in study.trials if t.state in LIVE]):
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        left = [t.number for t in study.trials if t.state in LIVE and orphaned(t, sweep_dir)]
+        for batch in self.batches(left):
             self.run(study, [study.trials[n] for n in batch])
         while len(study.trials) < self.n_trials:
             size = min(self.n_jobs, self.n_trials - len(study.trials))
-            self.run(study, [study.ask(self.space) for _ in range(size)])
+            self.run(study, [self.ask(study) for _ in range(size)])
         self.announce(study)
+
+    def ask(self, study):
+        """A new trial, marked with this process (another sweeper of the study leaves it be)."""
+        trial = study.ask(self.space)
+        trial.set_user_attr("sweeper", f"{os.getpid()} {socket.gethostname()}")
+        return trial
 
     def _direction(self) -> str:
         way = str(self.direction)
@@ -158,7 +187,10 @@ class Search:
             print(f"trial #{t.number} of {self.n_trials}: {searched}", flush=True)
         returns = self.launcher.launch(jobs, initial_job_idx=trials[0].number)
         for t, ret in zip(trials, returns):
-            study.tell(t.number, self.value(t.number, ret))
+            try:
+                study.tell(t.number, self.value(t.number, ret))
+            except (RuntimeError, ValueError) as e:  # told already, by another sweeper
+                print(f"sam-run: trial #{t.number} not told again ({e})", file=sys.stderr)
 
     def value(self, number: int, ret) -> float:
         """A job's objective; the worst one when the job raised or returned no number."""
