@@ -219,3 +219,36 @@ def test_sweep_lines_refuses_a_search_in_one_line(capsys):
         lines_main(["hparams_search=sam_rho_lr"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in err and "run it with sam-run -m" in err
+
+
+@pytest.mark.slow
+def test_two_sweepers_of_one_study_at_once_never_run_a_trial_twice(tmp_path):
+    import optuna
+
+    sweep = tmp_path / "search"
+    cmd = [
+        sys.executable,
+        "-m",
+        "sam_runner.cli",
+        "-m",
+        "hparams_search=sam_rho_lr",
+        *TINY,
+        "trainer.epochs=1",
+        f"dataset.data_dir={tmp_path}",
+        "hydra.sweeper.n_trials=4",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    study = optuna.load_study(study_name="search", storage=open_storage(sweep, None))
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    ran = [line for o in outs for line in o[0].splitlines() if line.startswith("trial #")]
+    assert sorted(line.split()[1] for line in ran) == ["#0", "#1", "#2", "#3"]  # each once
+    for t in study.trials:
+        lines = (sweep / str(t.number) / "metrics.jsonl").read_text().splitlines()
+        summary = json.loads((sweep / str(t.number) / "summary.json").read_text())
+        assert t.value == summary["val_acc"] and len([x for x in lines if "test_acc" in x]) == 1
