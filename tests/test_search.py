@@ -207,6 +207,13 @@ def test_search_report_ranks_trials_and_puts_failed_ones_last(tmp_path):
         ["2", "0", "completed"],
         ["3", "1", "diverged"],
     ]
+    assert (tmp_path / "trials.csv").read_text().splitlines() == [
+        "number,state,job_dir,optimizer.rho,val_acc",
+        *(
+            f"{t.number},COMPLETE,{t.number},{t.params['optimizer.rho']},{t.value}"
+            for t in study.trials
+        ),
+    ]
     md = (tmp_path / "search.md").read_text()
     assert "## Best trial: #2" in md and "| acc | 0.7 | 0.6 |" in md
     assert "optimizer.rho (log)" not in md and paths[-1].name == "search_optimizer.rho.png"

@@ -96,8 +96,37 @@ def write_search_report(sweep_dir, out_dir=None, fmt: str = "png") -> list[Path]
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [scatter(study, key, out_dir, fmt) for key in searched_keys(study)]
     atomic_write_bytes(out_dir / "search.csv", render_csv(study).encode())
+    atomic_write_bytes(out_dir / "trials.csv", trials_csv(study).encode())
     atomic_write_bytes(out_dir / "search.md", render_markdown(study, plots).encode())
-    return [out_dir / "search.md", out_dir / "search.csv", *plots]
+    return [out_dir / "search.md", out_dir / "search.csv", out_dir / "trials.csv", *plots]
+
+
+def trials_csv(study: Study) -> str:
+    """Every trial by number: its Optuna state, its job folder (relative to the search folder),
+    each searched key by its override name and the objective by its key."""
+    import csv
+    import io
+
+    keys = searched_keys(study)
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["number", "state", "job_dir", *keys, study.objective])
+    for t in sorted(study.trials, key=lambda t: t.number):
+        job_dir = (
+            t.folder.relative_to(study.sweep_dir)
+            if t.folder.is_relative_to(study.sweep_dir)
+            else t.folder
+        )
+        w.writerow(
+            [
+                t.number,
+                t.state,
+                job_dir,
+                *(t.params.get(k, "") for k in keys),
+                "" if t.value is None else t.value,
+            ]
+        )
+    return out.getvalue()
 
 
 def searched_keys(study: Study) -> list[str]:
