@@ -121,6 +121,7 @@ def test_the_study_lives_in_a_journal_and_an_old_sqlite_study_is_carried_over(tm
     assert json.loads((tmp_path / "optuna.journal").read_text().splitlines()[0])
 
 
+@pytest.mark.slow  # three sam-run processes (~30 s each on a shared 2-core machine)
 def test_bad_sweeper_settings_are_one_line_before_anything_trains(tmp_path):
     import os
     import subprocess
