@@ -40,23 +40,11 @@ WHEELS=(
   opentelemetry-exporter-otlp-common==0.66b2
   opentelemetry-exporter-otlp-proto-common==1.45.2
   opentelemetry-exporter-otlp-proto-http==1.45.2
-  hydra-optuna-sweeper==1.3.0
-  optuna==2.10.1
-  alembic==1.13.3
+  optuna==5.1.0
+  alembic==1.20.1
   mako==1.4.3
-  sqlalchemy==1.4.54
-  greenlet==3.5.6
+  sqlalchemy==2.1.9
   colorlog==6.12.0
-  cmaes==0.13.1
-  cliff==4.17.0
-  stevedore==5.10.0
-  prettytable==3.19.0
-  wcwidth==0.9.4
-  cmd2==4.3.1
-  rich-argparse==1.8.0
-  pyperclip==1.11.0
-  prompt-toolkit==3.0.53
-  autopage==0.6.0
 )
 # published as source only (omegaconf pins 4.9.*): built here into a pure-Python wheel
 SDISTS=(

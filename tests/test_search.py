@@ -17,6 +17,7 @@ from sam_runner.errors import UserError
 from sam_runner.preflight import preflight
 from sam_runner.sweep.hydra_api import search_space
 from sam_runner.sweep.objective import job_value
+from sam_runner.sweep.study import open_storage
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 TINY = [
@@ -145,7 +146,7 @@ def test_sigkill_during_trial_3_then_the_same_command_ends_with_4_trials(tmp_pat
     assert f"resuming {sweep / '2'} from epoch 1" in again.stderr  # from its checkpoint
     assert "trial #0 of" not in again.stdout and "trial #1 of" not in again.stdout  # not rerun
     assert {n: (sweep / n / "metrics.jsonl").read_bytes() for n in ("0", "1")} == before
-    study = optuna.load_study(study_name="search", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    study = optuna.load_study(study_name="search", storage=open_storage(sweep, None))
     states = [t.state.name for t in study.trials]
     assert states == ["COMPLETE"] * 4
     # the resumed sampler draws new values, not the first trials' again
@@ -183,9 +184,9 @@ def test_search_report_ranks_trials_and_puts_failed_ones_last(tmp_path):
     from sam_runner.runfiles import write_json
 
     study = optuna.create_study(
-        study_name="search", direction="maximize", storage=f"sqlite:///{tmp_path / 'optuna.db'}"
+        study_name="search", direction="maximize", storage=open_storage(tmp_path, None)
     )
-    space = {"optimizer.rho": optuna.distributions.LogUniformDistribution(0.01, 0.5)}
+    space = {"optimizer.rho": optuna.distributions.FloatDistribution(0.01, 0.5, log=True)}
     for value in (0.5, -math.inf, 0.7):
         t = study.ask(space)
         study.tell(t, value)
@@ -206,6 +207,13 @@ def test_search_report_ranks_trials_and_puts_failed_ones_last(tmp_path):
         ["2", "0", "completed"],
         ["3", "1", "diverged"],
     ]
+    assert (tmp_path / "trials.csv").read_text().splitlines() == [
+        "number,state,job_dir,optimizer.rho,val_acc",
+        *(
+            f"{t.number},COMPLETE,{t.number},{t.params['optimizer.rho']},{t.value}"
+            for t in study.trials
+        ),
+    ]
     md = (tmp_path / "search.md").read_text()
     assert "## Best trial: #2" in md and "| acc | 0.7 | 0.6 |" in md
     assert "optimizer.rho (log)" not in md and paths[-1].name == "search_optimizer.rho.png"
@@ -218,3 +226,36 @@ def test_sweep_lines_refuses_a_search_in_one_line(capsys):
         lines_main(["hparams_search=sam_rho_lr"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in err and "run it with sam-run -m" in err
+
+
+@pytest.mark.slow
+def test_two_sweepers_of_one_study_at_once_never_run_a_trial_twice(tmp_path):
+    import optuna
+
+    sweep = tmp_path / "search"
+    cmd = [
+        sys.executable,
+        "-m",
+        "sam_runner.cli",
+        "-m",
+        "hparams_search=sam_rho_lr",
+        *TINY,
+        "trainer.epochs=1",
+        f"dataset.data_dir={tmp_path}",
+        "hydra.sweeper.n_trials=4",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    study = optuna.load_study(study_name="search", storage=open_storage(sweep, None))
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    ran = [line for o in outs for line in o[0].splitlines() if line.startswith("trial #")]
+    assert sorted(line.split()[1] for line in ran) == ["#0", "#1", "#2", "#3"]  # each once
+    for t in study.trials:
+        lines = (sweep / str(t.number) / "metrics.jsonl").read_text().splitlines()
+        summary = json.loads((sweep / str(t.number) / "summary.json").read_text())
+        assert t.value == summary["val_acc"] and len([x for x in lines if "test_acc" in x]) == 1

@@ -1,5 +1,4 @@
-"""The sweeper of ``hparams_search=...``: hydra-optuna-sweeper's, made resumable
-(sam_runner.sweep.search).
+"""The sweeper of ``hparams_search=...``: a resumable Optuna search (sam_runner.sweep.search).
 
 Optuna is imported when a search starts, not when Hydra scans its plugins on every ``sam-run``.
 """
@@ -10,7 +9,7 @@ from hydra.plugins.sweeper import Sweeper
 
 
 class SearchSweeper(Sweeper):
-    def __init__(self, **settings) -> None:  # hydra-optuna-sweeper's keys (OptunaSweeperConf)
+    def __init__(self, **settings) -> None:  # the keys of conf/hydra/sweeper/optuna.yaml
         from sam_runner.sweep.search import Search
 
         self.search = Search(**settings)

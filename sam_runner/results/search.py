@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..rundir import RunDir
 from ..runfiles import atomic_write_bytes
-from ..sweep.objective import STORAGE_FILE, STUDY_NAME, final_line
+from ..sweep.objective import OLD_STORAGE_FILE, STORAGE_FILE, STUDY_NAME, final_line
 from .sections import SECTIONS
 
 METRICS = ("loss", "acc", "ece", "nll")
@@ -55,19 +55,21 @@ class Study:
 
 
 def is_search(sweep_dir) -> bool:
-    """Whether a folder holds a search's study (the sweeper's SQLite storage)."""
-    return (Path(sweep_dir) / STORAGE_FILE).is_file()
+    """Whether a folder holds a search's study (the sweeper's journal, or an older SQLite file)."""
+    return any((Path(sweep_dir) / f).is_file() for f in (STORAGE_FILE, OLD_STORAGE_FILE))
 
 
 def load_study(sweep_dir) -> Study:
     import optuna
 
+    from ..sweep.study import open_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sweep_dir = Path(sweep_dir)
-    storage = f"sqlite:///{(sweep_dir / STORAGE_FILE).absolute()}"
+    storage = open_storage(sweep_dir, None, migrate=False)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     if not names:
-        raise UserError(f"{sweep_dir / STORAGE_FILE} holds no Optuna study")
+        raise UserError(f"{sweep_dir} holds no Optuna study")
     study = optuna.load_study(
         study_name=STUDY_NAME if STUDY_NAME in names else names[0], storage=storage
     )
@@ -95,8 +97,37 @@ def write_search_report(sweep_dir, out_dir=None, fmt: str = "png") -> list[Path]
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [scatter(study, key, out_dir, fmt) for key in searched_keys(study)]
     atomic_write_bytes(out_dir / "search.csv", render_csv(study).encode())
+    atomic_write_bytes(out_dir / "trials.csv", trials_csv(study).encode())
     atomic_write_bytes(out_dir / "search.md", render_markdown(study, plots).encode())
-    return [out_dir / "search.md", out_dir / "search.csv", *plots]
+    return [out_dir / "search.md", out_dir / "search.csv", out_dir / "trials.csv", *plots]
+
+
+def trials_csv(study: Study) -> str:
+    """Every trial by number: its Optuna state, its job folder (relative to the search folder),
+    each searched key by its override name and the objective by its key."""
+    import csv
+    import io
+
+    keys = searched_keys(study)
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["number", "state", "job_dir", *keys, study.objective])
+    for t in sorted(study.trials, key=lambda t: t.number):
+        job_dir = (
+            t.folder.relative_to(study.sweep_dir)
+            if t.folder.is_relative_to(study.sweep_dir)
+            else t.folder
+        )
+        w.writerow(
+            [
+                t.number,
+                t.state,
+                job_dir,
+                *(t.params.get(k, "") for k in keys),
+                "" if t.value is None else t.value,
+            ]
+        )
+    return out.getvalue()
 
 
 def searched_keys(study: Study) -> list[str]:

@@ -60,17 +60,6 @@ def sweeper_params(sweeper) -> list[str]:
     return [f"{k}={v}" for k, v in (sweeper.params or {}).items()]
 
 
-def optuna_sweeper_impl():
-    """The Optuna plugin's sweeper implementation and its reader of search-space overrides
-    (the runner's search sweeper builds on them)."""
-    from hydra_plugins.hydra_optuna_sweeper._impl import (
-        OptunaSweeperImpl,
-        create_params_from_overrides,
-    )
-
-    return OptunaSweeperImpl, create_params_from_overrides
-
-
 def submitit_shared_parameters() -> set[str]:
     """The executor parameters every submitit cluster shares (the others take a
     ``<cluster>_`` prefix)."""

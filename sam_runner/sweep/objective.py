@@ -19,8 +19,10 @@ from ..errors import UserError, require
 from ..rundir import METRICS
 from ..settings import objective_key
 
-# where a search keeps its Optuna study (in the sweep folder), and the study's name
-STORAGE_FILE, STUDY_NAME = "optuna.db", "search"
+# where a search keeps its Optuna study (in the sweep folder), and the study's name; searches
+# before the journal kept it in SQLite (sweep/study.py migrates such a file)
+STORAGE_FILE, STUDY_NAME = "optuna.journal", "search"
+OLD_STORAGE_FILE = "optuna.db"
 
 DIRECTIONS = ("auto", "maximize", "minimize")
 

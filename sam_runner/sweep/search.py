@@ -1,65 +1,116 @@
-"""A resumable Optuna search: hydra-optuna-sweeper's search space, sampler and study, with the
-grid sweeps' folder rule.
+"""A resumable Optuna search over Hydra's override grammar, with the grid sweeps' folder rule.
 
-hydra-optuna-sweeper numbers its jobs from 0 on every start and asks ``n_trials`` new trials
-each time, so running its command again would reuse the folders of other trials' runs and never
-end. Here the study lives in the sweep folder (``optuna.db``, SQLite), trial *n* runs in
-``<sweep dir>/<n>``, and the same command continues the same study: trials that completed are
-not run again, a trial that was running when the command was killed is run again in its folder
-(``train()`` resumes it from its checkpoint), and new trials are asked until the study holds
-``n_trials``. A job returns its objective (sweep/objective.py); one that failed or diverged
-returns the worst value and the search goes on.
+Optuna is used through its public ask-and-tell API (sweep/study.py builds the space, the sampler
+and the storage). The study lives in the sweep folder (``optuna.journal``, Optuna's journal
+storage, or ``hydra.sweeper.storage=URL``), trial *n* runs in ``<sweep dir>/<n>``, and the same
+command continues the same study: trials that completed are not run again, a trial that was
+running when the command was killed is run again in its folder (``train()`` resumes it from its
+checkpoint), and new trials are asked until the study holds ``n_trials``. A job returns its
+objective (sweep/objective.py); one that failed or diverged returns the worst value and the
+search goes on.
 """
 
 from __future__ import annotations
 
-import functools
 import math
+import os
+import socket
 import sys
 from pathlib import Path
 
 import optuna
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
-from . import hydra_api, objective
+from ..lock import held_by
+from . import objective
 from .callback import _exclude, fail
-from .objective import STORAGE_FILE, STUDY_NAME
+from .objective import STUDY_NAME
 from .plan import check_job, job_key
-
-OptunaSweeperImpl, create_params_from_overrides = hydra_api.optuna_sweeper_impl()
+from .study import make_sampler, open_storage, parse_space
 
 LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+KEYS = ("direction", "study_name", "storage", "n_trials", "n_jobs", "sampler", "params")
 
 
-class Search(OptunaSweeperImpl):
-    def sweep(self, arguments: list[str]) -> None:
-        if isinstance(self.sampler, functools.partial):  # GridSampler: built from the space
-            fail(
-                "hydra/sweeper/sampler=grid is not supported by the resumable search; a grid "
-                "sweep (key=a,b,c without hparams_search) runs every combination"
-            )
-        self._process_searchspace_config()
-        space, fixed = create_params_from_overrides(
-            self._parse_sweeper_params_config() + list(arguments)
+def plain(conf) -> dict:
+    if conf is not None and not isinstance(conf, (dict, DictConfig)):  # built by a _target_
+        fail(
+            f"hydra.sweeper.sampler is a built {type(conf).__name__}; name it instead "
+            f"(hydra.sweeper.sampler.name=tpe, random, nsgaii, ...) so its settings are recorded"
         )
-        for name in fixed:
-            space.pop(name, None)
-        self.space, self.fixed = space, [f"{k}={v}" for k, v in fixed.items()]
+    return OmegaConf.to_container(conf) if isinstance(conf, DictConfig) else dict(conf or {})
+
+
+def orphaned(trial, sweep_dir: Path) -> bool:
+    """Whether a running trial was left by a killed command (run it again) rather than being
+    run now by another sweeper of the same study: its job holds no lock in its folder and the
+    sweeper that asked it is not alive on this host (another host's is judged by the lock)."""
+    if held_by(sweep_dir / str(trial.number), "train"):
+        return False
+    pid, _, host = str(trial.user_attrs.get("sweeper", "")).partition(" ")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+class Search:
+    def __init__(self, **settings) -> None:  # the keys of conf/hydra/sweeper/optuna.yaml
+        unknown = sorted(set(settings) - set(KEYS))
+        if unknown:
+            fail(
+                f"hydra.sweeper.{unknown[0]} is not a key of the search sweeper; its keys: "
+                f"{', '.join(KEYS)}"
+            )
+        self.direction = settings.get("direction") or "auto"
+        self.study_name = settings.get("study_name")
+        self.storage = settings.get("storage")
+        self.n_trials = int(settings.get("n_trials", 20))
+        self.n_jobs = int(settings.get("n_jobs", 1))
+        self.sampler_conf = plain(settings.get("sampler"))
+        self.params = plain(settings.get("params"))
+        if self.n_trials < 1:
+            fail(f"hydra.sweeper.n_trials={self.n_trials} must be at least 1")
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> None:
+        lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        self.space, self.fixed = parse_space(lines)
         self.way = self._direction()
         self.key = objective.objective_key(self.config)
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what runs
         study = self.open_study()
         # trials a killed command left running: run again in their folders, from checkpoints
-        for batch in self.batches([t.number for t in study.trials if t.state in LIVE]):
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        left = [t.number for t in study.trials if t.state in LIVE and orphaned(t, sweep_dir)]
+        for batch in self.batches(left):
             self.run(study, [study.trials[n] for n in batch])
         while len(study.trials) < self.n_trials:
             size = min(self.n_jobs, self.n_trials - len(study.trials))
-            self.run(study, [study.ask(self.space) for _ in range(size)])
+            self.run(study, [self.ask(study) for _ in range(size)])
         self.announce(study)
 
+    def ask(self, study):
+        """A new trial, marked with this process (another sweeper of the study leaves it be)."""
+        trial = study.ask(self.space)
+        trial.set_user_attr("sweeper", f"{os.getpid()} {socket.gethostname()}")
+        return trial
+
     def _direction(self) -> str:
-        way = self.direction.name if hasattr(self.direction, "name") else str(self.direction)
+        way = str(self.direction)
         return objective.direction(self.config) if way == "auto" else way
 
     def open_study(self):
@@ -67,40 +118,47 @@ class Search(OptunaSweeperImpl):
         study of another search (other space, settings or direction) is refused."""
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        storage = self.storage or f"sqlite:///{sweep_dir / STORAGE_FILE}"
-        study = optuna.create_study(
-            study_name=self.study_name or STUDY_NAME,
-            storage=storage,
-            sampler=self.sampler,
-            direction=self.way,
-            load_if_exists=True,
-        )
-        self.continue_sampling(study)
+        seed = self.sampler_conf.get("seed")
+        sampler, pinned = make_sampler(self.sampler_conf, seed)
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name or STUDY_NAME,
+                storage=open_storage(sweep_dir, self.storage),
+                sampler=sampler,
+                direction=self.way,
+                load_if_exists=True,
+            )
+        except Exception as e:  # a database's driver raises its own errors
+            if not self.storage:
+                raise
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            fail(f"hydra.sweeper.storage={self.storage} cannot be opened ({reason})")
+        if study.trials and seed is not None:
+            # seeded afresh with the preset's seed it would draw the first trials' values again
+            study.sampler = make_sampler(self.sampler_conf, int(seed) + len(study.trials))[0]
         what = {
             "space": {k: repr(d) for k, d in self.space.items()},
             "settings": job_key(self.fixed, _exclude(self.config)),
             "direction": self.way,
         }
+        self.check_same_search(study, what, sweep_dir)
+        study.set_user_attr("sampler", {**pinned, "seed": seed})
+        return study
+
+    @staticmethod
+    def check_same_search(study, what: dict, sweep_dir: Path) -> None:
         held = study.user_attrs.get("search")
         if held is None:
             study.set_user_attr("search", what)
-        elif held != what:
+            return
+        if "UniformDistribution" in str(held.get("space")):  # an Optuna 2 study: keys only
+            held = {**held, "space": {k: what["space"].get(k) for k in held["space"]}}
+        if held != what:
             differs = ", ".join(k for k in what if held.get(k) != what[k])
             fail(
                 f"sweep folder {sweep_dir} holds the Optuna study of another search (its {differs} "
                 "differ); use another hydra.sweep.dir, or delete the folder to start over"
             )
-        return study
-
-    def continue_sampling(self, study) -> None:
-        """A resumed study's sampler, seeded ``seed + trials so far``: the sampler made afresh
-        with the preset's seed would draw the first trials' values again."""
-        conf = OmegaConf.select(self.config, "hydra.sweeper.sampler")
-        seed = OmegaConf.select(self.config, "hydra.sweeper.sampler.seed")
-        if study.trials and conf is not None and seed is not None:
-            from hydra.utils import instantiate
-
-            study.sampler = instantiate(conf, seed=int(seed) + len(study.trials))
 
     def batches(self, numbers: list[int]) -> list[list[int]]:
         """Runs of consecutive trial numbers, at most ``n_jobs`` each (one launch each: a
@@ -129,7 +187,10 @@ class Search(OptunaSweeperImpl):
             print(f"trial #{t.number} of {self.n_trials}: {searched}", flush=True)
         returns = self.launcher.launch(jobs, initial_job_idx=trials[0].number)
         for t, ret in zip(trials, returns):
-            study.tell(t.number, self.value(t.number, ret))
+            try:
+                study.tell(t.number, self.value(t.number, ret))
+            except (RuntimeError, ValueError) as e:  # told already, by another sweeper
+                print(f"sam-run: trial #{t.number} not told again ({e})", file=sys.stderr)
 
     def value(self, number: int, ret) -> float:
         """A job's objective; the worst one when the job raised or returned no number."""

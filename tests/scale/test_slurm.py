@@ -365,7 +365,9 @@ def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    study = optuna.load_study(study_name="search", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    from sam_runner.sweep.study import open_storage
+
+    study = optuna.load_study(study_name="search", storage=open_storage(sweep_dir, None))
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     for t in study.trials:
         assert t.value == summary(sweep_dir / str(t.number))["val_acc"]

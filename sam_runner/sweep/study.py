@@ -1,0 +1,101 @@
+"""The Optuna side of a search, through Optuna's public API only: the space from Hydra's override
+grammar, the sampler with its settings pinned, and the study's storage (a journal file in the
+sweep folder by default, safe for several processes; an older search's SQLite file is migrated
+into it once).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import optuna
+
+from . import hydra_api
+from .callback import fail
+from .objective import OLD_STORAGE_FILE, STORAGE_FILE
+
+# the samplers a search may name (hydra.sweeper.sampler.name, or a preset of
+# conf/hydra/sweeper/sampler/); the grid is a grid sweep's job, not a search's
+SAMPLERS = {
+    "tpe": "TPESampler",
+    "random": "RandomSampler",
+    "nsgaii": "NSGAIISampler",
+    "cmaes": "CmaEsSampler",
+    "qmc": "QMCSampler",
+}
+
+
+def make_sampler(conf: dict, seed: int | None):
+    """The sampler ``hydra.sweeper.sampler`` names, built with exactly its keys (the presets
+    write every setting a result depends on), and those settings as recorded in the study."""
+    conf = dict(conf or {})
+    name = str(conf.pop("name", "tpe"))
+    if name not in SAMPLERS:
+        fail(f"hydra.sweeper.sampler.name={name} is unknown; choose one of {', '.join(SAMPLERS)}")
+    target = SAMPLERS[name]
+    conf.pop("seed", None)
+    try:
+        sampler = getattr(optuna.samplers, target)(seed=seed, **conf)
+    except TypeError as e:
+        fail(f"hydra.sweeper.sampler ({target}): {e}")
+    return sampler, {"name": name, **conf}
+
+
+def parse_space(lines: list[str]) -> tuple[dict, list[str]]:
+    """``key=value`` lines (the sweeper's params, then the command's): the searched keys as
+    Optuna distributions (later lines replace earlier ones) and the fixed ones as overrides."""
+    space, fixed = {}, {}
+    for o in hydra_api.parse_overrides(lines):
+        key = o.get_key_element()
+        space.pop(key, None)
+        fixed.pop(key, None)
+        if o.is_sweep_override():
+            space[key] = distribution(o)
+        else:
+            fixed[key] = o.input_line
+    return space, list(fixed.values())
+
+
+def distribution(o):
+    key, d = o.get_key_element(), optuna.distributions
+    if o.is_interval_sweep():
+        v = o.value()
+        log = "log" in v.tags
+        if "int" in v.tags:
+            return d.IntDistribution(int(v.start), int(v.end), log=log)
+        return d.FloatDistribution(float(v.start), float(v.end), log=log)
+    values = list(o.sweep_iterator())
+    if not values:
+        fail(f"the search space {o.input_line} holds no value; give {key} at least one")
+    ints = all(isinstance(x, int) and not isinstance(x, bool) for x in values)
+    if o.is_range_sweep() and ints and len(values) > 1:
+        return d.IntDistribution(values[0], values[-1], step=values[1] - values[0])
+    return d.CategoricalDistribution(values)
+
+
+def open_storage(sweep_dir: Path, url: str | None, migrate: bool = True):
+    """``url`` (an RDB, e.g. ``postgresql://...``) or the sweep folder's journal file. A folder
+    holding only an older search's ``optuna.db`` has its studies copied into the journal (with a
+    notice; the SQLite file is left as it was)."""
+    if url:
+        return str(url)
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    journal, old = sweep_dir / STORAGE_FILE, sweep_dir / OLD_STORAGE_FILE
+    carry = old.is_file() and not journal.exists()
+    if carry and not migrate:
+        return f"sqlite:///{old.absolute()}"
+    path = str(journal.absolute())
+    storage = JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+    if carry:
+        sqlite = f"sqlite:///{old.absolute()}"
+        for s in optuna.get_all_study_summaries(sqlite):
+            optuna.copy_study(from_study_name=s.study_name, from_storage=sqlite, to_storage=storage)
+        print(
+            f"sam-run: the study in {old} was copied into {journal}, where the search continues",
+            file=sys.stderr,
+            flush=True,
+        )
+    return storage
