@@ -141,6 +141,8 @@ class SharpnessAware(torch.optim.Optimizer):
             setattr(self, k, v)
         self.lr0 = self.param_groups[0]["lr"]
         self.step_count, self.pass_index, self.pass_syncs, self.last_perturbed = 0, 0, True, False
+        # forward-backward passes the closure actually ran (a share for a part of the batch)
+        self.grad_evals = 0.0
         # ‖g‖ of the gradients ε is built from (device tensor), set before compute_perturbation
         self.g_norm = None
         # the loss whose gradient the base step uses: L(θ+ε), or L(θ) on a plain step
@@ -285,6 +287,7 @@ class SharpnessAware(torch.optim.Optimizer):
             )
         self._found_inf = None
         self.step_count += 1
+        closure = self._counted(closure)
         first = None
         if self.passes > 1 and self.schedule.needs_grad_norm:
             # AE-SAM decides on this step's ‖g‖²: the first pass runs (synchronised, so that every
@@ -305,6 +308,21 @@ class SharpnessAware(torch.optim.Optimizer):
             self.descent_loss = loss
         self._finish()
         return loss
+
+    def _counted(self, closure):
+        """The closure, counting each call as one gradient evaluation."""
+
+        def counted():
+            self.count_pass(1.0)
+            return closure()
+
+        return counted
+
+    def count_pass(self, share: float) -> None:
+        """Count ``share`` of a forward-backward pass over the batch: a pass over part of it
+        counts as that part, a forward without backward as 1/3 (variants that run such passes
+        outside the closure call this)."""
+        self.grad_evals += share
 
     def _raw_sq_norm(self) -> float:
         """‖g‖² of the gradients now held, fp16 scaling undone (one host sync)."""
@@ -410,6 +428,18 @@ class SharpnessAware(torch.optim.Optimizer):
         """Scalars for metrics.jsonl (ρ and anything adaptive); one host sync, at log time."""
         return {"rho": self.current_rho, **self.pop_grad_norm_max()}
 
+    def cost_values(self) -> dict:
+        """``grad_evals``: the gradient evaluations counted so far (for metrics.jsonl)."""
+        return {"grad_evals": self.grad_evals}
+
+    def summary_values(self) -> dict:
+        """The run's cost for summary.json: counted passes per step, share of perturbed steps."""
+        steps = max(self.step_count, 1)
+        return {
+            "grad_evals_per_step": self.grad_evals / steps,
+            "perturbed_fraction": self.schedule.perturbed / steps,
+        }
+
     def pop_grad_norm_max(self) -> dict:
         """``grad_norm_max``: the largest first-pass ‖g‖ since the last call (Γ in TLC-SAM's bound);
         resets it."""
@@ -422,7 +452,7 @@ class SharpnessAware(torch.optim.Optimizer):
         sd = super().state_dict()
         sd["base"] = self.base_optimizer.state_dict()
         sd["variant"] = self.variant_state()
-        sd["schedule"] = self.schedule.state()
+        sd["schedule"] = {**self.schedule.state(), "grad_evals": self.grad_evals}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -430,6 +460,8 @@ class SharpnessAware(torch.optim.Optimizer):
         base, variant = sd.pop("base"), sd.pop("variant")
         schedule = sd.pop("schedule", None)  # absent in checkpoints older than the schedules
         if schedule is not None:
+            schedule = dict(schedule)
+            self.grad_evals = float(schedule.pop("grad_evals"))
             self.schedule.load(schedule)
         super().load_state_dict(sd)
         self.base_optimizer.load_state_dict(base)

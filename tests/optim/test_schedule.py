@@ -158,3 +158,15 @@ def test_resume_takes_the_same_decisions(kw, tmp_path):
 def test_bad_schedule_options(kw, message):
     with pytest.raises(ValueError, match=message):
         build("sam", mlp(), **kw)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("schedule", ["random", "adaptive"])
+def test_grad_evals_are_the_closure_calls(name, schedule):
+    _, passes, opt = _trajectory(name, steps=6, perturb_schedule=schedule)
+    assert opt.grad_evals == sum(passes)
+    perturbed = sum(p > 1 for p in passes)
+    assert opt.summary_values() == {
+        "grad_evals_per_step": sum(passes) / 6,
+        "perturbed_fraction": perturbed / 6,
+    }
