@@ -490,6 +490,7 @@ class Run:
             **self.test_set.log_values(),
             **self.val_set.log_values(),
             "lr": self.optimizer.param_groups[0]["lr"],
+            **self.optimizer.cost_values(),
         }
         for part in (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging):
             row.update(part.log_values())
@@ -535,6 +536,7 @@ class Run:
             "config": self.fingerprint["config"],
             **provenance(self.model, self.cfg.model, self.data.input_shape, self.device),
         }
+        summary.update(self.optimizer.summary_values())
         summary.update(self.tracker.summary_extras())
         summary.update(self.averaging.summary_values(last, self.lambda_max_of))
         if self.init_from is not None:

@@ -451,3 +451,22 @@ def test_a_full_batch_split_unevenly_into_micro_batches_is_still_full_batch_gd(t
     one, seven = rows(tmp_path / "one")[-1], rows(tmp_path / "seven")[-1]
     for key in ("train_loss", "test_loss", "test_nll"):
         assert seven[key] == pytest.approx(one[key], rel=1e-5), key
+
+
+@pytest.mark.parametrize("optimizer, passes", [("base", 1), ("sam", 2), ("eisam", 3)])
+def test_summary_counts_grad_evals_per_step(optimizer, passes, tmp_path):
+    overrides = [*TINY, f"optimizer={optimizer}", "metrics.hessian.enabled=false"]
+    summary = train(compose(*overrides), tmp_path, [])
+    assert summary["grad_evals_per_step"] == passes
+    assert summary["perturbed_fraction"] == (0.0 if optimizer == "base" else 1.0)
+    assert [r["grad_evals"] for r in rows(tmp_path)] == [passes * r["step"] for r in rows(tmp_path)]
+
+
+def test_summary_counts_the_passes_of_a_random_schedule(tmp_path):
+    cfg = compose(*TINY, "optimizer.perturb_schedule=random", "metrics.hessian.enabled=false")
+    summary = train(cfg, tmp_path, [])
+    steps, last = summary["step"], rows(tmp_path)[-1]
+    perturbed = round(summary["perturbed_fraction"] * steps)
+    assert 0 < perturbed < steps
+    assert last["grad_evals"] == steps + perturbed
+    assert summary["grad_evals_per_step"] == (steps + perturbed) / steps

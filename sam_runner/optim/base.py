@@ -13,6 +13,13 @@ class Base(SharpnessAware):
         "rho",
         "rho_schedule",
         "interval",
+        "perturb_schedule",
+        "perturb_prob",
+        "perturb_from",
+        "perturb_delta",
+        "perturb_lambda1",
+        "perturb_lambda2",
+        "perturb_seed",
         "sync_perturbation",
         "perturb_with_weight_decay",
     )

@@ -3,8 +3,9 @@
 A variant only says how it perturbs (``compute_perturbation``); the engine does
 the rest: closures, the first and second pass, BatchNorm statistics, the fp16
 gradient scaler, gradient clipping, DDP synchronisation, the ρ schedule,
-``interval`` and the base optimizer's step. Arithmetic runs on whole parameter
-lists (``torch._foreach_*``) with persistent buffers and no host syncs.
+``interval`` and ``perturb_schedule`` (schedule.py), the count of passes and the base
+optimizer's step. Arithmetic runs on whole parameter lists (``torch._foreach_*``) with
+persistent buffers and no host syncs (the ``adaptive`` schedule's decision aside).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..module_state import frozen_running_stats
+from .schedule import PerturbSchedule, check_schedule
 
 RHO_SCHEDULES = ("constant", "lr", "cosine")
 
@@ -54,6 +56,20 @@ def _check_engine_options(base_optimizer, rho, rho_schedule, interval, total_ste
     )
 
 
+def _reuse_first(closure, loss):
+    """The closure, except that its first call returns ``loss`` (that pass has already run and
+    its gradients are in place)."""
+    done = []
+
+    def again():
+        if not done:
+            done.append(True)
+            return loss
+        return closure()
+
+    return again
+
+
 class SharpnessAware(torch.optim.Optimizer):
     """Base class of every variant: ``Variant(params, base_optimizer, rho=..., **base_kwargs)``.
 
@@ -87,6 +103,13 @@ class SharpnessAware(torch.optim.Optimizer):
         rho: float = 0.05,
         rho_schedule: str = "constant",
         interval: int = 1,
+        perturb_schedule: str = "every",
+        perturb_prob: float = 0.5,
+        perturb_from: float = 0.0,
+        perturb_delta: float = 0.9,
+        perturb_lambda1: float = -1.0,
+        perturb_lambda2: float = 1.0,
+        perturb_seed: int = 0,
         sync_perturbation: bool = False,
         perturb_with_weight_decay: bool = False,
         total_steps: int | None = None,
@@ -95,6 +118,10 @@ class SharpnessAware(torch.optim.Optimizer):
     ):
         own = {k: kwargs.pop(k, v) for k, v in self.variant_options.items()}
         _check_engine_options(base_optimizer, rho, rho_schedule, interval, total_steps)
+        problem = check_schedule(
+            perturb_schedule, perturb_prob, perturb_from, interval, total_steps, perturb_delta
+        )
+        _check(problem is None, problem or "")
         super().__init__(params, dict(rho=float(rho)))
         self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
         # one set of groups, shared with the base
@@ -103,6 +130,11 @@ class SharpnessAware(torch.optim.Optimizer):
         self.rho = float(rho)
         self.rho_schedule = rho_schedule
         self.interval = int(interval)
+        self.perturb_schedule = perturb_schedule
+        self.schedule = PerturbSchedule(
+            perturb_schedule, interval, perturb_prob, perturb_from, perturb_delta,
+            perturb_lambda1, perturb_lambda2, perturb_seed, total_steps,
+        )  # fmt: skip
         self.sync_perturbation = bool(sync_perturbation)
         self.perturb_with_weight_decay = bool(perturb_with_weight_decay)
         self.total_steps = total_steps
@@ -110,6 +142,8 @@ class SharpnessAware(torch.optim.Optimizer):
             setattr(self, k, v)
         self.lr0 = self.param_groups[0]["lr"]
         self.step_count, self.pass_index, self.pass_syncs, self.last_perturbed = 0, 0, True, False
+        # forward-backward passes the closure actually ran (a share for a part of the batch)
+        self.grad_evals = 0.0
         # ‖g‖ of the gradients ε is built from (device tensor), set before compute_perturbation
         self.g_norm = None
         # the loss whose gradient the base step uses: L(θ+ε), or L(θ) on a plain step
@@ -254,18 +288,49 @@ class SharpnessAware(torch.optim.Optimizer):
             )
         self._found_inf = None
         self.step_count += 1
-        perturb = self.passes > 1 and (self.step_count - 1) % self.interval == 0
-        self.last_perturbed = perturb
-        if perturb:
-            loss = self.sharpness_step(closure)
+        closure = self._counted(closure)
+        first = None
+        if self.passes > 1 and self.schedule.needs_grad_norm:
+            # AE-SAM decides on this step's ‖g‖²: the first pass runs (synchronised, so that every
+            # process decides alike) before the decision, and a perturbing step reuses it
+            first = self.run_pass(closure, 0, sync=True)
+            perturb = self.schedule.decide(self.step_count, self._raw_sq_norm())
         else:
-            loss = self.run_pass(closure, 0, sync=True)
+            perturb = self.passes > 1 and self.schedule.decide(self.step_count)
+        self.last_perturbed = perturb
+        self.schedule.perturbed += perturb
+        if perturb:
+            loss = self.sharpness_step(closure if first is None else _reuse_first(closure, first))
+        else:
+            loss = self.run_pass(closure, 0, sync=True) if first is None else first
             params, grads, _ = self._lists()
             self._unscale(grads)
             self._track_grad_norm(grads)
             self.descent_loss = loss
         self._finish()
         return loss
+
+    def _counted(self, closure):
+        """The closure, counting each call as one gradient evaluation."""
+
+        def counted():
+            self.count_pass(1.0)
+            return closure()
+
+        return counted
+
+    def count_pass(self, share: float) -> None:
+        """Count ``share`` of a forward-backward pass over the batch: a pass over part of it
+        counts as that part, a forward without backward as 1/3 (variants that run such passes
+        outside the closure call this)."""
+        self.grad_evals += share
+
+    def _raw_sq_norm(self) -> float:
+        """‖g‖² of the gradients now held, fp16 scaling undone (one host sync)."""
+        norm = self.global_norm(self._lists()[1])
+        if self.grad_scaler is not None:
+            norm = norm.double() / self.grad_scaler._scale.double()
+        return float(norm.double()) ** 2
 
     def sharpness_step(self, closure):
         """First pass at θ, perturb to θ+ε, second pass, restore θ (the descent gradient stays)."""
@@ -364,6 +429,18 @@ class SharpnessAware(torch.optim.Optimizer):
         """Scalars for metrics.jsonl (ρ and anything adaptive); one host sync, at log time."""
         return {"rho": self.current_rho, **self.pop_grad_norm_max()}
 
+    def cost_values(self) -> dict:
+        """``grad_evals``: the gradient evaluations counted so far (for metrics.jsonl)."""
+        return {"grad_evals": self.grad_evals}
+
+    def summary_values(self) -> dict:
+        """The run's cost for summary.json: counted passes per step, share of perturbed steps."""
+        steps = max(self.step_count, 1)
+        return {
+            "grad_evals_per_step": self.grad_evals / steps,
+            "perturbed_fraction": self.schedule.perturbed / steps,
+        }
+
     def pop_grad_norm_max(self) -> dict:
         """``grad_norm_max``: the largest first-pass ‖g‖ since the last call (Γ in TLC-SAM's bound);
         resets it."""
@@ -376,11 +453,17 @@ class SharpnessAware(torch.optim.Optimizer):
         sd = super().state_dict()
         sd["base"] = self.base_optimizer.state_dict()
         sd["variant"] = self.variant_state()
+        sd["schedule"] = {**self.schedule.state(), "grad_evals": self.grad_evals}
         return sd
 
     def load_state_dict(self, state_dict):
         sd = dict(state_dict)
         base, variant = sd.pop("base"), sd.pop("variant")
+        schedule = sd.pop("schedule", None)  # absent in checkpoints older than the schedules
+        if schedule is not None:
+            schedule = dict(schedule)
+            self.grad_evals = float(schedule.pop("grad_evals"))
+            self.schedule.load(schedule)
         super().load_state_dict(sd)
         self.base_optimizer.load_state_dict(base)
         self.param_groups = self.base_optimizer.param_groups

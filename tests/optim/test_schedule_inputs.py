@@ -1,0 +1,33 @@
+"""``optimizer.perturb_schedule`` from the command line: bad values are one line, exit 2 and
+nothing written, before training; a schedule on ``optimizer=base`` is a notice."""
+
+import pytest
+from conftest import run_cli
+
+from sam_runner.preflight import check_jobs
+from sam_runner.sweep.hydra_api import args_parser
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optimizer.perturb_schedule=sometimes", "perturb_schedule must be one of"),
+        ("optimizer.perturb_prob=1.5", "perturb_prob must be a number in [0, 1], got 1.5"),
+        ("optimizer.perturb_from=2", "perturb_from must be a fraction of training in [0, 1]"),
+    ],
+)
+def test_a_bad_schedule_option_is_one_line_and_nothing_is_written(
+    override, message, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    code, _, err = run_cli(["optimizer=sam", override, f"hydra.run.dir={run_dir}"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert message in err
+    assert not run_dir.exists()
+
+
+def test_a_schedule_on_base_is_a_notice():
+    args = args_parser().parse_args(["optimizer=base", "optimizer.perturb_schedule=random"])
+    message, notes = check_jobs(args)
+    assert message is None
+    assert "optimizer=base ignores optimizer.perturb_schedule=random" in " ".join(notes)
