@@ -186,3 +186,12 @@ def test_extending_md_lists_every_registry():
     text = (ROOT / "docs" / "extending.md").read_text()
     missing = sorted(n for n in names if f"| `{n}` |" not in text)
     assert not missing, f"docs/extending.md's registry table lacks {missing}"
+
+
+def test_the_readme_is_a_users_page_of_at_most_250_lines():
+    """Measurement diaries belong in docs/benchmarks.md: the README stays short and undated."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "a dated measurement in the README"
