@@ -128,7 +128,7 @@ def read_summary(run_dir: Path) -> dict | None:
             "delete it to train the job again"
         )
     print(
-        f"sam-run: {path} is {problem}; rebuilding it from {CHECKPOINT} and metrics.jsonl",
+        f"sam-run: {path} is {problem}; rebuilding it from {CHECKPOINT} and {METRICS}",
         file=sys.stderr,
     )
     return None
@@ -519,7 +519,7 @@ class Run:
         last, clock = self.last, self.clock
         require(
             bool(last) or self.status != "completed",
-            f"metrics.jsonl in {self.run_dir} lacks the evaluation line of the checkpoint's step "
+            f"{METRICS} in {self.run_dir} lacks the evaluation line of the checkpoint's step "
             f"{clock.step}, so the run's results cannot be rebuilt; delete the run folder to "
             "train it again",
         )

@@ -220,3 +220,40 @@ def test_the_private_name_check_finds_one(tmp_path):
         "m.py:2 imports hydra._internal.utils.x",
         "m.py:3 uses submitit..._p",
     ]
+
+
+# the run folder's file and folder names: spelled in its owner module, sam_runner/rundir.py, alone
+RUN_FOLDER_NAMES = (
+    "summary.json",
+    "metrics.jsonl",
+    "eval.json",
+    "eval_averaged.json",
+    "last.pt",
+    "averaged.pt",
+    "landscape.json",
+    "overrides.yaml",
+    ".hydra",
+)
+
+
+def literal_run_folder_names(path) -> list[str]:
+    """``file:line 'literal'`` for each short string literal of ``path`` naming a run-folder file
+    (docstrings and prose are longer, and may name them)."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 40:
+            if any(name in node.value for name in RUN_FOLDER_NAMES):
+                hits.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    return hits
+
+
+def test_run_folder_names_are_spelled_in_the_owner_module_alone():
+    owner = ROOT / "sam_runner" / "rundir.py"
+    assert literal_run_folder_names(owner), "rundir.py should name the files"
+    hits = [
+        hit
+        for p in sorted((ROOT / "sam_runner").rglob("*.py"))
+        if p != owner
+        for hit in literal_run_folder_names(p)
+    ]
+    assert not hits, hits

@@ -138,11 +138,11 @@ def _not_measured(run: RunDir, measured: dict) -> str:
 
     problem = json_problem(run.path / eval_file())
     if problem == "missing":
-        return "no eval.json: not measured by sam-eval"
+        return f"no {eval_file()}: not measured by sam-eval"
     if problem is not None:
-        return f"eval.json is {problem}"
+        return f"{eval_file()} is {problem}"
     error = first_line(measured.get("error") or "no error recorded")
-    return f"eval.json says sam-eval failed: {error}"
+    return f"{eval_file()} says sam-eval failed: {error}"
 
 
 def _settings(overrides) -> dict:
@@ -328,7 +328,7 @@ def sources_lines(table: Table) -> list[str]:
     (their gen_gap is an estimate, and mixed with sam-eval's numbers in one τ)."""
     src = table.sources()
     line = (
-        f"Measured by sam-eval (eval.json): {src[MEASURED]} job(s); from the training logs: "
+        f"Measured by sam-eval ({eval_file()}): {src[MEASURED]} job(s); from the training logs: "
         f"{src['training']}."
     )
     if not src["training"]:

@@ -3,6 +3,7 @@ std of each metric, the jobs not completed, the figures, one row per job, and th
 
 from __future__ import annotations
 
+from ..rundir import SUMMARY
 from .sections import SECTIONS
 from .sweep import BOUND_STATS, LABELS, NEAR_END, STATUSES, Job, Report
 
@@ -26,11 +27,11 @@ def counts_line(report: Report) -> str:
         f"{len(report.jobs)} jobs: {c['completed']} completed, {c['diverged']} diverged, "
         f"{c['failed']} failed, {c['missing']} missing"
     )
-    corrupt = sum(1 for j in missing if j.detail.startswith("summary.json is "))
+    corrupt = sum(1 for j in missing if j.detail.startswith(f"{SUMMARY} is "))
     if missing:
         parts = [
             (len(missing) - not_started - corrupt, "running or killed"),
-            (corrupt, "with an unreadable summary.json"),
+            (corrupt, f"with an unreadable {SUMMARY}"),
             (not_started, "not started"),
         ]
         line += " (" + ", ".join(f"{n} {why}" for n, why in parts if n or why != parts[1][1]) + ")"
