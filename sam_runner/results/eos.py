@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import statistics
 
-from ..rundir import RunDir
 from ..runfiles import finite
 from .sections import SECTIONS
 from .sweep import group_overrides, stats
@@ -22,7 +21,7 @@ def traces(report) -> list[dict]:
     for job in report.completed():
         rows = [
             r
-            for r in RunDir(job.path).rows()
+            for r in job.run.rows()
             if finite(r.get("lambda_max")) and finite(r.get("step")) and "train_loss" not in r
         ]
         if len(rows) >= 3:

@@ -119,10 +119,9 @@ def _training_values(run: RunDir) -> dict:
     return values
 
 
-def job_values(path: Path) -> tuple[dict, str, str]:
+def job_values(run: RunDir) -> tuple[dict, str, str]:
     """(the job's numbers, their source, why the source is not eval.json): eval.json when
-    sam-eval measured the job, else the training logs."""
-    run = RunDir(path)
+    sam-eval measured the job, else the training logs; ``run`` is the job's reader."""
     measured = run.eval() or {}
     if measured.get("status") == "completed":
         return {k: v for k, v in measured.items() if finite(v)}, MEASURED, ""
@@ -153,7 +152,7 @@ def _settings(overrides) -> dict:
 def points_of(report) -> list[Point]:
     out = []
     for job in report.completed():
-        values, source, why = job_values(job.path)
+        values, source, why = job_values(job.run)
         out.append(Point(job.name, job.variant, _settings(job.overrides), values, source, why))
     return out
 

@@ -30,7 +30,6 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError, require
-from ..rundir import RunDir
 from ..runfiles import atomic_write_bytes, finite
 from .runs_table import _job_name, counts_line
 from .sections import ordered
@@ -212,7 +211,7 @@ def check_asked(report: Report, args) -> Report:
     if asked:
         logged = set()  # the keys with a number (a column of config or bins is no metric)
         for j in report.completed():
-            run = RunDir(j.path)
+            run = j.run
             for values in (run.summary or {}, *run.rows()):
                 logged |= {k for k, v in values.items() if _is_number(v)}
         for key in asked:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
 from ..rundir import RunDir
 from ..runfiles import atomic_write_bytes
-from ..sweep.objective import OLD_STORAGE_FILE, STORAGE_FILE, STUDY_NAME, final_line
+from ..sweep.objective import OLD_STORAGE_FILE, STORAGE_FILE, STUDY_NAME
 from .sections import SECTIONS
 
 METRICS = ("loss", "acc", "ece", "nll")
@@ -35,7 +35,11 @@ class Trial:
     value: float | None
     params: dict
     folder: Path
-    summary: dict = field(default_factory=dict)
+    run: RunDir  # its job folder's reader
+
+    @property
+    def summary(self) -> dict:
+        return self.run.summary or {}
 
 
 @dataclass
@@ -76,9 +80,9 @@ def load_study(sweep_dir) -> Study:
     trials, log_keys, objective = [], set(), None
     for t in study.trials:
         folder = sweep_dir / str(t.number)
-        summary = RunDir(folder).summary or {}
-        objective = objective or summary.get("objective")
-        trials.append(Trial(t.number, t.state.name, t.value, dict(t.params), folder, summary))
+        run = RunDir(folder)
+        objective = objective or (run.summary or {}).get("objective")
+        trials.append(Trial(t.number, t.state.name, t.value, dict(t.params), folder, run))
         log_keys |= {
             k
             for k, d in t.distributions.items()
@@ -213,7 +217,7 @@ def render_markdown(study: Study, plots: list[Path]) -> str:
 
 def _last(trial: Trial, key: str):
     """A key of the trial's final metrics line (val_loss, val_ece ... are not in summary.json)."""
-    return final_line(trial.folder).get(key)
+    return next((r for r in reversed(trial.run.rows()) if "test_acc" in r), {}).get(key)
 
 
 def scatter(study: Study, key: str, out_dir: Path, fmt: str = "png") -> Path:

@@ -116,6 +116,7 @@ class Job:
     metrics: dict = field(default_factory=dict)
     bound: float | None = None
     study: dict | None = None  # a study preset's name and reference figures (conf/experiment)
+    run: RunDir | None = field(default=None, repr=False, compare=False)  # its folder's reader
 
 
 @dataclass
@@ -143,7 +144,7 @@ class Report:
 
 def load_job(path: Path, metrics, name: str = "", source: str = "") -> Job:
     run = RunDir(path)
-    job = Job(path=path, overrides=run.overrides, name=name or path.name, source=source)
+    job = Job(path=path, overrides=run.overrides, name=name or path.name, source=source, run=run)
     cfg = run.config(checkpoint=False)
     variant = run.get("optimizer.name")
     if variant is None:
