@@ -38,6 +38,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
+def writable(folder: Path) -> bool:
+    """A file can be created in `folder` (per process: data-parallel ranks probe the same one)."""
+    probe = Path(folder) / f".write_probe{os.getpid()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
 def finite(v) -> bool:
     """A real number that is neither NaN nor infinite (bools are not numbers here)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

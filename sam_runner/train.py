@@ -39,7 +39,7 @@ from .progress import Progress, print_final
 from .provenance import provenance
 from .regularizers import build_regularizer
 from .rundir import CACHE, CHECKPOINT, METRICS, SUMMARY
-from .runfiles import Checkpoint, MetricsLog, json_problem, read_json, write_json
+from .runfiles import Checkpoint, MetricsLog, json_problem, read_json, writable, write_json
 from .samplers import build_sampler
 from .schedulers import build_scheduler
 from .settings import objective_key, plot_format, require_same_config, result_config
@@ -259,7 +259,7 @@ class Run:
         self.threads = self._cpu_threads(device)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         require(
-            _writable(self.run_dir),
+            writable(self.run_dir),
             f"run folder {self.run_dir} is not writable; choose another with hydra.run.dir=...",
         )
         torch.manual_seed(cfg.seed)

@@ -39,7 +39,7 @@ from ..errors import one_line
 from ..lock import held_by, job_lock
 from ..rebuild import load
 from ..rundir import RunDir, eval_file
-from ..runfiles import write_json
+from ..runfiles import writable, write_json
 
 
 def measure_job(job_dir, settings: dict) -> dict:
@@ -52,16 +52,6 @@ def measure_job(job_dir, settings: dict) -> dict:
         if not held:
             return {"status": "skipped", "error": f"measured by {held_by(job_dir, 'eval')}"}
         return _measure_job(job_dir, settings, start)
-
-
-def writable(folder: Path) -> bool:
-    probe = folder / f".write_probe{os.getpid()}"
-    try:
-        probe.write_text("")
-        probe.unlink()
-        return True
-    except OSError:
-        return False
 
 
 def _measure_job(job_dir: Path, settings: dict, start: float) -> dict:
