@@ -13,7 +13,6 @@ import contextlib
 import functools
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -634,13 +633,3 @@ def _autocast(device, precision):
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
 
-
-def _writable(path: Path) -> bool:
-    # per process: data-parallel ranks probe the same folder
-    probe = path / f".write_probe{os.getpid()}"
-    try:
-        probe.write_text("")
-        probe.unlink()
-        return True
-    except OSError:
-        return False
