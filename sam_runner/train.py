@@ -632,4 +632,3 @@ def _autocast(device, precision):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
-
