@@ -30,6 +30,7 @@ from .loggers import NullLogger, build_logger
 from .losses import mean_loss, per_example
 from .metrics.evaluate import evaluate
 from .metrics.robustness import Robustness
+from .metrics.sharpness_dim import sgd_step
 from .metrics.tracker import CurvatureTracker
 from .models import build_model, load_initial_weights
 from .optim.build import build_optimizer
@@ -37,8 +38,16 @@ from .plots.run import write_run_plots
 from .progress import Progress, print_final
 from .provenance import provenance
 from .regularizers import build_regularizer
-from .rundir import CACHE, CHECKPOINT, METRICS, SUMMARY
-from .runfiles import Checkpoint, MetricsLog, json_problem, read_json, writable, write_json
+from .rundir import CACHE, CHECKPOINT, INIT_WEIGHTS, METRICS, SUMMARY
+from .runfiles import (
+    Checkpoint,
+    InitialWeights,
+    MetricsLog,
+    json_problem,
+    read_json,
+    writable,
+    write_json,
+)
 from .samplers import build_sampler
 from .schedulers import build_scheduler
 from .settings import objective_key, plot_format, require_same_config, result_config
@@ -293,6 +302,7 @@ class Run:
         self.tracker = CurvatureTracker(
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
         )
+        self.tracker.step = sgd_step(cfg)
         self.test_set = TestSet(self)
         self.build_recipe(model, data)
         self.val_set = ValSet(self)
@@ -372,6 +382,15 @@ class Run:
             # the checkpoint's evaluation line: a run resumed at its end finishes from it
             lines = [r for r in self.log.rows() if r.get("step") == self.clock.step]
             self.last = next((r for r in reversed(lines) if "test_acc" in r), {})
+        # θ⁰, for dist_from_init (metrics/complexity.py): kept from a fresh start, else read
+        initial = InitialWeights(self.run_dir / INIT_WEIGHTS)
+        if state is None:
+            start = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+            if self.dist.is_main:
+                initial.save(start)
+        else:
+            start = initial.load()
+        self.tracker.init_state = start if self.tracker.enabled else None
         if self.dist.is_main:
             # lines past the checkpoint are redone, never repeated
             self.log.truncate_after(self.clock.step)

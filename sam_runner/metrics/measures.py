@@ -11,7 +11,8 @@ function here and its section in ``conf/metrics/default.yaml`` (with ``enabled: 
 
 Schema words (checked before a run starts): ``positive`` (a finite number > 0), ``nonnegative``,
 ``fraction`` (in (0, 1)), ``count`` (an integer >= 1), ``probes`` (an integer >= 2),
-``hutch_probes`` (an integer >= 6), ``off_or_count`` (an integer >= 0), ``bool``.
+``hutch_probes`` (an integer >= 6), ``off_or_count`` (an integer >= 0), ``bool``,
+``bit_widths`` (a non-empty list of integers in 2..16), ``null_or_positive``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class Measurement:
     loss_fn: object
     seed: int
     final: bool
+    data: object = None  # the run's Data (test-set measures), None where there is none
+    step: dict | None = None  # the run's SGD step {lr, momentum, weight_decay} (sharpness_dim)
+    init_state: dict | None = None  # the weights the run started from (dist_from_init)
     _objective: Objective | None = field(default=None, repr=False)
     _operators: dict = field(default_factory=dict, repr=False)
     _moments: tuple | None = field(default=None, repr=False)
@@ -209,3 +213,91 @@ def fisher_rao_norm(m: Measurement) -> dict:
     # per-sample gradients (the trace ratio's, when it ran): no HVPs
     value, se = S.fisher_rao_norm(m.objective(), m.fisher_moments())
     return {"fisher_rao_norm": value, "fisher_rao_norm_se": se}
+
+
+@MEASURES.register(
+    "complexity",
+    "Jiang et al. 2020's norms: param_norm, dist_from_init, path_norm, spectral_norm_product",
+    config="complexity",
+    keys=("param_norm", "dist_from_init", "path_norm", "spectral_norm_product"),
+    schema={},
+)
+def complexity(m: Measurement) -> dict:
+    from .complexity import complexity_measures
+
+    shape = m.data.input_shape if m.data is not None else m.operator.batches[0][0].shape[1:]
+    return complexity_measures(m.operator.model, tuple(shape), m.init_state)
+
+
+@MEASURES.register(
+    "quantization",
+    "test accuracy, loss and ECE with weights quantized per channel; the predicted loss rise",
+    config="quantization",
+    keys=("quant_acc_<b>bit", "quant_drop_<b>bit", "quant_loss_rise_pred_<b>bit"),
+    final_only=True,
+    schema={"bits": "bit_widths", "exact_max_params": "off_or_count", "num_probes": "probes"},
+)
+def quantization(
+    m: Measurement, bits=(8, 4), exact_max_params: int = 1024, num_probes: int = 50
+) -> dict:
+    from .quantization import predicted_rise, quantization_values
+
+    out = quantization_values(m.operator.model, m.data.test, [int(b) for b in bits])
+    op = m.sharpness_operator()
+    for b in bits:
+        out[f"quant_loss_rise_pred_{b}bit"] = predicted_rise(
+            op, m.operator.model, int(b), exact_max_params, num_probes, m.seed
+        )
+    return out
+
+
+@MEASURES.register(
+    "input_grad",
+    "mean per-sample ‖∇ₓ loss‖₂ over the test set",
+    config="input_grad",
+    keys=("input_grad_norm",),
+    final_only=True,
+    schema={"num_samples": "count"},
+)
+def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
+    from .input_grad import input_grad_norm
+
+    return {"input_grad_norm": input_grad_norm(m.operator.model, m.data.test, num_samples)}
+
+
+@MEASURES.register(
+    "sharpness_dim",
+    "Kaplan–Yorke dimension of the SGD map at the weights, from the Hessian spectrum",
+    config="sharpness_dim",
+    keys=("sharpness_dim", "sharpness_dim_dense"),
+    schema={
+        "max_dense": "count",
+        "top_k": "count",
+        "num_runs": "count",
+        "num_steps": "count",
+        "lr": "null_or_positive",
+    },
+)
+def sharpness_dim(
+    m: Measurement,
+    max_dense: int = 2000,
+    top_k: int = 10,
+    num_runs: int = 3,
+    num_steps: int = 50,
+    lr: float | None = None,
+) -> dict:
+    from .sharpness_dim import dense_eigenvalues, estimated_eigenvalues, sharpness_dimension
+
+    if m.step is None:  # not an SGD run: its map is not gradient descent's (docs/metrics.md)
+        return {}
+    step = dict(m.step, lr=float(lr) if lr is not None else m.step["lr"])
+    op = m.operator
+    dense = op.numel <= max_dense
+    if dense:
+        values = dense_eigenvalues(op)
+    else:
+        values = estimated_eigenvalues(op, top_k, num_runs, num_steps, m.seed)
+    return {
+        "sharpness_dim": sharpness_dimension(values.tolist(), **step),
+        "sharpness_dim_dense": dense,
+    }

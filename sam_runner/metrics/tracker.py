@@ -104,6 +104,15 @@ def check_options(section: str, options, schema: dict) -> None:
             continue
         if kind == "bool":
             require(isinstance(value, bool), f"{name}={value!r} must be true or false")
+        elif kind == "bit_widths":
+            ok = isinstance(value, (list, tuple)) and len(value) > 0
+            ok = ok and all(
+                isinstance(b, int) and not isinstance(b, bool) and 2 <= b <= 16 for b in value
+            )
+            require(ok, f"{name}={value!r} must be a non-empty list of integers in 2..16")
+        elif kind == "null_or_positive":
+            if value is not None:
+                number(name, value, "null or a finite number > 0", lambda v: 0 < v < math.inf)
         elif kind in ("count", "probes", "hutch_probes", "off_or_count"):
             integer(name, value, *SCHEMA[kind])
         else:
@@ -169,6 +178,8 @@ class CurvatureTracker:
         self.density = None
         self._last = None  # (step, keys) of the last measurement: one per step, whoever asks
         self.note = None  # note(text): told as each further measure starts (sam-eval's lines)
+        self.step = None  # the run's SGD step {lr, momentum, weight_decay}: sharpness_dim
+        self.init_state = None  # the weights the run started from: dist_from_init
 
     @property
     def h(self):
@@ -279,7 +290,16 @@ class CurvatureTracker:
         """Every enabled measure; the sharpness ones on the first ``sharpness.num_samples``
         samples."""
         n = int(OmegaConf.select(self.cfg, "sharpness.num_samples", default=1024))
-        m = Measurement(op, leading_batches(op.batches, n), self.loss_fn, self.seed, final)
+        m = Measurement(
+            op,
+            leading_batches(op.batches, n),
+            self.loss_fn,
+            self.seed,
+            final,
+            self.data,
+            self.step,
+            self.init_state,
+        )
         out = {}
         try:
             for entry in sorted(
