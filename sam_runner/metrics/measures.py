@@ -59,6 +59,7 @@ class Measurement:
     _objective: Objective | None = field(default=None, repr=False)
     _operators: dict = field(default_factory=dict, repr=False)
     _moments: tuple | None = field(default=None, repr=False)
+    _slq: dict = field(default_factory=dict, repr=False)
 
     def objective(self) -> Objective:
         """The mean loss over the sharpness batches (opened once, closed by ``close``)."""
@@ -91,6 +92,15 @@ class Measurement:
         if self._moments is None:
             self._moments = S.per_sample_gradient_moments(self.objective())
         return self._moments
+
+    def slq(self, num_samples: int, num_runs: int, num_steps: int) -> dict:
+        """``spectral_density`` on the first ``num_samples`` samples, taken once per setting
+        (the density and the sharpness dimension share it)."""
+        key = (num_samples, num_runs, num_steps)
+        if key not in self._slq:
+            op = self.operator_on(num_samples)
+            self._slq[key] = spectral_density(op, num_runs, num_steps, seed=self.seed)
+        return self._slq[key]
 
     def close_operators(self) -> None:
         """Close the operators ``operator_on`` opened (their cached graphs go)."""
@@ -125,9 +135,10 @@ def trace(m: Measurement, num_samples: int = TRACE_SAMPLES, **options) -> dict:
     final_only=True,
     schema={"num_runs": "count", "num_steps": "count", "num_samples": "count"},
 )
-def density(m: Measurement, num_samples: int = DENSITY_SAMPLES, **options) -> dict:
-    d = spectral_density(m.operator_on(num_samples), seed=m.seed, **options)
-    return {"hessian_density": d}
+def density(
+    m: Measurement, num_samples: int = DENSITY_SAMPLES, num_runs: int = 3, num_steps: int = 25
+) -> dict:
+    return {"hessian_density": m.slq(num_samples, num_runs, num_steps)}
 
 
 @MEASURES.register(
@@ -243,11 +254,15 @@ def quantization(
     from .quantization import predicted_rise, quantization_values
 
     out = quantization_values(m.operator.model, m.data.test, [int(b) for b in bits])
-    op = m.sharpness_operator()
-    for b in bits:
-        out[f"quant_loss_rise_pred_{b}bit"] = predicted_rise(
-            op, m.operator.model, int(b), exact_max_params, num_probes, m.seed
-        )
+    rises = predicted_rise(
+        m.sharpness_operator(),
+        m.operator.model,
+        [int(b) for b in bits],
+        exact_max_params,
+        num_probes,
+        m.seed,
+    )
+    out.update({f"quant_loss_rise_pred_{b}bit": rise for b, rise in rises.items()})
     return out
 
 
@@ -271,8 +286,9 @@ def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
     config="sharpness_dim",
     keys=("sharpness_dim", "sharpness_dim_dense"),
     schema={
+        "num_samples": "count",
         "max_dense": "count",
-        "top_k": "count",
+        "top_k": "off_or_count",
         "num_runs": "count",
         "num_steps": "count",
         "lr": "null_or_positive",
@@ -280,10 +296,11 @@ def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
 )
 def sharpness_dim(
     m: Measurement,
-    max_dense: int = 2000,
-    top_k: int = 10,
+    num_samples: int = DENSITY_SAMPLES,
+    max_dense: int = 1024,
+    top_k: int = 0,
     num_runs: int = 3,
-    num_steps: int = 50,
+    num_steps: int = 25,
     lr: float | None = None,
 ) -> dict:
     from .sharpness_dim import dense_eigenvalues, estimated_eigenvalues, sharpness_dimension
@@ -291,12 +308,12 @@ def sharpness_dim(
     if m.step is None:  # not an SGD run: its map is not gradient descent's (docs/metrics.md)
         return {}
     step = dict(m.step, lr=float(lr) if lr is not None else m.step["lr"])
-    op = m.operator
+    op = m.operator_on(num_samples)
     dense = op.numel <= max_dense
     if dense:
         values = dense_eigenvalues(op)
-    else:
-        values = estimated_eigenvalues(op, top_k, num_runs, num_steps, m.seed)
+    else:  # the density's SLQ when it runs at this measurement with the same settings
+        values = estimated_eigenvalues(op, top_k, m.slq(num_samples, num_runs, num_steps), m.seed)
     return {
         "sharpness_dim": sharpness_dimension(values.tolist(), **step),
         "sharpness_dim_dense": dense,

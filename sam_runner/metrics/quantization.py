@@ -66,15 +66,21 @@ def rounding_steps(model: nn.Module, params, bits: int) -> list:
     return out
 
 
-def predicted_rise(op, model, bits: int, exact_max_params: int, num_probes: int, seed: int):
-    """Σ_i H_ii s_i²/24 on the operator's loss (module docstring)."""
-    from .solvers import hessian_diagonal, hutchinson
+def predicted_rise(op, model, bits, exact_max_params: int, num_probes: int, seed: int) -> dict:
+    """{b: Σ_i H_ii s_i²/24} on the operator's loss for each b of ``bits`` (module docstring):
+    one diagonal (exact, or Hutchinson's z ⊙ Hz over one set of probes) for every bit width."""
+    from .solvers import hessian_diagonal, probe_products
 
-    weight = op.flat(rounding_steps(model, op.params, bits)).double().square() / 24
     if op.numel <= exact_max_params:
-        return float(torch.dot(weight.to(op.device), hessian_diagonal(op)))
-    mean, _ = hutchinson(op, num_probes, seed, weight=weight.to(op.device, op.dtype))
-    return mean
+        diagonal = hessian_diagonal(op)
+    else:
+        V, HV = probe_products(op, num_probes, seed)
+        diagonal = (V * HV).double().mean(0)
+    out = {}
+    for b in bits:
+        weight = op.flat(rounding_steps(model, op.params, b)).double().square() / 24
+        out[b] = float(torch.dot(weight.to(diagonal.device), diagonal))
+    return out
 
 
 def quantization_values(model, test, bits, ece_bins: int = 15) -> dict:

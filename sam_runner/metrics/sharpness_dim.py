@@ -16,11 +16,13 @@ Our choices (the paper averages the exponents over the attractor, i.e. over many
 we take the Jacobian at the measured weights, of the loss on the measurement subset, so one
 measurement is one point of the attractor; a run that measures every few epochs logs a series
 whose late mean is the attractor average. The spectrum is exact (a dense Hessian, one HVP per
-parameter) up to ``max_dense`` parameters; beyond, it is estimated: the top ``top_k`` eigenvalues
-by Lanczos and the other n − k as the quantiles of the SLQ density (``spectral_density``), the
-i-th of n at cumulative weight (i + ½)/n. The step is the run's configured learning rate (the
-schedule's peak) unless ``metrics.sharpness_dim.lr`` is given, and the measure needs an SGD base
-optimizer (another base optimizer's map is not gradient descent's: the key is left out).
+parameter) up to ``max_dense`` parameters; beyond, it is estimated: n eigenvalues as the
+quantiles of the SLQ density (``spectral_density``, shared with the density measure), the i-th
+of n at cumulative weight (i + ½)/n, the largest ``top_k`` replaced by Lanczos' (0 by default:
+SLQ's extreme Ritz values already sit on the extreme eigenvalues). The step is the run's
+configured learning rate (the schedule's peak) unless ``metrics.sharpness_dim.lr`` is given, and
+the measure needs an SGD base optimizer (another base optimizer's map is not gradient descent's:
+the key is left out).
 """
 
 from __future__ import annotations
@@ -96,15 +98,18 @@ def density_quantiles(density: dict, n: int) -> torch.Tensor:
     return nodes[index]
 
 
-def estimated_eigenvalues(op, top_k: int, num_runs: int, num_steps: int, seed: int):
-    """The top ``top_k`` eigenvalues by Lanczos, the rest as SLQ density quantiles."""
-    from .solvers import spectral_density, top_hessian_eigenvalues
+def estimated_eigenvalues(op, top_k: int, density: dict, seed: int) -> torch.Tensor:
+    """n eigenvalues: the quantiles of the SLQ ``density`` (spectral_density's), the largest
+    ``top_k`` of them replaced by the top eigenvalues by Lanczos (0: the quantiles alone)."""
+    from .solvers import top_hessian_eigenvalues
 
     n = op.numel
+    rest = density_quantiles(density, n).sort().values
     k = min(top_k, n)
+    if k == 0:
+        return rest
     top = top_hessian_eigenvalues(op.model, op.loss_fn, op.batches, k, seed=seed, operator=op)
-    rest = density_quantiles(spectral_density(op, num_runs, num_steps, seed), n)
-    return torch.cat([torch.tensor(top, dtype=torch.float64), rest.sort().values[: n - k]])
+    return torch.cat([torch.tensor(top, dtype=torch.float64), rest[: n - k]])
 
 
 def sgd_step(cfg) -> dict | None:

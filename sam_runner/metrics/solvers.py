@@ -339,12 +339,17 @@ def hutchinson(
     the probes, and so the estimate, are those of one HVP per probe."""
     if not (isinstance(num_probes, int) and num_probes >= 2):
         raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
-    g = torch.Generator().manual_seed(seed)
-    V = _rademachers(num_probes, op.numel, g, op.device, op.dtype)
-    HV = _blocks(op.hvp_batch, V)
+    V, HV = probe_products(op, num_probes, seed)
     W = V if weight is None else weight * V
     s = torch.stack([torch.dot(w, hv) for w, hv in zip(W, HV)]).double().cpu()
     return float(s.mean()), float(s.std() / math.sqrt(num_probes))
+
+
+def probe_products(op: HessianOperator, num_probes: int, seed: int = 0):
+    """(V, HV): ``num_probes`` seeded Rademacher rows and H applied to each (in blocks)."""
+    g = torch.Generator().manual_seed(seed)
+    V = _rademachers(num_probes, op.numel, g, op.device, op.dtype)
+    return V, _blocks(op.hvp_batch, V)
 
 
 def hutch_plus_plus(matmat, n: int, num_matvecs: int = 60, seed: int = 0, device="cpu", dtype=None):

@@ -50,8 +50,8 @@ def test_predicted_rise_is_the_expected_rise_of_a_quadratic():
 
     batches = [(x, t)]
     with HessianOperator(model, loss_fn, batches) as op:
-        exact = predicted_rise(op, model, 4, exact_max_params=10_000, num_probes=2, seed=0)
-        hutch = predicted_rise(op, model, 4, exact_max_params=0, num_probes=4000, seed=1)
+        exact = predicted_rise(op, model, [4], exact_max_params=10_000, num_probes=2, seed=0)[4]
+        hutch = predicted_rise(op, model, [4], exact_max_params=0, num_probes=4000, seed=1)[4]
     steps = rounding_steps(model, list(model.parameters()), 4)[0]
     base = float(loss_fn(model(x), t).mean().detach())
     g = torch.Generator().manual_seed(2)

@@ -8,7 +8,7 @@ import torch
 from metrics_helpers import dense_hessian
 from torch import nn
 
-from sam_runner.metrics import sharpness_dimension
+from sam_runner.metrics import sharpness_dimension, spectral_density
 from sam_runner.metrics.hvp import HessianOperator
 from sam_runner.metrics.sharpness_dim import (
     dense_eigenvalues,
@@ -72,15 +72,17 @@ def test_dense_spectrum_and_the_estimate():
     reference = torch.linalg.eigvalsh(dense_hessian(model, lambda o, t: loss_fn(o, t).mean(), x, y))
     with HessianOperator(model, loss_fn, [(x, y)]) as op:
         dense = dense_eigenvalues(op)
-        estimate = estimated_eigenvalues(op, top_k=5, num_runs=4, num_steps=60, seed=0)
+        density = spectral_density(op, num_runs=3, num_steps=25, seed=0)
+        estimate = estimated_eigenvalues(op, 0, density, seed=0)
+        with_top = estimated_eigenvalues(op, 5, density, seed=0)
     torch.testing.assert_close(dense, reference, rtol=1e-6, atol=1e-8)
     n = len(reference)
-    lr = 1.5 / float(reference[-1])  # beyond the edge of stability on the top direction
-    exact, approx = (
-        sharpness_dimension(dense.tolist(), lr),
-        sharpness_dimension(estimate.tolist(), lr),
-    )
-    assert abs(approx - exact) <= 0.05 * n  # the documented target: within 5% of n
+    for scale in (0.5, 1.5, 3.0):  # below, beyond and far beyond the edge of stability
+        lr = scale / float(reference[-1])
+        exact = sharpness_dimension(dense.tolist(), lr)
+        for values in (estimate, with_top):  # the documented target: within 5% of n
+            assert abs(sharpness_dimension(values.tolist(), lr) - exact) <= 0.05 * n
+    assert float(with_top[0]) == pytest.approx(float(reference[-1]), rel=1e-3)
 
 
 def test_density_quantiles_spread_as_the_weights():
