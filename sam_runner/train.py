@@ -30,7 +30,7 @@ from .loggers import NullLogger, build_logger
 from .losses import mean_loss, per_example
 from .metrics.evaluate import evaluate
 from .metrics.robustness import Robustness
-from .metrics.sharpness_dim import sgd_step
+from .metrics.sharpness_dim import step_for
 from .metrics.tracker import CurvatureTracker
 from .models import build_model, load_initial_weights
 from .optim.build import build_optimizer
@@ -302,7 +302,7 @@ class Run:
         self.tracker = CurvatureTracker(
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
         )
-        self.tracker.step = sgd_step(cfg)
+        self.tracker.step = step_for(cfg.metrics, cfg)
         self.test_set = TestSet(self)
         self.build_recipe(model, data)
         self.val_set = ValSet(self)

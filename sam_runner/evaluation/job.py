@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import one_line
 from ..lock import held_by, job_lock
-from ..metrics.sharpness_dim import sgd_step
+from ..metrics.sharpness_dim import step_for
 from ..rebuild import load
 from ..rundir import INIT_WEIGHTS, RunDir, eval_file
 from ..runfiles import InitialWeights, writable, write_json
@@ -84,7 +84,9 @@ def measure(job_dir: Path, settings: dict) -> dict:
     loss = str(OmegaConf.select(cfg, "trainer.loss", default="cross_entropy"))
     start = InitialWeights(job_dir / INIT_WEIGHTS).load()
     out.update(
-        curvature_values(model, data, metrics, int(cfg.seed), loss, say, sgd_step(cfg), start)
+        curvature_values(
+            model, data, metrics, int(cfg.seed), loss, say, step_for(metrics, cfg), start
+        )
     )
     if robustness.enabled(metrics):
         say("corruptions (metrics.corruptions)")

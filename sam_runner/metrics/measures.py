@@ -307,7 +307,7 @@ def sharpness_dim(
 
     if m.step is None:  # not an SGD run: its map is not gradient descent's (docs/metrics.md)
         return {}
-    step = dict(m.step, lr=float(lr) if lr is not None else m.step["lr"])
+    step = dict(m.step, lr=float(lr) if lr is not None else m.step["lr"])  # step_for checked it
     op = m.operator_on(num_samples)
     dense = op.numel <= max_dense
     if dense:

@@ -122,3 +122,23 @@ def sgd_step(cfg) -> dict | None:
         "momentum": float(base.get("momentum", 0.0) or 0.0),
         "weight_decay": float(base.get("weight_decay", 0.0) or 0.0),
     }
+
+
+def step_for(metrics_cfg, cfg) -> dict | None:
+    """The SGD step the sharpness dimension of this run uses (``sgd_step``, its lr replaced by
+    ``metrics.sharpness_dim.lr`` when given); a one-line error, before anything runs, when the
+    measure is on and that step is 0."""
+    from ..errors import require
+
+    step = sgd_step(cfg)
+    section = (metrics_cfg or {}).get("sharpness_dim") or {}
+    if step is None or not section.get("enabled", False):
+        return step
+    if section.get("lr") is not None:
+        step = dict(step, lr=float(section["lr"]))
+    require(
+        step["lr"] > 0,
+        f"metrics.sharpness_dim needs a step size > 0: base_optimizer.lr={step['lr']!r}; give "
+        "metrics.sharpness_dim.lr=... or turn it off (metrics.sharpness_dim.enabled=false)",
+    )
+    return step

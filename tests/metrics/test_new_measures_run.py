@@ -91,6 +91,7 @@ def test_sam_eval_gives_the_same_values(run, capsys):
     ],
 )
 def test_bad_options_are_refused_before_training(tmp_path, override, message):
+    args = [*TINY, "metrics.sharpness_dim.enabled=true", override]
     with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        train(compose(*TINY, override), tmp_path / "run", [])
+        train(compose(*args), tmp_path / "run", [])
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

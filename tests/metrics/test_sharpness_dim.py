@@ -88,3 +88,22 @@ def test_dense_spectrum_and_the_estimate():
 def test_density_quantiles_spread_as_the_weights():
     density = {"nodes": [[0.0, 1.0]], "weights": [[0.25, 0.75]]}
     assert density_quantiles(density, 4).tolist() == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_the_step_a_run_measures_with():
+    from omegaconf import OmegaConf
+
+    from sam_runner.errors import UserError
+    from sam_runner.metrics.sharpness_dim import step_for
+
+    sgd = OmegaConf.create(
+        {"base_optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4}}
+    )
+    on = {"sharpness_dim": {"enabled": True, "lr": None}}
+    assert step_for(on, sgd) == {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4}
+    assert step_for({"sharpness_dim": {"enabled": True, "lr": 0.02}}, sgd)["lr"] == 0.02
+    adamw = OmegaConf.create({"base_optimizer": {"name": "adamw", "lr": 1e-3}})
+    assert step_for(on, adamw) is None  # not gradient descent's map: the key is left out
+    zero = OmegaConf.create({"base_optimizer": {"name": "sgd", "lr": 0.0}})
+    with pytest.raises(UserError, match=r"needs a step size > 0: base_optimizer.lr=0.0"):
+        step_for(on, zero)
