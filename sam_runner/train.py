@@ -302,7 +302,6 @@ class Run:
         self.tracker = CurvatureTracker(
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
         )
-        self.tracker.step = step_for(cfg.metrics, cfg)
         self.test_set = TestSet(self)
         self.build_recipe(model, data)
         self.val_set = ValSet(self)
@@ -382,15 +381,7 @@ class Run:
             # the checkpoint's evaluation line: a run resumed at its end finishes from it
             lines = [r for r in self.log.rows() if r.get("step") == self.clock.step]
             self.last = next((r for r in reversed(lines) if "test_acc" in r), {})
-        # θ⁰, for dist_from_init (metrics/complexity.py): kept from a fresh start, else read
-        initial = InitialWeights(self.run_dir / INIT_WEIGHTS)
-        if state is None:
-            start = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-            if self.dist.is_main:
-                initial.save(start)
-        else:
-            start = initial.load()
-        self.tracker.init_state = start if self.tracker.enabled else None
+        self._measurement_references(state)
         if self.dist.is_main:
             # lines past the checkpoint are redone, never repeated
             self.log.truncate_after(self.clock.step)
@@ -401,6 +392,19 @@ class Run:
                 file=sys.stderr,
             )
         self.start = time.perf_counter() - self.clock.elapsed
+
+    def _measurement_references(self, state) -> None:
+        """What the generalization measures compare the weights with: the SGD step
+        (sharpness_dim) and θ⁰ (dist_from_init: kept from a fresh start, else read back)."""
+        self.tracker.step = step_for(self.cfg.metrics, self.cfg)
+        initial = InitialWeights(self.run_dir / INIT_WEIGHTS)
+        if state is None:
+            start = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+            if self.dist.is_main:
+                initial.save(start)
+        else:
+            start = initial.load()
+        self.tracker.init_state = start if self.tracker.enabled else None
 
     def train_epoch(self) -> bool:
         """One pass over the training set; False when the loss became non-finite (the run

@@ -249,7 +249,7 @@ def complexity(m: Measurement) -> dict:
     schema={"bits": "bit_widths", "exact_max_params": "off_or_count", "num_probes": "probes"},
 )
 def quantization(
-    m: Measurement, bits=(8, 4), exact_max_params: int = 1024, num_probes: int = 50
+    m: Measurement, bits=(8, 4), exact_max_params: int = 1024, num_probes: int = 20
 ) -> dict:
     from .quantization import predicted_rise, quantization_values
 
