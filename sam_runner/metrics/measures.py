@@ -12,7 +12,8 @@ function here and its section in ``conf/metrics/default.yaml`` (with ``enabled: 
 Schema words (checked before a run starts): ``positive`` (a finite number > 0), ``nonnegative``,
 ``fraction`` (in (0, 1)), ``count`` (an integer >= 1), ``probes`` (an integer >= 2),
 ``hutch_probes`` (an integer >= 6), ``off_or_count`` (an integer >= 0), ``bool``,
-``bit_widths`` (a non-empty list of integers in 2..16), ``null_or_positive``.
+``bit_widths`` (a non-empty list of integers in 2..16), ``null_or_positive``, ``flip_kinds``
+(a non-empty list of flip.py's kinds).
 """
 
 from __future__ import annotations
@@ -278,6 +279,21 @@ def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
     from .input_grad import input_grad_norm
 
     return {"input_grad_norm": input_grad_norm(m.operator.model, m.data.test, num_samples)}
+
+
+@MEASURES.register(
+    "flip",
+    "flip probability over sequences of small perturbations (CIFAR-10-P's measure)",
+    config="flip",
+    keys=("flip_prob", "flip_prob_<kind>"),
+    final_only=True,
+    schema={"frames": "probes", "num_samples": "count", "kinds": "flip_kinds"},
+)
+def flip(m: Measurement, frames: int = 10, num_samples: int = 1000, kinds=None) -> dict:
+    from .flip import KINDS, flip_probabilities
+
+    chosen = tuple(kinds) if kinds else KINDS
+    return flip_probabilities(m.operator.model, m.data.test, frames, num_samples, chosen, m.seed)
 
 
 @MEASURES.register(

@@ -110,6 +110,16 @@ def check_options(section: str, options, schema: dict) -> None:
                 isinstance(b, int) and not isinstance(b, bool) and 2 <= b <= 16 for b in value
             )
             require(ok, f"{name}={value!r} must be a non-empty list of integers in 2..16")
+        elif kind == "flip_kinds":
+            from .flip import KINDS
+
+            ok = isinstance(value, (list, tuple)) and len(value) > 0
+            bad = [k for k in value if k not in KINDS] if ok else []
+            require(
+                ok and not bad,
+                f"{name}={value!r}: {bad[0] if bad else 'empty'} is not a kind; choose from "
+                f"{', '.join(KINDS)}",
+            )
         elif kind == "null_or_positive":
             if value is not None:
                 number(name, value, "null or a finite number > 0", lambda v: 0 < v < math.inf)

@@ -57,6 +57,7 @@ LABELS = {
     "fisher_rao_norm": "Fisher–Rao norm ⟨θ, Fθ⟩",
     "sharpness_dim": "sharpness dimension",
     "input_grad_norm": "input-gradient norm",
+    "flip_prob": "flip probability",
     "param_norm": "Σ‖W‖²_F",
     "dist_from_init": "Σ‖W − W⁰‖²_F",
     "path_norm": "path norm",

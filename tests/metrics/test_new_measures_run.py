@@ -15,6 +15,7 @@ from sam_runner.rundir import INIT_WEIGHTS
 from sam_runner.train import train
 
 NEW = [
+    "metrics.flip.enabled=true",
     "metrics.complexity.enabled=true",
     "metrics.quantization.enabled=true",
     "metrics.input_grad.enabled=true",
@@ -48,6 +49,8 @@ def test_every_key_on_the_last_line_and_theta0_kept(run):
         "quant_loss_rise_pred_4bit",
         "input_grad_norm",
         "sharpness_dim",
+        "flip_prob",
+        "flip_prob_scale",
     ):
         assert key in row, key
     assert row["sharpness_dim_dense"] is True
@@ -65,7 +68,7 @@ def test_every_key_on_the_last_line_and_theta0_kept(run):
 def test_sam_eval_gives_the_same_values(run, capsys):
     from sam_runner.evaluation.cli import main
 
-    code = main([str(run), *NEW[:5], "metrics.hessian.num_samples=256", "trainer.progress=none"])
+    code = main([str(run), *NEW[:6], "metrics.hessian.num_samples=256", "trainer.progress=none"])
     assert code == 0, capsys.readouterr().err
     measured = json.loads((run / "eval.json").read_text())
     row = last_line(run)
@@ -77,6 +80,7 @@ def test_sam_eval_gives_the_same_values(run, capsys):
         "quant_acc_4bit",
         "input_grad_norm",
         "sharpness_dim",
+        "flip_prob",
     ):
         assert measured[key] == pytest.approx(row[key], rel=1e-5), key
 
@@ -88,6 +92,8 @@ def test_sam_eval_gives_the_same_values(run, capsys):
         ("metrics.quantization.bits=[]", "metrics.quantization.bits=[] must be a non-empty"),
         ("metrics.sharpness_dim.max_dense=0", "metrics.sharpness_dim.max_dense=0 must be an"),
         ("metrics.sharpness_dim.lr=0", "metrics.sharpness_dim.lr=0 must be null or a finite"),
+        ("metrics.flip.kinds=[blur]", "metrics.flip.kinds=['blur']: blur is not a kind; choose"),
+        ("metrics.flip.frames=1", "metrics.flip.frames=1 must be an integer >= 2"),
     ],
 )
 def test_bad_options_are_refused_before_training(tmp_path, override, message):
