@@ -44,6 +44,7 @@ from .samplers import build_sampler
 from .schedulers import build_scheduler
 from .settings import objective_key, plot_format, require_same_config, result_config
 from .validate import validate_trainer
+from .weight_decay import build_weight_decay
 
 THREADS_SAID: list[str] = []  # the thread lines this process printed (a local sweep's jobs)
 # the autocast type of each of settings.PRECISIONS
@@ -275,7 +276,11 @@ class Run:
         total_steps = int(t.steps) if t.get("steps") else self.steps_per_epoch * t.epochs
         self.clock.total_steps = total_steps  # a step budget ends the last epoch early
         self.clock.epochs = -(-total_steps // self.steps_per_epoch)
-        self.optimizer = build_optimizer(cfg, model, total_steps)
+        self.weight_decay = build_weight_decay(cfg)  # may split the groups per layer
+        self.optimizer = build_optimizer(cfg, model, total_steps, self.weight_decay)
+        self.weight_decay.bind(
+            model, self.optimizer, self.dist, cfg.seed, self.clock, self.steps_per_epoch
+        )
         self.scheduler = build_scheduler(
             cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps
         )
@@ -351,6 +356,7 @@ class Run:
             "clock": self.clock,
             "logger": self.logger,
             **({"averaging": self.averaging} if self.averaging.enabled else {}),
+            **({"weight_decay": self.weight_decay} if self.weight_decay.enabled else {}),
         }
 
     def resume(self) -> None:
@@ -407,6 +413,7 @@ class Run:
             self.scheduler.step()
             self.scaler.update()
             clock.step += 1
+            self.weight_decay.after_step(clock.step)
             self.averaging.after_step()
             stats.add(loss, counts["correct"], len(y), clock.step)
             bar.update(stats.loss_sum, stats.correct, stats.seen)
@@ -445,7 +452,8 @@ class Run:
         for i, (xm, tm, ym, im) in enumerate(micro):
             # under DDP a synced pass all-reduces once, on its last micro-batch
             quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
-            with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast:
+            watch = self.weight_decay.watching(optimizer.pass_index == 0)  # OUI's hooks
+            with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast, watch:
                 out = net(xm)
             per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
             # weighted by size: the step's mean loss even when the batch does not split evenly
@@ -492,7 +500,8 @@ class Run:
             "lr": self.optimizer.param_groups[0]["lr"],
             **self.optimizer.cost_values(),
         }
-        for part in (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging):
+        parts = (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging)
+        for part in (*parts, self.weight_decay):
             row.update(part.log_values())
         self.log_line(row)
         self.last = row
@@ -537,6 +546,7 @@ class Run:
             **provenance(self.model, self.cfg.model, self.data.input_shape, self.device),
         }
         summary.update(self.optimizer.summary_values())
+        summary.update(self.weight_decay.summary_values())
         summary.update(self.tracker.summary_extras())
         summary.update(self.averaging.summary_values(last, self.lambda_max_of))
         if self.init_from is not None:
