@@ -3,11 +3,11 @@
 For one layer's activations ``[B, ...]`` a unit is one entry of a sample's flattened activation
 (``oui`` flattens whatever it is given; the ``weight_decay=ouidecay`` collector hands it one
 sampled position per sample and channel of a convolution output, as the authors' collector
-does: see sam_runner/weight_decay.py). With s_j the number of the B samples on which unit j
-is positive (> 0), the unit's score is min(s_j, B − s_j)/⌊B/2⌋: 0 for a unit that is on (or
-off) for the whole batch, 1 for one that splits it in half. OUI is the mean over units: near 0 the layer acts linearly on the
-batch (too much weight decay, underfitting); near 1 every unit separates the samples (too
-little, overfitting).
+does: see sam_runner/weight_decay.py). With s_j the number of the B samples on which unit j is
+positive (> 0), the unit's score is min(s_j, B − s_j)/⌊B/2⌋: 0 for a unit that is on (or off)
+for the whole batch, 1 for one that splits it in half. OUI is the mean over units: near 0 the
+layer acts linearly on the batch (too much weight decay, underfitting); near 1 every unit
+separates the samples (too little, overfitting).
 """
 
 from __future__ import annotations
