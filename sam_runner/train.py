@@ -25,6 +25,7 @@ from .averaging import build_averaging
 from .clock import Clock
 from .data import build_data
 from .data.augment import Mixing
+from .distill import build_distiller, check_teacher
 from .errors import Interrupted, RunFolderConflict, UserError, one_line, require
 from .lock import held_by, job_lock
 from .loggers import NullLogger, build_logger
@@ -256,6 +257,7 @@ class Run:
         """Build data, model, optimizer, scheduler, scaler, sampler, tracker and logger."""
         cfg, t = self.cfg, self.cfg.trainer
         validate_trainer(cfg)
+        check_teacher(cfg, self.run_dir)  # before the run folder is made
         self.device = device = self.dist.device or distributed.resolve_device(t.device)
         self.threads = self._cpu_threads(device)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -295,6 +297,7 @@ class Run:
         self.criterion = per_example(loss, float(t.label_smoothing))
         self.autocast = _autocast(device, t.precision)
         self.regularizer = build_regularizer(cfg.get("regularizer"), self.autocast)
+        self.distill = build_distiller(cfg, model, data, device, self.autocast, self.run_dir)
         self.sampler = build_sampler(cfg.dataset, data)
         self.tracker = CurvatureTracker(
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
@@ -409,7 +412,9 @@ class Run:
             parts = (v.tensor_split(t.accumulate) for v in (x, target, y, idx))
             micro = [m for m in zip(*parts) if len(m[2])]
             counts = {"correct": 0}
-            loss = self.optimizer.step(functools.partial(self.forward_backward, micro, counts))
+            taught = self.distill.teach(micro)  # the teacher's forward: once a step, every pass's
+            closure = functools.partial(self.forward_backward, micro, counts, taught)
+            loss = self.optimizer.step(closure)
             self.scheduler.step()
             self.scaler.update()
             clock.step += 1
@@ -442,9 +447,10 @@ class Run:
         self.averaging.end_epoch()
         return True
 
-    def forward_backward(self, micro, counts: dict):
+    def forward_backward(self, micro, counts: dict, taught=None):
         """The optimizer's closure: zero the gradients, then forward and backward over the step's
-        micro-batches; returns the step's loss. On the first pass, counts the right predictions."""
+        micro-batches; returns the step's loss. On the first pass, counts the right predictions.
+        ``taught``: the teacher's outputs for the micro-batches (distillation)."""
         optimizer, net = self.optimizer, self.net
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
@@ -454,11 +460,14 @@ class Run:
             quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
             watch = self.weight_decay.watching(optimizer.pass_index == 0)  # OUI's hooks
             with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast, watch:
-                out = net(xm)
+                with self.distill.capturing():  # the student's features, for the alignment
+                    out = net(xm)
             per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
             # weighted by size: the step's mean loss even when the batch does not split evenly
-            loss = optimizer.reduce_loss(per_sample, out, ym) * (len(ym) / batch)
-            objective = self.regularizer.add(loss, self.model, xm, out, len(ym) / batch)
+            share = len(ym) / batch
+            loss = optimizer.reduce_loss(per_sample, out, ym) * share
+            objective = self.distill.add(loss, out, taught, i, share)
+            objective = self.regularizer.add(objective, self.model, xm, out, share)
             self.scaler.scale(objective).backward()  # the logged loss stays the task's
             total += loss.detach()
             self.sampler.observe(optimizer.pass_index, im, ym, per_sample.detach())

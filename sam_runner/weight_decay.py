@@ -27,14 +27,14 @@ TRACKED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 POSITIONS = ("random", "first")
 
 
-def tracked_layers(model: nn.Module) -> OrderedDict:
-    """``{name: module}`` of the conv and linear layers with a trainable weight of ≥ 2 dims, in
-    model order (the first layer and the head included)."""
+def tracked_layers(model: nn.Module, trainable: bool = True) -> OrderedDict:
+    """``{name: module}`` of the conv and linear layers with a (``trainable``: trainable) weight
+    of ≥ 2 dims, in model order (the first layer and the head included)."""
     out = OrderedDict()
     for name, m in model.named_modules():
         w = getattr(m, "weight", None)
         if name and isinstance(m, TRACKED) and isinstance(w, nn.Parameter):
-            if w.requires_grad and w.ndim > 1:
+            if (w.requires_grad or not trainable) and w.ndim > 1:
                 out[name] = m
     return out
 

@@ -121,7 +121,7 @@ FLOORS = (
     {"data", "models", "optim", "metrics", "losses", "samplers", "schedulers", "averaging"}
     | {"regularizers", "weight_decay"}
     | {"loggers", "provenance", "plots"},
-    {"validate", "train", "rebuild"},
+    {"validate", "train", "rebuild", "distill"},
     {"sweep", "preflight", "jobarray", "command_config"},
     {"evaluation", "landscape", "results"},
     {"cli"},
