@@ -113,9 +113,9 @@ class Taps:
         if body:
             middle = body[round(0.5 * (len(body) - 1))]
             linear = isinstance(middle, torch.nn.Linear)
-            middle.register_forward_hook(lambda m, i, out: self._keep("middle", out, linear))
+            middle.register_forward_hook(lambda _m, _i, out: self._keep("middle", out, linear))
         head_linear = isinstance(head, torch.nn.Linear)
-        head.register_forward_pre_hook(lambda m, i: self._keep("embedding", i[0], head_linear))
+        head.register_forward_pre_hook(lambda _m, i: self._keep("embedding", i[0], head_linear))
 
     def _keep(self, name, x, linear: bool):
         if self.active:
@@ -163,7 +163,8 @@ class Distiller(NoDistill):
     enabled = True
 
     def __init__(self, teacher, student, temperature, weight, align, autocast=None):
-        self.teacher, self.temperature, self.weight, self.align = teacher, temperature, weight, align
+        self.teacher, self.temperature = teacher, temperature
+        self.weight, self.align = weight, align
         self.autocast = autocast or contextlib.nullcontext()
         self.teacher_taps = Taps(teacher) if align > 0 else None
         self.student_taps = Taps(student) if align > 0 else None
