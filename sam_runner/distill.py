@@ -147,7 +147,6 @@ def load_teacher(run: RunDir, weights: str, input_shape, num_classes, device):
 
 class NoDistill:
     enabled = False
-    teacher_forwards = 0
 
     def teach(self, micro):  # noqa: ARG002 (the hook's signature)
         return None
@@ -157,6 +156,9 @@ class NoDistill:
 
     def add(self, objective, logits, taught, i, share):  # noqa: ARG002
         return objective
+
+    def summary_values(self) -> dict:
+        return {}
 
 
 class Distiller(NoDistill):
@@ -168,7 +170,12 @@ class Distiller(NoDistill):
         self.autocast = autocast or contextlib.nullcontext()
         self.teacher_taps = Taps(teacher) if align > 0 else None
         self.student_taps = Taps(student) if align > 0 else None
-        self.teacher_forwards = 0  # counted: one per micro-batch of each step
+        # counted by a hook on the teacher: the samples it saw, and the steps' samples
+        self.teacher_samples, self.step_samples = 0, 0
+        teacher.register_forward_hook(lambda _m, i, _o: self._count(i[0]))
+
+    def _count(self, x) -> None:
+        self.teacher_samples += len(x)
 
     @torch.no_grad()
     def teach(self, micro) -> list:
@@ -179,10 +186,15 @@ class Distiller(NoDistill):
             taps = self.teacher_taps.on() if self.teacher_taps else contextlib.nullcontext({})
             with taps as features, self.autocast:
                 logits = self.teacher(xm)
-            self.teacher_forwards += 1
+            self.step_samples += len(xm)
             sims = {k: similarity(v) for k, v in features.items()}
             out.append((logits.detach(), sims))
         return out
+
+    def summary_values(self) -> dict:
+        """``teacher_forwards_per_step``: the teacher's forwards over the batch per step, counted
+        (1 whatever the variant)."""
+        return {"teacher_forwards_per_step": self.teacher_samples / max(self.step_samples, 1)}
 
     def capturing(self):
         """Around the student's training forward: its features for the alignment."""

@@ -556,6 +556,7 @@ class Run:
         }
         summary.update(self.optimizer.summary_values())
         summary.update(self.weight_decay.summary_values())
+        summary.update(self.distill.summary_values())
         summary.update(self.tracker.summary_extras())
         summary.update(self.averaging.summary_values(last, self.lambda_max_of))
         if self.init_from is not None:
