@@ -124,40 +124,58 @@ def _failed_run(tmp_path):
     return path
 
 
+T = "trainer.distill.teacher={teacher}"
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (lambda t, p: [f"trainer.distill.teacher={p / 'nowhere'}"], "is not a folder"),
-        (lambda t, p: [f"trainer.distill.teacher={p}"], "is not a sam-run run folder"),
-        (lambda t, p: [f"trainer.distill.teacher={_failed_run(p)}"],
-         "is not a completed run (status: failed)"),  # fmt: skip
-        (lambda t, p: [f"trainer.distill.teacher={t}", "dataset=digits"],
-         "was trained on inputs (1, 40) with 10 classes, this run has (1, 8, 8)"),  # fmt: skip
-        (lambda t, p: [f"trainer.distill.teacher={t}", "trainer.distill.temperature=0"],
-         "trainer.distill.temperature=0 must be a finite number > 0"),  # fmt: skip
-        (lambda t, p: [f"trainer.distill.teacher={t}", "trainer.distill.weight=-0.1"],
-         "trainer.distill.weight=-0.1 must be a number in [0, 1]"),  # fmt: skip
-        (lambda t, p: [f"trainer.distill.teacher={t}", "trainer.distill.align=-1"],
-         "trainer.distill.align=-1 must be a finite number >= 0"),  # fmt: skip
-        (lambda t, p: [f"trainer.distill.teacher={t}", "trainer.distill.weights=best"],
-         "trainer.distill.weights='best' is unknown; choose one of last, averaged"),  # fmt: skip
+        (["trainer.distill.teacher={tmp}/nowhere"], "is not a folder"),
+        (["trainer.distill.teacher={tmp}"], "is not a sam-run run folder"),
+        (["trainer.distill.teacher={failed}"], "is not a completed run (status: failed)"),
+        (
+            [T, "dataset=digits"],
+            "was trained on inputs (1, 40) with 10 classes, this run has (1, 8, 8)",
+        ),  # fmt: skip
+        (
+            [T, "trainer.distill.temperature=0"],
+            "trainer.distill.temperature=0 must be a finite number > 0",
+        ),  # fmt: skip
+        (
+            [T, "trainer.distill.weight=-0.1"],
+            "trainer.distill.weight=-0.1 must be a number in [0, 1]",
+        ),  # fmt: skip
+        ([T, "trainer.distill.align=-1"], "trainer.distill.align=-1 must be a finite number >= 0"),
+        (
+            [T, "trainer.distill.weights=best"],
+            "trainer.distill.weights='best' is unknown; choose one of last, averaged",
+        ),  # fmt: skip
     ],
-    ids=["missing", "not-a-run", "not-completed", "other-data", "temperature", "weight", "align",
-         "weights"],  # fmt: skip
+    ids=[
+        "missing",
+        "not-a-run",
+        "not-completed",
+        "other-data",
+        "temperature",
+        "weight",
+        "align",
+        "weights",
+    ],  # fmt: skip
 )
 def test_bad_distillation_input_is_one_line_exit_2_and_writes_nothing(
     extra, message, teacher, tmp_path, capsys
 ):
     run = tmp_path / "run"
     before = _digest(teacher)
+    where = dict(teacher=teacher, tmp=tmp_path, failed=_failed_run(tmp_path))
     quick = [o for o in TINY if not o.startswith("dataset.")]  # refused before any data is read
-    argv = [*quick, *extra(teacher, tmp_path), f"hydra.run.dir={run}"]
+    argv = [*quick, *(o.format(**where) for o in extra), f"hydra.run.dir={run}"]
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert not run.exists() and _digest(teacher) == before
 
 
-def test_the_run_itself_is_refused_as_its_own_teacher(teacher, tmp_path):
+def test_the_run_itself_is_refused_as_its_own_teacher(teacher):
     from sam_runner.distill import check_teacher
     from sam_runner.errors import UserError
 
