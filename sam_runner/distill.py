@@ -29,8 +29,7 @@ from .data.sources import data_shape
 from .errors import UserError, number, require
 from .losses import distillation_loss
 from .models import build_model, without_download
-from .rebuild import state_dict
-from .rundir import CHECKPOINT, RunDir, check_weights
+from .rundir import CHECKPOINT, RunDir, check_weights, model_state
 from .weight_decay import tracked_layers
 
 KEY = "trainer.distill.teacher"
@@ -136,7 +135,7 @@ def load_teacher(run: RunDir, weights: str, input_shape, num_classes, device):
     torch.manual_seed(int(cfg.seed))
     model = build_model(without_download(cfg.model), input_shape, num_classes)
     try:
-        model.load_state_dict(state_dict(run, weights))
+        model.load_state_dict(model_state(run, weights))
     except (RuntimeError, KeyError, ValueError) as e:
         raise UserError(
             f"{KEY}: {run.path / CHECKPOINT} does not fit the model its config builds "

@@ -278,14 +278,7 @@ class Run:
         total_steps = int(t.steps) if t.get("steps") else self.steps_per_epoch * t.epochs
         self.clock.total_steps = total_steps  # a step budget ends the last epoch early
         self.clock.epochs = -(-total_steps // self.steps_per_epoch)
-        self.weight_decay = build_weight_decay(cfg)  # may split the groups per layer
-        self.optimizer = build_optimizer(cfg, model, total_steps, self.weight_decay)
-        self.weight_decay.bind(
-            model, self.optimizer, self.dist, cfg.seed, self.clock, self.steps_per_epoch
-        )
-        self.scheduler = build_scheduler(
-            cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps
-        )
+        self.build_optimization(model, total_steps)
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
         self.net = self.dist.wrap(model, cfg)  # DDP when world > 1, then torch.compile when asked
         if t.compile and device.type == "cuda":
@@ -319,6 +312,19 @@ class Run:
             enabled=self.dist.is_main,
         )
         self._say_threads()
+
+    def build_optimization(self, model, total_steps: int) -> None:
+        """The weight decay's rule (it may split the groups per layer), the optimizer and the
+        learning rate's schedule."""
+        cfg = self.cfg
+        self.weight_decay = build_weight_decay(cfg)
+        self.optimizer = build_optimizer(cfg, model, total_steps, self.weight_decay)
+        self.weight_decay.bind(
+            model, self.optimizer, self.dist, cfg.seed, self.clock, self.steps_per_epoch
+        )
+        self.scheduler = build_scheduler(
+            cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps
+        )
 
     def _say_threads(self) -> None:
         """The thread line, once a process (a local sweep's jobs share one), with the progress

@@ -119,9 +119,9 @@ FLOORS = (
     {"errors", "settings", "rundir", "runfiles", "registry", "clock", "paths", "lock", "progress"}
     | {"module_state", "distributed", "cli_words", "help"},
     {"data", "models", "optim", "metrics", "losses", "samplers", "schedulers", "averaging"}
-    | {"regularizers", "weight_decay"}
+    | {"regularizers", "weight_decay", "distill"}
     | {"loggers", "provenance", "plots"},
-    {"validate", "train", "rebuild", "distill"},
+    {"validate", "train", "rebuild"},
     {"sweep", "preflight", "jobarray", "command_config"},
     {"evaluation", "landscape", "results"},
     {"cli"},
