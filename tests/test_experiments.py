@@ -34,6 +34,7 @@ STUDIES = [
     "spectral_muon",
     "variant_zoo",
     "generalization_measures",
+    "ouidecay",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -65,6 +66,9 @@ EXPECTED = {
     # variant x weight averaging (none, swa) x seed
     "swa_vs_sam": (12, "resnet18", "cifar100", "base sam"),
     "swa_vs_sam_mini": (8, "cnn", "digits", "base sam"),
+    # weight decay (constant, ouidecay) x variant x seed
+    "ouidecay": (12, "resnet18", "cifar100", "base sam"),
+    "ouidecay_mini": (8, "cnn1d", "mnist1d", "base sam"),
 }
 
 
