@@ -194,3 +194,22 @@ def test_bad_ouidecay_keys_are_one_line_and_exit_2(overrides, message, tmp_path,
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert not run.exists()
+
+
+@pytest.mark.slow
+def test_two_processes_see_the_global_batchs_oui_and_set_the_coefficients_of_one(tmp_path):
+    """Under DDP the counts are summed over the processes: an MLP (no sampled positions) trained
+    by 2 processes logs the OUI and ends with the coefficients of 1 process at the same batch."""
+    run = ["model=mlp", "dataset.num_samples=600", "dataset.batch_size=64", "trainer.device=cpu"]
+    cfg = compose(*_ouidecay_run(*run, "optimizer.sync_perturbation=true"))
+    train(cfg, tmp_path / "one", [])
+    two = distributed.launch(train, (cfg, str(tmp_path / "two"), []), 2, torch.device("cpu"))
+    assert two["status"] == "completed"
+    r1, r2 = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    assert [r["oui"] for r in r2] == pytest.approx([r["oui"] for r in r1], abs=1e-3)
+    one = _summary_of(tmp_path / "one")["weight_decay_layers"]
+    assert _summary_of(tmp_path / "two")["weight_decay_layers"] == pytest.approx(one, rel=1e-3)
+
+
+def _summary_of(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
