@@ -77,12 +77,14 @@ def _model(run_dir):
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
 
 
-@pytest.mark.parametrize("variant", ["base", "sam", "gsam"])
+@pytest.mark.parametrize(
+    "variant", ["optimizer=base", "optimizer=sam", "optimizer=gsam", "trainer.precision=bf16"]
+)
 def test_one_teacher_forward_per_step_whatever_the_variant_and_its_folder_is_only_read(
     variant, teacher, tmp_path
 ):
     before = _digest(teacher)
-    student = [*FAST, f"optimizer={variant}", f"trainer.distill.teacher={teacher}"]
+    student = [*FAST, variant, f"trainer.distill.teacher={teacher}"]
     train(compose(*student, "trainer.distill.align=1", "trainer.accumulate=2"), tmp_path / "s", [])
     summary = _summary(tmp_path / "s")
     assert summary["status"] == "completed" and summary["teacher_forwards_per_step"] == 1.0

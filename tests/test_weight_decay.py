@@ -150,8 +150,9 @@ def test_a_run_logs_oui_writes_the_final_coefficients_and_resumes_exactly(tmp_pa
         ["optimizer=asam"],
         ["optimizer=gear_sam", "base_optimizer=adamw", "base_optimizer.weight_decay=0.01"],
         ["optimizer=base", "trainer.accumulate=2"],
-    ],  # fmt: skip
-    ids=["asam", "gear_sam-adamw", "base-accumulate"],
+        ["optimizer=sam", "trainer.precision=bf16"],
+    ],
+    ids=["asam", "gear_sam-adamw", "base-accumulate", "sam-bf16"],
 )
 def test_it_composes_with_variants_base_optimizers_and_accumulation(extra, tmp_path):
     train(compose(*_ouidecay_run(*extra, "trainer.epochs=1")), tmp_path / "r", [])
