@@ -35,6 +35,7 @@ STUDIES = [
     "variant_zoo",
     "generalization_measures",
     "ouidecay",
+    "jsd_vs_sam",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -69,6 +70,9 @@ EXPECTED = {
     # weight decay (constant, ouidecay) x variant x seed
     "ouidecay": (12, "resnet18", "cifar100", "base sam"),
     "ouidecay_mini": (8, "cnn1d", "mnist1d", "base sam"),
+    # (weight 0: once per variant and seed) + weight 1 x alpha x variant x seed
+    "jsd_vs_sam": (36, "resnet18", "cifar100", "base sam"),
+    "jsd_vs_sam_mini": (24, "mlp", "mnist1d", "base sam"),
 }
 
 
