@@ -30,6 +30,7 @@ RUNNER_GROUPS = (
     "logger",
     "metrics",
     "regularizer",
+    "weight_decay",
 )
 _ABSENT = object()
 # the topmost folder this command created for its run or sweep folder (None: that existed)

@@ -293,3 +293,26 @@ def _data_dir_here(cfg) -> None:
         cfg.dataset.data_dir = default.data_dir
     if cfg.dataset.get("download") is None:
         cfg.dataset.download = default.download
+
+
+def model_state(run: RunDir, weights: str = "last") -> dict:
+    """The model state dict of a run's ``last.pt`` or ``averaged.pt`` (weights only)."""
+    if check_weights(weights) == "last":
+        return run.checkpoint()["model"]
+    path = run.path / AVERAGED
+    require(
+        path.is_file(),
+        f"run folder {run.path} has no averaged weights ({AVERAGED}); train it with "
+        "trainer.weight_averaging=swa or ema, or use weights=last",
+    )
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(f"{path} is unreadable ({type(e).__name__}); restore it") from None
+    require(
+        isinstance(state, dict) and isinstance(state.get("model"), dict),
+        f"{path} is not a sam-run averaged checkpoint (no model entry)",
+    )
+    return state["model"]

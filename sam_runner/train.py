@@ -24,6 +24,7 @@ from .averaging import build_averaging
 from .clock import Clock
 from .data import build_data
 from .data.augment import Mixing
+from .distill import build_distiller, check_teacher
 from .errors import Interrupted, RunFolderConflict, UserError, one_line, require
 from .lock import held_by, job_lock
 from .loggers import NullLogger, build_logger
@@ -43,6 +44,7 @@ from .samplers import build_sampler
 from .schedulers import build_scheduler
 from .settings import objective_key, plot_format, require_same_config, result_config
 from .validate import validate_trainer
+from .weight_decay import build_weight_decay
 
 THREADS_SAID: list[str] = []  # the thread lines this process printed (a local sweep's jobs)
 # the autocast type of each of settings.PRECISIONS
@@ -254,6 +256,7 @@ class Run:
         """Build data, model, optimizer, scheduler, scaler, sampler, tracker and logger."""
         cfg, t = self.cfg, self.cfg.trainer
         validate_trainer(cfg)
+        check_teacher(cfg, self.run_dir)  # before the run folder is made
         self.device = device = self.dist.device or distributed.resolve_device(t.device)
         self.threads = self._cpu_threads(device)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -274,10 +277,7 @@ class Run:
         total_steps = int(t.steps) if t.get("steps") else self.steps_per_epoch * t.epochs
         self.clock.total_steps = total_steps  # a step budget ends the last epoch early
         self.clock.epochs = -(-total_steps // self.steps_per_epoch)
-        self.optimizer = build_optimizer(cfg, model, total_steps)
-        self.scheduler = build_scheduler(
-            cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps
-        )
+        self.build_optimization(model, total_steps)
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
         self.net = self.dist.wrap(model, cfg)  # DDP when world > 1, then torch.compile when asked
         if t.compile and device.type == "cuda":
@@ -289,6 +289,7 @@ class Run:
         self.criterion = per_example(loss, float(t.label_smoothing))
         self.autocast = _autocast(device, t.precision)
         self.regularizer = build_regularizer(cfg.get("regularizer"), self.autocast)
+        self.distill = build_distiller(cfg, model, data, device, self.autocast, self.run_dir)
         self.sampler = build_sampler(cfg.dataset, data)
         self.tracker = CurvatureTracker(
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
@@ -310,6 +311,19 @@ class Run:
             enabled=self.dist.is_main,
         )
         self._say_threads()
+
+    def build_optimization(self, model, total_steps: int) -> None:
+        """The weight decay's rule (it may split the groups per layer), the optimizer and the
+        learning rate's schedule."""
+        cfg = self.cfg
+        self.weight_decay = build_weight_decay(cfg)
+        self.optimizer = build_optimizer(cfg, model, total_steps, self.weight_decay)
+        self.weight_decay.bind(
+            model, self.optimizer, self.dist, cfg.seed, self.clock, self.steps_per_epoch
+        )
+        self.scheduler = build_scheduler(
+            cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps
+        )
 
     def _say_threads(self) -> None:
         """The thread line, once a process (a local sweep's jobs share one), with the progress
@@ -350,6 +364,7 @@ class Run:
             "clock": self.clock,
             "logger": self.logger,
             **({"averaging": self.averaging} if self.averaging.enabled else {}),
+            **({"weight_decay": self.weight_decay} if self.weight_decay.enabled else {}),
         }
 
     def resume(self) -> None:
@@ -402,10 +417,13 @@ class Run:
             parts = (v.tensor_split(t.accumulate) for v in (x, target, y, idx))
             micro = [m for m in zip(*parts) if len(m[2])]
             counts = {"correct": 0}
-            loss = self.optimizer.step(functools.partial(self.forward_backward, micro, counts))
+            taught = self.distill.teach(micro)  # the teacher's forward: once a step, every pass's
+            closure = functools.partial(self.forward_backward, micro, counts, taught)
+            loss = self.optimizer.step(closure)
             self.scheduler.step()
             self.scaler.update()
             clock.step += 1
+            self.weight_decay.after_step(clock.step)
             self.averaging.after_step()
             stats.add(loss, counts["correct"], len(y), clock.step)
             bar.update(stats.loss_sum, stats.correct, stats.seen)
@@ -434,9 +452,10 @@ class Run:
         self.averaging.end_epoch()
         return True
 
-    def forward_backward(self, micro, counts: dict):
+    def forward_backward(self, micro, counts: dict, taught=None):
         """The optimizer's closure: zero the gradients, then forward and backward over the step's
-        micro-batches; returns the step's loss. On the first pass, counts the right predictions."""
+        micro-batches; returns the step's loss. On the first pass, counts the right predictions.
+        ``taught``: the teacher's outputs for the micro-batches (distillation)."""
         optimizer, net = self.optimizer, self.net
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
@@ -444,12 +463,16 @@ class Run:
         for i, (xm, tm, ym, im) in enumerate(micro):
             # under DDP a synced pass all-reduces once, on its last micro-batch
             quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
-            with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast:
-                out = net(xm)
+            watch = self.weight_decay.watching(optimizer.pass_index == 0)  # OUI's hooks
+            with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast, watch:
+                with self.distill.capturing():  # the student's features, for the alignment
+                    out = net(xm)
             per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
             # weighted by size: the step's mean loss even when the batch does not split evenly
-            loss = optimizer.reduce_loss(per_sample, out, ym) * (len(ym) / batch)
-            objective = self.regularizer.add(loss, self.model, xm, out, len(ym) / batch)
+            share = len(ym) / batch
+            loss = optimizer.reduce_loss(per_sample, out, ym) * share
+            objective = self.distill.add(loss, out, taught, i, share)
+            objective = self.regularizer.add(objective, self.model, xm, out, share)
             self.scaler.scale(objective).backward()  # the logged loss stays the task's
             total += loss.detach()
             self.sampler.observe(optimizer.pass_index, im, ym, per_sample.detach())
@@ -491,7 +514,8 @@ class Run:
             "lr": self.optimizer.param_groups[0]["lr"],
             **self.optimizer.cost_values(),
         }
-        for part in (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging):
+        parts = (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging)
+        for part in (*parts, self.weight_decay):
             row.update(part.log_values())
         self.log_line(row)
         self.last = row
@@ -536,6 +560,8 @@ class Run:
             **provenance(self.model, self.cfg.model, self.data.input_shape, self.device),
         }
         summary.update(self.optimizer.summary_values())
+        summary.update(self.weight_decay.summary_values())
+        summary.update(self.distill.summary_values())
         summary.update(self.tracker.summary_extras())
         summary.update(self.averaging.summary_values(last, self.lambda_max_of))
         if self.init_from is not None:

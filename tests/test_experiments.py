@@ -34,6 +34,8 @@ STUDIES = [
     "spectral_muon",
     "variant_zoo",
     "generalization_measures",
+    "ouidecay",
+    "jsd_vs_sam",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -65,6 +67,12 @@ EXPECTED = {
     # variant x weight averaging (none, swa) x seed
     "swa_vs_sam": (12, "resnet18", "cifar100", "base sam"),
     "swa_vs_sam_mini": (8, "cnn", "digits", "base sam"),
+    # weight decay (constant, ouidecay) x variant x seed
+    "ouidecay": (12, "resnet18", "cifar100", "base sam"),
+    "ouidecay_mini": (8, "cnn1d", "mnist1d", "base sam"),
+    # (weight 0: once per variant and seed) + weight 1 x alpha x variant x seed
+    "jsd_vs_sam": (36, "resnet18", "cifar100", "base sam"),
+    "jsd_vs_sam_mini": (24, "mlp", "mnist1d", "base sam"),
 }
 
 

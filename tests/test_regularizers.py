@@ -144,3 +144,20 @@ def test_bad_jsd_keys_are_one_line_and_exit_2(tmp_path, capsys, override, messag
     assert code == 2 and err.count("\n") == 1, err
     assert message in err
     assert not run.exists()
+
+
+def test_a_sweep_trains_the_weight_zero_run_once_whatever_the_other_keys():
+    from sam_runner.sweep.plan import collapse
+
+    jobs, left_out = collapse([
+        ["regularizer.weight=0", "regularizer.alpha=0.1", "seed=0"],
+        ["regularizer.weight=0", "regularizer.alpha=0.5", "seed=0"],
+        ["regularizer.weight=1", "regularizer.alpha=0.1", "seed=0"],
+        ["regularizer.weight=1", "regularizer.alpha=0.5", "seed=0"],
+    ])  # fmt: skip
+    assert jobs == [
+        ["regularizer.weight=0", "seed=0"],
+        ["regularizer.weight=1", "regularizer.alpha=0.1", "seed=0"],
+        ["regularizer.weight=1", "regularizer.alpha=0.5", "seed=0"],
+    ]
+    assert left_out == ["regularizer.weight=0 seed=0"]

@@ -119,7 +119,7 @@ FLOORS = (
     {"errors", "settings", "rundir", "runfiles", "registry", "clock", "paths", "lock", "progress"}
     | {"module_state", "distributed", "cli_words", "help"},
     {"data", "models", "optim", "metrics", "losses", "samplers", "schedulers", "averaging"}
-    | {"regularizers"}
+    | {"regularizers", "weight_decay", "distill"}
     | {"loggers", "provenance", "plots"},
     {"validate", "train", "rebuild"},
     {"sweep", "preflight", "jobarray", "command_config"},
