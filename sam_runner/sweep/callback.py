@@ -69,8 +69,9 @@ def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
         if summary.get("error"):
             line += f"  [{summary['error']}]"
         lines.append(line)
-        # a divergence is a result, and a job another process trains is not ours to count
-        if status not in ("completed", "diverged", "running"):
+        # a divergence is a result, so is a trial the search pruned, and a job another
+        # process trains is not ours to count
+        if status not in ("completed", "diverged", "pruned", "running"):
             failed.append(f"#{num} ({status}: {label})")
     return lines, failed
 
