@@ -88,19 +88,21 @@ def require_resumable(saved: dict, now: dict, path: Path, run_dir: Path) -> None
         )
 
 
-def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> dict:
-    """Train one run in ``run_dir``; returns its summary (also written to summary.json)."""
+def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = (), trial=None) -> dict:
+    """Train one run in ``run_dir``; returns its summary (also written to summary.json).
+    ``trial``: a search's trial to report the objective to after each evaluation, whose
+    ``should_stop(epoch, value)`` may stop the run as pruned (sweep/trial.py)."""
     run_dir = Path(run_dir)
     if distributed.current().rank != 0:  # rank 0 holds the job's lock for all its processes
-        return _train(cfg, run_dir, overrides)
+        return _train(cfg, run_dir, overrides)  # and reports to the trial
     on_locked = str(cfg.trainer.get("on_locked", "skip"))
     with job_lock(run_dir, "train", on_locked, "sam-run", "trainer.on_locked") as held:
         if not held:  # another process trains this job: its summary.json will say how it ended
             return {"status": "skipped", "error": f"trained by {held_by(run_dir, 'train')}"}
-        return _train(cfg, run_dir, overrides)
+        return _train(cfg, run_dir, overrides, trial)
 
 
-def _train(cfg, run_dir: Path, overrides) -> dict:
+def _train(cfg, run_dir: Path, overrides, trial=None) -> dict:
     done = read_summary(run_dir)
     # a trial the search's pruner stopped is a result too: run again (a sweeper killed before
     # it told the study), it says so rather than train on
@@ -110,7 +112,7 @@ def _train(cfg, run_dir: Path, overrides) -> dict:
         )
         print_final(done, run_dir, already=True)
         return done
-    run = Run(cfg, run_dir, list(overrides))
+    run = Run(cfg, run_dir, list(overrides), trial)
     with run.stopping_cleanly():
         run.setup()
         run.resume()
@@ -253,14 +255,14 @@ class ValSet:
 
 
 class Run:
-    def __init__(self, cfg, run_dir: Path, overrides: list[str]):
+    def __init__(self, cfg, run_dir: Path, overrides: list[str], trial=None):
         self.cfg, self.run_dir, self.overrides = cfg, run_dir, overrides
         self.dist = distributed.current()
         self.clock = Clock(epochs=cfg.trainer.epochs)
         self.logger = NullLogger()  # until setup: a run that fails before it still finishes one
         self.saved = (0, 0)  # (epoch, step) the checkpoint holds
         self.status, self.error, self.last = "completed", None, {}
-        self.trial, self.pruned_at = None, None  # a pruned search's trial (sweep/trial.py)
+        self.trial, self.pruned_at = trial, None  # a pruned search's trial (sweep/trial.py)
 
     # ------------------------------------------------------------------ phases
     def setup(self) -> None:
@@ -323,10 +325,6 @@ class Run:
             enabled=self.dist.is_main,
         )
         self._say_threads()
-        if self.dist.is_main:
-            from .sweep.trial import TrialLink
-
-            self.trial = TrialLink.from_env()
 
     def _say_threads(self) -> None:
         """The thread line, once a process (a local sweep's jobs share one), with the progress
@@ -519,10 +517,10 @@ class Run:
         """Whether the search's pruner stops this trial after the evaluation just made (rank 0
         reports ``trainer.objective`` to the trial and asks; every process stops together). The
         checkpoint of that evaluation stays; the summary says ``pruned``, with where."""
-        evaluated = self.last.get("epoch") == self.clock.epoch and not self.clock.final
+        evaluated = self.last.get("epoch") == self.clock.epoch
         key, stop = objective_key(self.cfg), False
         if self.trial is not None and evaluated:
-            stop = self.trial.should_stop(self.clock.epoch, self.last.get(key))
+            stop = self.trial.should_stop(self.clock.epoch, self.last.get(key), self.clock.final)
         if self.dist.parallel:
             stop = bool(self.dist.max(torch.tensor(int(stop), device=self.device)))
         if stop:

@@ -30,26 +30,16 @@ def env_overrides(sweep_dir, storage: str | None, study: str, number: int) -> li
     environment variables of the job, and they are no part of what the job computes)."""
     values = {"sweep_dir": str(Path(sweep_dir).absolute()), "storage": storage or ""}
     values.update(study=study, trial=str(number))
-    return [f"hydra.job.env_set.{ENV[k]}='{v}'" for k, v in values.items()]
+    return [f"++hydra.job.env_set.{ENV[k]}='{v}'" for k, v in values.items()]
 
 
 class TrialLink:
-    """The running trial of this job, and the search's pruner."""
+    """The running trial of this job, and the search's pruner: plain names until first used
+    (a job of ``trainer.devices`` processes hands it to its rank 0, which opens it)."""
 
     def __init__(self, sweep_dir: str, storage: str, study_name: str, number: int):
-        import optuna
-
-        from .study import make_pruner, open_storage
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.storage = open_storage(Path(sweep_dir), storage or None, migrate=False)
-        if isinstance(self.storage, str):
-            self.storage = optuna.storages.get_storage(self.storage)
-        self.study = optuna.load_study(study_name=study_name, storage=self.storage)
-        self.pruner = make_pruner(self.study.user_attrs["pruner"])
-        study_id = self.storage.get_study_id_from_name(study_name)
-        self.trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
-        self.number = number
+        self.where = (str(sweep_dir), storage or "", str(study_name), int(number))
+        self.opened = None
 
     @classmethod
     def from_env(cls) -> TrialLink | None:
@@ -59,14 +49,37 @@ class TrialLink:
             return None
         return cls(given["sweep_dir"], given["storage"], given["study"], int(given["trial"]))
 
-    def should_stop(self, epoch: int, value) -> bool:
-        """Report the objective at this epoch; whether the pruner stops the trial here."""
+    def __getstate__(self) -> dict:
+        return {"where": self.where, "opened": None}
+
+    def open(self):
+        """(storage, study, pruner, trial id), opened once."""
+        if self.opened is None:
+            import optuna
+
+            from .study import make_pruner, open_storage
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            sweep_dir, url, name, number = self.where
+            storage = open_storage(Path(sweep_dir), url or None, migrate=False)
+            if isinstance(storage, str):
+                storage = optuna.storages.get_storage(storage)
+            study = optuna.load_study(study_name=name, storage=storage)
+            study_id = storage.get_study_id_from_name(name)
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            self.opened = (storage, study, make_pruner(study.user_attrs["pruner"]), trial_id)
+        return self.opened
+
+    def should_stop(self, epoch: int, value, last: bool = False) -> bool:
+        """Report the objective at this epoch; whether the pruner stops the trial here (never
+        at the ``last`` epoch: the trial is complete)."""
         import optuna
 
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
+        storage, study, pruner, trial_id = self.open()
         try:
-            self.storage.set_trial_intermediate_value(self.trial_id, int(epoch), float(value))
+            storage.set_trial_intermediate_value(trial_id, int(epoch), float(value))
         except optuna.exceptions.UpdateFinishedTrialError:
             return False  # told already (another sweeper of the study): nothing to decide
-        return bool(self.pruner.prune(self.study, self.storage.get_trial(self.trial_id)))
+        return not last and bool(pruner.prune(study, storage.get_trial(trial_id)))
