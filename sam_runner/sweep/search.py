@@ -187,6 +187,7 @@ class Search:
         if self.pruner != "none":  # a study from before pruning has no such key
             what["pruner"] = self.pruned
         self.check_same_search(study, what, sweep_dir)
+        study.set_user_attr("objectives", self.keys)  # the report names each one by its key
         study.set_user_attr("sampler", {**pinned, "seed": seed})
         study.set_user_attr("pruner", self.pruned)  # what each job rebuilds its pruner from
         return study
