@@ -29,7 +29,8 @@ def objective_keys(cfg) -> list[str]:
     """``trainer.objective``'s keys for a composed config: one key, several (a list, for a
     search of several objectives), or none (``auto`` without a validation split)."""
     given = cfg.trainer.get("objective", "auto") or "auto"
-    keys = [str(given)] if isinstance(given, str) else [str(k) for k in given]
+    several = hasattr(given, "__iter__") and not isinstance(given, str)
+    keys = [str(k) for k in given] if several else [str(given)]
     if keys != ["auto"]:
         return keys
     return ["val_acc"] if cfg.dataset.get("val_split") else []
