@@ -157,3 +157,36 @@ def test_a_pruned_search_stops_trials_cleanly_and_does_not_rerun_them(tmp_path):
     assert report.stdout.count("  pruned: ") == len(pruned)
     trials_csv = (sweep / "trials.csv").read_text()
     assert trials_csv.count(",PRUNED,") == len(pruned)
+
+
+@pytest.mark.slow  # a pruned 4-trial search killed (-9) in trial 3, then the same command
+def test_a_pruned_search_killed_mid_trial_ends_with_n_trials_each_run_once(tmp_path):
+    import signal
+
+    from conftest import wait_for
+
+    sweep = tmp_path / "search"
+    cmd = [sys.executable, "-m", "sam_runner.cli", "-m", "hparams_search=sam_rho_lr", *TINY]
+    cmd += ["trainer.epochs=3", f"dataset.data_dir={tmp_path}", "hydra.sweeper.n_trials=4"]
+    cmd += ["hydra.sweeper.pruner=median", "hydra.sweeper.pruning.n_startup_trials=1"]
+    cmd += ["hydra.sweeper.pruning.n_warmup_steps=0", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=ENV
+    )
+    wait_for((sweep / "2" / "checkpoints" / "last.pt").exists, "trial 3's first checkpoint", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    again = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = optuna.load_study(study_name="search", storage=open_storage(sweep, None))
+    assert len(study.trials) == 4
+    assert {t.state.name for t in study.trials} <= {"COMPLETE", "PRUNED"}
+    assert "trial #0 of" not in again.stdout and "trial #1 of" not in again.stdout
+    for t in study.trials:
+        job = sweep / str(t.number)
+        lines = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
+        epochs = [r["epoch"] for r in lines if "val_acc" in r]
+        assert epochs == sorted(set(epochs))  # no epoch twice: resumed, never started over
+        assert t.intermediate_values == {r["epoch"]: r["val_acc"] for r in lines if "val_acc" in r}
+        status = json.loads((job / "summary.json").read_text())["status"]
+        assert status == {"COMPLETE": "completed", "PRUNED": "pruned"}[t.state.name]

@@ -89,11 +89,19 @@ class Study:
         return sorted(front, key=lambda t: t.number)
 
     def ranked(self) -> list[Trial]:
-        """Best first; trials without a finite value last, by number."""
+        """Best first (by the first objective); then the pruned trials, by the value they
+        stopped at (a partial run's, not comparable with a finished one's); trials without a
+        finite value last, by number."""
         sign = -1 if self.direction == "maximize" else 1
         good = [t for t in self.trials if t.value is not None and math.isfinite(t.value)]
+        pruned = [t for t in good if t.state == "PRUNED"]
+        done = [t for t in good if t not in pruned]
         rest = [t for t in self.trials if t not in good]
-        return sorted(good, key=lambda t: (sign * t.value, t.number)) + rest
+
+        def best(trials):
+            return sorted(trials, key=lambda t: (sign * t.value, t.number))
+
+        return best(done) + best(pruned) + rest
 
 
 def is_search(sweep_dir) -> bool:
