@@ -190,3 +190,24 @@ def test_a_pruned_search_killed_mid_trial_ends_with_n_trials_each_run_once(tmp_p
         assert t.intermediate_values == {r["epoch"]: r["val_acc"] for r in lines if "val_acc" in r}
         status = json.loads((job / "summary.json").read_text())["status"]
         assert status == {"COMPLETE": "completed", "PRUNED": "pruned"}[t.state.name]
+
+
+@pytest.mark.slow  # 4 trials, 2 at a time, each in its own submitit process (~2 min)
+def test_jobs_in_worker_processes_report_to_their_trials(tmp_path):
+    """hydra/launcher=submitit_local: each job is a process of its own, which finds its trial
+    from its environment and writes to the sweep folder's journal itself."""
+    sweep = tmp_path / "search"
+    cmd = [sys.executable, "-m", "sam_runner.cli", "-m", "hparams_search=sam_rho_lr", *TINY]
+    cmd += ["hydra/launcher=submitit_local", "hydra.sweeper.n_jobs=2", "trainer.epochs=3"]
+    cmd += [f"dataset.data_dir={tmp_path}", "hydra.sweeper.n_trials=4"]
+    cmd += ["hydra.sweeper.pruner=median", "hydra.sweeper.pruning.n_startup_trials=1"]
+    cmd += ["hydra.sweeper.pruning.n_warmup_steps=0", f"hydra.sweep.dir={sweep}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    study = optuna.load_study(study_name="search", storage=open_storage(sweep, None))
+    assert len(study.trials) == 4
+    for t in study.trials:
+        job = sweep / str(t.number)
+        lines = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
+        assert t.intermediate_values == {r["epoch"]: r["val_acc"] for r in lines if "val_acc" in r}
+        assert t.intermediate_values  # written by the job's own process
