@@ -118,3 +118,30 @@ def test_the_acc_vs_sharpness_preset_reports_its_pareto_front(tmp_path):
     assert {t.number for t in study.best_trials} == expected  # Optuna's own front agrees
     assert (sweep / "pareto.png").stat().st_size > 0
     assert "Pareto front: #" in (sweep / "report.md").read_text()
+
+
+def test_pruned_trials_rank_after_completed_ones_and_their_saved_epochs_are_said(tmp_path):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name="search", direction="maximize", storage=open_storage(tmp_path, None)
+    )
+    space = {"optimizer.rho": optuna.distributions.FloatDistribution(0.01, 0.5, log=True)}
+    # (value, pruned at epoch or None) of 3-epoch trials: the pruned one stopped high
+    for value, stop in ((0.5, None), (0.9, 1), (0.6, None)):
+        t = study.ask(space)
+        t.report(value, 1)
+        summary = {"status": "completed", "epochs": 3, "val_acc": value, "objective": "val_acc"}
+        if stop:
+            study.tell(t, state=optuna.trial.TrialState.PRUNED)
+            summary.update(status="pruned", epochs=stop, pruned_epoch=stop, planned_epochs=3)
+        else:
+            study.tell(t, value)
+        write_json(tmp_path / str(t.number) / "summary.json", summary)
+    write_search_report(tmp_path)
+    md = (tmp_path / "search.md").read_text()
+    assert "3 trial(s) (2 completed, 1 pruned); objective val_acc (maximize)." in md
+    assert "Pruning stopped 1 trial(s) early and saved 2 of 9 epochs (22%)" in md
+    rows = [r.split(",")[:3] for r in (tmp_path / "search.csv").read_text().splitlines()[1:]]
+    assert rows == [["1", "2", "completed"], ["2", "0", "completed"], ["3", "1", "pruned"]]
+    assert "## Best trial: #2" in md
+    assert read_csv(tmp_path / "trials.csv")[1]["state"] == "PRUNED"
