@@ -1,7 +1,8 @@
 """The number a job returns to a sweeper: ``trainer.objective``, and which way is better.
 
 ``trainer.objective`` names any key of the run's summary.json or of its final metrics line
-(``val_acc``, ``val_loss``, ``test_acc``, ``lambda_max``, ...); ``auto`` is ``val_acc`` when
+(``val_acc``, ``val_loss``, ``test_acc``, ``lambda_max``, ...), or a list of them (a search of
+several objectives, each with its own direction); ``auto`` is ``val_acc`` when
 ``dataset.val_split`` holds out a validation set, and no objective otherwise (a search then
 refuses to start). ``trainer.objective_direction`` is ``maximize``, ``minimize`` or ``auto``:
 accuracies are maximised, everything else (losses, ECE, NLL, curvature) minimised. A job that

@@ -6,8 +6,11 @@ storage, or ``hydra.sweeper.storage=URL``), trial *n* runs in ``<sweep dir>/<n>`
 command continues the same study: trials that completed are not run again, a trial that was
 running when the command was killed is run again in its folder (``train()`` resumes it from its
 checkpoint), and new trials are asked until the study holds ``n_trials``. A job returns its
-objective (sweep/objective.py); one that failed or diverged returns the worst value and the
-search goes on.
+objective (sweep/objective.py), or several (``trainer.objective`` a list, one direction each:
+a multi-objective study); one that failed or diverged returns the worst value and the search
+goes on. With ``pruner`` (median, asha, hyperband) each job reports to its trial after every
+evaluation and may stop early (sweep/trial.py); the sweeper then tells the study the trial is
+pruned, a finished trial like a completed one.
 """
 
 from __future__ import annotations

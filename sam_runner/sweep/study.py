@@ -1,7 +1,7 @@
 """The Optuna side of a search, through Optuna's public API only: the space from Hydra's override
-grammar, the sampler with its settings pinned, and the study's storage (a journal file in the
-sweep folder by default, safe for several processes; an older search's SQLite file is migrated
-into it once).
+grammar, the sampler and the pruner with their settings pinned, and the study's storage (a
+journal file in the sweep folder by default, safe for several processes; an older search's
+SQLite file is migrated into it once).
 """
 
 from __future__ import annotations
