@@ -173,6 +173,8 @@ def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None
     base = [o for o in lines if override_key(o) not in keys]
     cfg = hydra_api.compose(base)
     objective.require_for_search(cfg)
+    objective.require_logged(cfg)
+    check_search_settings(fixed, cfg)
     jobs = [(base, None)]
     for s in searched:
         where = f"the search space {s.key}={s.text}"
@@ -181,6 +183,16 @@ def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None
         _require_used(s.key, cfg, where)
         jobs += [([*base, f"{s.key}={b}"], f"{where}: its bound {s.key}={b}") for b in s.bounds]
     return jobs
+
+
+def check_search_settings(fixed, cfg) -> None:
+    """The search sweeper's settings (``hydra.sweeper.*``) against the job's config, before
+    anything is written (one line, exit 2, on a bad one)."""
+    from .sweep.search import Search
+
+    settings = OmegaConf.to_container(fixed.hydra.sweeper, resolve=False)
+    settings.pop("_target_", None)
+    Search(**settings).check(cfg)
 
 
 def _require_used(key: str, cfg, where: str) -> None:
@@ -224,6 +236,12 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
             objective.validate(cfg)
             notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
     except OverrideParseException as e:
+        empty = re.search(r"^([^=]+)=\s*choice\(\s*\)\s*$", str(e.override))
+        if empty:  # Hydra's grammar has no empty choice
+            return (
+                f"the search space {e.override} holds no value; give {empty.group(1)} at "
+                "least one (choice(a, b, ...))"
+            ), []
         return (
             f"{e.override} is not a valid override ({first_line(e.message)}); see "
             "https://hydra.cc/docs/advanced/override_grammar/basic/"

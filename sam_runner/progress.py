@@ -131,7 +131,8 @@ def _fmt(v, spec):
 
 
 def print_final(summary: dict, run_dir, already: bool = False) -> None:
-    head = "already completed" if already else summary.get("status", "?")
+    status = summary.get("status", "?")
+    head = f"already {status}" if already else status  # completed, or pruned in a search
     line = (
         f"{head}: test_acc={_fmt(summary.get('test_acc'), '.4f')} "
         f"test_ece={_fmt(summary.get('test_ece'), '.4f')} "

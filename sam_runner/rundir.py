@@ -7,7 +7,8 @@
   run trained by ``train(cfg, dir)`` without Hydra) the settings summary.json records, else
   those its checkpoint records (every key a result depends on); ``omega_config()`` is it as an
   OmegaConf, with this environment's data folder where the run's does not exist here;
-- ``summary``, ``status`` (``completed``, ``diverged``, ``failed``; ``missing`` without a
+- ``summary``, ``status`` (``completed``, ``diverged``, ``pruned`` (a search stopped it),
+  ``failed``; ``missing`` without a
   summary: running, killed or interrupted), ``rows()`` (metrics.jsonl);
 - ``eval(weights)``, ``landscape(weights)``, ``pair_summaries(weights)``: what sam-eval and
   sam-landscape wrote (``weights="averaged"``: ``eval_averaged.json``, ``landscape_averaged/``);
@@ -40,7 +41,7 @@ CHECKPOINT = Path(CHECKPOINTS) / "last.pt"
 AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
 CACHE = "cache"  # an image folder's decoded measurement subsets
 WEIGHTS = ("last", "averaged")
-STATUSES = ("completed", "diverged", "failed")
+STATUSES = ("completed", "diverged", "pruned", "failed")
 EVAL_FILES = {"last": "eval.json", "averaged": "eval_averaged.json"}
 LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}
 LANDSCAPE_SUMMARY = "landscape.json"  # in a landscape folder, and in each of its pair folders

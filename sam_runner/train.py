@@ -42,7 +42,13 @@ from .rundir import CACHE, CHECKPOINT, METRICS, SUMMARY
 from .runfiles import Checkpoint, MetricsLog, json_problem, read_json, writable, write_json
 from .samplers import build_sampler
 from .schedulers import build_scheduler
-from .settings import objective_key, plot_format, require_same_config, result_config
+from .settings import (
+    objective_key,
+    objective_keys,
+    plot_format,
+    require_same_config,
+    result_config,
+)
 from .validate import validate_trainer
 from .weight_decay import build_weight_decay
 
@@ -83,27 +89,31 @@ def require_resumable(saved: dict, now: dict, path: Path, run_dir: Path) -> None
         )
 
 
-def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> dict:
-    """Train one run in ``run_dir``; returns its summary (also written to summary.json)."""
+def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = (), trial=None) -> dict:
+    """Train one run in ``run_dir``; returns its summary (also written to summary.json).
+    ``trial``: a search's trial to report the objective to after each evaluation, whose
+    ``should_stop(epoch, value)`` may stop the run as pruned (sweep/trial.py)."""
     run_dir = Path(run_dir)
     if distributed.current().rank != 0:  # rank 0 holds the job's lock for all its processes
-        return _train(cfg, run_dir, overrides)
+        return _train(cfg, run_dir, overrides)  # and reports to the trial
     on_locked = str(cfg.trainer.get("on_locked", "skip"))
     with job_lock(run_dir, "train", on_locked, "sam-run", "trainer.on_locked") as held:
         if not held:  # another process trains this job: its summary.json will say how it ended
             return {"status": "skipped", "error": f"trained by {held_by(run_dir, 'train')}"}
-        return _train(cfg, run_dir, overrides)
+        return _train(cfg, run_dir, overrides, trial)
 
 
-def _train(cfg, run_dir: Path, overrides) -> dict:
+def _train(cfg, run_dir: Path, overrides, trial=None) -> dict:
     done = read_summary(run_dir)
-    if done and done.get("status") == "completed":
+    # a trial the search's pruner stopped is a result too: run again (a sweeper killed before
+    # it told the study), it says so rather than train on
+    if done and done.get("status") in ("completed", "pruned"):
         require_same_config(
             done.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir
         )
         print_final(done, run_dir, already=True)
         return done
-    run = Run(cfg, run_dir, list(overrides))
+    run = Run(cfg, run_dir, list(overrides), trial)
     with run.stopping_cleanly():
         run.setup()
         run.resume()
@@ -111,6 +121,8 @@ def _train(cfg, run_dir: Path, overrides) -> dict:
             if not run.train_epoch():
                 break  # diverged
             run.end_epoch()
+            if run.pruned():
+                break
         return run.finish()
 
 
@@ -226,9 +238,10 @@ class ValSet:
         return {f"val_{k}": row[f"test_{k}"] for k in self.KEYS}
 
     def summary_values(self) -> dict:
-        key, out = objective_key(self.run.cfg), {}
-        if key is not None:  # a model chosen on test data is no held-out result: say so
-            out.update(objective=key, selected_on_test=key.startswith("test_"))
+        keys, out = objective_keys(self.run.cfg), {}
+        if keys:  # a model chosen on test data is no held-out result: say so
+            on_test = any(k.startswith("test_") for k in keys)
+            out.update(objective=keys[0] if len(keys) == 1 else keys, selected_on_test=on_test)
         path = self.run.run_dir / METRICS  # every evaluation, resumed runs' included
         lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
         lines = [x for x in lines if isinstance(x.get("val_acc"), (int, float))]
@@ -243,13 +256,14 @@ class ValSet:
 
 
 class Run:
-    def __init__(self, cfg, run_dir: Path, overrides: list[str]):
+    def __init__(self, cfg, run_dir: Path, overrides: list[str], trial=None):
         self.cfg, self.run_dir, self.overrides = cfg, run_dir, overrides
         self.dist = distributed.current()
         self.clock = Clock(epochs=cfg.trainer.epochs)
         self.logger = NullLogger()  # until setup: a run that fails before it still finishes one
         self.saved = (0, 0)  # (epoch, step) the checkpoint holds
         self.status, self.error, self.last = "completed", None, {}
+        self.trial, self.pruned_at = trial, None  # a pruned search's trial (sweep/trial.py)
 
     # ------------------------------------------------------------------ phases
     def setup(self) -> None:
@@ -522,6 +536,21 @@ class Run:
         self.save()
         self.progress.epoch_line(row)
 
+    def pruned(self) -> bool:
+        """Whether the search's pruner stops this trial after the evaluation just made (rank 0
+        reports ``trainer.objective`` to the trial and asks; every process stops together). The
+        checkpoint of that evaluation stays; the summary says ``pruned``, with where."""
+        evaluated = self.last.get("epoch") == self.clock.epoch
+        key, stop = objective_key(self.cfg), False
+        if self.trial is not None and evaluated:
+            stop = self.trial.should_stop(self.clock.epoch, self.last.get(key), self.clock.final)
+        if self.dist.parallel:
+            stop = bool(self.dist.max(torch.tensor(int(stop), device=self.device)))
+        if stop:
+            self.status = "pruned"
+            self.pruned_at = {"pruned_epoch": self.clock.epoch, "pruned_value": self.last.get(key)}
+        return stop
+
     def save(self) -> None:
         self.clock.elapsed = self.last["time_s"]
         if self.dist.is_main:
@@ -573,6 +602,8 @@ class Run:
         )
         if self.error:
             summary["error"] = self.error
+        if self.pruned_at is not None:
+            summary.update(self.pruned_at, planned_epochs=self.clock.epochs)
         if self.dist.is_main:
             summary.update(self.val_set.summary_values())
             write_json(self.run_dir / SUMMARY, summary)

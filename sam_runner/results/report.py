@@ -279,6 +279,10 @@ def main(argv=None) -> int:
     for j in report.jobs:
         if j.status == "missing":
             print(f"  missing: {_job_name(report, j)} {' '.join(j.overrides)} ({j.detail})")
+        if j.status == "pruned":
+            s = (j.run.summary if j.run is not None else None) or {}
+            where = f"at epoch {s.get('pruned_epoch')} of {s.get('planned_epochs')}"
+            print(f"  pruned: {_job_name(report, j)} {' '.join(j.overrides)} ({where})")
     return 0
 
 

@@ -27,6 +27,8 @@ def counts_line(report: Report) -> str:
         f"{len(report.jobs)} jobs: {c['completed']} completed, {c['diverged']} diverged, "
         f"{c['failed']} failed, {c['missing']} missing"
     )
+    if c.get("pruned"):  # a search's pruner stopped them: results, not failures
+        line = line.replace(" diverged, ", f" diverged, {c['pruned']} pruned, ", 1)
     corrupt = sum(1 for j in missing if j.detail.startswith(f"{SUMMARY} is "))
     if missing:
         parts = [

@@ -107,7 +107,7 @@ class Job:
     overrides: list
     name: str = "(no folder)"  # how tables name it: relative to its source
     source: str = ""  # the sweep or run folder it came from, as given
-    status: str = "missing"  # completed | diverged | failed | missing
+    status: str = "missing"  # completed | diverged | pruned | failed | missing
     detail: str = ""  # why it is not completed
     variant: str = "unknown"
     rho: float | None = None
