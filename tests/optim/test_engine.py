@@ -332,3 +332,24 @@ def test_variant_state_read_onto_the_cpu_moves_to_the_parameters_device(name, tm
     assert {v.device.type for v in resumed.variant_state().values() if torch.is_tensor(v)} <= {
         "meta"
     }
+
+
+@pytest.mark.parametrize(
+    "name, kw, want",
+    [
+        ("base", {}, 1.0),
+        ("sam", {}, 2.0),
+        ("eisam", {}, 3.0),
+        ("look_sam", dict(k=5), (2 + 4 * 1) / 5),  # a refresh, then four one-pass steps
+        # first pass, a forward without gradients (1/3), the descent on ⌊γB⌋ = 8 of 16 rows
+        ("esam", dict(gamma=0.5), 1 + 1 / 3 + 8 / 16),
+        ("esam", dict(gamma=0.5, faithful=True), 1 + 1 / 3 + 7 / 16),  # the strict rule: 7
+        ("esam", dict(gamma=1.0), 2.0),
+    ],
+)
+def test_grad_evals_per_step_is_the_counted_passes_exactly(name, kw, want):
+    model = mlp()
+    opt = build(name, model, lr=0.05, **kw)
+    for _ in range(10):
+        opt.step(closure_for(opt, model))
+    assert opt.summary_values()["grad_evals_per_step"] == pytest.approx(want, rel=1e-14)
