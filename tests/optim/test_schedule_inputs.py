@@ -15,7 +15,7 @@ from sam_runner.sweep.hydra_api import args_parser
         ("sam", "optimizer.perturb_schedule=sometimes", "perturb_schedule must be one of"),
         ("sam", "optimizer.perturb_prob=1.5", "perturb_prob must be a number in [0, 1], got 1.5"),
         ("sam", "optimizer.perturb_prob=-0.1", "perturb_prob must be a number in [0, 1]"),
-        ("sam", "optimizer.perturb_from=2", "perturb_from must be a fraction of training in [0, 1]"),
+        ("sam", "optimizer.perturb_from=2", "perturb_from must be a fraction of training in"),
         ("look_sam", "optimizer.k=0", "optimizer=look_sam: k must be an integer >= 1, got 0"),
         ("look_sam", "optimizer.alpha=-1", "alpha must be a finite number >= 0, got -1"),
         ("esam", "optimizer.beta=0", "optimizer=esam: beta must be a number in (0, 1], got 0"),
