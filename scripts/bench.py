@@ -30,6 +30,7 @@ SECTIONS = [
     "folder",
     "threads",
     "objectives",
+    "cheaper",
 ]
 
 
