@@ -9,6 +9,11 @@ from .style import FONT, figure, log_scale, variant_color
 PANELS = (("test_acc", "test accuracy", True), ("lambda_max", "λ_max (log scale)", False))
 
 
+def _short(label: str) -> str:
+    """A one-override label by its value (``+cheaper=sam_every2`` → ``sam_every2``)."""
+    return label.split("=", 1)[1] if " " not in label and "=" in label else label
+
+
 def plot_compute(points: list[dict], fronts: dict):
     """``points``: results/compute.py's; ``fronts``: key → on-the-front flags, one per point."""
     fig, axes = figure(1, 2, size=(11.0, 4.5))
@@ -26,7 +31,7 @@ def plot_compute(points: list[dict], fronts: dict):
                 zorder=3,
             )
         for p, _ in shown:
-            ax.annotate(p["label"], (p["evals"], p[key]), fontsize=FONT - 3, alpha=0.8,
+            ax.annotate(_short(p["label"]), (p["evals"], p[key]), fontsize=FONT - 3, alpha=0.8,
                         xytext=(3, 3), textcoords="offset points")  # fmt: skip
         front = sorted((p["evals"], p[key]) for p, on in shown if on)
         if front:
