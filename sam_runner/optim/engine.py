@@ -142,9 +142,8 @@ class SharpnessAware(torch.optim.Optimizer):
             setattr(self, k, v)
         self.lr0 = self.param_groups[0]["lr"]
         self.step_count, self.pass_index, self.pass_syncs, self.last_perturbed = 0, 0, True, False
-        # forward-backward passes the closure actually ran (a share for a part of the batch)
-        self.grad_evals = 0.0
-        self.pass_share = 1.0  # what the next closure call costs, in passes (see count_pass)
+        # passes the closure ran (grad_evals) and what its next call costs (see count_pass)
+        self.grad_evals, self.pass_share = 0.0, 1.0
         # ‖g‖ of the gradients ε is built from (device tensor), set before compute_perturbation
         self.g_norm = None
         # the loss whose gradient the base step uses: L(θ+ε), or L(θ) on a plain step
