@@ -145,12 +145,15 @@ def test_gear_vs_sam_transfer_fine_tunes_a_pretrained_timm_resnet50():
 def test_cheaper_sam_mini_is_the_twelve_methods_with_two_seeds():
     _, jobs = sweep_of("cheaper_sam_mini")
     keys = ("name", "interval", "perturb_schedule", "perturb_prob", "perturb_from")
-    methods = {}
+    seeds = {}  # the method's override -> its seeds
     for job in jobs:
-        cfg = compose(*job)
+        method = next(o for o in job if o.startswith("+cheaper="))
+        seeds.setdefault(method, []).append(next(int(o[5:]) for o in job if o.startswith("seed=")))
+    methods = {}
+    for method, its_seeds in seeds.items():  # one composition per method (seeds change nothing)
+        cfg = compose(method, "experiment=cheaper_sam_mini")
         o = cfg.optimizer
-        method = tuple(o.get(k) for k in keys) + (o.get("k"),)
-        methods.setdefault(method, []).append(cfg.seed)
+        methods[tuple(o.get(k) for k in keys) + (o.get("k"),)] = its_seeds
         assert (cfg.dataset.name, cfg.model.arch, cfg.base_optimizer.name) == (
             "mnist1d", "auto", "sgd",
         )  # fmt: skip
