@@ -12,7 +12,7 @@ from .paths import config_dir
 from .registry import ALL
 
 # groups of the config tree that are settings or presets, not registries
-CONFIG_GROUPS = ("trainer", "metrics", "experiment", "hparams_search", "hydra/launcher")
+CONFIG_GROUPS = ("trainer", "metrics", "experiment", "cheaper", "hparams_search", "hydra/launcher")
 
 
 def _yaml(path: Path) -> dict:

@@ -473,6 +473,8 @@ class Run:
         optimizer, net = self.optimizer, self.net
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
+        # the rows this pass runs on (all, except in ESAM's descent pass)
+        micro = [m for m in (optimizer.select_rows(*m) for m in micro) if len(m[2])]
         batch = sum(len(ym) for _, _, ym, _ in micro)
         for i, (xm, tm, ym, im) in enumerate(micro):
             # under DDP a synced pass all-reduces once, on its last micro-batch

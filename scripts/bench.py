@@ -31,6 +31,7 @@ SECTIONS = [
     "threads",
     "objectives",
     "search",
+    "cheaper",
 ]
 
 

@@ -125,6 +125,22 @@ def test_weight_zero_trains_the_plain_run_bit_for_bit_and_jsd_changes_it(tmp_pat
     assert not all(torch.equal(runs["plain"][k], runs["jsd"][k]) for k in runs["plain"])
 
 
+@pytest.mark.parametrize("space", ["parameter", "input"])
+def test_esam_with_jsd_trains_and_its_selection_forward_adds_no_term(space, tmp_path):
+    """ESAM's forward without gradients (every parameter frozen) gets no penalty: nothing would
+    carry its gradient, and the parameter-space draw has no trainable tensor to perturb."""
+    model = nn.Sequential(nn.Linear(4, 3))
+    jsd = SkewJSD(0.5, 1.0, space, 0.1)
+    x = torch.randn(5, 4)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    loss = torch.tensor(0.7, requires_grad=True)
+    assert jsd.add(loss, model, x, model(x), 1.0) is loss
+    cfg = compose(*TINY, "trainer.epochs=1", "metrics=off", "optimizer=esam", "regularizer=jsd",
+                  f"regularizer.space={space}")  # fmt: skip
+    assert train(cfg, tmp_path)["status"] == "completed"
+
+
 @pytest.mark.parametrize(
     "override,message",
     [

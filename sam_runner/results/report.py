@@ -14,7 +14,8 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
 - ``report.csv``: the runs table, one row per group, one column per statistic (and the columns
   sections add: the landscape's; ``from`` with several folders);
 - ``acc_vs_rho``, ``lambda_max_vs_rho`` (log scale, with the TLC-SAM stability bound where the
-  jobs logged what it needs), ``ece_vs_rho``, ``acc_vs_lambda_max``, ``eos`` (each a .png, or
+  jobs logged what it needs), ``ece_vs_rho``, ``acc_vs_lambda_max``, ``compute`` (accuracy and
+  λ_max per gradient evaluation, compute.py), ``eos`` (each a .png, or
   .pdf or .svg with ``plots.format=``), and the files sections write (``measures.csv``,
   ``measures.<format>``).
 
@@ -76,8 +77,10 @@ def render_csv(report: Report) -> str:
 
 
 def write_plots(report: Report, out_dir: Path) -> list[Path]:
+    from ..plots.compute import PANELS, plot_compute
     from ..plots.style import save_figure
     from ..plots.sweep import plot_acc_vs_lambda, plot_eos_traces, plot_metric_vs_rho
+    from .compute import compute_points, pareto_front
     from .eos import traces
 
     g = report.groups
@@ -104,6 +107,10 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
             ("ece_vs_rho", plot_metric_vs_rho(g, "test_ece", "test ECE")),
         ]
     figures.append(("acc_vs_lambda_max", plot_acc_vs_lambda(points)))
+    cost = compute_points(report)
+    if len(cost) > 1:  # accuracy per compute: groups that counted their passes
+        fronts = {key: pareto_front(cost, key, up) for key, _, up in PANELS}
+        figures.append(("compute", plot_compute(cost, fronts)))
     eos = traces(report)
     if eos:
         figures.append(("eos", plot_eos_traces(eos)))

@@ -36,13 +36,15 @@ from ..runfiles import finite
 from ..settings import override_key, run_only
 from ..sweep.plan import expected_jobs
 
-DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
+# grad_evals_per_step: the cost column (forward-backward passes per step, counted by the run)
+DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max", "grad_evals_per_step")
 BOUND_STATS = ("bound", "lambda_max_over_bound")  # per group, over jobs with both λ_max and a bound
 LABELS = {
     "test_acc": "test accuracy",
     "test_ece": "ECE",
     "test_nll": "NLL",
     "lambda_max": "λ_max",
+    "grad_evals_per_step": "passes/step",
     "bound": "bound",
     "lambda_max_over_bound": "λ_max/bound",
 }
