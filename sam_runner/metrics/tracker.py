@@ -123,6 +123,12 @@ def validate(cfg) -> None:
         f"{', '.join(HVP_METHODS)}",
     )
     check_options("hessian", h, HESSIAN_SCHEMA)
+    k, max_iter = h.get("k", 1), h.get("max_iter", 100)
+    require(
+        k <= max_iter,
+        f"metrics.hessian.k={k} must be at most metrics.hessian.max_iter={max_iter} (Lanczos "
+        "finds at most max_iter eigenvalues); lower k or raise max_iter",
+    )
     for entry in MEASURES.entries():
         check_options(
             entry.config, _options(cfg, entry.config), {"enabled": "bool", **entry.schema}
