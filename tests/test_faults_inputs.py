@@ -98,3 +98,56 @@ def test_sweep_lines_report_of_a_missing_folder_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert err.startswith(f"sam-sweep-lines: error: --report {tmp_path / 'nope'}: no such folder")
+
+
+# ---------------------------------------------------------------------------- #42, item 1
+BAD_RUNS = [
+    (["~optimizer"], "~optimizer removes optimizer, which the runner reads; set a value"),
+    (["~trainer.epochs"], "~trainer.epochs removes trainer.epochs, which the runner reads"),
+    (["optimizer.rho=${nope}"], "optimizer.rho=${nope}: Interpolation key 'nope' not found"),
+    (["metrics.hessian.k=1000000"], "metrics.hessian.k=1000000 must be at most "
+     "metrics.hessian.max_iter=100"),
+    (["seed=" + "1" * 5000], "seed=111111111111... holds a number of 5000 digits; Hydra parses "
+     "numbers of at most 4300 digits"),
+    (["hydra.run.dir=''"], "hydra.run.dir='' is empty, which would write into the current "
+     "folder"),
+    (["hydra.run.dir="], "hydra.run.dir= is empty"),
+    (["trainer.objective=val_acc"], "trainer.objective=val_acc is measured on a validation "
+     "split, and dataset.val_split=0: set dataset.val_split"),
+    (["trainer.steps=10", "trainer.epochs=3"], "trainer.steps=10 and trainer.epochs=3 are both "
+     "given, and a run trains for one budget"),
+    (["-m", "seed=range(0,0)"], "seed=range(0,0) sweeps no value; give at least one"),
+    (["-m", "optimizer=sam,sam"], "optimizer=sam,sam lists optimizer=sam twice (duplicates"),
+    (["-m", "optimizer.rho=0.05,0.050"], "optimizer.rho=0.05,0.050 lists optimizer.rho=0.05 "
+     "twice"),
+    (["-m", "optimizer=sam,gear_sam", "optimizer.beta=0.5"], "optimizer.beta is not a key of "
+     "optimizer=sam; choose one of rho"),
+    (["-m", "hparams_search=sam_rho_lr", "hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 "
+     "must be an integer >= 1"),
+    (["-m", "hparams_search=sam_rho_lr", "hydra.sweeper.n_trials=-1"], "hydra.sweeper.n_trials=-1 "
+     "must be an integer >= 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, message", BAD_RUNS, ids=[" ".join(a)[:40] for a, _ in BAD_RUNS])
+def test_bad_inputs_of_42_are_refused_before_anything_runs(argv, message):
+    found, _ = check_jobs(args_parser().parse_args(argv))
+    assert found is not None and found.startswith(message), found
+    assert "\n" not in found
+
+
+def test_keys_the_user_added_may_be_removed_and_good_sweeps_pass():
+    for argv in (["-m", "seed=0,1", "optimizer.rho=0.05,0.1"], ["trainer.steps=10"],
+                 ["trainer.objective=val_acc", "dataset.val_split=0.1"],
+                 ["metrics.hessian.k=3", "metrics.hessian.max_iter=3"]):  # fmt: skip
+        assert check_jobs(args_parser().parse_args(argv))[0] is None, argv
+
+
+@pytest.mark.parametrize("argv", [["~optimizer"], ["optimizer.rho=${nope}"], ["hydra.run.dir="],
+                                  ["-m", "optimizer=sam,sam"]])  # fmt: skip
+def test_sam_run_refuses_them_in_one_line_exit_2_writing_nothing(argv, tmp_path, capsys,
+                                                                 monkeypatch):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("sam-run: error: "), err
+    assert list(tmp_path.iterdir()) == []
