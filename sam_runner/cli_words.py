@@ -44,3 +44,14 @@ def check_progress(value, key: str = "trainer.progress") -> str:
 
 def check_format(value, key: str = "plots.format") -> str:
     return check_choice(value, key, FORMATS)
+
+
+def say_version(argv) -> bool:
+    """``--version`` (or ``-V``) as a command's first word: print sam-runner's version (every
+    command prints the same line as ``sam-run --version``) and True."""
+    if argv and str(argv[0]) in ("--version", "-V"):
+        from . import __version__
+
+        print(f"sam-runner {__version__}")
+        return True
+    return False

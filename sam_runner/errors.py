@@ -63,3 +63,21 @@ def one_line(e: BaseException) -> str:
     if isinstance(e, UserError):
         return msg or type(e).__name__
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+NAME_MAX = 255  # bytes of one file or folder name on the usual file systems (ext4, xfs, APFS)
+
+
+def check_names(*paths) -> None:
+    """A UserError for a path with a file or folder name longer than file systems allow (the OS
+    would answer ``File name too long`` from deep inside a command); None paths are skipped."""
+    import os
+
+    for path in paths:
+        for part in str(path or "").split(os.sep):
+            n = len(os.fsencode(part))
+            require(
+                n <= NAME_MAX,
+                f"{path}: its name {part[:20]}... is {n} bytes long, and a file or folder name "
+                f"is at most {NAME_MAX}; use a shorter one",
+            )

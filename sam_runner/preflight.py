@@ -172,10 +172,9 @@ def require_same_result(run_dir: Path, overrides, summary: dict) -> None:
 def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None]]:
     """A search's settings without the searched keys, then with each bound of each searched key
     (UserError on a malformed space, or without an objective to select on)."""
+    from .errors import integer
     from .sweep import hydra_api, objective
     from .sweep.plan import sweeper_params
-
-    from .errors import integer
 
     for key in ("n_trials", "n_jobs"):
         value = OmegaConf.select(fixed, f"hydra.sweeper.{key}", default=1)
@@ -321,6 +320,7 @@ def _removed_keys(job: list[str], cfg) -> str | None:
             continue
         without = compose([x for x in job if x is not o])
         if OmegaConf.select(without, key, default=_ABSENT) is not _ABSENT:
+            o = o.removesuffix("=null")  # a sweep's job spells ~key as ~key=null
             return (
                 f"{o} removes {key}, which the runner reads; set a value instead "
                 f"({key}=...), or drop {o}"

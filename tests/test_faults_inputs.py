@@ -151,3 +151,68 @@ def test_sam_run_refuses_them_in_one_line_exit_2_writing_nothing(argv, tmp_path,
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and err.count("\n") == 1 and err.startswith("sam-run: error: "), err
     assert list(tmp_path.iterdir()) == []
+
+
+def _main_of(command: str):
+    from sam_runner.evaluation.cli import main as eval_main
+    from sam_runner.landscape.cli import main as landscape_main
+    from sam_runner.results.index import main as index_main
+
+    return {"sam-eval": eval_main, "sam-report": report.main, "sam-index": index_main,
+            "sam-landscape": landscape_main, "sam-sweep-lines": lines_main}[command]  # fmt: skip
+
+
+def _call(command: str, argv: list[str]) -> int:
+    """A command's main in this process, its exit status (0 for a sam-sweep-lines that returns)."""
+    try:
+        return _main_of(command)(argv) or 0
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("command", ["sam-eval", "sam-report", "sam-index", "sam-landscape"])
+def test_a_name_longer_than_the_file_system_allows_is_one_line(command, tmp_path, capsys):
+    long = tmp_path / ("a" * 300) / "run"
+    assert _call(command, [str(long)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"{command}: error: {long}: its name {'a' * 20}... is 300 bytes long, and a "
+                   "file or folder name is at most 255; use a shorter one\n")  # fmt: skip
+
+
+def test_sam_index_csv_into_a_place_that_cannot_be_written_is_one_line(run_folder, tmp_path,
+                                                                       capsys):  # fmt: skip
+    db, blocker = tmp_path / "r.sqlite", tmp_path / "a_file"
+    blocker.write_text("")  # a file where a folder should be (root writes any read-only folder)
+    assert _call("sam-index", [str(run_folder), "--db", str(db)]) == 0
+    capsys.readouterr()
+    assert _call("sam-index", ["--db", str(db), "--query", "SELECT 1", "--csv",
+                               str(blocker / "out.csv")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(f"sam-index: error: --csv {blocker / 'out.csv'} cannot be written (")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["optimizer=gearsam,sam"], "optimizer=gearsam is unknown (did you mean gear_sam?)"),
+     (["optimizer=sam,sam"], "optimizer=sam,sam lists optimizer=sam twice"),
+     (["~optimizer"], "~optimizer removes optimizer"),
+     (["--report", ".", "--jobs", "-1"], "--jobs -1 must be an integer >= 1")],
+)  # fmt: skip
+def test_sweep_lines_refuses_what_sam_run_m_refuses(argv, message, capsys):
+    assert _call("sam-sweep-lines", argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sam-sweep-lines: error: {message}") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "command", ["sam-run", "sam-eval", "sam-report", "sam-index", "sam-landscape",
+                "sam-sweep-lines"])  # fmt: skip
+def test_every_command_says_its_version(command, capsys):
+    from sam_runner import __version__
+
+    if command == "sam-run":
+        code, out, _ = run_cli(["--version"], capsys)
+    else:
+        code, out = _call(command, ["--version"]), capsys.readouterr().out
+    assert code == 0 and out == f"sam-runner {__version__}\n"

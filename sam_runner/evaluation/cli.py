@@ -13,7 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import UserError
+from ..cli_words import say_version
+from ..errors import UserError, check_names
 
 PROG = "sam-eval"
 SHOWN = ("lambda_max", "gen_gap", "test_acc", "test_acc_c")  # on each job's closing line
@@ -43,10 +44,13 @@ def fail(message: str, code: int = 2):
 
 
 def main(argv=None) -> int:
+    if say_version(sys.argv[1:] if argv is None else argv):
+        return 0
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
         from .paths import job_folders
 
+        check_names(args.path)
         job_folders(args.path)  # before Hydra or torch loads: a wrong PATH is refused at once
         return evaluate_folder(args.path, args.overrides)
     except UserError as e:

@@ -32,7 +32,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import UserError, require
+from ..cli_words import say_version
+from ..errors import UserError, check_names, require
 from ..rundir import (
     CONFIG,
     LANDSCAPE_SUMMARY,
@@ -327,11 +328,25 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def write_csv(path: Path, cols, rows) -> None:
+    """A query's result as CSV (a place that cannot be written: one line)."""
+    try:
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows([cols, *rows])
+    except OSError as e:
+        raise UserError(
+            f"--csv {path} cannot be written ({e.strerror or e}); choose a writable place"
+        ) from None
+
+
 def main(argv=None) -> int:
+    if say_version(sys.argv[1:] if argv is None else argv):
+        return 0
     args = parser().parse_args(argv)
     try:
         require(args.paths or args.query, "give PATH... to index, or --query SQL (or both)")
         require(args.csv is None or args.query, "--csv writes a query's result: add --query SQL")
+        check_names(*args.paths, args.db, args.csv)
         if args.paths:
             c = index(args.paths, args.db)
             print(
@@ -342,8 +357,7 @@ def main(argv=None) -> int:
         if args.query:
             cols, rows = query(args.db, args.query)
             if args.csv is not None:
-                with open(args.csv, "w", newline="") as f:
-                    csv.writer(f).writerows([cols, *rows])
+                write_csv(args.csv, cols, rows)
             else:
                 print(table_text(cols, rows))
     except UserError as e:
