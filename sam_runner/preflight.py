@@ -43,7 +43,14 @@ def preflight(argv: list[str]) -> list[str]:
     from .sweep.hydra_api import args_parser
 
     args = args_parser().parse_args(argv)
-    if os.environ.get("HYDRA_FULL_ERROR") == "1" or _not_a_run(args):
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return argv
+    if _not_a_run(args):
+        message = config_source_error(args) or (
+            check_jobs(args, validate=False)[0] if args.cfg or args.help else None
+        )
+        if message:
+            fail(message)
         return argv
     if not args.multirun:
         say_if_completed(args)
@@ -70,6 +77,27 @@ def _not_a_run(args) -> bool:
         or args.experimental_rerun
         or args.cfg
         or args.info
+    )
+
+
+def config_source_error(args) -> str | None:
+    """``--config-dir``, ``--config-path`` and ``--config-name`` that name no folder or config:
+    the message (Hydra's own is several lines, exit 1), else None."""
+    for flag, folder in (("--config-dir", args.config_dir), ("--config-path", args.config_path)):
+        if folder and (flag == "--config-dir" or Path(folder).is_absolute()):
+            if not Path(folder).is_dir():
+                return f"{flag}={folder}: no such folder; give a folder of config YAML files"
+    name = args.config_name
+    if not name:
+        return None
+    if args.config_path and not Path(args.config_path).is_absolute():
+        return None  # relative to the app's module, as Hydra takes it: Hydra answers
+    folders = [Path(f) for f in (args.config_path or config_dir(), args.config_dir) if f]
+    if any((f / name).is_file() or (f / f"{name}.yaml").is_file() for f in folders):
+        return None
+    return (
+        f"--config-name={name}: no config {name}.yaml in {', '.join(map(str, folders))}; "
+        "sam-run's own config is config (the default: leave --config-name out)"
     )
 
 
@@ -209,8 +237,9 @@ def _require_used(key: str, cfg, where: str) -> None:
         )
 
 
-def check_jobs(args) -> tuple[str | None, list[str]]:
-    """(the first bad input's message or None, the warnings of every job, once each)."""
+def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
+    """(the first bad input's message or None, the warnings of every job, once each); without
+    ``validate``, only whether each job composes (``--cfg``: a config to look at)."""
     from hydra.errors import (
         ConfigCompositionException,
         MissingConfigException,
@@ -231,9 +260,11 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
             if message:
                 return message, []
         for job, bound in jobs_of(args):
+            cfg = compose(job)
+            if not validate:
+                continue
             from .validate import validate_config, warnings  # imports torch: only for a job to run
 
-            cfg = compose(job)
             message = _added_keys(job) or _removed_keys(job, cfg) or _two_budgets(job)
             if message:
                 return message, []

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
-from conftest import ROOT, TINY, compose, run_cli
+from conftest import ROOT, TINY, compose, run_cli, wait_for
 
 from sam_runner.errors import UserError
 from sam_runner.lock import JobLocked, held_by, job_lock
@@ -79,6 +82,52 @@ def test_two_identical_sweeps_started_together_share_the_work(tmp_path):
     err = b"".join(o[1] for o in outs).decode()
     # each job's two epochs were trained once, by one of the two processes
     assert err.count("epoch 2/2") == 4, err
+
+
+# ---------------------------------------------------------------------------- signals (#42)
+def _sam_run(*argv, env=ENV):
+    return subprocess.Popen(
+        [sys.executable, "-m", "sam_runner.cli", *argv], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )  # fmt: skip
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_exit_143(tmp_path):
+    """What schedulers and `docker stop` send: one line, the checkpoint kept, resumable."""
+    run_dir = tmp_path / "run"
+    proc = _sam_run("trainer.epochs=40", "model=mlp", "dataset.num_samples=1000",
+                    "metrics.hessian.enabled=false", "trainer.progress=none",
+                    f"hydra.run.dir={run_dir}")  # fmt: skip
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    wait_for(ckpt.exists, "the first checkpoint", proc)
+    time.sleep(0.3)  # past the instant between the checkpoint's rename and the run noting it
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert re.fullmatch(r"sam-run: SIGTERM: interrupted in epoch \d+; the checkpoint holds epoch "
+                        r"\d+ \(step \d+\); run the same command again to resume\n", err), err
+    assert ckpt.exists() and not (run_dir / "summary.json").exists()
+
+
+def test_ctrl_c_in_the_checks_before_a_sweep_is_one_line_and_writes_nothing(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = _sam_run("-m", "seed=range(0,3000)", f"hydra.sweep.dir={sweep}")
+    time.sleep(3)  # in the imports or the checks of 3000 jobs: either way before any folder
+    assert proc.poll() is None and not sweep.exists()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.count("\n") == 1, err
+    assert err.startswith("sam-run: interrupted") and not sweep.exists()
+
+
+@pytest.mark.parametrize("value", ["", "abc"])
+def test_an_omp_num_threads_openmp_cannot_read_prints_nothing_above_the_error(value, tmp_path):
+    proc = _sam_run("trainer.epochs=0", f"hydra.run.dir={tmp_path / 'run'}",
+                    env=dict(os.environ, OMP_NUM_THREADS=value))  # fmt: skip
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert err == "sam-run: error: trainer.epochs=0 must be an integer >= 1\n"
 
 
 # ---------------------------------------------------------------------------- corrupt files

@@ -216,3 +216,24 @@ def test_every_command_says_its_version(command, capsys):
     else:
         code, out = _call(command, ["--version"]), capsys.readouterr().out
     assert code == 0 and out == f"sam-runner {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--cfg", "job", "optimizer=nope"], "optimizer=nope is unknown; choose one of asam"),
+     (["--help", "optimizer=nope"], "optimizer=nope is unknown; choose one of asam"),
+     (["--cfg", "job", "trainer.epoch=1"], "trainer.epoch is not a key of trainer=default; did you "
+      "mean trainer.epochs?"),
+     (["--config-name=nope"], "--config-name=nope: no config nope.yaml in "),
+     (["--config-dir=/nonexistent"], "--config-dir=/nonexistent: no such folder"),
+     (["--config-path=/nonexistent"], "--config-path=/nonexistent: no such folder")],
+)  # fmt: skip
+def test_hydras_own_errors_are_one_line_exit_2(argv, message, capsys):
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"sam-run: error: {message}"), err
+
+
+def test_cfg_still_prints_a_config_whose_values_a_run_refuses(capsys):
+    code, out, _ = run_cli(["--cfg", "job", "trainer.epochs=0"], capsys)
+    assert code == 0 and "epochs: 0" in out
