@@ -237,3 +237,19 @@ def test_hydras_own_errors_are_one_line_exit_2(argv, message, capsys):
 def test_cfg_still_prints_a_config_whose_values_a_run_refuses(capsys):
     code, out, _ = run_cli(["--cfg", "job", "trainer.epochs=0"], capsys)
     assert code == 0 and "epochs: 0" in out
+
+
+def test_report_counts_a_folder_given_twice_or_inside_another_once(run_folder, tmp_path):
+    import csv
+    import shutil
+
+    sweep = tmp_path / "sweep"
+    for job in ("0", "1"):
+        shutil.copytree(run_folder, sweep / job)
+    for folders in ([sweep, sweep], [sweep, sweep / "0"], [sweep / "1", sweep], [sweep, tmp_path
+                    / "." / "sweep"]):  # fmt: skip
+        out = tmp_path / "report"
+        assert report.main([*map(str, folders), "--out", str(out)]) == 0
+        rows = list(csv.DictReader((out / "report.csv").open()))
+        assert [(r["jobs"], r["test_acc_n"]) for r in rows] == [("2", "2")], folders  # once each
+        assert "given too: its jobs are counted once" in (out / "report.md").read_text()
