@@ -93,7 +93,7 @@ def connect(db: Path) -> sqlite3.Connection:
         if "meta" in tables:
             row = con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             version = row[0] if row else None
-        if version != str(SCHEMA):
+        if version != str(SCHEMA) or not set(TABLES) <= tables:  # a table dropped: all anew
             for t in tables:
                 con.execute(f"DROP TABLE {quote(t)}")
             for t, cols in TABLES.items():
@@ -184,7 +184,7 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
     """``read``, ``unchanged`` or ``skipped`` (a corrupt summary.json: one warning line)."""
     sig = signature(run_dir)
     old = con.execute("SELECT signature FROM files WHERE run_dir = ?", (str(run_dir),)).fetchone()
-    if old and old[0] == sig:
+    if old and old[0] == sig and _has_rows(con, run_dir):
         return "unchanged"
     run = RunDir(run_dir)
     if (run_dir / SUMMARY).is_file() and run.summary is None:
@@ -206,6 +206,16 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
         con.execute("ROLLBACK")
         raise
     return "read"
+
+
+def _has_rows(con, run_dir: Path) -> bool:
+    """Whether the database still holds the folder's rows (a user's DELETE may have removed
+    them): its runs row, and epochs rows where it logged metrics lines."""
+    has = lambda table: con.execute(  # noqa: E731
+        f"SELECT 1 FROM {table} WHERE run_dir = ? LIMIT 1", (str(run_dir),)
+    ).fetchone()
+    logged = (run_dir / METRICS).is_file() and (run_dir / METRICS).stat().st_size > 0
+    return bool(has("runs")) and (bool(has("epochs")) or not logged)
 
 
 def folders(path: Path) -> list[tuple[Path, Path]]:
