@@ -253,3 +253,10 @@ def test_report_counts_a_folder_given_twice_or_inside_another_once(run_folder, t
         rows = list(csv.DictReader((out / "report.csv").open()))
         assert [(r["jobs"], r["test_acc_n"]) for r in rows] == [("2", "2")], folders  # once each
         assert "given too: its jobs are counted once" in (out / "report.md").read_text()
+
+
+def test_sam_eval_without_arguments_names_the_folder_alone(capsys):
+    assert _call("sam-eval", []) == 2
+    assert capsys.readouterr().err == (
+        "sam-eval: error: no folder given: sam-eval PATH [KEY=VALUE ...] (a run or sweep folder)\n"
+    )

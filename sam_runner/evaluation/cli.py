@@ -44,9 +44,12 @@ def fail(message: str, code: int = 2):
 
 
 def main(argv=None) -> int:
-    if say_version(sys.argv[1:] if argv is None else argv):
+    argv = sys.argv[1:] if argv is None else argv
+    if say_version(argv):
         return 0
-    args = parse(sys.argv[1:] if argv is None else argv)
+    if not argv:  # argparse would name the optional overrides as required too
+        return fail("no folder given: sam-eval PATH [KEY=VALUE ...] (a run or sweep folder)")
+    args = parse(argv)
     try:
         from .paths import job_folders
 
