@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .cli_words import say_version
-from .errors import RunFolderConflict, UserError, one_line
+from .errors import RunFolderConflict, UserError, no_space, one_line
 from .paths import config_dir
 from .preflight import preflight
 from .rundir import holds_results
@@ -66,6 +66,13 @@ def train_job(cfg: DictConfig) -> tuple[str, dict]:
         _remove_if_new(Path(run_dir))
         sys.exit(2)
     except Exception as e:
+        if no_space(e) and os.environ.get("HYDRA_FULL_ERROR") != "1":  # the next job would too
+            print(
+                f"sam-run: error: no space left in {Path(run_dir).parent if sweeping else run_dir};"
+                " free space and rerun the same command",
+                file=sys.stderr,
+            )
+            sys.exit(1)
         if not sweeping:
             raise
         import traceback

@@ -130,6 +130,36 @@ def test_an_omp_num_threads_openmp_cannot_read_prints_nothing_above_the_error(va
     assert err == "sam-run: error: trainer.epochs=0 must be an integer >= 1\n"
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 300 KiB file system (tmpfs; root can mount one): a checkpoint does not fit."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(where)],
+                          capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()})")
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_the_same_command_runs_once_there_is_space(small_disk,
+                                                                               capsys):  # fmt: skip
+    run_dir = small_disk / "run"
+    argv = ["trainer.epochs=2", "model=mlp", "dataset.num_samples=1000", "trainer.progress=none",
+            "metrics.hessian.enabled=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    code, _, err = run_cli(argv, capsys)
+    assert code == 1 and err == (
+        f"sam-run: error: no space left in {run_dir}; free space and rerun the same command\n"
+    )
+    assert json.loads((run_dir / "summary.json").read_text())["error"] == (
+        "no space left on the device"
+    )
+    subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0 and out.startswith("completed: "), err
+
+
 # ---------------------------------------------------------------------------- corrupt files
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
