@@ -174,8 +174,10 @@ def test_a_corrupt_summary_is_named_and_rebuilt_from_the_checkpoint(finished, ca
     assert RunDir(run_dir).missing_reason.startswith("summary.json is corrupt (not JSON")
     rebuilt = train(compose(*TINY), run_dir, ["x=1"])
     assert "summary.json is corrupt (not JSON" in capsys.readouterr().err
-    for key in ("status", "test_acc", "test_ece", "test_nll", "lambda_max", "epochs", "step"):
+    for key in ("status", "test_acc", "test_ece", "test_nll", "lambda_max", "epochs", "step",
+                "reliability", "hessian_num_samples"):  # fmt: skip
         assert rebuilt[key] == summary[key] and rebuilt[key] is not None, key
+    assert set(rebuilt) - {"train_time_s"} == set(summary) - {"train_time_s"}  # nothing lost
     assert json.loads((run_dir / "summary.json").read_text())["test_acc"] == summary["test_acc"]
     assert (run_dir / "metrics.jsonl").read_text() == lines_before  # nothing trained again
 

@@ -314,7 +314,10 @@ class CurvatureTracker:
             return {}
         out = {
             "hessian_bn_mode": str(self.h.get("bn_mode", "eval")),
-            "hessian_num_samples": len(self._subset[1]) if self._subset is not None else None,
+            # a summary rebuilt from the checkpoint measured nothing: the count the settings draw
+            "hessian_num_samples": len(self._subset[1])
+            if self._subset is not None
+            else self.num_samples(),
         }
         if self.density is not None:
             out["hessian_density"] = self.density
