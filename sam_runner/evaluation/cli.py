@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..cli_words import say_version
 from ..errors import UserError, check_names
+from ..progress import LAMBDA
 
 PROG = "sam-eval"
 SHOWN = ("lambda_max", "gen_gap", "test_acc", "test_acc_c")  # on each job's closing line
@@ -124,7 +125,9 @@ def _line(name: str, record: dict) -> str:
     if record.get("status") != "completed":
         return f"{name}: {record.get('status')}: {record.get('error')}"
     shown = " ".join(
-        f"{k}={record[k]:.4g}" for k in SHOWN if isinstance(record.get(k), (int, float))
+        f"{k}={record[k]:{LAMBDA if k == 'lambda_max' else '.4g'}}"
+        for k in SHOWN
+        if isinstance(record.get(k), (int, float))
     )
     return f"{name}: completed {shown}"
 
