@@ -187,8 +187,11 @@ class Search:
             print(f"trial #{t.number} of {self.n_trials}: {searched}", flush=True)
         returns = self.launcher.launch(jobs, initial_job_idx=trials[0].number)
         for t, ret in zip(trials, returns):
+            value = self.value(t.number, ret)
+            # the number the search selects on (a job's own line shows its test_acc)
+            print(f"trial #{t.number}: {self.key}={value:.4f} ({self.way})", flush=True)
             try:
-                study.tell(t.number, self.value(t.number, ret))
+                study.tell(t.number, value)
             except (RuntimeError, ValueError) as e:  # told already, by another sweeper
                 print(f"sam-run: trial #{t.number} not told again ({e})", file=sys.stderr)
 
