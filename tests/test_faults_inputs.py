@@ -283,3 +283,19 @@ def test_the_console_prints_lambda_max_in_one_format_and_the_averaged_weights(ca
         "avg_test_ece=0.0412 avg_lambda_max=30.00  (R)",
         "completed: test_acc=0.7500 test_ece=0.0500 lambda_max=7.000  (R)",
     ]
+
+
+@pytest.mark.parametrize("fmt", ["pdf", "svg", "png"])
+def test_report_md_shows_pngs_and_links_pdfs_and_svgs(run_folder, fmt, tmp_path):
+    import re
+
+    out = tmp_path / "report"
+    assert report.main([str(run_folder), f"plots.format={fmt}", "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    figures = sorted(p.name for p in out.iterdir() if p.suffix == f".{fmt}")
+    assert figures
+    for name in figures:
+        stem = name.rsplit(".", 1)[0]
+        shown, linked = f"![{stem}]({name})", f"[{stem} ({fmt.upper()})]({name})"
+        assert (shown if fmt == "png" else linked) in md, name
+    assert bool(re.search(r"!\[[^]]*\]\([^)]*\.(pdf|svg)\)", md)) is False
