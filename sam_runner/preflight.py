@@ -272,6 +272,7 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
             validate_config(cfg)
             objective.validate(cfg)
             notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
+            notes.update(dict.fromkeys(idle_settings(job, cfg, args.multirun)))
     except OverrideParseException as e:
         return (
             f"{e.override} is not a valid override ({first_line(e.message)}); see "
@@ -424,6 +425,38 @@ def _is_sweep(override: str) -> bool:
     return False
 
 
+# a key the user sets that does nothing unless another has this value: (key, needs, its value)
+NEEDS = (
+    ("trainer.ema_decay", "trainer.weight_averaging", "ema"),
+    ("trainer.ema_warmup", "trainer.weight_averaging", "ema"),
+    ("trainer.swa_start", "trainer.weight_averaging", "swa"),
+    ("trainer.swa_lr", "trainer.weight_averaging", "swa"),
+    ("trainer.swa_anneal_epochs", "trainer.weight_averaging", "swa"),
+)
+
+
+def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
+    """A notice for each setting the user gave that changes nothing in this job: an option of
+    weight averaging without it, ``model.reset_head`` without ``model.init_from``, a preset's
+    sweep run without ``-m``."""
+    given = {override_key(o): o for o in job}
+    out = [
+        f"{given[key]} does nothing without {needs}={value}: the run trains as without it"
+        for key, needs, value in NEEDS
+        if key in given and str(OmegaConf.select(cfg, needs)) != value
+    ]
+    if "model.reset_head" in given and OmegaConf.select(cfg, "model.init_from") is None:
+        out.append(f"{given['model.reset_head']} does nothing without model.init_from=RUN_DIR")
+    params = OmegaConf.select(cfg, "hydra.sweeper.params")
+    if not multirun and params and "experiment" in given:
+        swept = " ".join(f"{k}={v}" for k, v in params.items())
+        out.append(
+            f"{given['experiment']} is a sweep ({swept}): without -m one run trains, with the "
+            "preset's other settings; add -m to run the sweep"
+        )
+    return out
+
+
 def ignored_options(job: list[str], cfg) -> list[str]:
     """A notice for each ``optimizer.<option>`` a job sets that its variant ignores (``optimizer=
     base optimizer.rho=0.5``: nothing is perturbed), as a sweep leaves them out of its jobs."""
@@ -459,12 +492,13 @@ def _added_keys(job: list[str]) -> str | None:
 
     for o in job:
         key = override_key(o)
-        if not o.startswith("+") or "/" in key or key.startswith("hydra"):
+        hydra_top = key.startswith("hydra.") and key.count(".") == 1  # +hydra.foo: Hydra lacks it
+        if not o.startswith("+") or "/" in key or (key.startswith("hydra") and not hydra_top):
             continue
         top = "." not in key  # +foo=1: a top-level key nothing reads, unless a config group
         if top and (Path(config_dir()) / key).is_dir():
             continue
-        if not top and key.split(".")[0] not in RUNNER_GROUPS:
+        if not top and not hydra_top and key.split(".")[0] not in RUNNER_GROUPS:
             continue
         without = compose([x for x in job if x is not o])
         if OmegaConf.select(without, key, default=_ABSENT) is _ABSENT:

@@ -299,3 +299,28 @@ def test_report_md_shows_pngs_and_links_pdfs_and_svgs(run_folder, fmt, tmp_path)
         shown, linked = f"![{stem}]({name})", f"[{stem} ({fmt.upper()})]({name})"
         assert (shown if fmt == "png" else linked) in md, name
     assert bool(re.search(r"!\[[^]]*\]\([^)]*\.(pdf|svg)\)", md)) is False
+
+
+@pytest.mark.parametrize(
+    "argv, note",
+    [(["trainer.ema_decay=0.9"], "trainer.ema_decay=0.9 does nothing without "
+      "trainer.weight_averaging=ema: the run trains as without it"),
+     (["trainer.swa_start=3"], "trainer.swa_start=3 does nothing without "
+      "trainer.weight_averaging=swa"),
+     (["model.reset_head=true"], "model.reset_head=true does nothing without "
+      "model.init_from=RUN_DIR"),
+     (["experiment=edge_of_stability_mini"], "experiment=edge_of_stability_mini is a sweep ("),
+     (["trainer.precision=fp16"], "trainer.precision=fp16 on a CPU is 4-10x slower than fp32")],
+)  # fmt: skip
+def test_settings_that_do_nothing_are_a_notice(argv, note):
+    message, notes = check_jobs(args_parser().parse_args(argv))
+    assert message is None and any(n.startswith(note) for n in notes), notes
+
+
+def test_settings_that_act_are_no_notice_and_a_key_hydra_lacks_is_refused():
+    for argv in (["trainer.weight_averaging=ema", "trainer.ema_decay=0.9"],
+                 ["-m", "experiment=edge_of_stability_mini"]):  # fmt: skip
+        message, notes = check_jobs(args_parser().parse_args(argv))
+        assert message is None and not any("does nothing" in n or "is a sweep" in n for n in notes)
+    message, _ = check_jobs(args_parser().parse_args(["+hydra.foo=1"]))
+    assert message.startswith("hydra.foo is not a key; choose one of run, sweep")
