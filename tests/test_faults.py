@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, TINY, compose, run_cli, wait_for
@@ -113,7 +114,9 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_exit_143(tmp_path):
 def test_ctrl_c_in_the_checks_before_a_sweep_is_one_line_and_writes_nothing(tmp_path):
     sweep = tmp_path / "sweep"
     proc = _sam_run("-m", "seed=range(0,3000)", f"hydra.sweep.dir={sweep}")
-    time.sleep(3)  # in the imports or the checks of 3000 jobs: either way before any folder
+    maps = Path(f"/proc/{proc.pid}/maps")
+    # torch loads with the first job's checks (of 3000): the command is in its checks then
+    wait_for(lambda: "libtorch" in maps.read_text(), "torch loaded by the checks", proc)
     assert proc.poll() is None and not sweep.exists()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
