@@ -597,6 +597,8 @@ class Run:
         summary.update(self.averaging.summary_values(last, self.lambda_max_of))
         if self.init_from is not None:
             summary["init_from"] = self.init_from
+        if self.test_set.reliability is None and self.status == "completed":
+            self.test_set.log_values()  # a summary rebuilt from the checkpoint: its diagram too
         if self.test_set.reliability is not None:
             summary["reliability"] = self.test_set.reliability
         summary.update(

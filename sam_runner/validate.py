@@ -144,6 +144,7 @@ def warnings(cfg) -> list[str]:
     if device == "cpu" and threads is not None and threads * devices > cpus:
         out.append(
             f"trainer.threads={threads} x {devices} process(es) is more than the {cpus} CPU(s) "
-            f"allowed ({source}): threads share cores, which is slower than fewer"
+            f"allowed ({source}): capped at {max(1, cpus // devices)} thread(s) per process "
+            "(threads sharing cores are slower than fewer)"
         )
     return out

@@ -157,6 +157,8 @@ def test_sigkill_during_trial_3_then_the_same_command_ends_with_4_trials(tmp_pat
         assert set(summary["overrides"][:2]) == {f"{k}={v}" for k, v in t.params.items()}
     assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1", "2", "3"]
     assert "best trial #" in again.stdout
+    for t in study.trials[2:]:  # each trial's line gives the objective it is selected on (#42)
+        assert f"trial #{t.number}: val_acc={t.value:.4f} (maximize)\n" in again.stdout
 
     other = subprocess.run(
         [*cmd, "optimizer.rho=tag(log, interval(0.02, 0.2))"],

@@ -30,7 +30,8 @@ import io
 import sys
 from pathlib import Path
 
-from ..errors import UserError, require
+from ..cli_words import say_version
+from ..errors import UserError, check_names, require
 from ..runfiles import atomic_write_bytes, finite
 from .runs_table import _job_name, counts_line
 from .sections import ordered
@@ -266,6 +267,8 @@ def split_settings(argv: list[str]) -> tuple[list[str], dict]:
 
 def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if say_version(argv):
+        return 0
     try:
         argv, settings = split_settings(argv)
         from ..cli_words import check_format
@@ -276,6 +279,7 @@ def main(argv=None) -> int:
         return 2
     args = parser().parse_args(argv)
     try:
+        check_names(*args.folders, args.out, args.db)
         report = build(args)
         report.plot_format = fmt
         paths = write_report(report, args.out)

@@ -30,7 +30,7 @@ from ..errors import UserError
 from ..rundir import RunDir
 from ..runfiles import atomic_write_bytes
 from ..sweep.objective import OLD_STORAGE_FILE, STORAGE_FILE, STUDY_NAME
-from .sections import SECTIONS
+from .sections import SECTIONS, figure
 
 METRICS = ("loss", "acc", "ece", "nll")
 
@@ -326,7 +326,7 @@ def render_markdown(study: Study, plots: list[Path]) -> str:
                 "Selected on test data (trainer.objective names a test metric): the "
                 "test numbers are not a held-out estimate.",
             ]
-    lines += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
+    lines += ["", *(figure(p.name) for p in plots)]
     return "\n".join(lines) + "\n"
 
 

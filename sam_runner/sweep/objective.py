@@ -52,6 +52,13 @@ def validate(cfg) -> None:
         f"trainer.objective={given!r} must be a key of summary.json or of the final metrics line "
         "(val_acc, val_loss, test_acc, ...), a list of such keys, or auto",
     )
+    split = cfg.dataset.get("val_split")
+    require(
+        not key.startswith("val_") or bool(split),
+        f"trainer.objective={key} is measured on a validation split, and dataset.val_split="
+        f"{split}: set dataset.val_split (e.g. dataset.val_split=0.1), or name another key "
+        "(test_acc, ...)",
+    )
 
 
 def require_for_search(cfg) -> None:

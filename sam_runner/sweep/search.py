@@ -253,7 +253,12 @@ class Search:
                         flush=True,
                     )
                 else:
-                    study.tell(t.number, self.value(t.number, ret))
+                    value = self.value(t.number, ret)
+                    # the numbers the search selects on (a job's own line shows its test_acc)
+                    values = value if self.several else [value]
+                    said = ", ".join(f"{k}={v:.4f}" for k, v in zip(self.keys, values))
+                    print(f"trial #{t.number}: {said} ({', '.join(self.ways)})", flush=True)
+                    study.tell(t.number, value)
             except (RuntimeError, ValueError) as e:  # told already, by another sweeper
                 print(f"sam-run: trial #{t.number} not told again ({e})", file=sys.stderr)
 
