@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import __version__
-from .errors import RunFolderConflict, UserError, one_line
+from .cli_words import say_version
+from .errors import RunFolderConflict, UserError, no_space, one_line
 from .paths import config_dir
 from .preflight import preflight
 from .rundir import holds_results
@@ -65,6 +66,13 @@ def train_job(cfg: DictConfig) -> tuple[str, dict]:
         _remove_if_new(Path(run_dir))
         sys.exit(2)
     except Exception as e:
+        if no_space(e) and os.environ.get("HYDRA_FULL_ERROR") != "1":  # the next job would too
+            print(
+                f"sam-run: error: no space left in {Path(run_dir).parent if sweeping else run_dir};"
+                " free space and rerun the same command",
+                file=sys.stderr,
+            )
+            sys.exit(1)
         if not sweeping:
             raise
         import traceback
@@ -119,24 +127,37 @@ def first_job_of(argv: list[str]) -> list[str]:
 
 def main() -> None:
     argv = sys.argv[1:]
-    if argv and argv[0] in ("--version", "-V"):
-        print(f"sam-runner {__version__}")
+    if say_version(argv):
         return
-    if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
-        sys.argv[1:] = argv = first_job_of(argv)  # Hydra refuses -m with --cfg
-    sys.argv[1:] = argv = preflight(argv)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a scheduler's, docker stop's
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
+            sys.argv[1:] = argv = first_job_of(argv)  # Hydra refuses -m with --cfg
+        sys.argv[1:] = argv = preflight(argv)
         _main()
     except KeyboardInterrupt as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         # train() leaves its last checkpoint and metrics resumable (errors.Interrupted says where it
         # was)
+        said = str(e) or "interrupted"
         print(
-            f"sam-run: {str(e) or 'interrupted'}; run the same command again to resume",
+            f"sam-run: {'SIGTERM: ' if TERMINATED else ''}{said}; run the same command again to "
+            "resume",
             file=sys.stderr,
         )
-        sys.exit(130)
+        sys.exit(143 if TERMINATED else 130)  # 128 + the signal's number, as the shell says
+
+
+TERMINATED: list[int] = []  # SIGTERM reached this process
+
+
+def _on_sigterm(signum, _frame) -> None:
+    """SIGTERM stops a run as Ctrl-C does (the last checkpoint kept, one line); exit 143."""
+    TERMINATED.append(signum)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

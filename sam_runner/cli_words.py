@@ -44,3 +44,22 @@ def check_progress(value, key: str = "trainer.progress") -> str:
 
 def check_format(value, key: str = "plots.format") -> str:
     return check_choice(value, key, FORMATS)
+
+
+def say_version(argv) -> bool:
+    """What every command does first: an ``OMP_NUM_THREADS`` that OpenMP cannot read is dropped
+    (OpenMP would print a notice above every line when torch loads, and ignore it: the runner's
+    thread line says the threads used); ``--version`` (or ``-V``) as the first word prints
+    sam-runner's version (the same line on every command) and returns True."""
+    import os
+    import re
+
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if omp is not None and not re.fullmatch(r"\s*0*[1-9]\d*\s*(,\s*\d+\s*)*", omp):
+        del os.environ["OMP_NUM_THREADS"]
+    if argv and str(argv[0]) in ("--version", "-V"):
+        from . import __version__
+
+        print(f"sam-runner {__version__}")
+        return True
+    return False

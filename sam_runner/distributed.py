@@ -296,9 +296,11 @@ def check_threads(threads) -> None:
 
 
 def cpu_threads(world: int, threads=None) -> int:
-    """Threads per process: ``threads`` (``trainer.threads``) where set, else this process's
-    allowed CPUs shared by ``world`` processes (``trainer.devices``, ``eval.workers``)."""
-    return int(threads) if threads is not None else max(1, allowed_cpus()[0] // world)
+    """Threads per process: this process's allowed CPUs shared by ``world`` processes
+    (``trainer.devices``, ``eval.workers``); ``threads`` (``trainer.threads``) where set, capped
+    there (more threads than cores share them, which is slower: ``validate.warnings`` says so)."""
+    share = max(1, allowed_cpus()[0] // world)
+    return min(int(threads), share) if threads is not None else share
 
 
 def set_cpu_threads(world: int, threads=None) -> int:

@@ -62,4 +62,40 @@ def one_line(e: BaseException) -> str:
     msg = first_line(str(e))
     if isinstance(e, UserError):
         return msg or type(e).__name__
+    if no_space(e):  # torch's own words for it are "unexpected pos 370304 vs 370256"
+        return "no space left on the device"
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+NAME_MAX = 255  # bytes of one file or folder name on the usual file systems (ext4, xfs, APFS)
+
+
+def check_names(*paths) -> None:
+    """A UserError for a path with a file or folder name longer than file systems allow (the OS
+    would answer ``File name too long`` from deep inside a command); None paths are skipped."""
+    import os
+
+    for path in paths:
+        for part in str(path or "").split(os.sep):
+            n = len(os.fsencode(part))
+            require(
+                n <= NAME_MAX,
+                f"{path}: its name {part[:20]}... is {n} bytes long, and a file or folder name "
+                f"is at most {NAME_MAX}; use a shorter one",
+            )
+
+
+def no_space(e: BaseException | None) -> bool:
+    """Whether ``e``, or an error it was raised from or while handling, is a full disk (ENOSPC):
+    torch's writer answers one with its own RuntimeError, the full disk in its context."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False

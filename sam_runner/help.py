@@ -12,7 +12,7 @@ from .paths import config_dir
 from .registry import ALL
 
 # groups of the config tree that are settings or presets, not registries
-CONFIG_GROUPS = ("trainer", "metrics", "experiment", "hparams_search", "hydra/launcher")
+CONFIG_GROUPS = ("trainer", "metrics", "experiment", "cheaper", "hparams_search", "hydra/launcher")
 
 
 def _yaml(path: Path) -> dict:
@@ -149,7 +149,7 @@ def key_descriptions(choices: dict | None = None) -> dict[str, str]:
     root = Path(config_dir())
     choices = choices or _defaults()
     out = {}
-    for group in (*KEYED_GROUPS, "logger", "metrics", "regularizer"):
+    for group in (*KEYED_GROUPS, "logger", "metrics", "regularizer", "weight_decay"):
         out[f"{group}.{OPTION_KEYS.get(group, 'name')}"] = f"the option chosen with {group}="
         for f in reversed(_group_files(root, group, choices.get(group))):
             # a preset of package _global_ names its keys in full (optimizer.rho)

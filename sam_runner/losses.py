@@ -73,3 +73,15 @@ def skew_jsd(p, q, alpha: float):
         return (torch.xlogy(a, a) - torch.xlogy(a, m)).sum(dim=-1)
 
     return alpha * kl_to_m(p) + (1 - alpha) * kl_to_m(q)
+
+
+def distillation_loss(student_logits, teacher_logits, temperature: float):
+    """Hinton et al.'s distillation term: T²·KL(softmax(t/T) ‖ softmax(s/T)), the batch mean (in
+    float32 at least: half-precision logits are promoted). The T² keeps its gradient's scale
+    comparable to the task loss's as T changes."""
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    t = float(temperature)
+    log_s = F.log_softmax(student_logits.to(dtype) / t, dim=1)
+    log_t = F.log_softmax(teacher_logits.to(dtype) / t, dim=1)
+    kl = (log_t.exp() * (log_t - log_s)).sum(dim=1)
+    return t * t * kl.mean()

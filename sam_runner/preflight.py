@@ -30,6 +30,7 @@ RUNNER_GROUPS = (
     "logger",
     "metrics",
     "regularizer",
+    "weight_decay",
 )
 _ABSENT = object()
 # the topmost folder this command created for its run or sweep folder (None: that existed)
@@ -43,7 +44,14 @@ def preflight(argv: list[str]) -> list[str]:
     from .sweep.hydra_api import args_parser
 
     args = args_parser().parse_args(argv)
-    if os.environ.get("HYDRA_FULL_ERROR") == "1" or _not_a_run(args):
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return argv
+    if _not_a_run(args):
+        message = config_source_error(args) or (
+            check_jobs(args, validate=False)[0] if args.cfg or args.help else None
+        )
+        if message:
+            fail(message)
         return argv
     if not args.multirun:
         say_if_completed(args)
@@ -73,6 +81,27 @@ def _not_a_run(args) -> bool:
     )
 
 
+def config_source_error(args) -> str | None:
+    """``--config-dir``, ``--config-path`` and ``--config-name`` that name no folder or config:
+    the message (Hydra's own is several lines, exit 1), else None."""
+    for flag, folder in (("--config-dir", args.config_dir), ("--config-path", args.config_path)):
+        if folder and (flag == "--config-dir" or Path(folder).is_absolute()):
+            if not Path(folder).is_dir():
+                return f"{flag}={folder}: no such folder; give a folder of config YAML files"
+    name = args.config_name
+    if not name:
+        return None
+    if args.config_path and not Path(args.config_path).is_absolute():
+        return None  # relative to the app's module, as Hydra takes it: Hydra answers
+    folders = [Path(f) for f in (args.config_path or config_dir(), args.config_dir) if f]
+    if any((f / name).is_file() or (f / f"{name}.yaml").is_file() for f in folders):
+        return None
+    return (
+        f"--config-name={name}: no config {name}.yaml in {', '.join(map(str, folders))}; "
+        "sam-run's own config is config (the default: leave --config-name out)"
+    )
+
+
 def fail(message: str) -> None:
     print(f"sam-run: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -88,7 +117,10 @@ def jobs_of(args) -> list[tuple[list[str], str | None]]:
     from .sweep import hydra_api
     from .sweep.plan import completed_jobs, exclude_keys, expand, fixed_config, sweeper_params
 
-    fixed = fixed_config(args.overrides)
+    try:
+        fixed = fixed_config(args.overrides)
+    except Exception:  # a key of one swept variant only: each job's own compose names it
+        fixed = fixed_config([o for o in args.overrides if _choice_or_hydra(o)])
     if hydra_api.is_search(OmegaConf.select(fixed, "hydra.sweeper._target_", default="")):
         return search_jobs(args.overrides, fixed)
     jobs = expand(args.overrides, sweeper_params(fixed))
@@ -98,6 +130,12 @@ def jobs_of(args) -> list[tuple[list[str], str | None]]:
         require_same_result(sweep_folder(args) / str(first), jobs[first], done[first])
     left = [j for num, j in enumerate(jobs) if num not in done]
     return [(list(j), None) for j in {tuple(j): j for j in left}.values()]
+
+
+def _choice_or_hydra(override: str) -> bool:
+    """A group choice (``optimizer=sam``) or a Hydra setting: what the sweeper's config needs."""
+    key = override_key(override)
+    return "." not in key or key.startswith("hydra")
 
 
 def say_if_completed(args) -> None:
@@ -163,15 +201,21 @@ def require_same_result(run_dir: Path, overrides, summary: dict) -> None:
 def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None]]:
     """A search's settings without the searched keys, then with each bound of each searched key
     (UserError on a malformed space, or without an objective to select on)."""
+    from .errors import integer
     from .sweep import hydra_api, objective
     from .sweep.plan import sweeper_params
 
+    for key in ("n_trials", "n_jobs"):
+        value = OmegaConf.select(fixed, f"hydra.sweeper.{key}", default=1)
+        integer(f"hydra.sweeper.{key}", value, "an integer >= 1", lambda n: n >= 1)
     lines = [f"{k}={v}" for k, v in sweeper_params(fixed).items()] + list(arguments)
     searched = hydra_api.search_space(lines)
     keys = {s.key for s in searched}
     base = [o for o in lines if override_key(o) not in keys]
     cfg = hydra_api.compose(base)
     objective.require_for_search(cfg)
+    objective.require_logged(cfg)
+    check_search_settings(fixed, cfg)
     jobs = [(base, None)]
     for s in searched:
         where = f"the search space {s.key}={s.text}"
@@ -180,6 +224,16 @@ def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None
         _require_used(s.key, cfg, where)
         jobs += [([*base, f"{s.key}={b}"], f"{where}: its bound {s.key}={b}") for b in s.bounds]
     return jobs
+
+
+def check_search_settings(fixed, cfg) -> None:
+    """The search sweeper's settings (``hydra.sweeper.*``) against the job's config, before
+    anything is written (one line, exit 2, on a bad one)."""
+    from .sweep.search import Search
+
+    settings = OmegaConf.to_container(fixed.hydra.sweeper, resolve=False)
+    settings.pop("_target_", None)
+    Search(**settings).check(cfg)
 
 
 def _require_used(key: str, cfg, where: str) -> None:
@@ -196,33 +250,49 @@ def _require_used(key: str, cfg, where: str) -> None:
         )
 
 
-def check_jobs(args) -> tuple[str | None, list[str]]:
-    """(the first bad input's message or None, the warnings of every job, once each)."""
+def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
+    """(the first bad input's message or None, the warnings of every job, once each); without
+    ``validate``, only whether each job composes (``--cfg``: a config to look at)."""
     from hydra.errors import (
         ConfigCompositionException,
         MissingConfigException,
         OverrideParseException,
     )
+    from omegaconf.errors import OmegaConfBaseException
 
     from .sweep import objective
     from .sweep.plan import compose
 
     notes, job, bound = {}, args.overrides, None
-    twice = given_twice(args.overrides)
+    twice = given_twice(args.overrides) or _odd_values(args)
     if twice:
         return twice, []
     try:
-        for job, bound in jobs_of(args):
-            from .validate import validate_config, warnings  # imports torch: only for a job to run
-
-            cfg = compose(job)
-            message = _added_keys(job)
+        if args.multirun:
+            message = _sweep_values(args.overrides)
             if message:
                 return message, []
+        for job, bound in jobs_of(args):
+            cfg = compose(job)
+            if not validate:
+                continue
+            from .validate import validate_config, warnings  # imports torch: only for a job to run
+
+            message = _added_keys(job) or _removed_keys(job, cfg) or _two_budgets(job)
+            if message:
+                return message, []
+            _resolve(cfg)
             validate_config(cfg)
             objective.validate(cfg)
             notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
+            notes.update(dict.fromkeys(idle_settings(job, cfg, args.multirun)))
     except OverrideParseException as e:
+        empty = re.search(r"^([^=]+)=\s*choice\(\s*\)\s*$", str(e.override))
+        if empty:  # Hydra's grammar has no empty choice
+            return (
+                f"the search space {e.override} holds no value; give {empty.group(1)} at "
+                "least one (choice(a, b, ...))"
+            ), []
         return (
             f"{e.override} is not a valid override ({first_line(e.message)}); see "
             "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -233,7 +303,112 @@ def check_jobs(args) -> tuple[str | None, list[str]]:
         return _bound(bound, _composition_error(e, job)), []
     except UserError as e:
         return _bound(bound, str(e)), []
+    except OmegaConfBaseException as e:  # a key a check reads that the config lacks
+        return _bound(bound, _in_job(args, job, _config_error(e, job))), []
     return None, list(notes)
+
+
+def _in_job(args, job: list[str], message: str) -> str:
+    """A sweep job's error names the job (its swept values) when the sweep has several."""
+    if not args.multirun:
+        return message
+    swept = [o for o in job if o not in args.overrides]
+    return f"the job {' '.join(swept)}: {message}" if swept else message
+
+
+DIGITS_LIMIT = 4300  # Python's (and so Hydra's) limit on the digits of an int it parses
+
+
+def _odd_values(args) -> str | None:
+    """An empty ``hydra.run.dir``/``hydra.sweep.dir`` (Hydra would write into the current folder),
+    or a number too long for Hydra's parser: the message, else None."""
+    for o in args.overrides:
+        key, _, value = o.partition("=")
+        if key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and value.strip("'\" ") == "":
+            return (
+                f"{key}={value} is empty, which would write into the current folder; give a "
+                f"folder ({key}=outputs/NAME), or leave {key} out for the default one"
+            )
+        long = re.search(r"\d{%d,}" % (DIGITS_LIMIT + 1), value)
+        if long:
+            return (
+                f"{key}={value[:12]}... holds a number of {len(long.group())} digits; Hydra "
+                f"parses numbers of at most {DIGITS_LIMIT} digits"
+            )
+    return None
+
+
+def _sweep_values(overrides: list[str]) -> str | None:
+    """A swept key with no value (``seed=range(0,0)``) or one value listed twice
+    (``optimizer=sam,sam``, ``optimizer.rho=0.05,0.050``): the message, else None."""
+    from .sweep import hydra_api
+
+    for o in hydra_api.overrides_parser().parse_overrides(list(overrides)):
+        if not (o.is_sweep_override() and o.is_discrete_sweep()):
+            continue
+        values = list(o.sweep_string_iterator())
+        if not values:
+            return f"{o.input_line} sweeps no value; give at least one ({o.get_key_element()}=a,b)"
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None:
+            return (
+                f"{o.input_line} lists {o.get_key_element()}={twice} twice (duplicates would "
+                "train the same job again); list each value once"
+            )
+    return None
+
+
+def _removed_keys(job: list[str], cfg) -> str | None:
+    """``~optimizer``, ``~trainer.epochs``: a key the runner reads, removed (it has no default
+    to fall back on); the message, else None. Keys added by the user may go."""
+    from .sweep.plan import compose
+
+    for o in job:
+        if not o.startswith("~"):
+            continue
+        key = override_key(o)
+        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT or key.startswith("hydra"):
+            continue
+        without = compose([x for x in job if x is not o])
+        if OmegaConf.select(without, key, default=_ABSENT) is not _ABSENT:
+            o = o.removesuffix("=null")  # a sweep's job spells ~key as ~key=null
+            return (
+                f"{o} removes {key}, which the runner reads; set a value instead "
+                f"({key}=...), or drop {o}"
+            )
+    return None
+
+
+def _two_budgets(job: list[str]) -> str | None:
+    """``trainer.steps`` and ``trainer.epochs`` both given: a run trains for one budget."""
+    given = {override_key(o): o for o in job if "=" in o}
+    steps, epochs = given.get("trainer.steps"), given.get("trainer.epochs")
+    if steps and epochs and steps.split("=", 1)[1].strip().lower() not in ("null", "none", ""):
+        return (
+            f"{steps} and {epochs} are both given, and a run trains for one budget (steps "
+            "override epochs); give one of them"
+        )
+    return None
+
+
+def _resolve(cfg) -> None:
+    """Every interpolation of the run's part of the config resolved, so that one naming no key
+    (``optimizer.rho=${nope}``) is an error here, not in the middle of a run."""
+    OmegaConf.to_container(
+        OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True
+    )
+
+
+def _config_error(e, job: list[str]) -> str:
+    """An OmegaConf error met while checking a job, as one line naming the override."""
+    key = str(getattr(e, "full_key", "") or "")
+    given = [
+        o for o in job if override_key(o) == key or (key and key.startswith(override_key(o) + "."))
+    ]
+    text = first_line(getattr(e, "msg", "") or str(e))
+    if given:
+        return f"{given[-1]}: {text}; `sam-run --cfg job` lists the keys"
+    return f"{key + ': ' if key else ''}{text}"
 
 
 def given_twice(overrides: list[str]) -> str | None:
@@ -267,6 +442,38 @@ def _is_sweep(override: str) -> bool:
         if ch == "," and depth == 0:
             return True
     return False
+
+
+# a key the user sets that does nothing unless another has this value: (key, needs, its value)
+NEEDS = (
+    ("trainer.ema_decay", "trainer.weight_averaging", "ema"),
+    ("trainer.ema_warmup", "trainer.weight_averaging", "ema"),
+    ("trainer.swa_start", "trainer.weight_averaging", "swa"),
+    ("trainer.swa_lr", "trainer.weight_averaging", "swa"),
+    ("trainer.swa_anneal_epochs", "trainer.weight_averaging", "swa"),
+)
+
+
+def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
+    """A notice for each setting the user gave that changes nothing in this job: an option of
+    weight averaging without it, ``model.reset_head`` without ``model.init_from``, a preset's
+    sweep run without ``-m``."""
+    given = {override_key(o): o for o in job}
+    out = [
+        f"{given[key]} does nothing without {needs}={value}: the run trains as without it"
+        for key, needs, value in NEEDS
+        if key in given and str(OmegaConf.select(cfg, needs)) != value
+    ]
+    if "model.reset_head" in given and OmegaConf.select(cfg, "model.init_from") is None:
+        out.append(f"{given['model.reset_head']} does nothing without model.init_from=RUN_DIR")
+    params = OmegaConf.select(cfg, "hydra.sweeper.params")
+    if not multirun and params and "experiment" in given:
+        swept = " ".join(f"{k}={v}" for k, v in params.items())
+        out.append(
+            f"{given['experiment']} is a sweep ({swept}): without -m one run trains, with the "
+            "preset's other settings; add -m to run the sweep"
+        )
+    return out
 
 
 def ignored_options(job: list[str], cfg) -> list[str]:
@@ -304,12 +511,13 @@ def _added_keys(job: list[str]) -> str | None:
 
     for o in job:
         key = override_key(o)
-        if not o.startswith("+") or "/" in key or key.startswith("hydra"):
+        hydra_top = key.startswith("hydra.") and key.count(".") == 1  # +hydra.foo: Hydra lacks it
+        if not o.startswith("+") or "/" in key or (key.startswith("hydra") and not hydra_top):
             continue
         top = "." not in key  # +foo=1: a top-level key nothing reads, unless a config group
         if top and (Path(config_dir()) / key).is_dir():
             continue
-        if not top and key.split(".")[0] not in RUNNER_GROUPS:
+        if not top and not hydra_top and key.split(".")[0] not in RUNNER_GROUPS:
             continue
         without = compose([x for x in job if x is not o])
         if OmegaConf.select(without, key, default=_ABSENT) is _ABSENT:

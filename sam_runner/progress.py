@@ -116,7 +116,10 @@ class Progress:
             f"test_ece {row['test_ece']:.4f}",
         ]
         if row.get("lambda_max") is not None:
-            parts.append(f"lambda_max {row['lambda_max']:.4g}")
+            parts.append(f"lambda_max {row['lambda_max']:{LAMBDA}}")
+        for key in ("avg_test_acc", "avg_test_ece"):  # the averaged weights (SWA, EMA)
+            if isinstance(row.get(key), (int, float)):
+                parts.append(f"{key} {row[key]:.4f}")
         parts.append(f"elapsed {row['time_s']:.1f}s")
         print(" | ".join(parts), file=sys.stderr, flush=True)
 
@@ -126,17 +129,28 @@ class Progress:
             print(text, file=sys.stderr, flush=True)
 
 
+LAMBDA = "#.4g"  # λ_max on the console: four significant digits, always (41.00 beside 59.46)
+
+
 def _fmt(v, spec):
     return "n/a" if v is None else format(v, spec)
 
 
 def print_final(summary: dict, run_dir, already: bool = False) -> None:
-    head = "already completed" if already else summary.get("status", "?")
+    status = summary.get("status", "?")
+    head = f"already {status}" if already else status  # completed, or pruned in a search
     line = (
         f"{head}: test_acc={_fmt(summary.get('test_acc'), '.4f')} "
         f"test_ece={_fmt(summary.get('test_ece'), '.4f')} "
-        f"lambda_max={_fmt(summary.get('lambda_max'), '.4g')}  ({run_dir})"
+        f"lambda_max={_fmt(summary.get('lambda_max'), LAMBDA)}"
     )
+    if summary.get("avg_test_acc") is not None:  # the averaged weights (SWA, EMA)
+        line += (
+            f" avg_test_acc={_fmt(summary.get('avg_test_acc'), '.4f')} "
+            f"avg_test_ece={_fmt(summary.get('avg_test_ece'), '.4f')} "
+            f"avg_lambda_max={_fmt(summary.get('avg_lambda_max'), LAMBDA)}"
+        )
+    line += f"  ({run_dir})"
     if summary.get("error"):
         line += f"\n  {summary['error']}"
     print(line, flush=True)

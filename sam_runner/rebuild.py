@@ -12,30 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UserError, require
-from .rundir import AVERAGED, CACHE, CHECKPOINT, RunDir, check_weights, has_rho, run_label
-
-
-def state_dict(run: RunDir, weights: str = "last") -> dict:
-    """The model state dict of ``last.pt`` or ``averaged.pt``."""
-    if check_weights(weights) == "last":
-        return run.checkpoint()["model"]
-    path = run.path / AVERAGED
-    require(
-        path.is_file(),
-        f"run folder {run.path} has no averaged weights ({AVERAGED}); train it with "
-        "trainer.weight_averaging=swa or ema, or use weights=last",
-    )
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise UserError(f"{path} is unreadable ({type(e).__name__}); restore it") from None
-    require(
-        isinstance(state, dict) and isinstance(state.get("model"), dict),
-        f"{path} is not a sam-run averaged checkpoint (no model entry)",
-    )
-    return state["model"]
+from .rundir import CACHE, CHECKPOINT, RunDir, has_rho, run_label
+from .rundir import model_state as state_dict
 
 
 def load(run: RunDir, device, weights: str = "last", purpose: str = "sam-landscape", strict=False):

@@ -136,12 +136,13 @@ LOSSES = Registry("trainer.loss", "sam_runner.losses")
 AUGMENTS = Registry("dataset.augment", "sam_runner.data.augment", basic=True)
 WEIGHT_AVERAGING = Registry("trainer.weight_averaging", "sam_runner.averaging")
 REGULARIZERS = Registry("regularizer", "sam_runner.regularizers")
+WEIGHT_DECAYS = Registry("weight_decay", "sam_runner.weight_decay")
 CORRUPTIONS = Registry("metrics.corruptions.names", "sam_runner.data.corruptions", monotone=None)
 
 ALL = {
     r.key: r
     for r in (
         *(DATASETS, MODELS, BASE_OPTIMIZERS, VARIANTS, SCHEDULERS, LOGGERS, SAMPLERS, LOSSES),
-        *(AUGMENTS, WEIGHT_AVERAGING, REGULARIZERS),
+        *(AUGMENTS, WEIGHT_AVERAGING, REGULARIZERS, WEIGHT_DECAYS),
     )
 }

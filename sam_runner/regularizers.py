@@ -63,6 +63,8 @@ class SkewJSD:
         return skew_jsd(p, q, self.alpha).mean()
 
     def add(self, loss, model, x, logits, share):
+        if not logits.requires_grad:  # a forward no gradient flows from (ESAM's selection pass)
+            return loss
         return loss + self.weight * share * self.divergence(model, x, logits)
 
 

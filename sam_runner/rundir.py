@@ -7,7 +7,8 @@
   run trained by ``train(cfg, dir)`` without Hydra) the settings summary.json records, else
   those its checkpoint records (every key a result depends on); ``omega_config()`` is it as an
   OmegaConf, with this environment's data folder where the run's does not exist here;
-- ``summary``, ``status`` (``completed``, ``diverged``, ``failed``; ``missing`` without a
+- ``summary``, ``status`` (``completed``, ``diverged``, ``pruned`` (a search stopped it),
+  ``failed``; ``missing`` without a
   summary: running, killed or interrupted), ``rows()`` (metrics.jsonl);
 - ``eval(weights)``, ``landscape(weights)``, ``pair_summaries(weights)``: what sam-eval and
   sam-landscape wrote (``weights="averaged"``: ``eval_averaged.json``, ``landscape_averaged/``);
@@ -41,7 +42,7 @@ AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
 INIT_WEIGHTS = Path(CHECKPOINTS) / "init.pt"  # the weights at step 0 (dist_from_init)
 CACHE = "cache"  # an image folder's decoded measurement subsets
 WEIGHTS = ("last", "averaged")
-STATUSES = ("completed", "diverged", "failed")
+STATUSES = ("completed", "diverged", "pruned", "failed")
 EVAL_FILES = {"last": "eval.json", "averaged": "eval_averaged.json"}
 LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}
 LANDSCAPE_SUMMARY = "landscape.json"  # in a landscape folder, and in each of its pair folders
@@ -294,3 +295,26 @@ def _data_dir_here(cfg) -> None:
         cfg.dataset.data_dir = default.data_dir
     if cfg.dataset.get("download") is None:
         cfg.dataset.download = default.download
+
+
+def model_state(run: RunDir, weights: str = "last") -> dict:
+    """The model state dict of a run's ``last.pt`` or ``averaged.pt`` (weights only)."""
+    if check_weights(weights) == "last":
+        return run.checkpoint()["model"]
+    path = run.path / AVERAGED
+    require(
+        path.is_file(),
+        f"run folder {run.path} has no averaged weights ({AVERAGED}); train it with "
+        "trainer.weight_averaging=swa or ema, or use weights=last",
+    )
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(f"{path} is unreadable ({type(e).__name__}); restore it") from None
+    require(
+        isinstance(state, dict) and isinstance(state.get("model"), dict),
+        f"{path} is not a sam-run averaged checkpoint (no model entry)",
+    )
+    return state["model"]

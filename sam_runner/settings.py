@@ -25,13 +25,22 @@ def plot_format(cfg) -> str:
     return str(plots.get("format", "png"))
 
 
+def objective_keys(cfg) -> list[str]:
+    """``trainer.objective``'s keys for a composed config: one key, several (a list, for a
+    search of several objectives), or none (``auto`` without a validation split)."""
+    given = cfg.trainer.get("objective", "auto") or "auto"
+    several = hasattr(given, "__iter__") and not isinstance(given, str)
+    keys = [str(k) for k in given] if several else [str(given)]
+    if keys != ["auto"]:
+        return keys
+    return ["val_acc"] if cfg.dataset.get("val_split") else []
+
+
 def objective_key(cfg) -> str | None:
-    """``trainer.objective``'s key for a composed config, or None (``auto`` without a validation
-    split)."""
-    key = str(cfg.trainer.get("objective", "auto") or "auto")
-    if key != "auto":
-        return key
-    return "val_acc" if cfg.dataset.get("val_split") else None
+    """``trainer.objective``'s (first) key for a composed config, or None (``auto`` without a
+    validation split)."""
+    keys = objective_keys(cfg)
+    return keys[0] if keys else None
 
 
 RUN_ONLY_KEYS = (

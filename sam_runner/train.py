@@ -24,6 +24,7 @@ from .averaging import build_averaging
 from .clock import Clock
 from .data import build_data
 from .data.augment import Mixing
+from .distill import build_distiller, check_teacher
 from .errors import Interrupted, RunFolderConflict, UserError, one_line, require
 from .lock import held_by, job_lock
 from .loggers import NullLogger, build_logger
@@ -50,8 +51,15 @@ from .runfiles import (
 )
 from .samplers import build_sampler
 from .schedulers import build_scheduler
-from .settings import objective_key, plot_format, require_same_config, result_config
+from .settings import (
+    objective_key,
+    objective_keys,
+    plot_format,
+    require_same_config,
+    result_config,
+)
 from .validate import validate_trainer
+from .weight_decay import build_weight_decay
 
 THREADS_SAID: list[str] = []  # the thread lines this process printed (a local sweep's jobs)
 # the autocast type of each of settings.PRECISIONS
@@ -90,27 +98,31 @@ def require_resumable(saved: dict, now: dict, path: Path, run_dir: Path) -> None
         )
 
 
-def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = ()) -> dict:
-    """Train one run in ``run_dir``; returns its summary (also written to summary.json)."""
+def train(cfg, run_dir: str | Path = ".", overrides: list[str] | tuple = (), trial=None) -> dict:
+    """Train one run in ``run_dir``; returns its summary (also written to summary.json).
+    ``trial``: a search's trial to report the objective to after each evaluation, whose
+    ``should_stop(epoch, value)`` may stop the run as pruned (sweep/trial.py)."""
     run_dir = Path(run_dir)
     if distributed.current().rank != 0:  # rank 0 holds the job's lock for all its processes
-        return _train(cfg, run_dir, overrides)
+        return _train(cfg, run_dir, overrides)  # and reports to the trial
     on_locked = str(cfg.trainer.get("on_locked", "skip"))
     with job_lock(run_dir, "train", on_locked, "sam-run", "trainer.on_locked") as held:
         if not held:  # another process trains this job: its summary.json will say how it ended
             return {"status": "skipped", "error": f"trained by {held_by(run_dir, 'train')}"}
-        return _train(cfg, run_dir, overrides)
+        return _train(cfg, run_dir, overrides, trial)
 
 
-def _train(cfg, run_dir: Path, overrides) -> dict:
+def _train(cfg, run_dir: Path, overrides, trial=None) -> dict:
     done = read_summary(run_dir)
-    if done and done.get("status") == "completed":
+    # a trial the search's pruner stopped is a result too: run again (a sweeper killed before
+    # it told the study), it says so rather than train on
+    if done and done.get("status") in ("completed", "pruned"):
         require_same_config(
             done.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir
         )
         print_final(done, run_dir, already=True)
         return done
-    run = Run(cfg, run_dir, list(overrides))
+    run = Run(cfg, run_dir, list(overrides), trial)
     with run.stopping_cleanly():
         run.setup()
         run.resume()
@@ -118,6 +130,8 @@ def _train(cfg, run_dir: Path, overrides) -> dict:
             if not run.train_epoch():
                 break  # diverged
             run.end_epoch()
+            if run.pruned():
+                break
         return run.finish()
 
 
@@ -233,9 +247,10 @@ class ValSet:
         return {f"val_{k}": row[f"test_{k}"] for k in self.KEYS}
 
     def summary_values(self) -> dict:
-        key, out = objective_key(self.run.cfg), {}
-        if key is not None:  # a model chosen on test data is no held-out result: say so
-            out.update(objective=key, selected_on_test=key.startswith("test_"))
+        keys, out = objective_keys(self.run.cfg), {}
+        if keys:  # a model chosen on test data is no held-out result: say so
+            on_test = any(k.startswith("test_") for k in keys)
+            out.update(objective=keys[0] if len(keys) == 1 else keys, selected_on_test=on_test)
         path = self.run.run_dir / METRICS  # every evaluation, resumed runs' included
         lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
         lines = [x for x in lines if isinstance(x.get("val_acc"), (int, float))]
@@ -250,19 +265,21 @@ class ValSet:
 
 
 class Run:
-    def __init__(self, cfg, run_dir: Path, overrides: list[str]):
+    def __init__(self, cfg, run_dir: Path, overrides: list[str], trial=None):
         self.cfg, self.run_dir, self.overrides = cfg, run_dir, overrides
         self.dist = distributed.current()
         self.clock = Clock(epochs=cfg.trainer.epochs)
         self.logger = NullLogger()  # until setup: a run that fails before it still finishes one
         self.saved = (0, 0)  # (epoch, step) the checkpoint holds
         self.status, self.error, self.last = "completed", None, {}
+        self.trial, self.pruned_at = trial, None  # a pruned search's trial (sweep/trial.py)
 
     # ------------------------------------------------------------------ phases
     def setup(self) -> None:
         """Build data, model, optimizer, scheduler, scaler, sampler, tracker and logger."""
         cfg, t = self.cfg, self.cfg.trainer
         validate_trainer(cfg)
+        check_teacher(cfg, self.run_dir)  # before the run folder is made
         self.device = device = self.dist.device or distributed.resolve_device(t.device)
         self.threads = self._cpu_threads(device)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -283,10 +300,7 @@ class Run:
         total_steps = int(t.steps) if t.get("steps") else self.steps_per_epoch * t.epochs
         self.clock.total_steps = total_steps  # a step budget ends the last epoch early
         self.clock.epochs = -(-total_steps // self.steps_per_epoch)
-        self.optimizer = build_optimizer(cfg, model, total_steps)
-        self.scheduler = build_scheduler(
-            cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps
-        )
+        self.build_optimization(model, total_steps)
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
         self.net = self.dist.wrap(model, cfg)  # DDP when world > 1, then torch.compile when asked
         if t.compile and device.type == "cuda":
@@ -298,6 +312,7 @@ class Run:
         self.criterion = per_example(loss, float(t.label_smoothing))
         self.autocast = _autocast(device, t.precision)
         self.regularizer = build_regularizer(cfg.get("regularizer"), self.autocast)
+        self.distill = build_distiller(cfg, model, data, device, self.autocast, self.run_dir)
         self.sampler = build_sampler(cfg.dataset, data)
         self.tracker = CurvatureTracker(
             cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
@@ -319,6 +334,19 @@ class Run:
             enabled=self.dist.is_main,
         )
         self._say_threads()
+
+    def build_optimization(self, model, total_steps: int) -> None:
+        """The weight decay's rule (it may split the groups per layer), the optimizer and the
+        learning rate's schedule."""
+        cfg = self.cfg
+        self.weight_decay = build_weight_decay(cfg)
+        self.optimizer = build_optimizer(cfg, model, total_steps, self.weight_decay)
+        self.weight_decay.bind(
+            model, self.optimizer, self.dist, cfg.seed, self.clock, self.steps_per_epoch
+        )
+        self.scheduler = build_scheduler(
+            cfg.scheduler, self.optimizer, self.steps_per_epoch, total_steps
+        )
 
     def _say_threads(self) -> None:
         """The thread line, once a process (a local sweep's jobs share one), with the progress
@@ -359,6 +387,7 @@ class Run:
             "clock": self.clock,
             "logger": self.logger,
             **({"averaging": self.averaging} if self.averaging.enabled else {}),
+            **({"weight_decay": self.weight_decay} if self.weight_decay.enabled else {}),
         }
 
     def resume(self) -> None:
@@ -425,10 +454,13 @@ class Run:
             parts = (v.tensor_split(t.accumulate) for v in (x, target, y, idx))
             micro = [m for m in zip(*parts) if len(m[2])]
             counts = {"correct": 0}
-            loss = self.optimizer.step(functools.partial(self.forward_backward, micro, counts))
+            taught = self.distill.teach(micro)  # the teacher's forward: once a step, every pass's
+            closure = functools.partial(self.forward_backward, micro, counts, taught)
+            loss = self.optimizer.step(closure)
             self.scheduler.step()
             self.scaler.update()
             clock.step += 1
+            self.weight_decay.after_step(clock.step)
             self.averaging.after_step()
             stats.add(loss, counts["correct"], len(y), clock.step)
             bar.update(stats.loss_sum, stats.correct, stats.seen)
@@ -457,22 +489,29 @@ class Run:
         self.averaging.end_epoch()
         return True
 
-    def forward_backward(self, micro, counts: dict):
+    def forward_backward(self, micro, counts: dict, taught=None):
         """The optimizer's closure: zero the gradients, then forward and backward over the step's
-        micro-batches; returns the step's loss. On the first pass, counts the right predictions."""
+        micro-batches; returns the step's loss. On the first pass, counts the right predictions.
+        ``taught``: the teacher's outputs for the micro-batches (distillation)."""
         optimizer, net = self.optimizer, self.net
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
+        # the rows this pass runs on (all, except in ESAM's descent pass)
+        micro = [m for m in (optimizer.select_rows(*m) for m in micro) if len(m[2])]
         batch = sum(len(ym) for _, _, ym, _ in micro)
         for i, (xm, tm, ym, im) in enumerate(micro):
             # under DDP a synced pass all-reduces once, on its last micro-batch
             quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
-            with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast:
-                out = net(xm)
+            watch = self.weight_decay.watching(optimizer.pass_index == 0)  # OUI's hooks
+            with net.no_sync() if quiet else contextlib.nullcontext(), self.autocast, watch:
+                with self.distill.capturing():  # the student's features, for the alignment
+                    out = net(xm)
             per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
             # weighted by size: the step's mean loss even when the batch does not split evenly
-            loss = optimizer.reduce_loss(per_sample, out, ym) * (len(ym) / batch)
-            objective = self.regularizer.add(loss, self.model, xm, out, len(ym) / batch)
+            share = len(ym) / batch
+            loss = optimizer.reduce_loss(per_sample, out, ym) * share
+            objective = self.distill.add(loss, out, taught, i, share)
+            objective = self.regularizer.add(objective, self.model, xm, out, share)
             self.scaler.scale(objective).backward()  # the logged loss stays the task's
             total += loss.detach()
             self.sampler.observe(optimizer.pass_index, im, ym, per_sample.detach())
@@ -514,12 +553,28 @@ class Run:
             "lr": self.optimizer.param_groups[0]["lr"],
             **self.optimizer.cost_values(),
         }
-        for part in (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging):
+        parts = (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging)
+        for part in (*parts, self.weight_decay):
             row.update(part.log_values())
         self.log_line(row)
         self.last = row
         self.save()
         self.progress.epoch_line(row)
+
+    def pruned(self) -> bool:
+        """Whether the search's pruner stops this trial after the evaluation just made (rank 0
+        reports ``trainer.objective`` to the trial and asks; every process stops together). The
+        checkpoint of that evaluation stays; the summary says ``pruned``, with where."""
+        evaluated = self.last.get("epoch") == self.clock.epoch
+        key, stop = objective_key(self.cfg), False
+        if self.trial is not None and evaluated:
+            stop = self.trial.should_stop(self.clock.epoch, self.last.get(key), self.clock.final)
+        if self.dist.parallel:
+            stop = bool(self.dist.max(torch.tensor(int(stop), device=self.device)))
+        if stop:
+            self.status = "pruned"
+            self.pruned_at = {"pruned_epoch": self.clock.epoch, "pruned_value": self.last.get(key)}
+        return stop
 
     def save(self) -> None:
         self.clock.elapsed = self.last["time_s"]
@@ -559,10 +614,14 @@ class Run:
             **provenance(self.model, self.cfg.model, self.data.input_shape, self.device),
         }
         summary.update(self.optimizer.summary_values())
+        summary.update(self.weight_decay.summary_values())
+        summary.update(self.distill.summary_values())
         summary.update(self.tracker.summary_extras())
         summary.update(self.averaging.summary_values(last, self.lambda_max_of))
         if self.init_from is not None:
             summary["init_from"] = self.init_from
+        if self.test_set.reliability is None and self.status == "completed":
+            self.test_set.log_values()  # a summary rebuilt from the checkpoint: its diagram too
         if self.test_set.reliability is not None:
             summary["reliability"] = self.test_set.reliability
         summary.update(
@@ -570,6 +629,8 @@ class Run:
         )
         if self.error:
             summary["error"] = self.error
+        if self.pruned_at is not None:
+            summary.update(self.pruned_at, planned_epochs=self.clock.epochs)
         if self.dist.is_main:
             summary.update(self.val_set.summary_values())
             write_json(self.run_dir / SUMMARY, summary)

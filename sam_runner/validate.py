@@ -15,6 +15,7 @@ from .averaging import validate as validate_averaging
 from .cli_words import PROGRESS, check_format
 from .data import validate as validate_dataset
 from .data.sources import data_shape
+from .distill import check_teacher
 from .errors import integer, number, require
 from .lock import ON_LOCKED
 from .loggers import build_logger
@@ -54,6 +55,7 @@ def validate_trainer(cfg) -> None:
     t = cfg.trainer
     integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
     build_regularizer(cfg.get("regularizer"))  # its keys, before anything is written
+    check_teacher(cfg)  # trainer.distill: its keys and the teacher's folder
     require(
         t.precision in PRECISIONS,
         f"trainer.precision={t.precision!r} is unknown; choose fp32, bf16 or fp16",
@@ -142,6 +144,7 @@ def warnings(cfg) -> list[str]:
     if device == "cpu" and threads is not None and threads * devices > cpus:
         out.append(
             f"trainer.threads={threads} x {devices} process(es) is more than the {cpus} CPU(s) "
-            f"allowed ({source}): threads share cores, which is slower than fewer"
+            f"allowed ({source}): capped at {max(1, cpus // devices)} thread(s) per process "
+            "(threads sharing cores are slower than fewer)"
         )
     return out

@@ -30,6 +30,8 @@ SECTIONS = [
     "folder",
     "threads",
     "objectives",
+    "search",
+    "cheaper",
 ]
 
 

@@ -7,6 +7,14 @@ jsd_over_plain_step          one SAM step (two passes) with regularizer=jsd spac
                              alternating, median of the repeats (the term's cost is one more
                              forward and its backward per pass)
 jsd_input_over_plain_step    the same with space=input
+ouidecay_over_constant_step  256 SAM steps (one rescale interval at the default
+                             weight_decay.every_n_steps, epochs of 32 steps) of a cnn1d
+                             (MNIST-1D's default model) under weight_decay=ouidecay over the same
+                             steps under constant: the hooks, the collected steps' counts and
+                             all-reduce, the rescale
+distill_over_plain_step      one SAM step of the MLP above with trainer.distill (a teacher of
+                             the same shape: one forward per step, no_grad) over the plain step
+distill_align_over_plain_step  the same with the layer alignment (align > 0)
 """
 
 from __future__ import annotations
@@ -16,27 +24,83 @@ import torch.nn.functional as F
 from benchutil import interleaved_ratio
 from torch import nn
 
+from sam_runner import distributed
+from sam_runner.clock import Clock
+from sam_runner.distill import Distiller, NoDistill
+from sam_runner.models import build_model
 from sam_runner.optim import SAM
+from sam_runner.optim.build import parameter_groups
 from sam_runner.regularizers import NoRegularizer, SkewJSD
+from sam_runner.weight_decay import ConstantDecay, OUIDecay
 
 
-def stepper(regularizer):
+def mlp():
+    return nn.Sequential(nn.Linear(40, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 10))  # fmt: skip
+
+
+def stepper(regularizer, distill=None):
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(40, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                        nn.Linear(256, 10))  # fmt: skip
+    net = mlp()
     opt = SAM(net.parameters(), torch.optim.SGD, lr=0.01, rho=0.05, total_steps=10**9)
     opt.bind(model=net)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(128, 40, generator=g), torch.randint(0, 10, (128,), generator=g)
+    distill = distill(net) if distill else NoDistill()
 
-    def closure():
+    def closure(taught):
         opt.zero_grad(set_to_none=True)
-        out = net(x)
+        with distill.capturing():
+            out = net(x)
         loss = opt.reduce_loss(F.cross_entropy(out, y, reduction="none"), out, y)
+        loss = distill.add(loss, out, taught, 0, 1.0)
         regularizer.add(loss, net, x, out, 1.0).backward()
         return loss.detach()
 
-    return lambda: opt.step(closure)
+    def step():
+        taught = distill.teach([(x,)])
+        return opt.step(lambda: closure(taught))
+
+    return step
+
+
+def teacher_of(align):
+    torch.manual_seed(1)
+    teacher = mlp().eval().requires_grad_(False)
+    return lambda student: Distiller(teacher, student, 4.0, 0.5, align)
+
+
+def decay_stepper(rule, steps=256):
+    """``steps`` SAM steps of a cnn1d under a weight-decay rule, as the trainer runs them."""
+    from omegaconf import OmegaConf
+
+    torch.manual_seed(0)
+    net = build_model(OmegaConf.create({"arch": "cnn1d", "channels": 32}), (1, 40), 10)
+    groups = rule.split(parameter_groups(net), net)
+    opt = SAM(groups, torch.optim.SGD, lr=0.01, momentum=0.9, weight_decay=5e-4, rho=0.05,
+              total_steps=10**9)  # fmt: skip
+    opt.bind(model=net)
+    clock = Clock()
+    clock.total_steps = 10**9
+    rule.bind(net, opt, distributed.current(), 0, clock, 32)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(128, 1, 40, generator=g), torch.randint(0, 10, (128,), generator=g)
+
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        with rule.watching(opt.pass_index == 0):
+            out = net(x)
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        return loss.detach()
+
+    def run_steps():
+        for _ in range(steps):
+            opt.step(closure)
+            clock.step += 1
+            rule.after_step(clock.step)
+
+    return run_steps
 
 
 def run(args) -> dict:
@@ -49,4 +113,11 @@ def run(args) -> dict:
     ):
         jsd = stepper(SkewJSD(alpha=0.5, weight=1.0, space=space, radius=0.05))
         out[key] = interleaved_ratio(jsd, plain, repeats, warmup=2, inner=5)
+    for key, align in (("distill_over_plain_step", 0.0), ("distill_align_over_plain_step", 1.0)):
+        taught = stepper(NoRegularizer(), teacher_of(align))
+        out[key] = interleaved_ratio(taught, plain, repeats, warmup=2, inner=5)
+    steps = 64 if args.quick else 256
+    out["ouidecay_over_constant_step"] = interleaved_ratio(
+        decay_stepper(OUIDecay(), steps), decay_stepper(ConstantDecay(), steps), repeats, warmup=1
+    )
     return out

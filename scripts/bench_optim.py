@@ -41,6 +41,9 @@ class NaiveSAM:
     def reduce_loss(self, per_sample, logits, targets):
         return per_sample.mean()
 
+    def select_rows(self, *tensors):
+        return tensors
+
     @torch.no_grad()
     def step(self, closure):
         with torch.enable_grad():
@@ -71,8 +74,9 @@ def _setup(kind):
 def _stepper(opt, model, x, y):
     def closure():
         opt.zero_grad(set_to_none=True)
-        out = model(x)
-        loss = opt.reduce_loss(F.cross_entropy(out, y, reduction="none"), out, y)
+        xs, ys = opt.select_rows(x, y)  # the runner's loop: all rows but in ESAM's descent pass
+        out = model(xs)
+        loss = opt.reduce_loss(F.cross_entropy(out, ys, reduction="none"), out, ys)
         loss.backward()
         return loss.detach()
 

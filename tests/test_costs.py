@@ -50,7 +50,9 @@ def test_threads_come_from_the_allowed_cpus_slurm_and_trainer_threads(monkeypatc
     assert distributed.cpu_threads(1) == cpus and distributed.cpu_threads(cpus + 1) == 1
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
     assert distributed.allowed_cpus() == (1, "SLURM_CPUS_PER_TASK")
-    assert distributed.cpu_threads(1, threads=3) == 3
+    assert distributed.cpu_threads(1, threads=3) == 1  # capped at the allowed CPUs (#42)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    assert distributed.cpu_threads(1, threads=3) == min(3, cpus)
     with pytest.raises(UserError, match=r"^trainer.threads=0 must be null .* an integer >= 1$"):
         distributed.check_threads(0)
 
@@ -60,6 +62,7 @@ def test_more_threads_than_allowed_cpus_is_a_notice(monkeypatch):
     notes = [n for n in warnings(compose("trainer.threads=2")) if "threads" in n]
     assert notes == [
         "trainer.threads=2 x 1 process(es) is more than the 1 CPU(s) allowed "
-        "(SLURM_CPUS_PER_TASK): threads share cores, which is slower than fewer"
+        "(SLURM_CPUS_PER_TASK): capped at 1 thread(s) per process (threads sharing cores are "
+        "slower than fewer)"
     ]
     assert not [n for n in warnings(compose("trainer.threads=1")) if "threads" in n]

@@ -34,6 +34,9 @@ STUDIES = [
     "spectral_muon",
     "variant_zoo",
     "generalization_measures",
+    "ouidecay",
+    "jsd_vs_sam",
+    "cheaper_sam",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -66,6 +69,15 @@ EXPECTED = {
     # variant x weight averaging (none, swa) x seed
     "swa_vs_sam": (12, "resnet18", "cifar100", "base sam"),
     "swa_vs_sam_mini": (8, "cnn", "digits", "base sam"),
+    # weight decay (constant, ouidecay) x variant x seed
+    "ouidecay": (12, "resnet18", "cifar100", "base sam"),
+    "ouidecay_mini": (8, "cnn1d", "mnist1d", "base sam"),
+    # (weight 0: once per variant and seed) + weight 1 x alpha x variant x seed
+    "jsd_vs_sam": (36, "resnet18", "cifar100", "base sam"),
+    "jsd_vs_sam_mini": (24, "mlp", "mnist1d", "base sam"),
+    # the twelve methods of conf/cheaper/ x seeds
+    "cheaper_sam": (36, "resnet18", "cifar100", "base sam look_sam esam"),
+    "cheaper_sam_mini": (24, "auto", "mnist1d", "base sam look_sam esam"),
 }
 
 
@@ -137,6 +149,40 @@ def test_gear_vs_sam_transfer_fine_tunes_a_pretrained_timm_resnet50():
             0.01,
             30,
         )
+
+
+def test_cheaper_sam_mini_is_the_twelve_methods_with_two_seeds():
+    _, jobs = sweep_of("cheaper_sam_mini")
+    keys = ("name", "interval", "perturb_schedule", "perturb_prob", "perturb_from")
+    seeds = {}  # the method's override -> its seeds
+    for job in jobs:
+        method = next(o for o in job if o.startswith("+cheaper="))
+        seeds.setdefault(method, []).append(next(int(o[5:]) for o in job if o.startswith("seed=")))
+    methods = {}
+    for method, its_seeds in seeds.items():  # one composition per method (seeds change nothing)
+        cfg = compose(method, "experiment=cheaper_sam_mini")
+        o = cfg.optimizer
+        methods[tuple(o.get(k) for k in keys) + (o.get("k"),)] = its_seeds
+        assert (cfg.dataset.name, cfg.model.arch, cfg.base_optimizer.name) == (
+            "mnist1d", "auto", "sgd",
+        )  # fmt: skip
+        assert cfg.base_optimizer.lr == 0.1 and cfg.scheduler.name == "cosine"  # the default
+    every, rnd, late, ada = "every", "random", "late", "adaptive"
+    assert {m[:5] + (m[5],) for m in methods} == {
+        ("base", None, every, None, None, None),  # base keeps only its schedule name
+        ("sam", 1, every, 0.5, 0.0, None),
+        ("sam", 2, every, 0.5, 0.0, None),
+        ("sam", 5, every, 0.5, 0.0, None),
+        ("sam", 1, rnd, 0.25, 0.0, None),
+        ("sam", 1, rnd, 0.5, 0.0, None),
+        ("sam", 1, late, 0.5, 0.9, None),
+        ("sam", 1, late, 0.5, 0.8, None),
+        ("sam", 1, ada, 0.5, 0.0, None),
+        ("look_sam", 1, every, 0.5, 0.0, 2),
+        ("look_sam", 1, every, 0.5, 0.0, 5),
+        ("esam", 1, every, 0.5, 0.0, None),
+    }
+    assert all(sorted(seeds) == [0, 1] for seeds in methods.values())
 
 
 MINIS = [p for p in PRESETS if p.endswith("_mini")]

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, compose, run_cli
+from conftest import ROOT, TINY, compose, run_cli, wait_for
 
 from sam_runner.errors import UserError
 from sam_runner.lock import JobLocked, held_by, job_lock
@@ -81,6 +85,84 @@ def test_two_identical_sweeps_started_together_share_the_work(tmp_path):
     assert err.count("epoch 2/2") == 4, err
 
 
+# ---------------------------------------------------------------------------- signals (#42)
+def _sam_run(*argv, env=ENV):
+    return subprocess.Popen(
+        [sys.executable, "-m", "sam_runner.cli", *argv], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )  # fmt: skip
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_exit_143(tmp_path):
+    """What schedulers and `docker stop` send: one line, the checkpoint kept, resumable."""
+    run_dir = tmp_path / "run"
+    proc = _sam_run("trainer.epochs=40", "model=mlp", "dataset.num_samples=1000",
+                    "metrics.hessian.enabled=false", "trainer.progress=none",
+                    f"hydra.run.dir={run_dir}")  # fmt: skip
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    wait_for(ckpt.exists, "the first checkpoint", proc)
+    time.sleep(0.3)  # past the instant between the checkpoint's rename and the run noting it
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert re.fullmatch(r"sam-run: SIGTERM: interrupted in epoch \d+; the checkpoint holds epoch "
+                        r"\d+ \(step \d+\); run the same command again to resume\n", err), err
+    assert ckpt.exists() and not (run_dir / "summary.json").exists()
+
+
+def test_ctrl_c_in_the_checks_before_a_sweep_is_one_line_and_writes_nothing(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = _sam_run("-m", "seed=range(0,3000)", f"hydra.sweep.dir={sweep}")
+    maps = Path(f"/proc/{proc.pid}/maps")
+    # torch loads with the first job's checks (of 3000): the command is in its checks then
+    wait_for(lambda: "libtorch" in maps.read_text(), "torch loaded by the checks", proc)
+    assert proc.poll() is None and not sweep.exists()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.count("\n") == 1, err
+    assert err.startswith("sam-run: interrupted") and not sweep.exists()
+
+
+@pytest.mark.parametrize("value", ["", "abc"])
+def test_an_omp_num_threads_openmp_cannot_read_prints_nothing_above_the_error(value, tmp_path):
+    proc = _sam_run("trainer.epochs=0", f"hydra.run.dir={tmp_path / 'run'}",
+                    env=dict(os.environ, OMP_NUM_THREADS=value))  # fmt: skip
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert err == "sam-run: error: trainer.epochs=0 must be an integer >= 1\n"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 300 KiB file system (tmpfs; root can mount one): a checkpoint does not fit."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(where)],
+                          capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()})")
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_the_same_command_runs_once_there_is_space(small_disk,
+                                                                               capsys):  # fmt: skip
+    run_dir = small_disk / "run"
+    argv = ["trainer.epochs=2", "model=mlp", "dataset.num_samples=1000", "trainer.progress=none",
+            "metrics.hessian.enabled=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    code, _, err = run_cli(argv, capsys)
+    assert code == 1 and err == (
+        f"sam-run: error: no space left in {run_dir}; free space and rerun the same command\n"
+    )
+    assert json.loads((run_dir / "summary.json").read_text())["error"] == (
+        "no space left on the device"
+    )
+    subprocess.run(["mount", "-o", "remount,size=20m", str(small_disk)], check=True)
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0 and out.startswith("completed: "), err
+
+
 # ---------------------------------------------------------------------------- corrupt files
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
@@ -95,8 +177,10 @@ def test_a_corrupt_summary_is_named_and_rebuilt_from_the_checkpoint(finished, ca
     assert RunDir(run_dir).missing_reason.startswith("summary.json is corrupt (not JSON")
     rebuilt = train(compose(*TINY), run_dir, ["x=1"])
     assert "summary.json is corrupt (not JSON" in capsys.readouterr().err
-    for key in ("status", "test_acc", "test_ece", "test_nll", "lambda_max", "epochs", "step"):
+    for key in ("status", "test_acc", "test_ece", "test_nll", "lambda_max", "epochs", "step",
+                "reliability", "hessian_num_samples"):  # fmt: skip
         assert rebuilt[key] == summary[key] and rebuilt[key] is not None, key
+    assert set(rebuilt) - {"train_time_s"} == set(summary) - {"train_time_s"}  # nothing lost
     assert json.loads((run_dir / "summary.json").read_text())["test_acc"] == summary["test_acc"]
     assert (run_dir / "metrics.jsonl").read_text() == lines_before  # nothing trained again
 

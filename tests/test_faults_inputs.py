@@ -98,3 +98,229 @@ def test_sweep_lines_report_of_a_missing_folder_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert err.startswith(f"sam-sweep-lines: error: --report {tmp_path / 'nope'}: no such folder")
+
+
+# ---------------------------------------------------------------------------- #42, item 1
+BAD_RUNS = [
+    (["~optimizer"], "~optimizer removes optimizer, which the runner reads; set a value"),
+    (["~trainer.epochs"], "~trainer.epochs removes trainer.epochs, which the runner reads"),
+    (["optimizer.rho=${nope}"], "optimizer.rho=${nope}: Interpolation key 'nope' not found"),
+    (["metrics.hessian.k=1000000"], "metrics.hessian.k=1000000 must be at most "
+     "metrics.hessian.max_iter=100"),
+    (["seed=" + "1" * 5000], "seed=111111111111... holds a number of 5000 digits; Hydra parses "
+     "numbers of at most 4300 digits"),
+    (["hydra.run.dir=''"], "hydra.run.dir='' is empty, which would write into the current "
+     "folder"),
+    (["hydra.run.dir="], "hydra.run.dir= is empty"),
+    (["trainer.objective=val_acc"], "trainer.objective=val_acc is measured on a validation "
+     "split, and dataset.val_split=0: set dataset.val_split"),
+    (["trainer.steps=10", "trainer.epochs=3"], "trainer.steps=10 and trainer.epochs=3 are both "
+     "given, and a run trains for one budget"),
+    (["-m", "seed=range(0,0)"], "seed=range(0,0) sweeps no value; give at least one"),
+    (["-m", "optimizer=sam,sam"], "optimizer=sam,sam lists optimizer=sam twice (duplicates"),
+    (["-m", "optimizer.rho=0.05,0.050"], "optimizer.rho=0.05,0.050 lists optimizer.rho=0.05 "
+     "twice"),
+    (["-m", "optimizer=sam,gear_sam", "optimizer.beta=0.5"], "optimizer.beta is not a key of "
+     "optimizer=sam; choose one of rho"),
+    (["-m", "hparams_search=sam_rho_lr", "hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 "
+     "must be an integer >= 1"),
+    (["-m", "hparams_search=sam_rho_lr", "hydra.sweeper.n_trials=-1"], "hydra.sweeper.n_trials=-1 "
+     "must be an integer >= 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, message", BAD_RUNS, ids=[" ".join(a)[:40] for a, _ in BAD_RUNS])
+def test_bad_inputs_of_42_are_refused_before_anything_runs(argv, message):
+    found, _ = check_jobs(args_parser().parse_args(argv))
+    assert found is not None and found.startswith(message), found
+    assert "\n" not in found
+
+
+def test_keys_the_user_added_may_be_removed_and_good_sweeps_pass():
+    for argv in (["-m", "seed=0,1", "optimizer.rho=0.05,0.1"], ["trainer.steps=10"],
+                 ["trainer.objective=val_acc", "dataset.val_split=0.1"],
+                 ["metrics.hessian.k=3", "metrics.hessian.max_iter=3"]):  # fmt: skip
+        assert check_jobs(args_parser().parse_args(argv))[0] is None, argv
+
+
+@pytest.mark.parametrize("argv", [["~optimizer"], ["optimizer.rho=${nope}"], ["hydra.run.dir="],
+                                  ["-m", "optimizer=sam,sam"]])  # fmt: skip
+def test_sam_run_refuses_them_in_one_line_exit_2_writing_nothing(argv, tmp_path, capsys,
+                                                                 monkeypatch):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("sam-run: error: "), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _main_of(command: str):
+    from sam_runner.evaluation.cli import main as eval_main
+    from sam_runner.landscape.cli import main as landscape_main
+    from sam_runner.results.index import main as index_main
+
+    return {"sam-eval": eval_main, "sam-report": report.main, "sam-index": index_main,
+            "sam-landscape": landscape_main, "sam-sweep-lines": lines_main}[command]  # fmt: skip
+
+
+def _call(command: str, argv: list[str]) -> int:
+    """A command's main in this process, its exit status (0 for a sam-sweep-lines that returns)."""
+    try:
+        return _main_of(command)(argv) or 0
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("command", ["sam-eval", "sam-report", "sam-index", "sam-landscape"])
+def test_a_name_longer_than_the_file_system_allows_is_one_line(command, tmp_path, capsys):
+    long = tmp_path / ("a" * 300) / "run"
+    assert _call(command, [str(long)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"{command}: error: {long}: its name {'a' * 20}... is 300 bytes long, and a "
+                   "file or folder name is at most 255; use a shorter one\n")  # fmt: skip
+
+
+def test_sam_index_csv_into_a_place_that_cannot_be_written_is_one_line(run_folder, tmp_path,
+                                                                       capsys):  # fmt: skip
+    db, blocker = tmp_path / "r.sqlite", tmp_path / "a_file"
+    blocker.write_text("")  # a file where a folder should be (root writes any read-only folder)
+    assert _call("sam-index", [str(run_folder), "--db", str(db)]) == 0
+    capsys.readouterr()
+    assert _call("sam-index", ["--db", str(db), "--query", "SELECT 1", "--csv",
+                               str(blocker / "out.csv")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith(f"sam-index: error: --csv {blocker / 'out.csv'} cannot be written (")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["optimizer=gearsam,sam"], "optimizer=gearsam is unknown (did you mean gear_sam?)"),
+     (["optimizer=sam,sam"], "optimizer=sam,sam lists optimizer=sam twice"),
+     (["~optimizer"], "~optimizer removes optimizer"),
+     (["--report", ".", "--jobs", "-1"], "--jobs -1 must be an integer >= 1")],
+)  # fmt: skip
+def test_sweep_lines_refuses_what_sam_run_m_refuses(argv, message, capsys):
+    assert _call("sam-sweep-lines", argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sam-sweep-lines: error: {message}") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "command", ["sam-run", "sam-eval", "sam-report", "sam-index", "sam-landscape",
+                "sam-sweep-lines"])  # fmt: skip
+def test_every_command_says_its_version(command, capsys):
+    from sam_runner import __version__
+
+    if command == "sam-run":
+        code, out, _ = run_cli(["--version"], capsys)
+    else:
+        code, out = _call(command, ["--version"]), capsys.readouterr().out
+    assert code == 0 and out == f"sam-runner {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--cfg", "job", "optimizer=nope"], "optimizer=nope is unknown; choose one of asam"),
+     (["--help", "optimizer=nope"], "optimizer=nope is unknown; choose one of asam"),
+     (["--cfg", "job", "trainer.epoch=1"], "trainer.epoch is not a key of trainer=default; did you "
+      "mean trainer.epochs?"),
+     (["--config-name=nope"], "--config-name=nope: no config nope.yaml in "),
+     (["--config-dir=/nonexistent"], "--config-dir=/nonexistent: no such folder"),
+     (["--config-path=/nonexistent"], "--config-path=/nonexistent: no such folder")],
+)  # fmt: skip
+def test_hydras_own_errors_are_one_line_exit_2(argv, message, capsys):
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"sam-run: error: {message}"), err
+
+
+def test_cfg_still_prints_a_config_whose_values_a_run_refuses(capsys):
+    code, out, _ = run_cli(["--cfg", "job", "trainer.epochs=0"], capsys)
+    assert code == 0 and "epochs: 0" in out
+
+
+def test_report_counts_a_folder_given_twice_or_inside_another_once(run_folder, tmp_path):
+    import csv
+    import shutil
+
+    sweep = tmp_path / "sweep"
+    for job in ("0", "1"):
+        shutil.copytree(run_folder, sweep / job)
+    for folders in ([sweep, sweep], [sweep, sweep / "0"], [sweep / "1", sweep], [sweep, tmp_path
+                    / "." / "sweep"]):  # fmt: skip
+        out = tmp_path / "report"
+        assert report.main([*map(str, folders), "--out", str(out)]) == 0
+        rows = list(csv.DictReader((out / "report.csv").open()))
+        assert [(r["jobs"], r["test_acc_n"]) for r in rows] == [("2", "2")], folders  # once each
+        assert "given too: its jobs are counted once" in (out / "report.md").read_text()
+
+
+def test_sam_eval_without_arguments_names_the_folder_alone(capsys):
+    assert _call("sam-eval", []) == 2
+    assert capsys.readouterr().err == (
+        "sam-eval: error: no folder given: sam-eval PATH [KEY=VALUE ...] (a run or sweep folder)\n"
+    )
+
+
+# ---------------------------------------------------------------------------- #42, item 3
+def test_the_console_prints_lambda_max_in_one_format_and_the_averaged_weights(capsys):
+    from sam_runner.progress import Progress, print_final
+
+    row = {"epoch": 3, "train_loss": 0.5, "train_acc": 0.8, "test_acc": 0.75, "test_ece": 0.05,
+           "lambda_max": 41.0, "avg_test_acc": 0.7712, "avg_test_ece": 0.0412, "time_s": 2.0}
+    Progress("lines", 5, 10).epoch_line(row)
+    Progress("lines", 5, 10).epoch_line({**row, "lambda_max": 59.4567})  # fmt: skip
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("epoch 3/5 | train_loss 0.5000 | train_acc 0.8000 | test_acc 0.7500 | "
+                      "test_ece 0.0500 | lambda_max 41.00 | avg_test_acc 0.7712 | "
+                      "avg_test_ece 0.0412 | elapsed 2.0s")  # fmt: skip
+    assert "lambda_max 59.46 |" in err[1]
+    print_final({"status": "completed", "test_acc": 0.75, "test_ece": 0.05, "lambda_max": 41.0,
+                 "avg_test_acc": 0.7712, "avg_test_ece": 0.0412, "avg_lambda_max": 30.0}, "R")
+    print_final({"status": "completed", "test_acc": 0.75, "test_ece": 0.05, "lambda_max": 7}, "R")
+    assert capsys.readouterr().out.splitlines() == [
+        "completed: test_acc=0.7500 test_ece=0.0500 lambda_max=41.00 avg_test_acc=0.7712 "
+        "avg_test_ece=0.0412 avg_lambda_max=30.00  (R)",
+        "completed: test_acc=0.7500 test_ece=0.0500 lambda_max=7.000  (R)",
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["pdf", "svg", "png"])
+def test_report_md_shows_pngs_and_links_pdfs_and_svgs(run_folder, fmt, tmp_path):
+    import re
+
+    out = tmp_path / "report"
+    assert report.main([str(run_folder), f"plots.format={fmt}", "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    figures = sorted(p.name for p in out.iterdir() if p.suffix == f".{fmt}")
+    assert figures
+    for name in figures:
+        stem = name.rsplit(".", 1)[0]
+        shown, linked = f"![{stem}]({name})", f"[{stem} ({fmt.upper()})]({name})"
+        assert (shown if fmt == "png" else linked) in md, name
+    assert bool(re.search(r"!\[[^]]*\]\([^)]*\.(pdf|svg)\)", md)) is False
+
+
+@pytest.mark.parametrize(
+    "argv, note",
+    [(["trainer.ema_decay=0.9"], "trainer.ema_decay=0.9 does nothing without "
+      "trainer.weight_averaging=ema: the run trains as without it"),
+     (["trainer.swa_start=3"], "trainer.swa_start=3 does nothing without "
+      "trainer.weight_averaging=swa"),
+     (["model.reset_head=true"], "model.reset_head=true does nothing without "
+      "model.init_from=RUN_DIR"),
+     (["experiment=edge_of_stability_mini"], "experiment=edge_of_stability_mini is a sweep ("),
+     (["trainer.precision=fp16"], "trainer.precision=fp16 on a CPU is 4-10x slower than fp32")],
+)  # fmt: skip
+def test_settings_that_do_nothing_are_a_notice(argv, note):
+    message, notes = check_jobs(args_parser().parse_args(argv))
+    assert message is None and any(n.startswith(note) for n in notes), notes
+
+
+def test_settings_that_act_are_no_notice_and_a_key_hydra_lacks_is_refused():
+    for argv in (["trainer.weight_averaging=ema", "trainer.ema_decay=0.9"],
+                 ["-m", "experiment=edge_of_stability_mini"]):  # fmt: skip
+        message, notes = check_jobs(args_parser().parse_args(argv))
+        assert message is None and not any("does nothing" in n or "is a sweep" in n for n in notes)
+    message, _ = check_jobs(args_parser().parse_args(["+hydra.foo=1"]))
+    assert message.startswith("hydra.foo is not a key; choose one of run, sweep")

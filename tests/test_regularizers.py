@@ -125,6 +125,22 @@ def test_weight_zero_trains_the_plain_run_bit_for_bit_and_jsd_changes_it(tmp_pat
     assert not all(torch.equal(runs["plain"][k], runs["jsd"][k]) for k in runs["plain"])
 
 
+@pytest.mark.parametrize("space", ["parameter", "input"])
+def test_esam_with_jsd_trains_and_its_selection_forward_adds_no_term(space, tmp_path):
+    """ESAM's forward without gradients (every parameter frozen) gets no penalty: nothing would
+    carry its gradient, and the parameter-space draw has no trainable tensor to perturb."""
+    model = nn.Sequential(nn.Linear(4, 3))
+    jsd = SkewJSD(0.5, 1.0, space, 0.1)
+    x = torch.randn(5, 4)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    loss = torch.tensor(0.7, requires_grad=True)
+    assert jsd.add(loss, model, x, model(x), 1.0) is loss
+    cfg = compose(*TINY, "trainer.epochs=1", "metrics=off", "optimizer=esam", "regularizer=jsd",
+                  f"regularizer.space={space}")  # fmt: skip
+    assert train(cfg, tmp_path)["status"] == "completed"
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
@@ -144,3 +160,20 @@ def test_bad_jsd_keys_are_one_line_and_exit_2(tmp_path, capsys, override, messag
     assert code == 2 and err.count("\n") == 1, err
     assert message in err
     assert not run.exists()
+
+
+def test_a_sweep_trains_the_weight_zero_run_once_whatever_the_other_keys():
+    from sam_runner.sweep.plan import collapse
+
+    jobs, left_out = collapse([
+        ["regularizer.weight=0", "regularizer.alpha=0.1", "seed=0"],
+        ["regularizer.weight=0", "regularizer.alpha=0.5", "seed=0"],
+        ["regularizer.weight=1", "regularizer.alpha=0.1", "seed=0"],
+        ["regularizer.weight=1", "regularizer.alpha=0.5", "seed=0"],
+    ])  # fmt: skip
+    assert jobs == [
+        ["regularizer.weight=0", "seed=0"],
+        ["regularizer.weight=1", "regularizer.alpha=0.1", "seed=0"],
+        ["regularizer.weight=1", "regularizer.alpha=0.5", "seed=0"],
+    ]
+    assert left_out == ["regularizer.weight=0 seed=0"]

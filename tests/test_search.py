@@ -157,6 +157,8 @@ def test_sigkill_during_trial_3_then_the_same_command_ends_with_4_trials(tmp_pat
         assert set(summary["overrides"][:2]) == {f"{k}={v}" for k, v in t.params.items()}
     assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1", "2", "3"]
     assert "best trial #" in again.stdout
+    for t in study.trials[2:]:  # each trial's line gives the objective it is selected on (#42)
+        assert f"trial #{t.number}: val_acc={t.value:.4f} (maximize)\n" in again.stdout
 
     other = subprocess.run(
         [*cmd, "optimizer.rho=tag(log, interval(0.02, 0.2))"],
@@ -259,3 +261,63 @@ def test_two_sweepers_of_one_study_at_once_never_run_a_trial_twice(tmp_path):
         lines = (sweep / str(t.number) / "metrics.jsonl").read_text().splitlines()
         summary = json.loads((sweep / str(t.number) / "summary.json").read_text())
         assert t.value == summary["val_acc"] and len([x for x in lines if "test_acc" in x]) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (
+            ["hydra.sweeper.pruner=fast"],
+            "hydra.sweeper.pruner=fast is unknown; choose one of none, median, asha, hyperband",
+        ),
+        (
+            ["hydra.sweeper.sampler.name=grid"],
+            "hydra.sweeper.sampler.name=grid is unknown; choose one of tpe",
+        ),
+        (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 must be at least 1"),
+        (
+            ["hydra.sweeper.directions=[maximize,minimize]"],
+            "hydra.sweeper.directions has 2 direction(s) (maximize, minimize) and "
+            "trainer.objective 1 key(s) (val_acc)",
+        ),
+        (
+            ["hydra.sweeper.pruner=asha", "trainer.objective=[val_acc,lambda_max]"],
+            "hydra.sweeper.pruner=asha cannot prune a search of 2 objectives",
+        ),
+        (
+            ["hydra.sweeper.pruner=asha", "hydra.sweeper.pruning.reduction_factor=0"],
+            "hydra.sweeper.pruning.reduction_factor=0 must be a whole number >= 1",
+        ),
+        (
+            ["trainer.objective=val_accuracy"],
+            "trainer.objective=val_accuracy is never logged by this run (did you mean val_acc?); "
+            "it logs test_acc,",
+        ),
+        (
+            ["trainer.objective=lambda_max", "metrics.hessian.enabled=false"],
+            "trainer.objective=lambda_max is never logged by this run with these "
+            "metrics.hessian settings",
+        ),
+        (["optimizer.rho=choice()"], "the search space optimizer.rho=choice() holds no value"),
+        (
+            ["optimizer.rhoo=interval(0.01, 0.5)"],
+            "optimizer.rhoo is not a key of optimizer=sam; did you mean optimizer.rho?",
+        ),
+    ],
+)
+def test_bad_search_settings_are_one_line_before_anything_is_written(
+    argv, said, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    assert said in refused(capsys, *argv)
+    assert list(tmp_path.iterdir()) == []  # no sweep folder, no study
+
+
+def test_the_keys_a_run_logs_follow_its_settings():
+    from sam_runner.sweep.objective import logged_keys
+
+    keys = logged_keys(compose("dataset.val_split=0.1"))
+    assert {"val_acc", "best_val_acc", "lambda_max", "test_acc"} <= set(keys)
+    keys = logged_keys(compose("metrics.hessian.enabled=false", "metrics.hessian.k=3"))
+    assert "lambda_max" not in keys and "val_acc" not in keys
+    assert "lambda_3" in logged_keys(compose("metrics.hessian.k=3"))

@@ -470,3 +470,22 @@ def test_summary_counts_the_passes_of_a_random_schedule(tmp_path):
     assert 0 < perturbed < steps
     assert last["grad_evals"] == steps + perturbed
     assert summary["grad_evals_per_step"] == (steps + perturbed) / steps
+
+
+def test_look_sam_and_esam_train_and_count_their_passes(tmp_path):
+    """From the CLI's config: LookSAM k=2 refreshes every other step (2 passes, then 1); ESAM's
+    steps cost 1 + ⅓ + the kept share of each micro-batch (γ = 0.5, two micro-batches)."""
+    common = [*TINY, "metrics.hessian.enabled=false"]
+    look = train(compose(*common, "optimizer=look_sam", "optimizer.k=2"), tmp_path / "look", [])
+    n, refreshes = look["step"], -(-look["step"] // 2)
+    assert look["status"] == "completed"
+    assert look["grad_evals_per_step"] == pytest.approx((n + refreshes) / n, rel=1e-12)
+    assert look["perturbed_fraction"] == pytest.approx(refreshes / n, rel=1e-12)
+    esam = train(
+        compose(*common, "optimizer=esam", "optimizer.gamma=0.5", "trainer.accumulate=2"),
+        tmp_path / "esam",
+        [],
+    )
+    assert esam["status"] == "completed" and esam["perturbed_fraction"] == 1.0
+    # ⌊B/2⌋ of B rows per step: half the batch, a little less on an odd last batch
+    assert 1 + 1 / 3 + 0.49 <= esam["grad_evals_per_step"] <= 1 + 1 / 3 + 0.5 + 1e-12

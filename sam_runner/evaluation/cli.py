@@ -13,7 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import UserError
+from ..cli_words import say_version
+from ..errors import UserError, check_names
+from ..progress import LAMBDA
 
 PROG = "sam-eval"
 SHOWN = ("lambda_max", "gen_gap", "test_acc", "test_acc_c")  # on each job's closing line
@@ -43,10 +45,16 @@ def fail(message: str, code: int = 2):
 
 
 def main(argv=None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if say_version(argv):
+        return 0
+    if not argv:  # argparse would name the optional overrides as required too
+        return fail("no folder given: sam-eval PATH [KEY=VALUE ...] (a run or sweep folder)")
+    args = parse(argv)
     try:
         from .paths import job_folders
 
+        check_names(args.path)
         job_folders(args.path)  # before Hydra or torch loads: a wrong PATH is refused at once
         return evaluate_folder(args.path, args.overrides)
     except UserError as e:
@@ -117,7 +125,9 @@ def _line(name: str, record: dict) -> str:
     if record.get("status") != "completed":
         return f"{name}: {record.get('status')}: {record.get('error')}"
     shown = " ".join(
-        f"{k}={record[k]:.4g}" for k in SHOWN if isinstance(record.get(k), (int, float))
+        f"{k}={record[k]:{LAMBDA if k == 'lambda_max' else '.4g'}}"
+        for k in SHOWN
+        if isinstance(record.get(k), (int, float))
     )
     return f"{name}: completed {shown}"
 

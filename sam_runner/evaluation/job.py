@@ -63,11 +63,23 @@ def _measure_job(job_dir: Path, settings: dict, start: float) -> dict:
     record["eval_time_s"] = time.perf_counter() - start
     record["eval_settings"] = settings["eval_settings"]
     target = job_dir / eval_file(weights_of(settings))
+    if record["status"] == "failed" and _completed(target):  # a good measurement is not lost
+        record["error"] += f"; {target.name} keeps the measurement made before"
+        return record
     try:
         write_json(target, record)
     except OSError as e:  # this job fails, in one line; the others are measured
         return {"status": "failed", "error": f"{target} cannot be written ({e.strerror or e})"}
     return record
+
+
+def _completed(path: Path) -> bool:
+    import json
+
+    try:
+        return json.loads(path.read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def measure(job_dir: Path, settings: dict) -> dict:

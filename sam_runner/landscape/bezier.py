@@ -92,6 +92,7 @@ def curve_optimizer(cfg, control, total_steps: int):
 
 def _closure(optimizer, curve, criterion, autocast, scaler, wd, x, y, t):
     optimizer.zero_grad(set_to_none=True)
+    x, y = optimizer.select_rows(x, y)  # all rows, except in ESAM's descent pass
     with autocast:
         out = curve.forward(x, t)
     per_sample = criterion(out.float(), y)

@@ -21,7 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from .. import cli_words, command_config
-from ..errors import UserError, integer, number, require
+from ..cli_words import say_version
+from ..errors import UserError, check_names, integer, number, require
 from ..jobarray import TasksFailed
 from ..rundir import CHECKPOINT, has_checkpoint, is_run
 from ..runfiles import read_json
@@ -75,6 +76,7 @@ def parse_argv(argv: list[str]) -> tuple[Path | None, list[str], str | None]:
             require("=" in word, f"{word!r} is not KEY=VALUE; one folder comes first")
             overrides.append(word)
     require(path is not None, "no folder given: sam-landscape RUN_DIR [KEY=VALUE ...]")
+    check_names(path, to)
     return path, overrides, to
 
 
@@ -343,6 +345,8 @@ def help_text() -> str:
 
 def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if say_version(argv):
+        return 0
     if any(a in ("-h", "--help") for a in argv):
         print(help_text())
         return 0

@@ -142,6 +142,12 @@ def validate(cfg) -> None:
         f"{', '.join(HVP_METHODS)}",
     )
     check_options("hessian", h, HESSIAN_SCHEMA)
+    k, max_iter = h.get("k", 1), h.get("max_iter", 100)
+    require(
+        k <= max_iter,
+        f"metrics.hessian.k={k} must be at most metrics.hessian.max_iter={max_iter} (Lanczos "
+        "finds at most max_iter eigenvalues); lower k or raise max_iter",
+    )
     for entry in MEASURES.entries():
         check_options(
             entry.config, _options(cfg, entry.config), {"enabled": "bool", **entry.schema}
@@ -338,7 +344,10 @@ class CurvatureTracker:
             return {}
         out = {
             "hessian_bn_mode": str(self.h.get("bn_mode", "eval")),
-            "hessian_num_samples": len(self._subset[1]) if self._subset is not None else None,
+            # a summary rebuilt from the checkpoint measured nothing: the count the settings draw
+            "hessian_num_samples": len(self._subset[1])
+            if self._subset is not None
+            else self.num_samples(),
         }
         if self.density is not None:
             out["hessian_density"] = self.density

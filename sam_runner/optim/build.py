@@ -16,6 +16,7 @@ from torch import nn
 
 from ..errors import UserError, integer, number, require
 from ..registry import BASE_OPTIMIZERS, VARIANTS
+from ..weight_decay import build_weight_decay
 from .blocks import hidden_weights, is_bias, top_level_blocks
 
 
@@ -54,13 +55,15 @@ def variant_kwargs(cfg) -> tuple[type, dict]:
     return entry.target, opt_cfg
 
 
-def build_optimizer(cfg, model: nn.Module, total_steps: int):
-    """The SAM variant named by ``cfg.optimizer.name`` around the configured base optimizer."""
+def build_optimizer(cfg, model: nn.Module, total_steps: int, weight_decay=None):
+    """The SAM variant named by ``cfg.optimizer.name`` around the configured base optimizer;
+    ``weight_decay`` (sam_runner.weight_decay's rule; None: the config's) may split the groups
+    per layer."""
     cls, kwargs = variant_kwargs(cfg)
     base_cls, base_kwargs = BASE_OPTIMIZERS.build(cfg.base_optimizer.name, cfg.base_optimizer)
+    weight_decay = build_weight_decay(cfg) if weight_decay is None else weight_decay
+    groups = weight_decay.split(parameter_groups(model), model)
     try:
-        return cls(
-            parameter_groups(model), base_cls, total_steps=total_steps, **kwargs, **base_kwargs
-        )
+        return cls(groups, base_cls, total_steps=total_steps, **kwargs, **base_kwargs)
     except (ValueError, TypeError) as e:
         raise UserError(f"optimizer={cfg.optimizer.name}: {e}") from None

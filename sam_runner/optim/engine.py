@@ -142,8 +142,8 @@ class SharpnessAware(torch.optim.Optimizer):
             setattr(self, k, v)
         self.lr0 = self.param_groups[0]["lr"]
         self.step_count, self.pass_index, self.pass_syncs, self.last_perturbed = 0, 0, True, False
-        # forward-backward passes the closure actually ran (a share for a part of the batch)
-        self.grad_evals = 0.0
+        # passes the closure ran (grad_evals) and what its next call costs (see count_pass)
+        self.grad_evals, self.pass_share = 0.0, 1.0
         # ‖g‖ of the gradients ε is built from (device tensor), set before compute_perturbation
         self.g_norm = None
         # the loss whose gradient the base step uses: L(θ+ε), or L(θ) on a plain step
@@ -268,6 +268,12 @@ class SharpnessAware(torch.optim.Optimizer):
             return new
         return torch.where(self._found_inf.reshape(()) > 0, old, new)
 
+    def overflowed(self) -> bool:
+        """Whether this step's fp16 gradients held inf/NaN, so that the base step was skipped (a
+        host sync, fp16 only; False without a scaler). For host-side variant state (a count, a
+        generator) that must not absorb a skipped step."""
+        return self._found_inf is not None and bool(self._found_inf.item())
+
     def perturbation_grads(self, params, grads):
         """The gradient ε is built from: g, plus weight decay when asked for."""
         if not self.perturb_with_weight_decay:
@@ -297,8 +303,7 @@ class SharpnessAware(torch.optim.Optimizer):
             perturb = self.schedule.decide(self.step_count, self._raw_sq_norm())
         else:
             perturb = self.passes > 1 and self.schedule.decide(self.step_count)
-        self.last_perturbed = perturb
-        self.schedule.perturbed += perturb
+        self.last_perturbed = perturb  # a variant may clear it (LookSAM's reuse steps)
         if perturb:
             loss = self.sharpness_step(closure if first is None else _reuse_first(closure, first))
         else:
@@ -307,14 +312,16 @@ class SharpnessAware(torch.optim.Optimizer):
             self._unscale(grads)
             self._track_grad_norm(grads)
             self.descent_loss = loss
+        self.schedule.perturbed += self.last_perturbed
         self._finish()
         return loss
 
     def _counted(self, closure):
-        """The closure, counting each call as one gradient evaluation."""
+        """The closure, counting each call as ``pass_share`` of a gradient evaluation (1 unless a
+        variant says otherwise for its next pass: ESAM's no-grad forward, its partial batch)."""
 
         def counted():
-            self.count_pass(1.0)
+            self.count_pass(self.pass_share)
             return closure()
 
         return counted
@@ -396,6 +403,13 @@ class SharpnessAware(torch.optim.Optimizer):
     def compute_perturbation(self, params, grads, eps) -> None:
         """Write ε into the persistent buffers ``eps`` (one per parameter with a gradient)."""
         raise NotImplementedError
+
+    def select_rows(self, *tensors):
+        """The rows of one micro-batch's tensors (inputs, targets, ...; None passes through) that
+        the current pass runs on; here all of them. A training loop calls it on each micro-batch
+        before its forward and weights the losses by the rows kept (ESAM's descent pass keeps the
+        samples whose loss rose most)."""
+        return tensors
 
     def reduce_loss(self, per_sample_loss, logits, targets):  # noqa: ARG002 (the hook's signature)
         """The loss a pass backpropagates, from per-sample losses and the pass's logits and

@@ -32,7 +32,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import UserError, require
+from ..cli_words import say_version
+from ..errors import UserError, check_names, require
 from ..rundir import (
     CONFIG,
     LANDSCAPE_SUMMARY,
@@ -92,7 +93,7 @@ def connect(db: Path) -> sqlite3.Connection:
         if "meta" in tables:
             row = con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             version = row[0] if row else None
-        if version != str(SCHEMA):
+        if version != str(SCHEMA) or not set(TABLES) <= tables:  # a table dropped: all anew
             for t in tables:
                 con.execute(f"DROP TABLE {quote(t)}")
             for t, cols in TABLES.items():
@@ -183,7 +184,7 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
     """``read``, ``unchanged`` or ``skipped`` (a corrupt summary.json: one warning line)."""
     sig = signature(run_dir)
     old = con.execute("SELECT signature FROM files WHERE run_dir = ?", (str(run_dir),)).fetchone()
-    if old and old[0] == sig:
+    if old and old[0] == sig and _has_rows(con, run_dir):
         return "unchanged"
     run = RunDir(run_dir)
     if (run_dir / SUMMARY).is_file() and run.summary is None:
@@ -205,6 +206,16 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
         con.execute("ROLLBACK")
         raise
     return "read"
+
+
+def _has_rows(con, run_dir: Path) -> bool:
+    """Whether the database still holds the folder's rows (a user's DELETE may have removed
+    them): its runs row, and epochs rows where it logged metrics lines."""
+    has = lambda table: con.execute(  # noqa: E731
+        f"SELECT 1 FROM {table} WHERE run_dir = ? LIMIT 1", (str(run_dir),)
+    ).fetchone()
+    logged = (run_dir / METRICS).is_file() and (run_dir / METRICS).stat().st_size > 0
+    return bool(has("runs")) and (bool(has("epochs")) or not logged)
 
 
 def folders(path: Path) -> list[tuple[Path, Path]]:
@@ -327,11 +338,25 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def write_csv(path: Path, cols, rows) -> None:
+    """A query's result as CSV (a place that cannot be written: one line)."""
+    try:
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows([cols, *rows])
+    except OSError as e:
+        raise UserError(
+            f"--csv {path} cannot be written ({e.strerror or e}); choose a writable place"
+        ) from None
+
+
 def main(argv=None) -> int:
+    if say_version(sys.argv[1:] if argv is None else argv):
+        return 0
     args = parser().parse_args(argv)
     try:
         require(args.paths or args.query, "give PATH... to index, or --query SQL (or both)")
         require(args.csv is None or args.query, "--csv writes a query's result: add --query SQL")
+        check_names(*args.paths, args.db, args.csv)
         if args.paths:
             c = index(args.paths, args.db)
             print(
@@ -342,8 +367,7 @@ def main(argv=None) -> int:
         if args.query:
             cols, rows = query(args.db, args.query)
             if args.csv is not None:
-                with open(args.csv, "w", newline="") as f:
-                    csv.writer(f).writerows([cols, *rows])
+                write_csv(args.csv, cols, rows)
             else:
                 print(table_text(cols, rows))
     except UserError as e:

@@ -41,7 +41,7 @@ from pathlib import Path
 from ..rundir import RunDir, eval_file
 from ..runfiles import finite
 from ..settings import override_key, run_only
-from .sections import SECTIONS
+from .sections import SECTIONS, figure
 
 MEASURED = eval_file("last")  # a point's source when sam-eval measured it (its file's name)
 
@@ -330,7 +330,7 @@ def measures_section(report, _plots=None) -> list[str]:
         cells += [_f(r["p_gen_gap"], ".2g"), _f(r["tau_test_error"]), _f(r["psi"])]
         cells += [_f(r[f"psi_{a}"]) for a in table.axes] + [str(r["n"])]
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", f"![measures](measures.{report.plot_format})", ""]
+    out += ["", figure(f"measures.{report.plot_format}"), ""]
     return out
 
 

@@ -14,7 +14,8 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
 - ``report.csv``: the runs table, one row per group, one column per statistic (and the columns
   sections add: the landscape's; ``from`` with several folders);
 - ``acc_vs_rho``, ``lambda_max_vs_rho`` (log scale, with the TLC-SAM stability bound where the
-  jobs logged what it needs), ``ece_vs_rho``, ``acc_vs_lambda_max``, ``eos`` (each a .png, or
+  jobs logged what it needs), ``ece_vs_rho``, ``acc_vs_lambda_max``, ``compute`` (accuracy and
+  λ_max per gradient evaluation, compute.py), ``eos`` (each a .png, or
   .pdf or .svg with ``plots.format=``), and the files sections write (``measures.csv``,
   ``measures.<format>``).
 
@@ -29,7 +30,8 @@ import io
 import sys
 from pathlib import Path
 
-from ..errors import UserError, require
+from ..cli_words import say_version
+from ..errors import UserError, check_names, require
 from ..runfiles import atomic_write_bytes, finite
 from .runs_table import _job_name, counts_line
 from .sections import ordered
@@ -76,8 +78,10 @@ def render_csv(report: Report) -> str:
 
 
 def write_plots(report: Report, out_dir: Path) -> list[Path]:
+    from ..plots.compute import PANELS, plot_compute
     from ..plots.style import save_figure
     from ..plots.sweep import plot_acc_vs_lambda, plot_eos_traces, plot_metric_vs_rho
+    from .compute import compute_points, pareto_front
     from .eos import traces
 
     g = report.groups
@@ -104,6 +108,10 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
             ("ece_vs_rho", plot_metric_vs_rho(g, "test_ece", "test ECE")),
         ]
     figures.append(("acc_vs_lambda_max", plot_acc_vs_lambda(points)))
+    cost = compute_points(report)
+    if len(cost) > 1:  # accuracy per compute: groups that counted their passes
+        fronts = {key: pareto_front(cost, key, up) for key, _, up in PANELS}
+        figures.append(("compute", plot_compute(cost, fronts)))
     eos = traces(report)
     if eos:
         figures.append(("eos", plot_eos_traces(eos)))
@@ -259,6 +267,8 @@ def split_settings(argv: list[str]) -> tuple[list[str], dict]:
 
 def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if say_version(argv):
+        return 0
     try:
         argv, settings = split_settings(argv)
         from ..cli_words import check_format
@@ -269,6 +279,7 @@ def main(argv=None) -> int:
         return 2
     args = parser().parse_args(argv)
     try:
+        check_names(*args.folders, args.out, args.db)
         report = build(args)
         report.plot_format = fmt
         paths = write_report(report, args.out)
@@ -279,6 +290,10 @@ def main(argv=None) -> int:
     for j in report.jobs:
         if j.status == "missing":
             print(f"  missing: {_job_name(report, j)} {' '.join(j.overrides)} ({j.detail})")
+        if j.status == "pruned":
+            s = (j.run.summary if j.run is not None else None) or {}
+            where = f"at epoch {s.get('pruned_epoch')} of {s.get('planned_epochs')}"
+            print(f"  pruned: {_job_name(report, j)} {' '.join(j.overrides)} ({where})")
     return 0
 
 

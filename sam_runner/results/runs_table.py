@@ -4,7 +4,7 @@ std of each metric, the jobs not completed, the figures, one row per job, and th
 from __future__ import annotations
 
 from ..rundir import SUMMARY
-from .sections import SECTIONS
+from .sections import SECTIONS, figure
 from .sweep import BOUND_STATS, LABELS, NEAR_END, STATUSES, Job, Report
 
 
@@ -27,6 +27,8 @@ def counts_line(report: Report) -> str:
         f"{len(report.jobs)} jobs: {c['completed']} completed, {c['diverged']} diverged, "
         f"{c['failed']} failed, {c['missing']} missing"
     )
+    if c.get("pruned"):  # a search's pruner stopped them: results, not failures
+        line = line.replace(" diverged, ", f" diverged, {c['pruned']} pruned, ", 1)
     corrupt = sum(1 for j in missing if j.detail.startswith(f"{SUMMARY} is "))
     if missing:
         parts = [
@@ -103,7 +105,7 @@ def unfinished(report: Report, _plots) -> list[str]:
 
 @SECTIONS.register("plots", "links to the figures", order=70)
 def plot_links(_report: Report, plots) -> list[str]:
-    return ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in plots), ""] if plots else []
+    return ["## Plots", "", *(figure(p.name) for p in plots), ""] if plots else []
 
 
 @SECTIONS.register("jobs", "one row per job", order=80)

@@ -21,6 +21,15 @@ SECTIONS = Registry(
 )
 
 
+def figure(name: str, stem: str | None = None) -> str:
+    """report.md's line for a figure file: a PNG shown in place; a PDF or SVG (plots.format)
+    linked, as no Markdown viewer shows a PDF in place and many refuse SVG images."""
+    stem = stem or name.rsplit(".", 1)[0]
+    if name.lower().endswith(".png"):
+        return f"![{stem}]({name})"
+    return f"[{stem} ({name.rsplit('.', 1)[-1].upper()})]({name})"
+
+
 def ordered() -> list:
     """Every section's entry, in report.md's order."""
     return sorted(SECTIONS.entries(), key=lambda e: (e.order, e.name))

@@ -36,13 +36,15 @@ from ..runfiles import finite
 from ..settings import override_key, run_only
 from ..sweep.plan import expected_jobs
 
-DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max")
+# grad_evals_per_step: the cost column (forward-backward passes per step, counted by the run)
+DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max", "grad_evals_per_step")
 BOUND_STATS = ("bound", "lambda_max_over_bound")  # per group, over jobs with both λ_max and a bound
 LABELS = {
     "test_acc": "test accuracy",
     "test_ece": "ECE",
     "test_nll": "NLL",
     "lambda_max": "λ_max",
+    "grad_evals_per_step": "passes/step",
     "bound": "bound",
     "lambda_max_over_bound": "λ_max/bound",
 }
@@ -107,7 +109,7 @@ class Job:
     overrides: list
     name: str = "(no folder)"  # how tables name it: relative to its source
     source: str = ""  # the sweep or run folder it came from, as given
-    status: str = "missing"  # completed | diverged | failed | missing
+    status: str = "missing"  # completed | diverged | pruned | failed | missing
     detail: str = ""  # why it is not completed
     variant: str = "unknown"
     rho: float | None = None
@@ -240,8 +242,27 @@ def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
             f"sweep folder {str(p)!r} does not exist or is not a folder; "
             "pass the folder a `sam-run -m` wrote (hydra.sweep.dir)",
         )
+    paths, said = distinct_sources(paths)
     dirs = [d for p in paths for d in ([p] if is_run(p) else job_dirs(p))]
-    return build_from_dirs(paths, dirs, metrics, ignore)
+    report = build_from_dirs(paths, dirs, metrics, ignore)
+    report.notes += said
+    return report
+
+
+def distinct_sources(paths: list[Path]) -> tuple[list[Path], list[str]]:
+    """The folders without one given twice (``SWEEP SWEEP``, ``SWEEP ./SWEEP``) or inside
+    another given one (``SWEEP SWEEP/0``): each job is counted once; a note for each dropped."""
+    kept, notes = [], []
+    for p in paths:
+        inside = next((k for k in kept if p.resolve().is_relative_to(k.resolve())), None)
+        if inside is None:
+            outer = [k for k in kept if k.resolve().is_relative_to(p.resolve())]
+            kept = [k for k in kept if k not in outer] + [p]
+            notes += [f"{k} is inside {p}, given too: its jobs are counted once" for k in outer]
+        else:
+            how = "the same folder as" if p.resolve() == inside.resolve() else "inside"
+            notes.append(f"{p} is {how} {inside}, given too: its jobs are counted once")
+    return kept, notes
 
 
 def build_from_dirs(paths: list[Path], dirs: list[Path], metrics=(), ignore=(), jobs=None):

@@ -13,8 +13,9 @@ checkpoints/last.pt when it was interrupted, and runs it from the start otherwis
 - callback.py: the Hydra callback (checks before a sweep, one line per job after it);
 - lines.py: ``sam-sweep-lines``, a sweep as one line of overrides per job for a SLURM array.
 - search.py: the resumable Optuna search of ``hparams_search=...`` (its study in the sweep
-  folder); study.py: its space, sampler and storage in Optuna's public API; objective.py: the
-  number each job returns to it (``trainer.objective``);
+  folder); study.py: its space, sampler, pruner and storage in Optuna's public API;
+  objective.py: the number(s) each job returns to it (``trainer.objective``); trial.py: a
+  pruned search's job reporting to its trial;
 - hydra_api.py: the Hydra internals all of these use (overrides parser, basic sweeper, compose,
   which sweepers grid and which search);
 - array.py: a submitit job array of per-job work for the commands that look at finished runs

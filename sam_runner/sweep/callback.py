@@ -69,8 +69,9 @@ def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
         if summary.get("error"):
             line += f"  [{summary['error']}]"
         lines.append(line)
-        # a divergence is a result, and a job another process trains is not ours to count
-        if status not in ("completed", "diverged", "running"):
+        # a divergence is a result, so is a trial the search pruned, and a job another
+        # process trains is not ours to count
+        if status not in ("completed", "diverged", "pruned", "running"):
             failed.append(f"#{num} ({status}: {label})")
     return lines, failed
 
@@ -138,10 +139,10 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = str(config.hydra.sweep.dir)
         lines, failed = report(sweep_dir, len(self.jobs) if self.jobs is not None else None)
-        print(
-            f"sweep {sweep_dir}: {len(lines)} job(s), {len(lines) - len(failed)} completed",
-            flush=True,
-        )
+        pruned = sum(1 for line in lines if line.split()[1:2] == ["pruned"])
+        done = f"{len(lines) - len(failed) - pruned} completed"
+        done += f", {pruned} pruned" if pruned else ""
+        print(f"sweep {sweep_dir}: {len(lines)} job(s), {done}", flush=True)
         print_report(lines, failed, "  ")
 
 

@@ -1,11 +1,12 @@
 """The third-party internals the runner relies on, in one place: Hydra's overrides parser, the
-basic sweeper's job order and params, the config composer and the command-line parser, the Optuna
-plugin's sweeper, submitit's shared parameter names, plus what the runner knows of each sweeper
-(whether its jobs are known in advance, or whether it searches a space).
+basic sweeper's job order and params, the config composer and the command-line parser,
+submitit's shared parameter names, plus what the runner knows of each sweeper (whether its jobs
+are known in advance, or whether it searches a space).
 
-Hydra keeps these under ``hydra._internal`` or in plugins, submitit and the Optuna plugin under
-private names; no other module of the runner imports a private name of theirs
-(tests/test_structure.py checks it). The runner's checks (preflight.py)
+Hydra keeps these under ``hydra._internal`` or in plugins, submitit under private names (the
+search uses Optuna's public API alone: sweep/study.py and sweep/trial.py); no other module of
+the runner imports a private name of theirs (tests/test_structure.py checks it). The runner's
+checks (preflight.py)
 and its plan (plan.py) only use the functions here, so a Hydra upgrade or another sweeper is a
 change to this module alone: register a search sweeper's ``_target_`` in ``SEARCH_SWEEPERS``
 and preflight validates its space and refuses it without an objective.
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 # sweepers whose jobs are the Cartesian product of the swept overrides (numbers known upfront)
 GRID_SWEEPERS = ("BasicSweeper", "sam_runner_sweeper.sweeper.Sweeper")
 # sweepers that search a space (interval, tag(log, interval), choice, range) for an objective
-SEARCH_SWEEPERS = ("sam_runner_sweeper.search.SearchSweeper", "OptunaSweeper")
+# (hydra-optuna-sweeper's OptunaSweeper is no longer installed: a config naming it fails in
+# Hydra's own instantiation, not in a search check that would take it for ours)
+SEARCH_SWEEPERS = ("sam_runner_sweeper.search.SearchSweeper",)
 
 
 def args_parser():
@@ -91,7 +94,7 @@ def knows_jobs(sweeper_target) -> bool:
 
 
 def is_search(sweeper_target) -> bool:
-    """Whether a sweeper searches a space for an objective (Optuna, and ours on it)."""
+    """Whether a sweeper searches a space for an objective (ours, on Optuna)."""
     return str(sweeper_target).endswith(SEARCH_SWEEPERS)
 
 

@@ -15,11 +15,13 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
     ``trainer.devices`` processes itself, or trains in this process."""
     from .. import distributed
     from ..train import train
+    from .trial import TrialLink
 
+    trial = TrialLink.from_env()  # a pruned search's job reports to its trial
     if distributed.from_env() is not None:
         topo = distributed.init_from_env(str(cfg.trainer.device))
         try:
-            summary = train(cfg, run_dir, overrides)
+            summary = train(cfg, run_dir, overrides, trial)
         except BaseException as e:
             if not topo.is_main and not isinstance(e, INTERRUPTIONS):
                 # rank 0 records its own failure; the launcher (srun --kill-on-bad-exit) ends the
@@ -36,10 +38,11 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
     devices = cfg.trainer.get("devices", 1)
     device = distributed.check_devices(devices, str(cfg.trainer.device))
     done = RunDir(run_dir).summary
-    if devices == 1 or (done and done.get("status") == "completed"):
-        return train(cfg, run_dir, overrides)
+    if devices == 1 or (done and done.get("status") in ("completed", "pruned")):
+        return train(cfg, run_dir, overrides, trial)
     try:
-        return distributed.launch(train, (cfg, str(run_dir), list(overrides)), devices, device)
+        args = (cfg, str(run_dir), list(overrides), trial)  # the trial opens where it is used
+        return distributed.launch(train, args, devices, device)
     except BaseException as e:
         # the launcher's error is the earliest failure of any process: it replaces what rank 0 wrote
         # (its peer's "Connection reset"); a Ctrl-C or requeue is no failure (the same command

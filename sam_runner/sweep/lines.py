@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..errors import UserError, first_line
+from ..cli_words import say_version
+from ..errors import UserError, first_line, require
 from . import hydra_api
 from .callback import fail, print_report, report
 from .plan import expand, fixed_config, sweeper_params
@@ -19,6 +21,8 @@ PROG = "sam-sweep-lines"
 
 
 def lines_main(argv=None) -> None:
+    if say_version(sys.argv[1:] if argv is None else argv):
+        return
     ap = argparse.ArgumentParser(
         prog=PROG,
         description="Expand a sweep into one line of overrides per job (job i on line i+1), for "
@@ -39,6 +43,10 @@ def lines_main(argv=None) -> None:
     args = ap.parse_args(argv)
     try:
         if args.report:
+            require(
+                args.jobs is None or args.jobs >= 1,
+                f"--jobs {args.jobs} must be an integer >= 1 (the sweep's number of jobs)",
+            )
             if not Path(args.report).is_dir():
                 raise UserError(
                     f"--report {args.report}: no such folder; pass the sweep folder the jobs "
@@ -53,6 +61,10 @@ def lines_main(argv=None) -> None:
                 "it with sam-run -m (hydra/launcher=slurm submits each batch as a job array)"
             )
         jobs = expand(args.overrides, sweeper_params(fixed))
+        from ..preflight import check_jobs  # every job checked as sam-run -m checks it
+
+        message, _ = check_jobs(hydra_api.args_parser().parse_args(["-m", *args.overrides]))
+        require(message is None, str(message))
     except UserError as e:
         fail(str(e), 2, PROG)
     except Exception as e:  # Hydra's grammar and config errors

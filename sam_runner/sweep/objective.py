@@ -1,7 +1,8 @@
 """The number a job returns to a sweeper: ``trainer.objective``, and which way is better.
 
 ``trainer.objective`` names any key of the run's summary.json or of its final metrics line
-(``val_acc``, ``val_loss``, ``test_acc``, ``lambda_max``, ...); ``auto`` is ``val_acc`` when
+(``val_acc``, ``val_loss``, ``test_acc``, ``lambda_max``, ...), or a list of them (a search of
+several objectives, each with its own direction); ``auto`` is ``val_acc`` when
 ``dataset.val_split`` holds out a validation set, and no objective otherwise (a search then
 refuses to start). ``trainer.objective_direction`` is ``maximize``, ``minimize`` or ``auto``:
 accuracies are maximised, everything else (losses, ECE, NLL, curvature) minimised. A job that
@@ -11,13 +12,14 @@ search goes on and never picks it.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from pathlib import Path
 
 from ..errors import UserError, require
 from ..rundir import METRICS
-from ..settings import objective_key
+from ..settings import objective_key, objective_keys
 
 # where a search keeps its Optuna study (in the sweep folder), and the study's name; searches
 # before the journal kept it in SQLite (sweep/study.py migrates such a file)
@@ -27,12 +29,13 @@ OLD_STORAGE_FILE = "optuna.db"
 DIRECTIONS = ("auto", "maximize", "minimize")
 
 
-def direction(cfg) -> str:
-    """``maximize`` or ``minimize`` for the config's objective."""
+def direction(cfg, key: str | None = None) -> str:
+    """``maximize`` or ``minimize`` for the config's objective (or for ``key``, one of its
+    several): ``trainer.objective_direction`` when it names one, else by the key's name."""
     way = str(cfg.trainer.get("objective_direction", "auto"))
-    if way != "auto":
+    if way != "auto" and key is None:
         return way
-    key = objective_key(cfg) or "val_acc"
+    key = key or objective_key(cfg) or "val_acc"
     return "maximize" if key.endswith("acc") or "_acc_" in key else "minimize"
 
 
@@ -42,25 +45,80 @@ def validate(cfg) -> None:
         way in DIRECTIONS,
         f"trainer.objective_direction={way!r} is unknown; choose auto, maximize or minimize",
     )
-    key = cfg.trainer.get("objective", "auto")
+    given = cfg.trainer.get("objective", "auto")
+    keys = [given] if isinstance(given, str) or given is None else list(given)
     require(
-        isinstance(key, str) and key.strip() != "",
-        f"trainer.objective={key!r} must be a key of summary.json or of the final metrics line "
-        "(val_acc, val_loss, test_acc, ...) or auto",
+        bool(keys) and all(isinstance(k, str) and k.strip() != "" for k in keys),
+        f"trainer.objective={given!r} must be a key of summary.json or of the final metrics line "
+        "(val_acc, val_loss, test_acc, ...), a list of such keys, or auto",
+    )
+    split = cfg.dataset.get("val_split")
+    require(
+        not key.startswith("val_") or bool(split),
+        f"trainer.objective={key} is measured on a validation split, and dataset.val_split="
+        f"{split}: set dataset.val_split (e.g. dataset.val_split=0.1), or name another key "
+        "(test_acc, ...)",
     )
 
 
 def require_for_search(cfg) -> None:
     """A search needs an objective, and one measured on held-out training data unless the user
     names a test metric explicitly."""
-    key = objective_key(cfg)
+    keys = objective_keys(cfg)
+    held_out = bool(cfg.dataset.get("val_split"))
     require(
-        key is not None and (not key.startswith("val_") or bool(cfg.dataset.get("val_split"))),
+        bool(keys) and (held_out or not any(k.startswith("val_") for k in keys)),
         f"a search needs a validation split to select on, and dataset.val_split="
         f"{cfg.dataset.get('val_split')}: set dataset.val_split (e.g. dataset.val_split=0.1), or "
         "name a test metric explicitly with trainer.objective=test_acc (the summary then marks "
         "the selection as made on test data)",
     )
+
+
+# the keys every run logs (its evaluation lines and summary.json), and those some settings add
+ALWAYS_LOGGED = ("test_acc", "test_loss", "test_ece", "test_nll", "train_acc", "train_loss")
+ALWAYS_LOGGED += ("lr", "epochs", "step", "train_time_s", "grad_evals_per_step")
+VAL_LOGGED = ("val_acc", "val_loss", "val_ece", "val_nll", "best_val_acc", "best_val_epoch")
+HESSIAN_LOGGED = ("lambda_max",)
+
+
+def logged_keys(cfg) -> list[str]:
+    """The keys a run of this config is known to log: every run's, the validation split's
+    with ``dataset.val_split``, λ_max with ``metrics.hessian.enabled``, and the top
+    eigenvalues with ``metrics.hessian.k``."""
+    keys = list(ALWAYS_LOGGED)
+    if cfg.dataset.get("val_split"):
+        keys += VAL_LOGGED
+    hessian = (cfg.get("metrics") or {}).get("hessian") or {}
+    if hessian.get("enabled"):
+        keys += [*HESSIAN_LOGGED, *(f"lambda_{i}" for i in range(2, int(hessian.get("k", 1)) + 1))]
+    return keys
+
+
+def require_logged(cfg) -> None:
+    """UserError naming an objective key this run does not log (checked before a search's
+    first job): a key the settings switch off (``val_acc`` without a validation split,
+    ``lambda_max`` without the Hessian), or one a letter or two off a logged key (a typo). Other
+    keys are accepted: measures and parts of a run add keys this check does not list (the job
+    then says at its end if its key is not there)."""
+    known = logged_keys(cfg)
+    switched_off = (*VAL_LOGGED, *HESSIAN_LOGGED, "lambda_2", "lambda_3")
+    for key in objective_keys(cfg):
+        if key in known:
+            continue
+        # a measure's test_* keys are many (test_acc_few, test_mce, ...): a near one is not a typo
+        near = [] if key.startswith("test_") else difflib.get_close_matches(key, known, n=1)
+        if key in switched_off or near:
+            hint = f" (did you mean {near[0]}?)" if near and key not in switched_off else ""
+            why = ""
+            if key in VAL_LOGGED:
+                why = " without dataset.val_split"
+            elif key.startswith("lambda_"):
+                why = " with these metrics.hessian settings"
+            raise UserError(
+                f"trainer.objective={key} is never logged by this run{why}{hint}; it logs "
+                f"{', '.join(known)}"
+            )
 
 
 def worst(way: str) -> float:
@@ -76,15 +134,24 @@ def final_line(run_dir) -> dict:
     return next((r for r in reversed(rows) if "test_acc" in r), {})
 
 
-def job_value(cfg, run_dir, summary: dict) -> float | None:
-    """What a job returns to the sweeper: its objective (the worst value when it failed or
-    diverged), or None when the config has no objective. UserError when a completed run has no
-    such key (a misspelt objective would otherwise rank every trial last)."""
-    key = objective_key(cfg)
-    if key is None:
+def job_value(cfg, run_dir, summary: dict):
+    """What a job returns to the sweeper: its objective (a list of them for several), the
+    worst value when it failed or diverged, the value it stopped at when the search pruned
+    it; None when the config has no objective. UserError when a completed run has no such key
+    (a misspelt objective would otherwise rank every trial last)."""
+    keys = objective_keys(cfg)
+    if not keys:
         return None
-    way = direction(cfg)
-    if (summary or {}).get("status") != "completed":
+    values = [key_value(cfg, run_dir, summary or {}, k, len(keys) > 1) for k in keys]
+    return values[0] if len(values) == 1 else values
+
+
+def key_value(cfg, run_dir, summary: dict, key: str, several: bool) -> float:
+    way = direction(cfg, key if several else None)
+    status = summary.get("status")
+    if status == "pruned" and _is_number(summary.get("pruned_value")):
+        return float(summary["pruned_value"])
+    if status != "completed":
         return worst(way)
     value = summary.get(key)
     if value is None:

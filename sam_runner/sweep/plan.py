@@ -68,7 +68,8 @@ def collapse(jobs: list[list[str]]) -> tuple[list[list[str]], list[str]]:
     """(the jobs without repeats, one line per job left out). A job of a variant drops the
     ``optimizer.<option>`` overrides the variant ignores (``base``: ρ and the other perturbation
     options); a job that then repeats an earlier one is left out, so ``optimizer=base,sam
-    optimizer.rho=0.02,0.1`` trains base once. The order of the rest is kept: job numbers stay
+    optimizer.rho=0.02,0.1`` trains base once (and a job with ``regularizer.weight=0`` drops the
+    regularizer's other keys). The order of the rest is kept: job numbers stay
     the same from run to run of the command."""
     from ..registry import VARIANTS
 
@@ -78,12 +79,29 @@ def collapse(jobs: list[list[str]]) -> tuple[list[list[str]], list[str]]:
         # the variants' registry imports torch: read only when a job names a variant
         ignored = VARIANTS.entry(variant).ignored_options if variant and variant in VARIANTS else ()
         job = [o for o in job if override_key(o) not in {f"optimizer.{k}" for k in ignored}]
+        job = _without_idle_regularizer(job)
         if tuple(job) in seen:
             left_out.append(" ".join(job))
             continue
         seen.add(tuple(job))
         kept.append(job)
     return kept, left_out
+
+
+def _without_idle_regularizer(job: list[str]) -> list[str]:
+    """A job with ``regularizer.weight=0`` trains the plain run whatever the regularizer's other
+    keys: they are dropped, so ``regularizer.weight=0,1 regularizer.alpha=0.1,0.5`` trains the
+    plain run once."""
+    weight = next((o.split("=", 1)[1] for o in job if override_key(o) == "regularizer.weight"), "")
+    try:
+        idle = float(weight) == 0
+    except ValueError:
+        idle = False
+    if not idle:
+        return job
+    keep = ("regularizer.weight",)
+    return [o for o in job if not override_key(o).startswith("regularizer.") or
+            override_key(o) in keep]  # fmt: skip
 
 
 def compose(overrides: list[str], config_name: str = "config"):

@@ -6,8 +6,11 @@ storage, or ``hydra.sweeper.storage=URL``), trial *n* runs in ``<sweep dir>/<n>`
 command continues the same study: trials that completed are not run again, a trial that was
 running when the command was killed is run again in its folder (``train()`` resumes it from its
 checkpoint), and new trials are asked until the study holds ``n_trials``. A job returns its
-objective (sweep/objective.py); one that failed or diverged returns the worst value and the
-search goes on.
+objective (sweep/objective.py), or several (``trainer.objective`` a list, one direction each:
+a multi-objective study); one that failed or diverged returns the worst value and the search
+goes on. With ``pruner`` (median, asha, hyperband) each job reports to its trial after every
+evaluation and may stop early (sweep/trial.py); the sweeper then tells the study the trial is
+pruned, a finished trial like a completed one.
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
 from ..lock import held_by
+from ..rundir import RunDir
 from . import objective
 from .callback import _exclude, fail
 from .objective import STUDY_NAME
 from .plan import check_job, job_key
-from .study import make_sampler, open_storage, parse_space
+from .study import make_sampler, open_storage, parse_space, pruner_settings
+from .trial import env_overrides
 
 LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-KEYS = ("direction", "study_name", "storage", "n_trials", "n_jobs", "sampler", "params")
+KEYS = ("direction", "directions", "study_name", "storage", "n_trials", "n_jobs", "sampler")
+KEYS += ("pruner", "pruning", "params")
+WAYS = ("maximize", "minimize")
 
 
 def plain(conf) -> dict:
@@ -75,6 +82,9 @@ class Search:
         self.n_jobs = int(settings.get("n_jobs", 1))
         self.sampler_conf = plain(settings.get("sampler"))
         self.params = plain(settings.get("params"))
+        self.directions = settings.get("directions")
+        self.pruner = str(settings.get("pruner") or "none")
+        self.pruning = plain(settings.get("pruning"))
         if self.n_trials < 1:
             fail(f"hydra.sweeper.n_trials={self.n_trials} must be at least 1")
 
@@ -89,8 +99,7 @@ class Search:
     def sweep(self, arguments: list[str]) -> None:
         lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         self.space, self.fixed = parse_space(lines)
-        self.way = self._direction()
-        self.key = objective.objective_key(self.config)
+        self.check(self.config)
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own lines say what runs
         study = self.open_study()
         # trials a killed command left running: run again in their folders, from checkpoints
@@ -103,15 +112,52 @@ class Search:
             self.run(study, [self.ask(study) for _ in range(size)])
         self.announce(study)
 
+    def check(self, config) -> None:
+        """The settings against the job's config (``sam-run`` checks them before anything is
+        written, the sweeper again): one direction per objective, a known sampler and pruner,
+        and no pruning of several objectives (one line, exit 2)."""
+        self.keys = objective.objective_keys(config)
+        self.key = ", ".join(self.keys)
+        self.ways = self._directions(config)
+        self.way = self.ways[0] if len(self.ways) == 1 else self.ways
+        self.several = len(self.ways) > 1
+        make_sampler(self.sampler_conf, None)
+        self.pruned = pruner_settings(self.pruner, self.pruning, int(config.trainer.epochs))
+        if self.several and self.pruner != "none":
+            fail(
+                f"hydra.sweeper.pruner={self.pruner} cannot prune a search of {len(self.ways)} "
+                "objectives (Optuna's pruners compare one objective); use hydra.sweeper.pruner=none"
+            )
+
     def ask(self, study):
         """A new trial, marked with this process (another sweeper of the study leaves it be)."""
         trial = study.ask(self.space)
         trial.set_user_attr("sweeper", f"{os.getpid()} {socket.gethostname()}")
         return trial
 
-    def _direction(self) -> str:
+    def _directions(self, config) -> list[str]:
+        """One direction per objective key: ``directions`` when given (as many as keys), else
+        ``direction`` for one key, else each key's own (accuracies up, the rest down)."""
+        keys, given = self.keys, self.directions
+        if given is not None:
+            ways = [str(w) for w in ([given] if isinstance(given, str) else list(given))]
+            bad = [w for w in ways if w not in WAYS]
+            if bad or not ways:
+                fail(
+                    f"hydra.sweeper.directions={ways} holds {bad[0] if bad else 'nothing'}; give "
+                    f"maximize or minimize per objective"
+                )
+            if len(ways) != len(keys):
+                fail(
+                    f"hydra.sweeper.directions has {len(ways)} direction(s) ({', '.join(ways)}) "
+                    f"and trainer.objective {len(keys)} key(s) ({', '.join(keys)}); give one "
+                    "direction per objective key"
+                )
+            return ways
+        if len(keys) > 1:
+            return [objective.direction(config, k) for k in keys]
         way = str(self.direction)
-        return objective.direction(self.config) if way == "auto" else way
+        return [objective.direction(config) if way == "auto" else way]
 
     def open_study(self):
         """The study of this sweep folder (created on the first start). A folder holding a
@@ -125,7 +171,7 @@ class Search:
                 study_name=self.study_name or STUDY_NAME,
                 storage=open_storage(sweep_dir, self.storage),
                 sampler=sampler,
-                direction=self.way,
+                directions=self.ways,
                 load_if_exists=True,
             )
         except Exception as e:  # a database's driver raises its own errors
@@ -141,8 +187,12 @@ class Search:
             "settings": job_key(self.fixed, _exclude(self.config)),
             "direction": self.way,
         }
+        if self.pruner != "none":  # a study from before pruning has no such key
+            what["pruner"] = self.pruned
         self.check_same_search(study, what, sweep_dir)
+        study.set_user_attr("objectives", self.keys)  # the report names each one by its key
         study.set_user_attr("sampler", {**pinned, "seed": seed})
+        study.set_user_attr("pruner", self.pruned)  # what each job rebuilds its pruner from
         return study
 
     @staticmethod
@@ -185,26 +235,55 @@ class Search:
                 fail(str(e))
             searched = " ".join(f"{k}={v}" for k, v in t.params.items())
             print(f"trial #{t.number} of {self.n_trials}: {searched}", flush=True)
+        if self.pruner != "none":  # each job reports to its trial (sweep/trial.py)
+            name = self.study_name or STUDY_NAME
+            jobs = [
+                [*job, *env_overrides(sweep_dir, self.storage, name, t.number)]
+                for t, job in zip(trials, jobs)
+            ]
         returns = self.launcher.launch(jobs, initial_job_idx=trials[0].number)
         for t, ret in zip(trials, returns):
+            summary = RunDir(sweep_dir / str(t.number)).summary or {}
             try:
-                study.tell(t.number, self.value(t.number, ret))
+                if summary.get("status") == "pruned":
+                    study.tell(t.number, state=optuna.trial.TrialState.PRUNED)
+                    print(
+                        f"trial #{t.number} pruned at epoch {summary.get('pruned_epoch')} "
+                        f"({self.key}={summary.get('pruned_value')})",
+                        flush=True,
+                    )
+                else:
+                    value = self.value(t.number, ret)
+                    # the numbers the search selects on (a job's own line shows its test_acc)
+                    values = value if self.several else [value]
+                    said = ", ".join(f"{k}={v:.4f}" for k, v in zip(self.keys, values))
+                    print(f"trial #{t.number}: {said} ({', '.join(self.ways)})", flush=True)
+                    study.tell(t.number, value)
             except (RuntimeError, ValueError) as e:  # told already, by another sweeper
                 print(f"sam-run: trial #{t.number} not told again ({e})", file=sys.stderr)
 
-    def value(self, number: int, ret) -> float:
-        """A job's objective; the worst one when the job raised or returned no number."""
+    def value(self, number: int, ret):
+        """A job's objective (a list for several); the worst one where the job raised or
+        returned no number."""
+        worst = [objective.worst(w) for w in self.ways]
         try:
-            value = float(ret.return_value)
+            got = ret.return_value
+            values = [float(v) for v in (got if isinstance(got, (list, tuple)) else [got])]
+            if len(values) != len(self.ways):
+                raise ValueError(f"{len(values)} value(s) for {len(self.ways)} objective(s)")
         except Exception as e:  # the job's own error was printed by it
             print(f"sam-run: trial #{number} returned no objective ({e})", file=sys.stderr)
-            return objective.worst(self.way)
-        return value if not math.isnan(value) else objective.worst(self.way)
+            values = worst
+        values = [w if math.isnan(v) else v for v, w in zip(values, worst)]
+        return values if self.several else values[0]
 
     def announce(self, study) -> None:
-        """The best trial, as a line and as Hydra's optimization_results.yaml."""
-        done = [t for t in study.trials if t.value is not None and math.isfinite(t.value)]
+        """The best trial (the Pareto front's, with several objectives), as a line and as
+        Hydra's optimization_results.yaml."""
         sweep_dir = str(self.config.hydra.sweep.dir)
+        if self.several:
+            return self.announce_front(study, sweep_dir)
+        done = [t for t in study.trials if t.value is not None and math.isfinite(t.value)]
         if not done:
             print(f"search {sweep_dir}: no trial has a finite {self.key}", flush=True)
             return
@@ -219,5 +298,31 @@ class Search:
             OmegaConf.create(
                 {"name": "optuna", "best_params": dict(best.params), "best_value": best.value}
             ),
+            Path(sweep_dir) / "optimization_results.yaml",
+        )
+
+    def announce_front(self, study, sweep_dir: str) -> None:
+        finite = [
+            t
+            for t in study.best_trials
+            if t.values is not None and all(math.isfinite(v) for v in t.values)
+        ]
+        if not finite:
+            print(f"search {sweep_dir}: no trial has finite {self.key}", flush=True)
+            return
+        ways = ", ".join(f"{k} ({w})" for k, w in zip(self.keys, self.ways))
+        shown = "; ".join(
+            f"#{t.number} " + " ".join(f"{k}={v:.4g}" for k, v in zip(self.keys, t.values))
+            for t in finite
+        )
+        print(
+            f"search {sweep_dir}: {len(finite)} trial(s) on the Pareto front of {ways}: {shown}",
+            flush=True,
+        )
+        front = [
+            {"number": t.number, "params": dict(t.params), "values": list(t.values)} for t in finite
+        ]
+        OmegaConf.save(
+            OmegaConf.create({"name": "optuna", "pareto_front": front}),
             Path(sweep_dir) / "optimization_results.yaml",
         )

@@ -1,7 +1,7 @@
 """The Optuna side of a search, through Optuna's public API only: the space from Hydra's override
-grammar, the sampler with its settings pinned, and the study's storage (a journal file in the
-sweep folder by default, safe for several processes; an older search's SQLite file is migrated
-into it once).
+grammar, the sampler and the pruner with their settings pinned, and the study's storage (a
+journal file in the sweep folder by default, safe for several processes; an older search's
+SQLite file is migrated into it once).
 """
 
 from __future__ import annotations
@@ -40,6 +40,41 @@ def make_sampler(conf: dict, seed: int | None):
     except TypeError as e:
         fail(f"hydra.sweeper.sampler ({target}): {e}")
     return sampler, {"name": name, **conf}
+
+
+# the pruners a search may name (hydra.sweeper.pruner), each with the hydra.sweeper.pruning keys
+# it reads; an evaluation (an epoch, as trainer.eval_every_n_epochs has it) is a pruner's step
+PRUNERS = {
+    "none": ("NopPruner", ()),
+    "median": ("MedianPruner", ("n_startup_trials", "n_warmup_steps")),
+    "asha": ("SuccessiveHalvingPruner", ("min_resource", "reduction_factor")),
+    "hyperband": ("HyperbandPruner", ("min_resource", "max_resource", "reduction_factor")),
+}
+
+
+def pruner_settings(name: str, conf: dict, epochs: int) -> dict:
+    """The settings ``hydra.sweeper.pruner=name`` runs with (the keys it reads of
+    ``hydra.sweeper.pruning``, hyperband's ``max_resource: auto`` as ``trainer.epochs``), as
+    recorded in the study: the job rebuilds its pruner from them."""
+    if name not in PRUNERS:
+        fail(f"hydra.sweeper.pruner={name} is unknown; choose one of {', '.join(PRUNERS)}")
+    settings = {k: conf.get(k) for k in PRUNERS[name][1]}
+    if settings.get("max_resource") in (None, "auto"):
+        settings = {**settings, "max_resource": int(epochs)} if name == "hyperband" else settings
+    for k, v in settings.items():
+        low = 0 if k == "n_warmup_steps" else 1
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            fail(f"hydra.sweeper.pruning.{k}={v} must be a whole number >= {low} (pruner={name})")
+    return {"name": name, **settings}
+
+
+def make_pruner(settings: dict):
+    """The Optuna pruner of recorded settings (``pruner_settings``)."""
+    settings = dict(settings)
+    target = PRUNERS[settings.pop("name")][0]
+    if target == "SuccessiveHalvingPruner":  # ASHA as its paper has it: no bootstrap trials
+        settings.update(min_early_stopping_rate=0, bootstrap_count=0)
+    return getattr(optuna.pruners, target)(**settings)
 
 
 def parse_space(lines: list[str]) -> tuple[dict, list[str]]:

@@ -160,6 +160,21 @@ def test_a_failing_job_is_recorded_and_the_others_go_on(evaluated, tmp_path):
     assert code == 1 and "1 to measure, 3 already measured" in out
 
 
+def test_a_failed_measurement_keeps_the_good_eval_json_and_a_bad_k_is_refused(evaluated, tmp_path):
+    """#42: other settings that fail on a job never replace its completed eval.json; a
+    metrics.hessian.k Lanczos cannot reach is refused before any job, nothing written."""
+    sweep = copy_of(evaluated[0], tmp_path / "sweep")
+    before = record(sweep, "1")
+    code, _, err = sam_eval(sweep, *EVAL_ARGS, "metrics.hessian.k=1000000")
+    assert code == 2 and err.count("\n") == 1 and "metrics.hessian.k=1000000 must be at most" in err
+    assert record(sweep, "1") == before
+    (sweep / "1" / CHECKPOINT).write_bytes(b"not a checkpoint")
+    code, _, err = sam_eval(sweep, *EVAL_ARGS, "metrics.ece_bins=10", "trainer.progress=none")
+    assert code == 1 and "eval.json keeps the measurement made before" in err
+    assert record(sweep, "1") == before and record(sweep, "0")["eval_settings"] != before[
+        "eval_settings"]  # fmt: skip
+
+
 def test_workers_measure_what_one_process_measures(evaluated, tmp_path):
     sweep = copy_of(evaluated[0], tmp_path / "sweep")
     for job in JOBS:

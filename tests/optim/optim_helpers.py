@@ -62,9 +62,11 @@ def ref_grad(model, vec, x=X, y=Y):
     return loss.detach(), g
 
 
-def closure_for(opt, model, x=X, y=Y, record=None, calls=None, micro=1):
-    """The LBFGS-convention closure the runner uses (reduce_loss, micro-batches); optionally
-    records the parameters seen by each pass and counts calls."""
+def closure_for(opt, model, x=X, y=Y, record=None, calls=None, micro=1, costs=None):
+    """The LBFGS-convention closure the runner uses (select_rows, reduce_loss, micro-batches);
+    optionally records the parameters seen by each pass, counts calls, and records what each
+    call cost as observed: the share of the batch's rows it ran on, a third of that when no
+    parameter required a gradient (a forward without backward)."""
 
     def closure():
         if calls is not None:
@@ -73,9 +75,16 @@ def closure_for(opt, model, x=X, y=Y, record=None, calls=None, micro=1):
             record[opt.pass_index] = flat(model.parameters())
         opt.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64)
-        for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
+        chunks = [opt.select_rows(xm, ym) for xm, ym in zip(x.chunk(micro), y.chunk(micro))]
+        chunks = [(xm, ym) for xm, ym in chunks if len(ym)]
+        rows = sum(len(ym) for _, ym in chunks)
+        if costs is not None:
+            grads_flow = any(p.requires_grad for p in model.parameters())
+            costs.append(rows / len(y) * (1 if grads_flow else 1 / 3))
+        for xm, ym in chunks:
             out = model(xm)
-            loss = opt.reduce_loss(F.cross_entropy(out, ym, reduction="none"), out, ym) / micro
+            per_sample = F.cross_entropy(out, ym, reduction="none")
+            loss = opt.reduce_loss(per_sample, out, ym) * (len(ym) / rows)
             loss.backward()
             total += loss.detach()
         return total

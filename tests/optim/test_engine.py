@@ -88,8 +88,15 @@ def test_interval_perturbs_every_kth_step_only(name):
         calls = []
         opt.step(closure_for(opt, model, calls=calls))
         per_step.append(len(calls))
-    p = VARIANTS[name].passes
-    assert per_step == [p, 1, 1, p, 1, 1]
+    # the perturbed steps take the variant's own first steps (LookSAM: refresh, then reuse)
+    own = []
+    other = mlp()
+    plain = build(name, other, lr=0.05)
+    for _ in range(2):
+        calls = []
+        plain.step(closure_for(plain, other, calls=calls))
+        own.append(len(calls))
+    assert per_step == [own[0], 1, 1, own[1], 1, 1] and own[0] == VARIANTS[name].passes
 
 
 def test_a_plain_interval_step_is_the_base_step():
@@ -114,9 +121,10 @@ def test_bf16_autocast_runs(name):
 
     def closure():
         opt.zero_grad(set_to_none=True)
+        xs, ys = opt.select_rows(x, y)  # all rows, except in ESAM's descent pass
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(x)
-        loss = opt.reduce_loss(F.cross_entropy(out.float(), y, reduction="none"), out, y)
+            out = model(xs)
+        loss = opt.reduce_loss(F.cross_entropy(out.float(), ys, reduction="none"), out, ys)
         loss.backward()
         return loss.detach()
 
@@ -141,9 +149,10 @@ def test_fp16_grad_scaler_skips_an_overflowing_step_and_restores_theta(name):
 
     def closure():
         opt.zero_grad(set_to_none=True)
+        xs, ys = opt.select_rows(X.float(), Y)
         with torch.autocast("cpu", dtype=torch.float16):
-            out = model(X.float())
-        loss = opt.reduce_loss(F.cross_entropy(out.float(), Y, reduction="none"), out, Y)
+            out = model(xs)
+        loss = opt.reduce_loss(F.cross_entropy(out.float(), ys, reduction="none"), out, ys)
         if poison["on"]:
             loss = loss * float("inf")  # every gradient becomes inf/NaN
         scaler.scale(loss).backward()
@@ -323,3 +332,24 @@ def test_variant_state_read_onto_the_cpu_moves_to_the_parameters_device(name, tm
     assert {v.device.type for v in resumed.variant_state().values() if torch.is_tensor(v)} <= {
         "meta"
     }
+
+
+@pytest.mark.parametrize(
+    "name, kw, want",
+    [
+        ("base", {}, 1.0),
+        ("sam", {}, 2.0),
+        ("eisam", {}, 3.0),
+        ("look_sam", dict(k=5), (2 + 4 * 1) / 5),  # a refresh, then four one-pass steps
+        # first pass, a forward without gradients (1/3), the descent on ⌊γB⌋ = 8 of 16 rows
+        ("esam", dict(gamma=0.5), 1 + 1 / 3 + 8 / 16),
+        ("esam", dict(gamma=0.5, faithful=True), 1 + 1 / 3 + 7 / 16),  # the strict rule: 7
+        ("esam", dict(gamma=1.0), 2.0),
+    ],
+)
+def test_grad_evals_per_step_is_the_counted_passes_exactly(name, kw, want):
+    model = mlp()
+    opt = build(name, model, lr=0.05, **kw)
+    for _ in range(10):
+        opt.step(closure_for(opt, model))
+    assert opt.summary_values()["grad_evals_per_step"] == pytest.approx(want, rel=1e-14)

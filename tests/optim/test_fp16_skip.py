@@ -10,7 +10,8 @@ from optim_helpers import X, Y, build, flat, mlp
 from sam_runner.optim import VARIANTS
 
 PERTURBING = sorted(n for n in VARIANTS if VARIANTS[n].passes > 1)
-KW = {"precond_sam": dict(refresh_every=2)}  # refreshes on perturbing steps 1, 3, ...
+# refreshes on perturbing steps 1, 3, ...; LookSAM refreshing (two passes) on every step
+KW = {"precond_sam": dict(refresh_every=2), "look_sam": dict(k=1)}
 
 
 def _run(name, poison_at, steps=4):

@@ -84,6 +84,27 @@ def test_reindexing_reads_only_what_changed_and_drops_removed_folders(tmp_path, 
     assert not rows(db, f"SELECT * FROM epochs WHERE run_dir='{jobs[-1].resolve()}'")
 
 
+def test_rows_a_query_deleted_or_a_dropped_table_come_back_on_reindexing(tmp_path, capsys):
+    """#42: a user's DELETE or DROP TABLE through --query; the folders are unchanged."""
+    sweep = copy_sweep(tmp_path / "s")
+    db = tmp_path / "r.sqlite"
+    index([sweep], db)
+    full = {t: rows(db, f"SELECT * FROM {t} ORDER BY run_dir, step" if t == "epochs" else
+                    f"SELECT * FROM {t} ORDER BY run_dir") for t in ("runs", "epochs")}  # fmt: skip
+    job = sorted(full["runs"], key=lambda r: r["run_dir"])[0]["run_dir"]
+    for sql in (f"DELETE FROM runs WHERE run_dir = '{job}'", "DELETE FROM epochs",
+                "DROP TABLE runs", "DROP TABLE epochs"):  # fmt: skip
+        assert main(["--db", str(db), "--query", sql]) == 0
+        counts = index([sweep], db)
+        assert counts["read"] > 0, sql
+        for t in ("runs", "epochs"):
+            order = "run_dir, step" if t == "epochs" else "run_dir"
+            again = rows(db, f"SELECT * FROM {t} ORDER BY {order}")
+            assert [{k: r[k] for k in sorted(r) if k != "indexed_at"} for r in again] == [
+                {k: r[k] for k in sorted(r) if k != "indexed_at"} for r in full[t]], (sql, t)
+    capsys.readouterr()
+
+
 def test_a_corrupt_summary_is_one_warning_and_the_others_are_indexed(tmp_path, capsys):
     sweep = copy_sweep(tmp_path / "s")
     jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").is_file())

@@ -1,0 +1,225 @@
+"""Knowledge distillation from a trained run (``trainer.distill.*``; docs/distillation.md).
+
+The teacher is rebuilt from a completed run folder (its config and its final or averaged
+weights; the folder is only read), frozen and in eval mode. Its forward runs once per training
+step, under no_grad, before the optimizer's step, and every pass of the step (both of SAM's,
+any variant's) reuses its logits and features: SAM never perturbs it. Each micro-batch's
+objective is
+
+    (1 − w)·task + w·T²·KL(softmax(t/T) ‖ softmax(s/T)) + a·alignment
+
+with the logged training loss the task's. ``align`` a > 0 adds our TALAS-style relational
+alignment: at matched relative depths (the middle conv/linear layer, and the head's input, the
+final embedding), the student's and teacher's batch similarity matrices (cosines between the
+samples' pooled features, [B, B]) are matched by their mean squared difference. Comparing the
+geometry of the batch needs no projection between different widths, so nothing is added to the
+optimizer, the checkpoint or data-parallel synchronisation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .data.sources import data_shape
+from .errors import UserError, number, require
+from .losses import distillation_loss
+from .models import build_model, without_download
+from .rundir import CHECKPOINT, RunDir, check_weights, model_state
+from .weight_decay import tracked_layers
+
+KEY = "trainer.distill.teacher"
+
+
+def settings(cfg) -> dict | None:
+    """``trainer.distill``'s keys, checked (None when no teacher is set)."""
+    d = cfg.trainer.get("distill") or {}
+    temperature = number("trainer.distill.temperature", d.get("temperature", 4.0),
+                         "a finite number > 0", lambda t: 0 < t < math.inf)  # fmt: skip
+    weight = number("trainer.distill.weight", d.get("weight", 0.5), "a number in [0, 1]",
+                    lambda w: 0 <= w <= 1)  # fmt: skip
+    align = number("trainer.distill.align", d.get("align", 0.0), "a finite number >= 0",
+                   lambda a: 0 <= a < math.inf)  # fmt: skip
+    weights = check_weights(str(d.get("weights", "last")), "trainer.distill.weights")
+    teacher = d.get("teacher")
+    if teacher in (None, ""):
+        return None
+    return dict(teacher=str(teacher), temperature=temperature, weight=weight, align=align,
+                weights=weights)  # fmt: skip
+
+
+def check_teacher(cfg, run_dir=None) -> RunDir | None:
+    """The teacher's folder, refused in one line unless it is a completed run of the same input
+    shape and class count, other than this run; None without a teacher."""
+    s = settings(cfg)
+    if s is None:
+        return None
+    path = Path(s["teacher"]).expanduser()
+    shown = f"{KEY}={s['teacher']!r}"
+    require(path.is_dir(), f"{shown} is not a folder; pass a completed sam-run run folder")
+    run = RunDir(path)
+    require(
+        run.summary is not None or (path / CHECKPOINT).is_file(),
+        f"{shown} is not a sam-run run folder (no summary, no checkpoint); pass one",
+    )
+    require(
+        run.status == "completed",
+        f"{shown} is not a completed run (status: {run.status}); train it to the end first",
+    )
+    require(
+        run_dir is None or path.resolve() != Path(run_dir).resolve(),
+        f"{shown} is this run's own folder; pass another, completed run",
+    )
+    t_cfg = run.omega_config(KEY)
+    mine, theirs = data_shape(cfg.dataset), data_shape(t_cfg.dataset)
+    require(
+        mine == theirs,
+        f"{shown} was trained on inputs {theirs[0]} with {theirs[1]} classes, this run has "
+        f"{mine[0]} with {mine[1]}; pass a teacher of the same data",
+    )
+    return run
+
+
+def pooled(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """[B, width] of a layer's output: a convolution's channels averaged over positions
+    ([B, C, ...]), a linear layer's features over tokens ([B, ..., F])."""
+    if x.ndim == 2:
+        return x
+    if channels_last:
+        return x.flatten(1, -2).mean(1)
+    return x.flatten(2).mean(2)
+
+
+def similarity(features: torch.Tensor) -> torch.Tensor:
+    """The batch's cosine similarity matrix [B, B] of [B, width] features (float32 at least)."""
+    dtype = torch.promote_types(features.dtype, torch.float32)
+    f = F.normalize(features.to(dtype), dim=1)
+    return f @ f.T
+
+
+class Taps:
+    """Forward hooks keeping the output of the middle conv/linear layer and the head's input."""
+
+    def __init__(self, model):
+        layers = list(tracked_layers(model, trainable=False).values())
+        require(bool(layers), f"{KEY}: the models need conv or linear layers to distill into")
+        body, head = layers[:-1], layers[-1]
+        self.active, self.features = False, {}
+        if body:
+            middle = body[round(0.5 * (len(body) - 1))]
+            linear = isinstance(middle, torch.nn.Linear)
+            middle.register_forward_hook(lambda _m, _i, out: self._keep("middle", out, linear))
+        head_linear = isinstance(head, torch.nn.Linear)
+        head.register_forward_pre_hook(lambda _m, i: self._keep("embedding", i[0], head_linear))
+
+    def _keep(self, name, x, linear: bool):
+        if self.active:
+            self.features[name] = pooled(x, linear)
+
+    @contextlib.contextmanager
+    def on(self, active: bool = True):
+        self.active, self.features = active, {}
+        try:
+            yield self.features
+        finally:
+            self.active = False
+
+
+def load_teacher(run: RunDir, weights: str, input_shape, num_classes, device):
+    """The teacher's model at its weights, frozen, in eval mode, on ``device``."""
+    cfg = run.omega_config(KEY)
+    torch.manual_seed(int(cfg.seed))
+    model = build_model(without_download(cfg.model), input_shape, num_classes)
+    try:
+        model.load_state_dict(model_state(run, weights))
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise UserError(
+            f"{KEY}: {run.path / CHECKPOINT} does not fit the model its config builds "
+            f"({type(e).__name__})"
+        ) from None
+    return model.to(device).eval().requires_grad_(False)
+
+
+class NoDistill:
+    enabled = False
+
+    def teach(self, micro):  # noqa: ARG002 (the hook's signature)
+        return None
+
+    def capturing(self):
+        return contextlib.nullcontext()
+
+    def add(self, objective, logits, taught, i, share):  # noqa: ARG002
+        return objective
+
+    def summary_values(self) -> dict:
+        return {}
+
+
+class Distiller(NoDistill):
+    enabled = True
+
+    def __init__(self, teacher, student, temperature, weight, align, autocast=None):
+        self.teacher, self.temperature = teacher, temperature
+        self.weight, self.align = weight, align
+        self.autocast = autocast or contextlib.nullcontext()
+        self.teacher_taps = Taps(teacher) if align > 0 else None
+        self.student_taps = Taps(student) if align > 0 else None
+        # counted by a hook on the teacher: the samples it saw, and the steps' samples
+        self.teacher_samples, self.step_samples = 0, 0
+        teacher.register_forward_hook(lambda _m, i, _o: self._count(i[0]))
+
+    def _count(self, x) -> None:
+        self.teacher_samples += len(x)
+
+    @torch.no_grad()
+    def teach(self, micro) -> list:
+        """The teacher's (logits, features) of each micro-batch of a step: once, before its
+        passes."""
+        out = []
+        for xm, *_ in micro:
+            taps = self.teacher_taps.on() if self.teacher_taps else contextlib.nullcontext({})
+            with taps as features, self.autocast:
+                logits = self.teacher(xm)
+            self.step_samples += len(xm)
+            sims = {k: similarity(v) for k, v in features.items()}
+            out.append((logits.detach(), sims))
+        return out
+
+    def summary_values(self) -> dict:
+        """``teacher_forwards_per_step``: the teacher's forwards over the batch per step, counted
+        (1 whatever the variant)."""
+        return {"teacher_forwards_per_step": self.teacher_samples / max(self.step_samples, 1)}
+
+    def capturing(self):
+        """Around the student's training forward: its features for the alignment."""
+        return self.student_taps.on() if self.student_taps else contextlib.nullcontext()
+
+    def alignment(self, teacher_sims: dict) -> torch.Tensor:
+        mine = self.student_taps.features  # the depths both models have
+        terms = [(similarity(mine[k]) - t).square().mean() for k, t in teacher_sims.items()
+                 if k in mine]  # fmt: skip
+        return torch.stack(terms).mean()
+
+    def add(self, objective, logits, taught, i, share):
+        """``objective`` (the task's share of the step's loss) as the distillation objective."""
+        t_logits, sims = taught[i]
+        kd = distillation_loss(logits, t_logits, self.temperature)
+        out = (1 - self.weight) * objective + self.weight * share * kd
+        if self.align > 0:
+            out = out + self.align * share * self.alignment(sims)
+        return out
+
+
+def build_distiller(cfg, student, data, device, autocast=None, run_dir=None):
+    """The run's distillation (``NoDistill`` without ``trainer.distill.teacher``)."""
+    run = check_teacher(cfg, run_dir)
+    if run is None:
+        return NoDistill()
+    s = settings(cfg)
+    teacher = load_teacher(run, s["weights"], data.input_shape, data.num_classes, device)
+    return Distiller(teacher, student, s["temperature"], s["weight"], s["align"], autocast)

@@ -1,0 +1,62 @@
+"""Bench section ``cheaper``: what the cheaper-SAM methods cost per step, over whole cycles.
+
+A LookSAM or randomized-switching step is either a two-pass step or a one-pass step, so one
+step's time says little: each measurement here is a block of steps (LookSAM k = 5: two whole
+cycles of 5; RST p = 0.5: 20 steps, its seeded draws) against a block of as many steps of the
+reference, taken alternately, the median ratio over rounds (``benchutil.interleaved_ratio``).
+ESAM (β = 0.6, γ = 0.5) against SAM, step for step. Models and optimizers as section ``optim``
+builds them (default model at batch 128; CIFAR ResNet-18 at batch 32 without ``--quick``), on
+one CPU thread.
+
+Keys: ``look_sam_k5_over_base_step_<model>``, ``rst_p05_over_base_step_<model>``,
+``esam_over_sam_step_<model>``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from bench_optim import _setup, _stepper
+from benchutil import interleaved_ratio
+
+from sam_runner.optim import VARIANTS
+from sam_runner.optim.build import parameter_groups
+
+
+def _steps(name, model, x, y, n, **kw):
+    """``n`` optimizer steps of ``name`` (built as the runner builds it) as one call."""
+    model = copy.deepcopy(model)
+    sgd = dict(lr=0.01, momentum=0.9, weight_decay=5e-4)
+    opt = VARIANTS[name](parameter_groups(model), torch.optim.SGD, total_steps=10**6, **sgd, **kw)
+    step = _stepper(opt.bind(model=model), model, x, y)
+
+    def block():
+        for _ in range(n):
+            step()
+
+    return block
+
+
+def run(args) -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args) -> dict:
+    out = {}
+    for kind in ["default"] if args.quick else ["default", "resnet18"]:
+        model, x, y = _setup(kind)
+        repeats = 3 if args.quick or kind == "resnet18" else max(args.repeats, 5)
+        look = _steps("look_sam", model, x, y, 10, k=5)
+        rst = _steps("sam", model, x, y, 20, perturb_schedule="random", perturb_prob=0.5)
+        base10, base20 = (_steps("base", model, x, y, n) for n in (10, 20))
+        esam, sam = (_steps(n, model, x, y, 2) for n in ("esam", "sam"))
+        out[f"look_sam_k5_over_base_step_{kind}"] = interleaved_ratio(look, base10, repeats)
+        out[f"rst_p05_over_base_step_{kind}"] = interleaved_ratio(rst, base20, repeats)
+        out[f"esam_over_sam_step_{kind}"] = interleaved_ratio(esam, sam, repeats, inner=3)
+    return out
