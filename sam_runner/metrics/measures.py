@@ -194,11 +194,13 @@ def armijo(m: Measurement, **options) -> dict:
         "num_probes": "hutch_probes",
         "damping": "positive",
         "exact_max_params": "off_or_count",
+        "deflate": "bool",
     },
 )
-def fisher_trace_ratio(m: Measurement, **options) -> dict:
+def fisher_trace_ratio(m: Measurement, deflate: bool = True, **options) -> dict:
+    basis = m.eigenvectors if deflate else None  # docs/metrics.md#fisher-trace-ratio
     mean, se = S.fisher_trace_ratio(
-        m.sharpness_operator(), seed=m.seed, moments=m.fisher_moments(), **options
+        m.sharpness_operator(), seed=m.seed, moments=m.fisher_moments(), basis=basis, **options
     )
     return {"fisher_trace_ratio": mean, "fisher_trace_ratio_se": se}
 
