@@ -175,6 +175,8 @@ class CurvatureTracker:
         self.density = None
         self._last = None  # (step, keys) of the last measurement: one per step, whoever asks
         self.note = None  # note(text): told as each further measure starts (sam-eval's lines)
+        self._ritz = None
+        self.times = {}  # the last measurement's seconds per part: "eigenvalues", each measure
 
     @property
     def h(self):
@@ -245,7 +247,9 @@ class CurvatureTracker:
                 str(self.h.get("method", "auto")),
                 float(self.h.get("graph_cache_mb", 1024)),
             ) as op:
+                self.times = {}
                 out = self._eigenvalues(op)
+                self.times["eigenvalues"] = time.perf_counter() - t0
                 out.update(self._measures(op, final))
         out["hessian_time_s"] = time.perf_counter() - t0
         return out
@@ -266,6 +270,7 @@ class CurvatureTracker:
             operator=op,
         )
         self.vector = [v.detach().clone() for v in r.vectors]
+        self._ritz = r.ritz_vectors  # this measurement's top-k, for the trace's deflation
         out = {
             "lambda_max": r.values[0],
             **{f"lambda_{i}": v for i, v in enumerate(r.values[1:], start=2)},
@@ -285,7 +290,9 @@ class CurvatureTracker:
         """Every enabled measure; the sharpness ones on the first ``sharpness.num_samples``
         samples."""
         n = int(OmegaConf.select(self.cfg, "sharpness.num_samples", default=1024))
-        m = Measurement(op, leading_batches(op.batches, n), self.loss_fn, self.seed, final)
+        m = Measurement(
+            op, leading_batches(op.batches, n), self.loss_fn, self.seed, final, self._ritz
+        )
         out = {}
         try:
             for entry in sorted(
@@ -297,7 +304,9 @@ class CurvatureTracker:
                 if options.pop("enabled", False) and (final or not entry.meta.get("final_only")):
                     if self.note is not None:
                         self.note(f"{entry.name} (metrics.{entry.config})")
+                    t0 = time.perf_counter()
                     out.update(entry.target(m, **options))
+                    self.times[entry.name] = time.perf_counter() - t0
         finally:
             m.close()
         if "hessian_density" in out:  # a summary.json entry, not a metrics line's
