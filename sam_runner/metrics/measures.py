@@ -54,6 +54,7 @@ class Measurement:
     loss_fn: object
     seed: int
     final: bool
+    eigenvectors: object = None  # [k, n]: the top-k Ritz vectors of this measurement (flat, unit)
     data: object = None  # the run's Data (test-set measures), None where there is none
     step: dict | None = None  # the run's SGD step {lr, momentum, weight_decay} (sharpness_dim)
     init_state: dict | None = None  # the weights the run started from (dist_from_init)
@@ -121,10 +122,14 @@ class Measurement:
     "Hutchinson estimate of tr(H), Rademacher probes",
     config="trace",
     keys=("hessian_trace", "hessian_trace_se"),
-    schema={"num_probes": "probes", "num_samples": "count"},
+    schema={"num_probes": "probes", "num_samples": "count", "deflate": "bool"},
 )
-def trace(m: Measurement, num_samples: int = TRACE_SAMPLES, **options) -> dict:
-    mean, se = hessian_trace(m.operator_on(num_samples), seed=m.seed, **options)
+def trace(
+    m: Measurement, num_samples: int = TRACE_SAMPLES, deflate: bool = True, **options
+) -> dict:
+    # deflated by the λ_1..k Ritz vectors this measurement computed (docs/metrics.md#trace)
+    basis = m.eigenvectors if deflate else None
+    mean, se = hessian_trace(m.operator_on(num_samples), seed=m.seed, basis=basis, **options)
     return {"hessian_trace": mean, "hessian_trace_se": se}
 
 
@@ -205,11 +210,13 @@ def armijo(m: Measurement, **options) -> dict:
         "num_probes": "hutch_probes",
         "damping": "positive",
         "exact_max_params": "off_or_count",
+        "deflate": "bool",
     },
 )
-def fisher_trace_ratio(m: Measurement, **options) -> dict:
+def fisher_trace_ratio(m: Measurement, deflate: bool = True, **options) -> dict:
+    basis = m.eigenvectors if deflate else None  # docs/metrics.md#fisher-trace-ratio
     mean, se = S.fisher_trace_ratio(
-        m.sharpness_operator(), seed=m.seed, moments=m.fisher_moments(), **options
+        m.sharpness_operator(), seed=m.seed, moments=m.fisher_moments(), basis=basis, **options
     )
     return {"fisher_trace_ratio": mean, "fisher_trace_ratio_se": se}
 

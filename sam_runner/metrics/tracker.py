@@ -196,6 +196,8 @@ class CurvatureTracker:
         self.note = None  # note(text): told as each further measure starts (sam-eval's lines)
         self.step = None  # the run's SGD step {lr, momentum, weight_decay}: sharpness_dim
         self.init_state = None  # the weights the run started from: dist_from_init
+        self._ritz = None
+        self.times = {}  # the last measurement's seconds per part: "eigenvalues", each measure
 
     @property
     def h(self):
@@ -266,7 +268,9 @@ class CurvatureTracker:
                 str(self.h.get("method", "auto")),
                 float(self.h.get("graph_cache_mb", 1024)),
             ) as op:
+                self.times = {}
                 out = self._eigenvalues(op)
+                self.times["eigenvalues"] = time.perf_counter() - t0
                 out.update(self._measures(op, final))
         out["hessian_time_s"] = time.perf_counter() - t0
         return out
@@ -287,6 +291,7 @@ class CurvatureTracker:
             operator=op,
         )
         self.vector = [v.detach().clone() for v in r.vectors]
+        self._ritz = r.ritz_vectors  # this measurement's top-k, for the trace's deflation
         out = {
             "lambda_max": r.values[0],
             **{f"lambda_{i}": v for i, v in enumerate(r.values[1:], start=2)},
@@ -312,6 +317,7 @@ class CurvatureTracker:
             self.loss_fn,
             self.seed,
             final,
+            self._ritz,
             self.data,
             self.step,
             self.init_state,
@@ -327,7 +333,9 @@ class CurvatureTracker:
                 if options.pop("enabled", False) and (final or not entry.meta.get("final_only")):
                     if self.note is not None:
                         self.note(f"{entry.name} (metrics.{entry.config})")
+                    t0 = time.perf_counter()
                     out.update(entry.target(m, **options))
+                    self.times[entry.name] = time.perf_counter() - t0
         finally:
             m.close()
         if "hessian_density" in out:  # a summary.json entry, not a metrics line's
