@@ -261,6 +261,8 @@ def quantization(
 ) -> dict:
     from .quantization import predicted_rise, quantization_values
 
+    if m.data is None or m.data.test is None:  # no test set here (a Data of training tensors)
+        return {}
     out = quantization_values(m.operator.model, m.data.test, [int(b) for b in bits])
     rises = predicted_rise(
         m.sharpness_operator(),
@@ -285,6 +287,8 @@ def quantization(
 def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
     from .input_grad import input_grad_norm
 
+    if m.data is None or m.data.test is None:
+        return {}
     return {"input_grad_norm": input_grad_norm(m.operator.model, m.data.test, num_samples)}
 
 
@@ -299,6 +303,8 @@ def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
 def flip(m: Measurement, frames: int = 10, num_samples: int = 1000, kinds=None) -> dict:
     from .flip import KINDS, flip_probabilities
 
+    if m.data is None or m.data.test is None:
+        return {}
     chosen = tuple(kinds) if kinds else KINDS
     return flip_probabilities(m.operator.model, m.data.test, frames, num_samples, chosen, m.seed)
 
