@@ -339,7 +339,8 @@ def test_sam_landscape_computes_a_sweeps_slices_as_a_slurm_array(tmp_path):
 
 @pytest.mark.usefixtures("slurm")
 def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
-    """hparams_search under hydra/launcher=slurm: 2 trials at once (n_jobs=2), one array."""
+    """hparams_search under hydra/launcher=slurm: 2 trials at once (n_jobs=2), one array, each
+    task reporting its evaluations to its trial in the sweep folder's journal (the pruner)."""
     import optuna
 
     sweep_dir = tmp_path / "search"
@@ -352,9 +353,12 @@ def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
             "hydra/launcher=slurm",
             "hparams_search=sam_rho_lr",
             *TINY,
-            "trainer.epochs=1",
+            "trainer.epochs=2",
             "hydra.sweeper.n_trials=2",
             "hydra.sweeper.n_jobs=2",
+            "hydra.sweeper.pruner=median",
+            "hydra.sweeper.pruning.n_startup_trials=1",
+            "hydra.sweeper.pruning.n_warmup_steps=0",
             f"hydra.sweep.dir={sweep_dir}",
             "hydra.launcher.cpus_per_task=1",
             "hydra.launcher.timeout_min=10",
@@ -368,9 +372,15 @@ def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
     from sam_runner.sweep.study import open_storage
 
     study = optuna.load_study(study_name="search", storage=open_storage(sweep_dir, None))
-    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert len(study.trials) == 2
     for t in study.trials:
-        assert t.value == summary(sweep_dir / str(t.number))["val_acc"]
+        job = summary(sweep_dir / str(t.number))
+        assert t.state.name == {"completed": "COMPLETE", "pruned": "PRUNED"}[job["status"]]
+        if t.state.name == "COMPLETE":
+            assert t.value == job["val_acc"]
+        lines = [json.loads(x) for x in (sweep_dir / str(t.number) / "metrics.jsonl").open()]
+        # written by the job's own SLURM task into the shared journal
+        assert t.intermediate_values == {r["epoch"]: r["val_acc"] for r in lines if "val_acc" in r}
     # both trials were tasks of one submitit array (<array id>_<task>)
     tasks = {p.name for p in (sweep_dir / ".submitit").iterdir() if re.match(r"\d+_\d+$", p.name)}
     assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks
