@@ -40,7 +40,7 @@ def plot_sharpness_dim(lines: dict, points: list, key: str):
             right.scatter(
                 p.values[key], p.gen_gap, edgecolor="black", s=30, **style(p.variant, _batch(p))
             )
-    right.set_xlabel("sharpness dimension", fontsize=FONT)
+    right.set_xlabel("sharpness dimension (colours as on the left)", fontsize=FONT)
     right.set_ylabel("gen. gap (train − test acc.)", fontsize=FONT)
     fig.suptitle(
         "Sharpness dimension against the step size and the generalization gap", fontsize=FONT + 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from ..plots.style import natural_key
 from ..runfiles import finite
 from .measure_ranking import kendall_tau, points_of
 from .sections import SECTIONS
@@ -34,7 +35,9 @@ def lines_by_step(points) -> dict:
         cells.setdefault(series, {}).setdefault(eta, []).append(p.values[KEY])
     return {
         s: [(eta, statistics.fmean(v), len(v)) for eta, v in sorted(by_eta.items())]
-        for s, by_eta in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
+        for s, by_eta in sorted(
+            cells.items(), key=lambda kv: (kv[0][0], natural_key(str(kv[0][1])))
+        )
     }
 
 
