@@ -53,8 +53,9 @@ def validate(cfg) -> None:
         "(val_acc, val_loss, test_acc, ...), a list of such keys, or auto",
     )
     split = cfg.dataset.get("val_split")
+    key = next((k for k in keys if k.startswith("val_")), None)
     require(
-        not key.startswith("val_") or bool(split),
+        key is None or bool(split),
         f"trainer.objective={key} is measured on a validation split, and dataset.val_split="
         f"{split}: set dataset.val_split (e.g. dataset.val_split=0.1), or name another key "
         "(test_acc, ...)",
