@@ -1,6 +1,7 @@
 """``barriers.png`` (``sam-report``): the mean barrier by base-optimizer pair as heat maps, one
 panel per barrier (train loss, test error), the optimizers on both axes in the sweep's order,
-each cell annotated with its mean and number of pairs (blank: no pair connected)."""
+each cell annotated with its mean and number of pairs (blank: no pair connected); pairs of jobs
+of different seeds (results/barriers.py)."""
 
 from __future__ import annotations
 
@@ -42,5 +43,5 @@ def plot_barriers(matrix: dict, shown: dict):
 
 
 def _mean(cells: dict, a: str, b: str, key: str) -> tuple:
-    s = (cells.get((a, b)) or cells.get((b, a)) or {}).get(key)
+    s = (cells.get((a, b, "different")) or cells.get((b, a, "different")) or {}).get(key)
     return (None, 0) if s is None or s["mean"] is None else (s["mean"], s["n"])

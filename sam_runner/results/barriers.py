@@ -45,8 +45,9 @@ def _order(report) -> dict:
 
 
 def pair_barriers(report) -> list[dict]:
-    """One entry per connected pair: ``optimizers`` (the two names, the sweep's order), and the
-    pair's barriers (PAIR_KEYS; None where not computed)."""
+    """One entry per connected pair: ``optimizers`` (the two names, the sweep's order),
+    ``seeds`` (``same``: two optimizers from one initialization; ``different``) and the pair's
+    barriers (PAIR_KEYS; None where not computed)."""
     jobs = {str(Path(j.path).resolve()): j for j in report.completed()}
     order = _order(report)
     out = []
@@ -58,21 +59,29 @@ def pair_barriers(report) -> list[dict]:
             if group_overrides(job.overrides, IGNORE) != group_overrides(other.overrides, IGNORE):
                 continue
             names = sorted((optimizer_of(job), optimizer_of(other)), key=order.get)
-            out.append({"optimizers": tuple(names), **{k: s.get(k) for k in PAIR_KEYS}})
+            same = job.run.get("seed") == other.run.get("seed")
+            out.append(
+                {
+                    "optimizers": tuple(names),
+                    "seeds": "same" if same else "different",
+                    **{k: s.get(k) for k in PAIR_KEYS},
+                }
+            )
     return out
 
 
 def barrier_matrix(report) -> dict | None:
-    """{"optimizers": names in the sweep's order, "cells": {(a, b): {key: stats}}} over the
-    pairs of each optimizer pair (a before b or a = b); None without a pair across two
-    optimizers."""
+    """{"optimizers": names in the sweep's order, "cells": {(a, b, seeds): {key: stats}}} over
+    the pairs of each optimizer pair (a before b or a = b) of different or the same seeds (the
+    matrix: ``different``, as every pair within one optimizer is); None without a pair across
+    two optimizers."""
     pairs = pair_barriers(report)
     if not any(a != b for a, b in (p["optimizers"] for p in pairs)):
         return None
     names = sorted({n for p in pairs for n in p["optimizers"]}, key=_order(report).get)
     cells = {}
     for p in pairs:
-        cells.setdefault(p["optimizers"], []).append(p)
+        cells.setdefault((*p["optimizers"], p["seeds"]), []).append(p)
     return {
         "optimizers": names,
         "cells": {
@@ -85,9 +94,11 @@ def barrier_matrix(report) -> dict | None:
 def render_csv(matrix: dict) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["optimizer_a", "optimizer_b", *(f"{k}_{s}" for k in PAIR_KEYS for s in STATS)])
-    for (a, b), cell in matrix["cells"].items():
-        row = [a, b]
+    w.writerow(
+        ["optimizer_a", "optimizer_b", "seeds", *(f"{k}_{s}" for k in PAIR_KEYS for s in STATS)]
+    )
+    for (a, b, seeds), cell in matrix["cells"].items():
+        row = [a, b, seeds]
         for k in PAIR_KEYS:
             row += ["" if cell[k][s] is None else repr(cell[k][s]) for s in ("mean", "std")]
             row.append(cell[k]["n"])
@@ -117,11 +128,16 @@ def _cell(s: dict | None) -> str:
     return text + f" (n={s['n']})"
 
 
-def _table(matrix: dict, key: str) -> list[str]:
+def cell(cells: dict, a: str, b: str, key: str, seeds: str = "different") -> dict | None:
+    """The stats of ``key`` over the pairs of optimizers a and b (either order)."""
+    return (cells.get((a, b, seeds)) or cells.get((b, a, seeds)) or {}).get(key)
+
+
+def _table(matrix: dict, key: str, seeds: str = "different") -> list[str]:
     names, cells = matrix["optimizers"], matrix["cells"]
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for a in names:
-        row = [(cells.get((a, b)) or cells.get((b, a)) or {}).get(key) for b in names]
+        row = [cell(cells, a, b, key, seeds) for b in names]
         lines.append(f"| **{a}** | " + " | ".join(_cell(s) for s in row) + " |")
     return lines
 
@@ -135,13 +151,20 @@ def barriers_section(report, _plots=None) -> list[str]:
         return []
     out = ["## Barriers by optimizer pair", ""]
     for key, what in SHOWN.items():
-        out += [f"Mean barrier, {what}:", "", *_table(matrix, key), ""]
+        out += [f"Mean barrier, {what}, jobs of different seeds:", "", *_table(matrix, key), ""]
+    if any(k[2] == "same" for k in matrix["cells"]):
+        key = "barrier_train_loss"
+        out += ["Mean barrier, train loss, two optimizers from one seed:", ""]
+        out += [*_table(matrix, key, "same"), ""]
     return out + [
         figure(f"{STEM}.{report.plot_format}"),
         "",
         "Each cell: the mean ± std over the connected pairs of jobs trained by the row's and "
-        "the column's base optimizer (the diagonal: two seeds of one optimizer), n = pairs; "
-        "a barrier is the highest rise of the loss (error) along the straight line between the "
+        "the column's base optimizer (the diagonal: two seeds of one optimizer), n = pairs. "
+        "Two jobs of one seed start from the same weights, so the pairs across optimizers of "
+        "one seed are shown apart (the last table); the matrices and barriers.png hold the "
+        "pairs of different seeds, comparable with the diagonal. A "
+        "barrier is the highest rise of the loss (error) along the straight line between the "
         "two jobs above the straight line between its end values (sam-landscape "
         "landscape.pairs=optimizers). All columns: barriers.csv.",
         "",

@@ -74,19 +74,26 @@ def test_optimizer_pairs_add_the_across_pairs_to_the_seed_pairs_and_the_report_m
 
     assert report_main([str(sweep), "--out", str(sweep / "report")]) == 0
     with open(sweep / "report" / "barriers.csv") as f:
-        rows = {(r["optimizer_a"], r["optimizer_b"]): r for r in csv.DictReader(f)}
-    name = {str(n): base for n, (_, base, _) in enumerate(JOBS)}
+        rows = {(r["optimizer_a"], r["optimizer_b"], r["seeds"]): r for r in csv.DictReader(f)}
+    job = {str(n): (base, seed) for n, (_, base, seed) in enumerate(JOBS)}
     want: dict = {}
     for a, b in OPTIMIZER_PAIRS:
-        key = tuple(sorted((name[a], name[b]), key=["adamw", "lion"].index))
-        want.setdefault(key, []).append(barrier(sweep, a, b))
-    assert set(rows) == set(want) == {("adamw", "adamw"), ("adamw", "lion"), ("lion", "lion")}
+        names = sorted((job[a][0], job[b][0]), key=["adamw", "lion"].index)
+        seeds = "same" if job[a][1] == job[b][1] else "different"
+        want.setdefault((*names, seeds), []).append(barrier(sweep, a, b))
+    assert set(rows) == set(want)
+    assert set(want) == {
+        ("adamw", "adamw", "different"),
+        ("adamw", "lion", "different"),  # 0-3, 1-2
+        ("adamw", "lion", "same"),  # 0-2, 1-3: one initialization
+        ("lion", "lion", "different"),
+    }
     for key, pairs in want.items():
         for column in ("barrier_train_loss", "barrier_test_error"):
             mean = statistics.fmean(p[column] for p in pairs)
             assert float(rows[key][f"{column}_mean"]) == pytest.approx(mean, rel=1e-12), key
             assert int(rows[key][f"{column}_n"]) == len(pairs)
-    assert int(rows[("adamw", "lion")]["barrier_train_loss_n"]) == 4
+    assert int(rows[("adamw", "lion", "different")]["barrier_train_loss_n"]) == 2
     md = (sweep / "report" / "report.md").read_text()
     assert "## Barriers by optimizer pair" in md and "![barriers](barriers.png)" in md
     assert (sweep / "report" / "barriers.png").stat().st_size > 0
