@@ -39,6 +39,7 @@ CONFIG = Path(HYDRA) / "config.yaml"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT = Path(CHECKPOINTS) / "last.pt"
 AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
+INIT_WEIGHTS = Path(CHECKPOINTS) / "init.pt"  # the weights at step 0 (dist_from_init)
 CACHE = "cache"  # an image folder's decoded measurement subsets
 WEIGHTS = ("last", "averaged")
 STATUSES = ("completed", "diverged", "pruned", "failed")

@@ -184,3 +184,29 @@ def upgrade(state: dict) -> dict:
         state["logger"] = {"run_id": state.pop("logger_run_id", None)}
         state["format"] = CHECKPOINT_FORMAT
     return state
+
+
+class InitialWeights:
+    """checkpoints/init.pt: the model's state_dict at step 0 (``dist_from_init``), written once
+    when a run starts fresh; absent in run folders from before it existed."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def save(self, state_dict: dict) -> None:
+        import torch
+
+        weights = {k: v.detach().cpu() for k, v in state_dict.items()}
+        atomic_write(self.path, lambda f: torch.save(weights, f))
+
+    def load(self) -> dict | None:
+        """The weights, or None when the file is absent or unreadable (the measure is then left
+        out: nothing else depends on it)."""
+        if not self.path.is_file():
+            return None
+        import torch
+
+        try:
+            return torch.load(self.path, map_location="cpu", weights_only=True)
+        except Exception:
+            return None

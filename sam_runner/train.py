@@ -31,6 +31,7 @@ from .loggers import NullLogger, build_logger
 from .losses import mean_loss, per_example
 from .metrics.evaluate import evaluate
 from .metrics.robustness import Robustness
+from .metrics.sharpness_dim import step_for
 from .metrics.tracker import CurvatureTracker
 from .models import build_model, load_initial_weights
 from .optim.build import build_optimizer
@@ -38,8 +39,16 @@ from .plots.run import write_run_plots
 from .progress import Progress, print_final
 from .provenance import provenance
 from .regularizers import build_regularizer
-from .rundir import CACHE, CHECKPOINT, METRICS, SUMMARY
-from .runfiles import Checkpoint, MetricsLog, json_problem, read_json, writable, write_json
+from .rundir import CACHE, CHECKPOINT, INIT_WEIGHTS, METRICS, SUMMARY
+from .runfiles import (
+    Checkpoint,
+    InitialWeights,
+    MetricsLog,
+    json_problem,
+    read_json,
+    writable,
+    write_json,
+)
 from .samplers import build_sampler
 from .schedulers import build_scheduler
 from .settings import (
@@ -401,6 +410,7 @@ class Run:
             # the checkpoint's evaluation line: a run resumed at its end finishes from it
             lines = [r for r in self.log.rows() if r.get("step") == self.clock.step]
             self.last = next((r for r in reversed(lines) if "test_acc" in r), {})
+        self._measurement_references(state)
         if self.dist.is_main:
             # lines past the checkpoint are redone, never repeated
             self.log.truncate_after(self.clock.step)
@@ -411,6 +421,19 @@ class Run:
                 file=sys.stderr,
             )
         self.start = time.perf_counter() - self.clock.elapsed
+
+    def _measurement_references(self, state) -> None:
+        """What the generalization measures compare the weights with: the SGD step
+        (sharpness_dim) and θ⁰ (dist_from_init: kept from a fresh start, else read back)."""
+        self.tracker.step = step_for(self.cfg.metrics, self.cfg)
+        initial = InitialWeights(self.run_dir / INIT_WEIGHTS)
+        if state is None:
+            start = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+            if self.dist.is_main:
+                initial.save(start)
+        else:
+            start = initial.load()
+        self.tracker.init_state = start if self.tracker.enabled else None
 
     def train_epoch(self) -> bool:
         """One pass over the training set; False when the loss became non-finite (the run

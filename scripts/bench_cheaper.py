@@ -18,7 +18,7 @@ import copy
 
 import torch
 from bench_optim import _setup, _stepper
-from benchutil import interleaved_ratio
+from benchutil import interleaved_ratio, single_threaded
 
 from sam_runner.optim import VARIANTS
 from sam_runner.optim.build import parameter_groups
@@ -38,16 +38,9 @@ def _steps(name, model, x, y, n, **kw):
     return block
 
 
+@single_threaded
 def run(args) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _run(args)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _run(args) -> dict:
+    """Single-threaded CPU (benchutil.single_threaded)."""
     out = {}
     for kind in ["default"] if args.quick else ["default", "resnet18"]:
         model, x, y = _setup(kind)

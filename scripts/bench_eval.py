@@ -7,6 +7,14 @@
 - eval_full_over_default: that measurement over the same job's default one (``sam-eval JOB``:
   the same sets, λ_max alone), one warm-up of each, then alternately (default, full) per repeat;
   the median of the repeats' ratios. Target ≤ 8.
+- eval_full_new_over_old: the ``metrics=full`` measurement over the same one without the four
+  generalization measures (complexity, quantization, input_grad, sharpness_dim), alternately
+  per repeat after a warm-up; the median of the ratios. Target ≤ 1.3.
+- eval_full_share_<part>, eval_full_part_s_<part>: where the full measurement's curvature time
+  goes: each part's share of it and its seconds (``eigenvalues``: λ_1..3 on the whole subset;
+  then each measure, in the order the tracker runs them; ``fisher_trace_ratio`` includes the
+  per-sample gradients both Fisher measures share), from the tracker's own timers
+  (``CurvatureTracker.times``), the median over ``--repeats`` measurements after one warm-up.
 - corruptions_over_clean_eval: the corruption evaluation of that job (every MNIST-1D corruption
   at its five severities: ``corrupted_copies`` = 15 copies of the test set) over one clean
   test-set evaluation (``evaluate``), each the median of ``--repeats``, measured alternately.
@@ -79,6 +87,55 @@ def _eval_full_and_ratio(job: Path, repeats: int) -> tuple[float, float]:
     return statistics.median(fulls), statistics.median(ratios)
 
 
+NEW_MEASURES = ("complexity", "quantization", "input_grad", "sharpness_dim")
+
+
+def _new_over_old(job: Path, repeats: int) -> float:
+    """Median of (metrics=full) / (metrics=full without the generalization measures)."""
+    from sam_runner.evaluation.job import measure_job
+    from sam_runner.evaluation.settings import compose_eval, plain
+
+    old = ["metrics=full", *(f"metrics.{m}.enabled=false" for m in NEW_MEASURES)]
+    settings = {
+        "old": plain(compose_eval(old, job)),
+        "new": plain(compose_eval(["metrics=full"], job)),
+    }
+
+    def timed(which):
+        t0 = time.perf_counter()
+        record = measure_job(job, settings[which])
+        assert record["status"] == "completed", record.get("error")
+        return time.perf_counter() - t0
+
+    timed("old"), timed("new")
+    return statistics.median(timed("new") / timed("old") for _ in range(repeats))
+
+
+def _shares(job: Path, repeats: int) -> dict:
+    """The full measurement's seconds per part (``CurvatureTracker.times``) and their shares."""
+    from sam_runner.evaluation.settings import compose_eval, plain
+    from sam_runner.losses import mean_loss
+    from sam_runner.metrics.sharpness_dim import step_for
+    from sam_runner.metrics.tracker import CurvatureTracker
+    from sam_runner.rebuild import load_run
+
+    metrics = OmegaConf.create(plain(compose_eval(["metrics=full"], job))["metrics"])
+    run = load_run(job, torch.device("cpu"), strict=True)
+    loss = mean_loss(str(OmegaConf.select(run.cfg, "trainer.loss", default="cross_entropy")))
+    times = []
+    for _ in range(repeats + 1):  # the first one warms up
+        seed = int(run.cfg.seed)
+        tracker = CurvatureTracker(metrics, run.model, run.data, None, seed, None, loss)
+        tracker.step = step_for(metrics, run.cfg)  # as sam-eval: sharpness_dim's step
+        tracker.measure(final=True)
+        times.append(tracker.times)
+    parts = {k: statistics.median(t[k] for t in times[1:]) for k in times[-1]}
+    total = sum(parts.values())
+    out = {f"eval_full_part_s_{k}": v for k, v in parts.items()}
+    out.update({f"eval_full_share_{k}": v / total for k, v in parts.items()})
+    return out
+
+
 def _ratio(model, data, dataset_cfg, repeats: int) -> tuple[float, int]:
     """(corruption evaluation / clean evaluation, corrupted copies evaluated)."""
     metrics = OmegaConf.create({"ece_bins": 15, "corruptions": {"enabled": True}})
@@ -114,6 +171,8 @@ def run(args) -> dict:
         job = _trained_default_job(Path(d))
         full, ratio = _eval_full_and_ratio(job, repeats)
         out.update(eval_per_job_s=full, eval_full_over_default=ratio, eval_full_target=8)
+        out.update(eval_full_new_over_old=_new_over_old(job, repeats), eval_full_new_target=1.3)
+        out.update(_shares(job, repeats))
         from sam_runner.rebuild import load_run
 
         run = load_run(job, torch.device("cpu"), strict=True)

@@ -18,7 +18,7 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from benchutil import median_time
+from benchutil import median_time, single_threaded
 from typing_extensions import override
 
 from sam_runner.models import ResNet, SmallCNN
@@ -111,18 +111,9 @@ def _ratios(fns: dict, ref, repeats: int, calls: int) -> dict:
     return {name: statistics.median(v) for name, v in rows.items()}
 
 
+@single_threaded
 def run(args) -> dict:
-    """Single-threaded CPU (restored afterwards), so that the ratios do not depend on how many
-    cores other processes leave free."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _run(args)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _run(args) -> dict:
+    """Single-threaded CPU (benchutil.single_threaded)."""
     kinds = ["default"] if args.quick else ["default", "resnet18"]
     out = {}
     for kind in kinds:

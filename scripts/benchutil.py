@@ -36,3 +36,18 @@ def interleaved_ratio(fn_a, fn_b, repeats: int = 5, warmup: int = 1, inner: int 
         tb = median_time(fn_b, 1, 0, inner)
         ratios.append(ta / tb)
     return statistics.median(ratios)
+
+
+def single_threaded(fn):
+    """``fn`` on one CPU thread (restored afterwards), so that a section's ratios do not depend
+    on how many cores other processes leave free."""
+
+    def run(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-STEPS = (10, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120)
+STEPS = (10, 15, 18, 20, 21, 22, 23, 24, 25, 30, 40, 50, 60, 80, 100, 120)
 
 
 def tridiagonals(job: Path, sizes, runs: int, reference: int) -> dict:

@@ -63,6 +63,7 @@ EXPECTED = {
     "variant_zoo_mini": (24, "cnn1d", "mnist1d", ZOO),
     "edge_of_stability": (16, "cnn mlp", "cifar10", "base sam"),
     "edge_of_stability_mini": (6, "mlp", "mnist1d", "base sam"),
+    "sharpness_dim_eos_mini": (9, "mlp", "mnist1d", "base"),
     # variant x rho x batch size x lr x seed, base once per rho: 8 base + 16 sam + 16 gsam
     "generalization_measures": (40, "resnet18", "cifar10", "base sam gsam"),
     "generalization_measures_mini": (40, "mlp", "mnist1d", "base sam gsam"),

@@ -274,7 +274,7 @@ def test_two_sweepers_of_one_study_at_once_never_run_a_trial_twice(tmp_path):
             ["hydra.sweeper.sampler.name=grid"],
             "hydra.sweeper.sampler.name=grid is unknown; choose one of tpe",
         ),
-        (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 must be at least 1"),
+        (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 must be an integer >= 1"),
         (
             ["hydra.sweeper.directions=[maximize,minimize]"],
             "hydra.sweeper.directions has 2 direction(s) (maximize, minimize) and "

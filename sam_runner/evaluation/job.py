@@ -37,9 +37,10 @@ from torch import nn
 
 from ..errors import one_line
 from ..lock import held_by, job_lock
+from ..metrics.sharpness_dim import step_for
 from ..rebuild import load
-from ..rundir import RunDir, eval_file
-from ..runfiles import writable, write_json
+from ..rundir import INIT_WEIGHTS, RunDir, eval_file
+from ..runfiles import InitialWeights, writable, write_json
 
 
 def measure_job(job_dir, settings: dict) -> dict:
@@ -93,7 +94,12 @@ def measure(job_dir: Path, settings: dict) -> dict:
     say("the training and test sets")
     out = set_values(model, data, metrics, cfg.dataset, bars(settings))
     loss = str(OmegaConf.select(cfg, "trainer.loss", default="cross_entropy"))
-    out.update(curvature_values(model, data, metrics, int(cfg.seed), loss, say))
+    start = InitialWeights(job_dir / INIT_WEIGHTS).load()
+    out.update(
+        curvature_values(
+            model, data, metrics, int(cfg.seed), loss, say, step_for(metrics, cfg), start
+        )
+    )
     if robustness.enabled(metrics):
         say("corruptions (metrics.corruptions)")
         values, sources = robustness.corruption_values(
@@ -186,18 +192,21 @@ def with_bar(loader, desc: str, bar: bool = False):
         counter.close()
 
 
-def curvature_values(model, data, metrics, seed: int, loss="cross_entropy", say=None) -> dict:
+def curvature_values(
+    model, data, metrics, seed: int, loss="cross_entropy", say=None, step=None, init_state=None
+) -> dict:
     """λ_max and the enabled measures, as the run's final measurement takes them: of the loss
     the job trained on (``trainer.loss``: an MSE job's Hessian is the MSE's), without an
     optimizer (no eos_ratio, a property of training, not of the weights); ``say``: told as
-    each measure starts."""
+    each measure starts; ``step``: the job's SGD step (sharpness_dim), ``init_state``: its
+    weights at step 0 (dist_from_init)."""
     from ..losses import mean_loss
     from ..metrics.tracker import CurvatureTracker
 
     tracker = CurvatureTracker(metrics, model, data, None, seed, loss_fn=mean_loss(loss))
     if not tracker.enabled:
         return tracker.summary_extras()
-    tracker.note = say
+    tracker.note, tracker.step, tracker.init_state = say, step, init_state
     if say is not None:
         say(f"the Hessian's top eigenvalue(s) on {tracker.num_samples()} training samples")
     out = tracker.measure(final=True)

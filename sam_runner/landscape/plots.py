@@ -110,8 +110,38 @@ def plot_surface(xs, ys, values, title: str):
     ax.set_ylabel("β (direction 2)")
     ax.set_zlabel(name, labelpad=8)
     fig.suptitle(title, fontsize=9)
-    ax.view_init(elev=32, azim=-60)
+    ax.view_init(elev=view_elevation(ax, X, Y, Z), azim=AZIM)
     return fig
+
+
+ELEV, AZIM, MARGIN = 32.0, -60.0, 4.0  # degrees: the usual view; the margin over the steepest face
+
+
+def view_elevation(ax, X, Y, Z, azim: float = AZIM) -> float:
+    """The lowest elevation, from ``ELEV`` up, at which every face of the surface is seen from
+    above. From a lower one, where the surface rises towards the viewer more steeply than the
+    line of sight (a near edge higher than the valley behind it), the line of sight passes under
+    that edge and meets the surface's underside: the valley shows through the near edge, which
+    reads as an artefact at the plot's edge. A face is seen from above when its upward normal
+    points towards the viewer: tan(elev) > the face's rise towards the viewer, measured in the
+    axes box's units (what the projection sees: each axis scaled to its box side) and over both
+    edges of each cell in each direction; plus ``MARGIN`` for the perspective's rays."""
+    box = ax.get_box_aspect()
+    lims = (ax.get_xlim3d(), ax.get_ylim3d(), ax.get_zlim3d())
+    sx, sy, sz = (side / (hi - lo) for side, (lo, hi) in zip(box, lims))
+    Zs = np.where(np.isfinite(Z), Z, np.nan) * sz
+    gx = np.diff(Zs, axis=1) / (np.diff(X, axis=1) * sx)  # rise along α, each cell's two edges
+    gy = np.diff(Zs, axis=0) / (np.diff(Y, axis=0) * sy)
+    a = np.radians(azim)
+    # the viewer sits towards (cos a, sin a) from the box centre: each cell's rise towards it,
+    # the largest over its edges' slopes
+    rise = np.full(gx[:-1].shape, -np.inf)
+    for ex in (gx[:-1], gx[1:]):
+        for ey in (gy[:, :-1], gy[:, 1:]):
+            rise = np.fmax(rise, np.cos(a) * ex + np.sin(a) * ey)
+    rise = rise[np.isfinite(rise)]
+    steepest = float(rise.max()) if len(rise) else 0.0
+    return float(min(90.0, max(ELEV, np.degrees(np.arctan(max(steepest, 0.0))) + MARGIN)))
 
 
 def _end_lines(ax, alphas, v) -> None:

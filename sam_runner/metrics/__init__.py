@@ -8,8 +8,12 @@ from .calibration import (
     maximum_calibration_error,
     reliability_bins,
 )
+from .complexity import complexity_measures
 from .hvp import HessianOperator
+from .input_grad import input_grad_norm
 from .oui import oui
+from .quantization import quantize_weights
+from .sharpness_dim import sharpness_dimension
 from .solvers import (
     hessian_eigenpairs,
     hessian_trace,
@@ -31,4 +35,8 @@ __all__ = [
     "smoothed_density",
     "HessianOperator",
     "oui",
+    "sharpness_dimension",
+    "quantize_weights",
+    "complexity_measures",
+    "input_grad_norm",
 ]

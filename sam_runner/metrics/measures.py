@@ -11,7 +11,9 @@ function here and its section in ``conf/metrics/default.yaml`` (with ``enabled: 
 
 Schema words (checked before a run starts): ``positive`` (a finite number > 0), ``nonnegative``,
 ``fraction`` (in (0, 1)), ``count`` (an integer >= 1), ``probes`` (an integer >= 2),
-``hutch_probes`` (an integer >= 6), ``off_or_count`` (an integer >= 0), ``bool``.
+``hutch_probes`` (an integer >= 6), ``off_or_count`` (an integer >= 0), ``bool``,
+``bit_widths`` (a non-empty list of integers in 2..16), ``null_or_positive``, ``flip_kinds``
+(a non-empty list of flip.py's kinds).
 """
 
 from __future__ import annotations
@@ -52,9 +54,14 @@ class Measurement:
     loss_fn: object
     seed: int
     final: bool
+    eigenvectors: object = None  # [k, n]: the top-k Ritz vectors of this measurement (flat, unit)
+    data: object = None  # the run's Data (test-set measures), None where there is none
+    step: dict | None = None  # the run's SGD step {lr, momentum, weight_decay} (sharpness_dim)
+    init_state: dict | None = None  # the weights the run started from (dist_from_init)
     _objective: Objective | None = field(default=None, repr=False)
     _operators: dict = field(default_factory=dict, repr=False)
     _moments: tuple | None = field(default=None, repr=False)
+    _slq: dict = field(default_factory=dict, repr=False)
 
     def objective(self) -> Objective:
         """The mean loss over the sharpness batches (opened once, closed by ``close``)."""
@@ -88,6 +95,15 @@ class Measurement:
             self._moments = S.per_sample_gradient_moments(self.objective())
         return self._moments
 
+    def slq(self, num_samples: int, num_runs: int, num_steps: int) -> dict:
+        """``spectral_density`` on the first ``num_samples`` samples, taken once per setting
+        (the density and the sharpness dimension share it)."""
+        key = (num_samples, num_runs, num_steps)
+        if key not in self._slq:
+            op = self.operator_on(num_samples)
+            self._slq[key] = spectral_density(op, num_runs, num_steps, seed=self.seed)
+        return self._slq[key]
+
     def close_operators(self) -> None:
         """Close the operators ``operator_on`` opened (their cached graphs go)."""
         for op in reversed(list(self._operators.values())):
@@ -106,10 +122,14 @@ class Measurement:
     "Hutchinson estimate of tr(H), Rademacher probes",
     config="trace",
     keys=("hessian_trace", "hessian_trace_se"),
-    schema={"num_probes": "probes", "num_samples": "count"},
+    schema={"num_probes": "probes", "num_samples": "count", "deflate": "bool"},
 )
-def trace(m: Measurement, num_samples: int = TRACE_SAMPLES, **options) -> dict:
-    mean, se = hessian_trace(m.operator_on(num_samples), seed=m.seed, **options)
+def trace(
+    m: Measurement, num_samples: int = TRACE_SAMPLES, deflate: bool = True, **options
+) -> dict:
+    # deflated by the λ_1..k Ritz vectors this measurement computed (docs/metrics.md#trace)
+    basis = m.eigenvectors if deflate else None
+    mean, se = hessian_trace(m.operator_on(num_samples), seed=m.seed, basis=basis, **options)
     return {"hessian_trace": mean, "hessian_trace_se": se}
 
 
@@ -121,9 +141,10 @@ def trace(m: Measurement, num_samples: int = TRACE_SAMPLES, **options) -> dict:
     final_only=True,
     schema={"num_runs": "count", "num_steps": "count", "num_samples": "count"},
 )
-def density(m: Measurement, num_samples: int = DENSITY_SAMPLES, **options) -> dict:
-    d = spectral_density(m.operator_on(num_samples), seed=m.seed, **options)
-    return {"hessian_density": d}
+def density(
+    m: Measurement, num_samples: int = DENSITY_SAMPLES, num_runs: int = 3, num_steps: int = 25
+) -> dict:
+    return {"hessian_density": m.slq(num_samples, num_runs, num_steps)}
 
 
 @MEASURES.register(
@@ -189,11 +210,13 @@ def armijo(m: Measurement, **options) -> dict:
         "num_probes": "hutch_probes",
         "damping": "positive",
         "exact_max_params": "off_or_count",
+        "deflate": "bool",
     },
 )
-def fisher_trace_ratio(m: Measurement, **options) -> dict:
+def fisher_trace_ratio(m: Measurement, deflate: bool = True, **options) -> dict:
+    basis = m.eigenvectors if deflate else None  # docs/metrics.md#fisher-trace-ratio
     mean, se = S.fisher_trace_ratio(
-        m.sharpness_operator(), seed=m.seed, moments=m.fisher_moments(), **options
+        m.sharpness_operator(), seed=m.seed, moments=m.fisher_moments(), basis=basis, **options
     )
     return {"fisher_trace_ratio": mean, "fisher_trace_ratio_se": se}
 
@@ -209,3 +232,118 @@ def fisher_rao_norm(m: Measurement) -> dict:
     # per-sample gradients (the trace ratio's, when it ran): no HVPs
     value, se = S.fisher_rao_norm(m.objective(), m.fisher_moments())
     return {"fisher_rao_norm": value, "fisher_rao_norm_se": se}
+
+
+@MEASURES.register(
+    "complexity",
+    "Jiang et al. 2020's norms: param_norm, dist_from_init, path_norm, spectral_norm_product",
+    config="complexity",
+    keys=("param_norm", "dist_from_init", "path_norm", "spectral_norm_product"),
+    schema={},
+)
+def complexity(m: Measurement) -> dict:
+    from .complexity import complexity_measures
+
+    shape = m.data.input_shape if m.data is not None else m.operator.batches[0][0].shape[1:]
+    return complexity_measures(m.operator.model, tuple(shape), m.init_state)
+
+
+@MEASURES.register(
+    "quantization",
+    "test accuracy, loss and ECE with weights quantized per channel; the predicted loss rise",
+    config="quantization",
+    keys=("quant_acc_<b>bit", "quant_drop_<b>bit", "quant_loss_rise_pred_<b>bit"),
+    final_only=True,
+    schema={"bits": "bit_widths", "exact_max_params": "off_or_count", "num_probes": "probes"},
+)
+def quantization(
+    m: Measurement, bits=(8, 4), exact_max_params: int = 1024, num_probes: int = 20
+) -> dict:
+    from .quantization import predicted_rise, quantization_values
+
+    if m.data is None or m.data.test is None:  # no test set here (a Data of training tensors)
+        return {}
+    out = quantization_values(m.operator.model, m.data.test, [int(b) for b in bits])
+    rises = predicted_rise(
+        m.sharpness_operator(),
+        m.operator.model,
+        [int(b) for b in bits],
+        exact_max_params,
+        num_probes,
+        m.seed,
+    )
+    out.update({f"quant_loss_rise_pred_{b}bit": rise for b, rise in rises.items()})
+    return out
+
+
+@MEASURES.register(
+    "input_grad",
+    "mean per-sample ‖∇ₓ loss‖₂ over the test set",
+    config="input_grad",
+    keys=("input_grad_norm",),
+    final_only=True,
+    schema={"num_samples": "count"},
+)
+def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
+    from .input_grad import input_grad_norm
+
+    if m.data is None or m.data.test is None:
+        return {}
+    return {"input_grad_norm": input_grad_norm(m.operator.model, m.data.test, num_samples)}
+
+
+@MEASURES.register(
+    "flip",
+    "flip probability over sequences of small perturbations (CIFAR-10-P's measure)",
+    config="flip",
+    keys=("flip_prob", "flip_prob_<kind>"),
+    final_only=True,
+    schema={"frames": "probes", "num_samples": "count", "kinds": "flip_kinds"},
+)
+def flip(m: Measurement, frames: int = 10, num_samples: int = 1000, kinds=None) -> dict:
+    from .flip import KINDS, flip_probabilities
+
+    if m.data is None or m.data.test is None:
+        return {}
+    chosen = tuple(kinds) if kinds else KINDS
+    return flip_probabilities(m.operator.model, m.data.test, frames, num_samples, chosen, m.seed)
+
+
+@MEASURES.register(
+    "sharpness_dim",
+    "Kaplan–Yorke dimension of the SGD map at the weights, from the Hessian spectrum",
+    config="sharpness_dim",
+    keys=("sharpness_dim", "sharpness_dim_dense"),
+    schema={
+        "num_samples": "count",
+        "max_dense": "count",
+        "top_k": "off_or_count",
+        "num_runs": "count",
+        "num_steps": "count",
+        "lr": "null_or_positive",
+    },
+)
+def sharpness_dim(
+    m: Measurement,
+    num_samples: int = DENSITY_SAMPLES,
+    max_dense: int = 1024,
+    top_k: int = 0,
+    num_runs: int = 3,
+    num_steps: int = 25,
+    lr: float | None = None,
+) -> dict:
+    from .sharpness_dim import dense_eigenvalues, estimated_eigenvalues, sharpness_dimension
+
+    if m.step is None:  # not an SGD run: its map is not gradient descent's (docs/metrics.md)
+        return {}
+    step = dict(m.step, lr=float(lr) if lr is not None else m.step["lr"])  # step_for checked it
+    op = m.operator_on(num_samples)
+    dense = op.numel <= max_dense
+    if dense:
+        values = dense_eigenvalues(op)
+    else:  # the density's SLQ when it runs at this measurement with the same settings
+        values = estimated_eigenvalues(op, top_k, m.slq(num_samples, num_runs, num_steps), m.seed)
+    return {
+        "sharpness_dim": sharpness_dimension(values.tolist(), **step),
+        "sharpness_dim_dense": dense,
+    }

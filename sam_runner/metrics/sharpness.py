@@ -49,7 +49,7 @@ from ..optim.blocks import is_bias
 from .fast_forwards import own_conv1d
 from .hvp import HessianOperator
 from .objective import Objective
-from .solvers import hessian_diagonal, hutch_plus_plus
+from .solvers import deflated_trace, hessian_diagonal, hutch_plus_plus
 
 
 def _positive(name, value):
@@ -223,10 +223,14 @@ def fisher_trace_ratio(
     exact_max_params: int = 1024,
     seed: int = 0,
     moments=None,
+    basis=None,
 ):
     """Σ_i H_ii / (F_ii + δ), δ = damping · mean_i F_ii: (value, standard error). Exact (H's
     diagonal by one HVP per coordinate, standard error 0) up to ``exact_max_params`` parameters;
-    beyond, Hutch++ on W^½ H W^½, W = diag(1/(F + δ)), with ``num_probes`` HVPs (in blocks).
+    beyond, a trace estimate of A = W^½ H W^½, W = diag(1/(F + δ)): Hutch++ with ``num_probes``
+    HVPs (in blocks), or, given ``basis`` ([k, n], H's top Ritz vectors), exactly on the span of
+    W^½·basis (where those directions put A's large part) plus Hutchinson with ``num_probes``
+    probes on the rest (``deflated_trace``: k + num_probes HVPs).
     ``moments``: ``per_sample_gradient_moments(op)`` when already taken."""
     _positive("damping", damping)
     fisher, _ = moments or per_sample_gradient_moments(op)
@@ -235,6 +239,11 @@ def fisher_trace_ratio(
     if op.numel <= exact_max_params:
         return float(torch.dot(weight.double(), hessian_diagonal(op))), 0.0
     root = weight.sqrt()
-    return hutch_plus_plus(
-        lambda V: root * op.hvp_batch(root * V), op.numel, num_probes, seed, op.device, op.dtype
-    )
+
+    def matmat(V):
+        return root * op.hvp_batch(root * V)
+
+    if basis is not None and len(basis):
+        mapped = root.double() * torch.as_tensor(basis).to(root.device, torch.float64)
+        return deflated_trace(matmat, op.numel, mapped, num_probes, seed, op.device, op.dtype)
+    return hutch_plus_plus(matmat, op.numel, num_probes, seed, op.device, op.dtype)

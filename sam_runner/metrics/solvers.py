@@ -339,12 +339,17 @@ def hutchinson(
     the probes, and so the estimate, are those of one HVP per probe."""
     if not (isinstance(num_probes, int) and num_probes >= 2):
         raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
-    g = torch.Generator().manual_seed(seed)
-    V = _rademachers(num_probes, op.numel, g, op.device, op.dtype)
-    HV = _blocks(op.hvp_batch, V)
+    V, HV = probe_products(op, num_probes, seed)
     W = V if weight is None else weight * V
     s = torch.stack([torch.dot(w, hv) for w, hv in zip(W, HV)]).double().cpu()
     return float(s.mean()), float(s.std() / math.sqrt(num_probes))
+
+
+def probe_products(op: HessianOperator, num_probes: int, seed: int = 0):
+    """(V, HV): ``num_probes`` seeded Rademacher rows and H applied to each (in blocks)."""
+    g = torch.Generator().manual_seed(seed)
+    V = _rademachers(num_probes, op.numel, g, op.device, op.dtype)
+    return V, _blocks(op.hvp_batch, V)
 
 
 def hutch_plus_plus(matmat, n: int, num_matvecs: int = 60, seed: int = 0, device="cpu", dtype=None):
@@ -380,9 +385,45 @@ def hessian_diagonal(op: HessianOperator) -> torch.Tensor:
     return out
 
 
-def hessian_trace(op: HessianOperator, num_probes: int = 100, seed: int = 0) -> tuple[float, float]:
-    """Hutchinson's estimate of tr(H): (mean of vᵀHv over Rademacher probes, its standard error)."""
-    return hutchinson(op, num_probes, seed)
+def hessian_trace(
+    op: HessianOperator, num_probes: int = 100, seed: int = 0, basis=None
+) -> tuple[float, float]:
+    """Hutchinson's estimate of tr(H): (mean of vᵀHv over Rademacher probes, its standard error).
+    ``basis`` ([k, n], e.g. the top-k Ritz vectors already computed): deflated, tr(QᵀHQ) exactly
+    (k more HVPs) plus Hutchinson on (I − QQᵀ)H(I − QQᵀ), Q an orthonormal basis of its rows
+    (``deflated_hutchinson``)."""
+    if basis is None or len(basis) == 0:
+        return hutchinson(op, num_probes, seed)
+    return deflated_hutchinson(op, basis, num_probes, seed)
+
+
+def deflated_hutchinson(op: HessianOperator, basis, num_probes: int = 100, seed: int = 0):
+    """tr(H) = tr(QᵀHQ) + tr(P HP), P = I − QQᵀ, for any Q with orthonormal columns (the cross
+    terms vanish: tr(QQᵀHP) = tr(HPQQᵀ) = 0); Q = orth(basisᵀ) in float64. The first term exactly,
+    the second by Hutchinson with the probes of ``hutchinson`` (the same seeded Rademacher
+    vectors), each projected, Pv. Unbiased for any basis; with H's top eigenvectors it takes
+    their share out of the variance (2 Σ_{i≠j} H_ij² for Rademacher probes): (estimate,
+    standard error of the Hutchinson part)."""
+    return deflated_trace(op.hvp_batch, op.numel, basis, num_probes, seed, op.device, op.dtype)
+
+
+def deflated_trace(matmat, n: int, basis, num_probes: int, seed: int = 0, device="cpu", dtype=None):
+    """``deflated_hutchinson`` for any symmetric A given by ``matmat`` (rows of a [B, n] matrix):
+    tr(QᵀAQ) exactly (k applications) + Hutchinson on (I − QQᵀ)A(I − QQᵀ) with ``num_probes``."""
+    if not (isinstance(num_probes, int) and num_probes >= 2):
+        raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
+    dtype = dtype or torch.float32
+    B = torch.as_tensor(basis).reshape(len(basis), -1)
+    if B.shape[1] != n:
+        raise ValueError(f"basis has {B.shape[1]} columns; the Hessian has {n} parameters")
+    Q = torch.linalg.qr(B.to(device, torch.float64).T)[0]  # [n, k], orthonormal columns
+    AQ = _blocks(matmat, Q.T.to(dtype).contiguous()).double()
+    exact = float(torch.einsum("ni,in->", Q, AQ))
+    g = torch.Generator().manual_seed(seed)
+    V = _rademachers(num_probes, n, g, device, torch.float64)
+    V = (V - (V @ Q) @ Q.T).to(dtype)
+    s = (V.double() * _blocks(matmat, V).double()).sum(1).cpu()
+    return exact + float(s.mean()), float(s.std() / math.sqrt(num_probes))
 
 
 def spectral_density(

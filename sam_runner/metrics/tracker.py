@@ -104,6 +104,25 @@ def check_options(section: str, options, schema: dict) -> None:
             continue
         if kind == "bool":
             require(isinstance(value, bool), f"{name}={value!r} must be true or false")
+        elif kind == "bit_widths":
+            ok = isinstance(value, (list, tuple)) and len(value) > 0
+            ok = ok and all(
+                isinstance(b, int) and not isinstance(b, bool) and 2 <= b <= 16 for b in value
+            )
+            require(ok, f"{name}={value!r} must be a non-empty list of integers in 2..16")
+        elif kind == "flip_kinds":
+            from .flip import KINDS
+
+            ok = isinstance(value, (list, tuple)) and len(value) > 0
+            bad = [k for k in value if k not in KINDS] if ok else []
+            require(
+                ok and not bad,
+                f"{name}={value!r}: {bad[0] if bad else 'empty'} is not a kind; choose from "
+                f"{', '.join(KINDS)}",
+            )
+        elif kind == "null_or_positive":
+            if value is not None:
+                number(name, value, "null or a finite number > 0", lambda v: 0 < v < math.inf)
         elif kind in ("count", "probes", "hutch_probes", "off_or_count"):
             integer(name, value, *SCHEMA[kind])
         else:
@@ -175,6 +194,10 @@ class CurvatureTracker:
         self.density = None
         self._last = None  # (step, keys) of the last measurement: one per step, whoever asks
         self.note = None  # note(text): told as each further measure starts (sam-eval's lines)
+        self.step = None  # the run's SGD step {lr, momentum, weight_decay}: sharpness_dim
+        self.init_state = None  # the weights the run started from: dist_from_init
+        self._ritz = None
+        self.times = {}  # the last measurement's seconds per part: "eigenvalues", each measure
 
     @property
     def h(self):
@@ -245,7 +268,9 @@ class CurvatureTracker:
                 str(self.h.get("method", "auto")),
                 float(self.h.get("graph_cache_mb", 1024)),
             ) as op:
+                self.times = {}
                 out = self._eigenvalues(op)
+                self.times["eigenvalues"] = time.perf_counter() - t0
                 out.update(self._measures(op, final))
         out["hessian_time_s"] = time.perf_counter() - t0
         return out
@@ -266,6 +291,7 @@ class CurvatureTracker:
             operator=op,
         )
         self.vector = [v.detach().clone() for v in r.vectors]
+        self._ritz = r.ritz_vectors  # this measurement's top-k, for the trace's deflation
         out = {
             "lambda_max": r.values[0],
             **{f"lambda_{i}": v for i, v in enumerate(r.values[1:], start=2)},
@@ -285,7 +311,17 @@ class CurvatureTracker:
         """Every enabled measure; the sharpness ones on the first ``sharpness.num_samples``
         samples."""
         n = int(OmegaConf.select(self.cfg, "sharpness.num_samples", default=1024))
-        m = Measurement(op, leading_batches(op.batches, n), self.loss_fn, self.seed, final)
+        m = Measurement(
+            op,
+            leading_batches(op.batches, n),
+            self.loss_fn,
+            self.seed,
+            final,
+            self._ritz,
+            self.data,
+            self.step,
+            self.init_state,
+        )
         out = {}
         try:
             for entry in sorted(
@@ -297,7 +333,9 @@ class CurvatureTracker:
                 if options.pop("enabled", False) and (final or not entry.meta.get("final_only")):
                     if self.note is not None:
                         self.note(f"{entry.name} (metrics.{entry.config})")
+                    t0 = time.perf_counter()
                     out.update(entry.target(m, **options))
+                    self.times[entry.name] = time.perf_counter() - t0
         finally:
             m.close()
         if "hessian_density" in out:  # a summary.json entry, not a metrics line's

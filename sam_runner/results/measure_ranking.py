@@ -9,7 +9,8 @@ running mean of the last epoch (train mode, with augmentation): an estimate, whi
 replaces by the whole training set in eval mode.
 
 For each measure (``MEASURE_KEYS``: λ_max, λ_k, tr(H), every sharpness measure, Fisher–Rao, the
-Armijo curvature, the calibration errors, the corruption accuracy and ECE):
+Armijo curvature, the sharpness dimension, the input-gradient norm, the complexity norms, the
+quantization drops and their prediction, the calibration errors, the corruption accuracy and ECE):
 
 - Kendall's τ (tau-b, ``scipy.stats.kendalltau``) with gen_gap and with the test error, across
   the completed jobs that have both the measure and the target;
@@ -54,6 +55,17 @@ LABELS = {
     "armijo_curvature": "Armijo curvature 2(1−c)/α",
     "fisher_trace_ratio": "Fisher trace ratio Σ H_ii/(F_ii+δ)",
     "fisher_rao_norm": "Fisher–Rao norm ⟨θ, Fθ⟩",
+    "sharpness_dim": "sharpness dimension",
+    "input_grad_norm": "input-gradient norm",
+    "flip_prob": "flip probability",
+    "param_norm": "Σ‖W‖²_F",
+    "dist_from_init": "Σ‖W − W⁰‖²_F",
+    "path_norm": "path norm",
+    "spectral_norm_product": "log Π‖W‖²₂",
+    "quant_drop_8bit": "8-bit accuracy drop",
+    "quant_drop_4bit": "4-bit accuracy drop",
+    "quant_loss_rise_pred_8bit": "predicted 8-bit loss rise",
+    "quant_loss_rise_pred_4bit": "predicted 4-bit loss rise",
     "test_ece": "ECE",
     "test_ece_adaptive": "adaptive ECE",
     "test_mce": "MCE",

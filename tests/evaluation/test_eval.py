@@ -26,6 +26,7 @@ from eval_helpers import (
 )
 
 from sam_runner.data import build_data
+from sam_runner.lock import lock_path
 from sam_runner.models import build_model
 from sam_runner.rundir import CHECKPOINT, RunDir
 from sam_runner.runfiles import Checkpoint
@@ -186,6 +187,11 @@ def test_workers_measure_what_one_process_measures(evaluated, tmp_path):
         for key in ("train_acc", "test_acc", "gen_gap", "test_acc_c", "test_ece"):
             assert a[key] == pytest.approx(b[key], abs=1e-6), key
         assert a["lambda_max"] == pytest.approx(b["lambda_max"], rel=2e-3)
+    # a worker measures several jobs (its start-up paid once): the job locks name at most two
+    # processes for the four jobs, none of them the one-process run's
+    pids = {lock_path(sweep / job, "eval").read_text().split()[0] for job in JOBS}
+    before = {lock_path(evaluated[0] / job, "eval").read_text().split()[0] for job in JOBS}
+    assert len(JOBS) == 4 and 1 <= len(pids) <= 2 and not pids & before
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,17 @@ def reference(model, data, n, fn):
 def test_trace_is_measured_on_the_first_num_samples(n):
     tracker, model, data = setup()
     row = measure_with(tracker, trace={"enabled": True, "num_probes": 6, "num_samples": n})
-    mean, se = reference(model, data, n, lambda op: hessian_trace(op, 6, seed=0))
+    # deflated by the measurement's own top Ritz vector (trace.deflate, on by default)
+    basis = torch.cat([v.reshape(-1) for v in tracker.vector])[None]
+    mean, se = reference(model, data, n, lambda op: hessian_trace(op, 6, seed=0, basis=basis))
     assert row["hessian_trace"] == pytest.approx(mean, rel=1e-5)
     assert row["hessian_trace_se"] == pytest.approx(se, rel=1e-5)
+    tracker, model, data = setup()
+    trace = {"enabled": True, "num_probes": 6, "num_samples": n, "deflate": False}
+    plain = measure_with(tracker, trace=trace)
+    mean, se = reference(model, data, n, lambda op: hessian_trace(op, 6, seed=0))
+    assert plain["hessian_trace"] == pytest.approx(mean, rel=1e-5)
+    assert plain["hessian_trace_se"] == pytest.approx(se, rel=1e-5)
 
 
 def test_density_is_measured_on_the_first_num_samples_and_differs_from_the_whole_subset():

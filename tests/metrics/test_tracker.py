@@ -176,9 +176,10 @@ def test_full_measurement_gives_finite_values_and_restores_the_model_exactly(bn_
     model.train()
     model(x)  # non-trivial running statistics
     model[0].eval()  # a module in its own mode
+    test = [(x[:60], y[:60], None), (x[60:], y[60:], None)]
     data = Data(
         train=None,
-        test=None,
+        test=test,
         num_classes=3,
         input_shape=(1, 10),
         train_size=100,
@@ -186,6 +187,8 @@ def test_full_measurement_gives_finite_values_and_restores_the_model_exactly(bn_
     )
     opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.1, momentum=0.9)
     tracker = CurvatureTracker(full_metrics(bn_mode=bn_mode), model, data, opt, seed=0)
+    tracker.step = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0}
+    tracker.init_state = {k: v + 0.01 for k, v in model.state_dict().items()}
     # parameters and BatchNorm buffers
     state = {k: v.clone() for k, v in model.state_dict().items()}
     modes = [m.training for m in model.modules()]
@@ -208,6 +211,15 @@ def test_full_measurement_gives_finite_values_and_restores_the_model_exactly(bn_
         "fisher_trace_ratio_se",
         "fisher_rao_norm",
         "fisher_rao_norm_se",
+        "param_norm",
+        "dist_from_init",
+        "path_norm",
+        "spectral_norm_product",
+        "quant_drop_4bit",
+        "quant_loss_rise_pred_8bit",
+        "input_grad_norm",
+        "flip_prob",
+        "sharpness_dim",
     ):
         assert math.isfinite(row[key]), key
     assert row["armijo_accepted"] is True and row["sharpness_worst"] >= 0

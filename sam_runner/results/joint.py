@@ -1,0 +1,211 @@
+"""How far sharpness and complexity jointly explain generalization (``sam-report``): for every
+pair of a sharpness measure and a complexity measure the jobs carry, ``joint.csv`` (one row a
+pair, ranked by ``r2``) and ``joint.<format>``, and a section of report.md.
+
+Columns: ``sharpness``, ``complexity`` (the keys), ``r2`` (the least-squares fit of ``gen_gap`` on
+both, with an intercept: 1 − SS_res/SS_tot), ``r2_sharpness`` and ``r2_complexity`` (each alone),
+``n`` (the completed jobs with gen_gap and both measures), ``pareto_pairs`` (the job pairs in
+which one job is strictly lower in both measures) and ``pareto_agreement`` (the share of those in
+which that job also has the strictly lower gen_gap; empty without such pairs). A pair needs
+``MIN_JOBS`` jobs (3): fewer, and the section says so instead (a notice, not an error); with fewer
+than ``TRUST_JOBS`` (10) the section warns that three fitted numbers on so few jobs are not to be
+trusted. Each job's numbers are the measure ranking's (eval.json when sam-eval measured it).
+The sharpness side holds the curvature and sharpness measures and the input-gradient norm (a
+sharpness in input space); the complexity side Jiang et al. 2020's norms.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+from pathlib import Path
+
+from ..runfiles import finite
+from .measure_ranking import label, points_of
+from .sections import SECTIONS
+
+SHARPNESS = (
+    "lambda_max",
+    "hessian_trace",
+    "sharpness_worst",
+    "sharpness_avg",
+    "sharpness_dir",
+    "fisher_trace_ratio",
+    "fisher_rao_norm",
+    "sharpness_dim",
+    "input_grad_norm",
+)
+COMPLEXITY = ("param_norm", "dist_from_init", "path_norm", "spectral_norm_product")
+COLUMNS = (
+    "sharpness",
+    "complexity",
+    "r2",
+    "r2_sharpness",
+    "r2_complexity",
+    "n",
+    "pareto_pairs",
+    "pareto_agreement",
+)
+MIN_JOBS = 3
+TRUST_JOBS = 10
+
+
+def r_squared(columns: list, y: list) -> float:
+    """R² of the least-squares fit of y on the columns and an intercept (NaN for constant y)."""
+    import numpy as np
+
+    X = np.column_stack([np.ones(len(y)), *[np.asarray(c, dtype=float) for c in columns]])
+    Y = np.asarray(y, dtype=float)
+    coef, *_ = np.linalg.lstsq(X, Y, rcond=None)
+    total = float(((Y - Y.mean()) ** 2).sum())
+    if total == 0:
+        return float("nan")
+    return 1.0 - float(((Y - X @ coef) ** 2).sum()) / total
+
+
+def pareto_agreement(s: list, c: list, gap: list) -> tuple[int, float | None]:
+    """(pairs where one job is lower in both measures, the share where it has the lower gap)."""
+    pairs = agree = 0
+    for i, j in itertools.combinations(range(len(gap)), 2):
+        if s[i] > s[j] and c[i] > c[j]:
+            i, j = j, i
+        if s[i] < s[j] and c[i] < c[j]:
+            pairs += 1
+            agree += gap[i] < gap[j]
+    return pairs, (agree / pairs if pairs else None)
+
+
+def joint_rows(points) -> tuple[list[dict], int]:
+    """The rows (ranked by r2, undefined last) and the largest n any pair had."""
+    rows, most = [], 0
+    for s_key, c_key in itertools.product(SHARPNESS, COMPLEXITY):
+        triples = [
+            (p.values.get(s_key), p.values.get(c_key), p.gen_gap)
+            for p in points
+            if finite(p.values.get(s_key)) and finite(p.values.get(c_key)) and finite(p.gen_gap)
+        ]
+        most = max(most, len(triples))
+        if len(triples) < MIN_JOBS:
+            continue
+        s, c, gap = (list(t) for t in zip(*triples))
+        pairs, share = pareto_agreement(s, c, gap)
+        rows.append(
+            {
+                "sharpness": s_key,
+                "complexity": c_key,
+                "r2": r_squared([s, c], gap),
+                "r2_sharpness": r_squared([s], gap),
+                "r2_complexity": r_squared([c], gap),
+                "n": len(gap),
+                "pareto_pairs": pairs,
+                "pareto_agreement": share,
+            }
+        )
+    rows.sort(key=lambda r: -r["r2"] if finite(r["r2"]) else 1.0)
+    return rows, most
+
+
+_last: list = [None, None]  # (report, (rows, most)): the section and the files share one pass
+
+
+def _joint(report):
+    if _last[0] is not report:
+        _last[:] = [report, joint_rows(points_of(report))]
+    return _last[1]
+
+
+def _has_both_sides(report) -> bool:
+    keys = {k for p in points_of(report) for k in p.values}
+    return bool(keys & set(SHARPNESS)) and bool(keys & set(COMPLEXITY))
+
+
+def render_joint_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow(
+            [
+                "" if r[k] is None else (repr(r[k]) if isinstance(r[k], float) else r[k])
+                for k in COLUMNS
+            ]
+        )
+    return buf.getvalue()
+
+
+def write_joint(report, out_dir: Path) -> list[Path]:
+    rows, _ = _joint(report)
+    if not rows:
+        return []
+    from ..plots.joint import plot_joint
+    from ..plots.style import save_figure
+    from ..runfiles import atomic_write_bytes
+
+    path = Path(out_dir) / "joint.csv"
+    atomic_write_bytes(path, render_joint_csv(rows).encode())
+    return [
+        path,
+        save_figure(
+            plot_joint(rows, label, SHARPNESS, COMPLEXITY), out_dir, "joint", report.plot_format
+        ),
+    ]
+
+
+def _f(v, spec=".3f") -> str:
+    return format(v, spec) if finite(v) else "—"
+
+
+@SECTIONS.register(
+    "joint", "sharpness and complexity together (R², Pareto agreement)", order=12, files=write_joint
+)
+def joint_section(report, _plots=None) -> list[str]:
+    if not _has_both_sides(report):
+        return []
+    rows, most = _joint(report)
+    out = ["## Sharpness and complexity together", ""]
+    if not rows:
+        return out + [
+            f"Too few jobs for the joint analysis: {most} completed job(s) carry gen_gap and a "
+            f"sharpness and a complexity measure; it needs {MIN_JOBS}.",
+            "",
+        ]
+    out += [
+        "For each pair of a sharpness and a complexity measure: R² of the least-squares fit of "
+        "gen_gap on both (with an intercept) and on each alone, and the Pareto agreement: among "
+        "the job pairs in which one job is lower in both measures, the share in which it also "
+        "has the lower gen_gap. Ranked by R².",
+        "",
+    ]
+    if min(r["n"] for r in rows) < TRUST_JOBS:
+        out += [
+            f"**Caution:** fewer than {TRUST_JOBS} jobs in some pairs: a fit of three numbers on "
+            "so few jobs is not to be trusted.",
+            "",
+        ]
+    head = [
+        "rank",
+        "sharpness",
+        "complexity",
+        "R²",
+        "R² sharpness",
+        "R² complexity",
+        "n",
+        "Pareto pairs",
+        "agreement",
+    ]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, r in enumerate(rows, 1):
+        cells = [
+            str(i),
+            label(r["sharpness"]),
+            label(r["complexity"]),
+            _f(r["r2"]),
+            _f(r["r2_sharpness"]),
+            _f(r["r2_complexity"]),
+            str(r["n"]),
+            str(r["pareto_pairs"]),
+            _f(r["pareto_agreement"], ".2f"),
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return out + ["", f"![joint](joint.{report.plot_format})", ""]

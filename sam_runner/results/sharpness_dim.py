@@ -1,0 +1,71 @@
+"""The sharpness dimension in ``sam-report``: when completed jobs carry ``sharpness_dim``
+(``metrics.sharpness_dim``, from sam-eval or training), ``sharpness_dim.<format>`` — the
+dimension against the step size η (``base_optimizer.lr``; one line per batch size and variant,
+the mean over seeds) and against the generalization gap (one point per job) — and a section
+of report.md with the figure and the Kendall τ of the dimension with the gap.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from ..runfiles import finite
+from .measure_ranking import kendall_tau, points_of
+from .sections import SECTIONS
+
+KEY = "sharpness_dim"
+
+
+def _points(report) -> list:
+    return [p for p in points_of(report) if finite(p.values.get(KEY))]
+
+
+def lines_by_step(points) -> dict:
+    """{(variant, batch size): [(η, mean dimension, jobs), ...] by η}, for jobs with an η."""
+    cells: dict = {}
+    for p in points:
+        lr = p.settings.get("base_optimizer.lr")
+        try:
+            eta = float(lr)
+        except (TypeError, ValueError):
+            continue
+        series = (p.variant, p.settings.get("dataset.batch_size", "—"))
+        cells.setdefault(series, {}).setdefault(eta, []).append(p.values[KEY])
+    return {
+        s: [(eta, statistics.fmean(v), len(v)) for eta, v in sorted(by_eta.items())]
+        for s, by_eta in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
+    }
+
+
+def write_figure(report, out_dir: Path) -> list[Path]:
+    points = _points(report)
+    if not points:
+        return []
+    from ..plots.sharpness_dim import plot_sharpness_dim
+    from ..plots.style import save_figure
+
+    figure = plot_sharpness_dim(lines_by_step(points), points, KEY)
+    return [save_figure(figure, out_dir, "sharpness_dim", report.plot_format)]
+
+
+@SECTIONS.register(
+    "sharpness_dim", "the sharpness dimension against η and the gap", order=14, files=write_figure
+)
+def section(report, _plots=None) -> list[str]:
+    points = _points(report)
+    if not points:
+        return []
+    pairs = [(p.values[KEY], p.gen_gap) for p in points if finite(p.gen_gap)]
+    tau = kendall_tau([a for a, _ in pairs], [b for _, b in pairs])
+    said = f"{tau:+.3f} over {len(pairs)} jobs" if finite(tau) else "undefined (too few jobs)"
+    return [
+        "## Sharpness dimension",
+        "",
+        "The Kaplan–Yorke dimension of the optimizer's one-step map at each job's final weights "
+        "(`sharpness_dim`), against the step size η (the mean over seeds; one line per variant "
+        f"and batch size) and against the generalization gap. Kendall's τ with the gap: {said}.",
+        "",
+        f"![sharpness dimension](sharpness_dim.{report.plot_format})",
+        "",
+    ]
