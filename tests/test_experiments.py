@@ -37,6 +37,7 @@ STUDIES = [
     "ouidecay",
     "jsd_vs_sam",
     "cheaper_sam",
+    "optimizer_connectivity",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -78,6 +79,9 @@ EXPECTED = {
     # the twelve methods of conf/cheaper/ x seeds
     "cheaper_sam": (36, "resnet18", "cifar100", "base sam look_sam esam"),
     "cheaper_sam_mini": (24, "auto", "mnist1d", "base sam look_sam esam"),
+    # base optimizer (adamw, muon, lion) x seed, no SAM
+    "optimizer_connectivity": (15, "mlp", "mnist1d", "base"),
+    "optimizer_connectivity_mini": (9, "mlp", "mnist1d", "base"),
 }
 
 

@@ -321,3 +321,19 @@ def test_the_keys_a_run_logs_follow_its_settings():
     keys = logged_keys(compose("metrics.hessian.enabled=false", "metrics.hessian.k=3"))
     assert "lambda_max" not in keys and "val_acc" not in keys
     assert "lambda_3" in logged_keys(compose("metrics.hessian.k=3"))
+
+
+@pytest.mark.parametrize(
+    ("objective", "refused"),
+    [("test_acc", None), ("[test_acc,val_loss]", "val_loss"), ("val_acc", "val_acc")],
+)
+def test_an_objective_on_a_validation_split_needs_one(objective, refused):
+    from sam_runner.sweep.objective import validate
+
+    cfg = compose(f"trainer.objective={objective}")
+    if refused is None:
+        validate(cfg)
+        validate(compose("trainer.objective=val_acc", "dataset.val_split=0.1"))
+        return
+    with pytest.raises(UserError, match=f"trainer.objective={refused} is measured on a valid"):
+        validate(cfg)

@@ -3,6 +3,7 @@
     sam-landscape RUN_DIR                          1-D and 2-D slices around the run
     sam-landscape RUN_A landscape.to=RUN_B         the straight line between two runs (barrier)
     sam-landscape SWEEP_DIR landscape.pairs=seeds  every pair of a sweep's jobs differing in seed
+    sam-landscape SWEEP_DIR landscape.pairs=optimizers   ... in base optimizer and seed
     sam-landscape SWEEP_DIR                        every completed job's slices
 
 The options are Hydra overrides of conf/landscape.yaml (composed as sam-eval composes
@@ -28,7 +29,7 @@ from ..rundir import CHECKPOINT, has_checkpoint, is_run
 from ..runfiles import read_json
 from .figures import draw_pair, draw_slices, slice_figures
 from .files import SUMMARY, connectivity_done, folder, pair_folder, slices_done
-from .options import Options
+from .options import PAIRINGS, Options
 
 PROG = "sam-landscape"
 CONFIG = "landscape"
@@ -86,10 +87,11 @@ def _check_modes(ls, given: set[str], array: bool, path: Path) -> None:
         not (ls.to is not None and ls.pairs is not None),
         "landscape.to and landscape.pairs exclude each other; use one",
     )
-    require(ls.pairs in (None, "seeds"), f"landscape.pairs={ls.pairs!r} is unknown; choose seeds")
+    if ls.pairs is not None:
+        cli_words.check_choice(ls.pairs, "landscape.pairs", PAIRINGS)
     require(
         not array or (ls.to is None and not _is_run_folder(path)),
-        "hydra/launcher applies to a sweep folder (its jobs' slices, or landscape.pairs=seeds), "
+        "hydra/launcher applies to a sweep folder (its jobs' slices, or landscape.pairs), "
         "not to one run or landscape.to",
     )
     wrong = [k for k in (SLICE_KEYS if between else PAIR_KEYS) if f"landscape.{k}" in given]
@@ -101,7 +103,7 @@ def _check_modes(ls, given: set[str], array: bool, path: Path) -> None:
         )
     require(
         ls.curve != "bezier" or between,
-        "landscape.curve=bezier needs two runs: landscape.to=RUN_B, or landscape.pairs=seeds",
+        "landscape.curve=bezier needs two runs: landscape.to=RUN_B, or landscape.pairs",
     )
 
 
@@ -208,10 +210,10 @@ def _dispatch(path: Path, ls, opt: Options, array, say) -> dict:
     if ls.pairs is not None:
         require(
             not (path / CHECKPOINT).is_file(),
-            f"landscape.pairs=seeds needs a sweep folder; {path} is a run folder (two runs: "
+            f"landscape.pairs={ls.pairs} needs a sweep folder; {path} is a run folder (two runs: "
             "landscape.to=RUN_B)",
         )
-        return pairs.connect_pairs(path, opt, device, say, array)
+        return pairs.connect_pairs(path, opt, device, say, array, ls.pairs)
     if ls.to is not None:
         return _connect_two(path, Path(ls.to), opt, device, say)
     if not _is_run_folder(path):

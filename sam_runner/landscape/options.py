@@ -9,6 +9,9 @@ from dataclasses import asdict, dataclass
 SLICE_KEYS = ("directions", "seed", "span", "include_bias_bn", "fit_radius")
 PAIR_KEYS = ("alpha_range", "alphas", "curve", "curve_epochs", "seed")
 EVAL_KEYS = ("bn", "bn_samples", "train_samples")
+# landscape.pairs=NAME: the override keys (besides seed) in which a pair's two jobs may differ,
+# and how sam-landscape's first line names the pairs
+PAIRINGS = {"seeds": ((), "seed pair(s)"), "optimizers": (("base_optimizer",), "optimizer pair(s)")}
 
 
 @dataclass

@@ -1,11 +1,13 @@
 """A sweep folder: the connectivity of every pair of jobs that differ only in seed
-(``landscape.pairs=seeds``), or every job's slices; resumable, both.
+(``landscape.pairs=seeds``), or only in base optimizer and seed (``landscape.pairs=optimizers``:
+the seed pairs and the pairs across optimizers), or every job's slices; resumable, all.
 
 The jobs are the sweep's completed job folders (``runfiles.job_dirs``, summary status
 ``completed``, a checkpoint); two jobs are of one group when their overrides agree once
-``seed`` and the how-it-runs keys are left out (``results.sweep.group_overrides``: the groups of
-sam-report). In each group every pair (A, B) with A before B in the sweep's order is connected
-once, into A's landscape/ folder. A pair (or a job's slices) whose landscape.json was written
+``seed`` (and, for ``optimizers``, ``base_optimizer``) and the how-it-runs keys are left out
+(``results.sweep.group_overrides``: with ``seeds``, the groups of sam-report). In each group
+every pair (A, B) with A before B in the sweep's order is connected once, into A's landscape/
+folder. A pair (or a job's slices) whose landscape.json was written
 with the same options is skipped: a stopped call, run again, does only what is left.
 """
 
@@ -21,6 +23,7 @@ from ..rundir import CHECKPOINT, RunDir, job_dirs
 from ..sweep.plan import saved_overrides
 from .figures import draw_pair, draw_slices, drawn, slice_figures
 from .files import connectivity_done, folder, pair_folder, slices_done
+from .options import PAIRINGS
 
 
 def completed_jobs(sweep_dir: Path) -> list[Path]:
@@ -33,25 +36,30 @@ def completed_jobs(sweep_dir: Path) -> list[Path]:
     return [d for d in dirs if RunDir(d).status == "completed" and (d / CHECKPOINT).is_file()]
 
 
-def seed_pairs(jobs: list[Path]) -> list[tuple[Path, Path]]:
-    """Every pair of jobs of one group (jobs that differ only in seed), in the sweep's order."""
+def seed_pairs(jobs: list[Path], pairing: str = "seeds") -> list[tuple[Path, Path]]:
+    """Every pair of jobs of one group (jobs that differ only in seed, or with ``optimizers``
+    only in base optimizer and seed), in the sweep's order."""
+    ignore = PAIRINGS[pairing][0]
     groups: dict = {}
     for d in jobs:
-        groups.setdefault(group_overrides(saved_overrides(d) or []), []).append(d)
+        groups.setdefault(group_overrides(saved_overrides(d) or [], ignore), []).append(d)
     return [pair for members in groups.values() for pair in itertools.combinations(members, 2)]
 
 
-def connect_pairs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
-    """Connect every seed pair not done yet; counts of pairs, skipped and computed (and failed,
-    with ``array``: (submitit cluster, launcher parameters), one task a pair). ``device()``
-    gives the device, called only when a pair is computed here (torch loads then)."""
+def connect_pairs(
+    sweep_dir: Path, opt, device, say=print, array=None, pairing: str = "seeds"
+) -> dict:
+    """Connect every pair of ``pairing`` (PAIRINGS) not done yet; counts of pairs, skipped and
+    computed (and failed, with ``array``: (submitit cluster, launcher parameters), one task a
+    pair). ``device()`` gives the device, called only when a pair is computed here (torch loads
+    then)."""
     jobs = completed_jobs(sweep_dir)
-    pairs = seed_pairs(jobs)
+    pairs = seed_pairs(jobs, pairing)
     todo = [(a, b) for a, b in pairs if not connectivity_done(a, b, opt)]
     folders = [pair_folder(a, b, opt.weights) for a, b in pairs if (a, b) not in todo]
     redrawn = redraw_missing(folders, ["connectivity"], opt, draw_pair)
     say(
-        f"{len(pairs)} seed pair(s) among {len(jobs)} completed job(s): "
+        f"{len(pairs)} {PAIRINGS[pairing][1]} among {len(jobs)} completed job(s): "
         f"{len(pairs) - len(todo)} already done, {len(todo)} to compute{redrawn}"
     )
     names = [f"{_rel(a, sweep_dir)} → {_rel(b, sweep_dir)}" for a, b in todo]
