@@ -7,8 +7,8 @@
 - eval_full_over_default: that measurement over the same job's default one (``sam-eval JOB``:
   the same sets, λ_max alone), one warm-up of each, then alternately (default, full) per repeat;
   the median of the repeats' ratios. Target ≤ 8.
-- eval_full_new_over_old: the ``metrics=full`` measurement over the same one without the four
-  generalization measures (complexity, quantization, input_grad, sharpness_dim), alternately
+- eval_full_new_over_old: the ``metrics=full`` measurement over the same one without the five
+  generalization measures (complexity, quantization, input_grad, flip, sharpness_dim), alternately
   per repeat after a warm-up; the median of the ratios. Target ≤ 1.3.
 - eval_full_share_<part>, eval_full_part_s_<part>: where the full measurement's curvature time
   goes: each part's share of it and its seconds (``eigenvalues``: λ_1..3 on the whole subset;
@@ -87,7 +87,7 @@ def _eval_full_and_ratio(job: Path, repeats: int) -> tuple[float, float]:
     return statistics.median(fulls), statistics.median(ratios)
 
 
-NEW_MEASURES = ("complexity", "quantization", "input_grad", "sharpness_dim")
+NEW_MEASURES = ("complexity", "quantization", "input_grad", "flip", "sharpness_dim")
 
 
 def _new_over_old(job: Path, repeats: int) -> float:
