@@ -410,11 +410,11 @@ class Run:
             # the checkpoint's evaluation line: a run resumed at its end finishes from it
             lines = [r for r in self.log.rows() if r.get("step") == self.clock.step]
             self.last = next((r for r in reversed(lines) if "test_acc" in r), {})
-        self._measurement_references(state)
         if self.dist.is_main:
             # lines past the checkpoint are redone, never repeated
             self.log.truncate_after(self.clock.step)
         self.logger.start()
+        self._measurement_references(state)  # after the logger: its failure is logged too
         if state is not None and self.dist.is_main:
             print(
                 f"resuming {self.run_dir} from epoch {self.clock.epoch} (step {self.clock.step})",

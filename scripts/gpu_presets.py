@@ -39,6 +39,7 @@ VALUES = {
     "trainer.epochs": "epochs",
     "trainer.eval_every_n_epochs": "eval_every",
 }
+CPU_DATASETS = ("mnist1d", "digits")  # 1-D signals and 8×8 digits: minutes on a CPU
 MEASURED_RATIOS = {"gear_sam": "gear_sam_over_sam", "spectral_sam": "spectral_sam_over_sam"}
 
 
@@ -160,6 +161,8 @@ def step_tracked(preset: str) -> str | None:
     every = cfg.metrics.hessian.get("every_n_steps") or 0
     if cfg.dataset.batch_size == "full" or every:
         return f"full-batch steps, λ_max every {every} steps: not extrapolated from throughput"
+    if str(cfg.dataset.name) in CPU_DATASETS:  # the check times image models only
+        return f"dataset={cfg.dataset.name}: a CPU-sized study, not extrapolated from throughput"
     return None
 
 

@@ -126,7 +126,7 @@ def _openmp_then_wait(pid_dir):
     time.sleep(600)
 
 
-def _train_failing_on_rank1(cfg, run_dir, overrides):
+def _train_failing_on_rank1(cfg, run_dir, overrides, trial=None):
     """train(), with process 1's evaluation failing: process 0 then fails too, a moment later, in
     the collective process 1 left ("Connection closed by peer")."""
     import sam_runner.train as train_module
@@ -138,7 +138,7 @@ def _train_failing_on_rank1(cfg, run_dir, overrides):
 
         train_module.evaluate = evaluate
     # the real one (a test replaces sam_runner.train.train by this)
-    return train(cfg, run_dir, overrides)
+    return train(cfg, run_dir, overrides, trial)
 
 
 def _stateful_variants_probe():
