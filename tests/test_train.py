@@ -353,6 +353,7 @@ def test_muon_base_optimizer_trains_and_resumes(tmp_path):
     assert resumed["test_acc"] == whole["test_acc"] and resumed["test_nll"] == whole["test_nll"]
 
 
+@pytest.mark.slow  # 30 s: the README command on real CIFAR-100 files
 def test_gear_sam_on_cifar100_verbatim(tmp_path, monkeypatch):
     """`sam-run optimizer=gear_sam dataset=cifar100` where CIFAR-100 is present: the default model
     fits CIFAR (a CIFAR ResNet-18), and the run completes (torchvision's reader, files written

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import os
 import shutil
 import struct
 import subprocess
@@ -25,6 +26,7 @@ from pathlib import Path
 BLOCK = 32 * 1024
 FILE_HEADER = 7
 SWEEP_NAME = "study_a"
+SWEEP_ENV = "SAM_RUNNER_TEST_SHARED_SWEEP"  # the shared sweep's folder, for this session
 # 2 variants × 2 seeds, tiny budget, W&B offline: a whole sweep in miniature
 SWEEP_ARGS = [
     "-m",
@@ -136,7 +138,13 @@ def finished_wandb_content(run_dir: Path, tries: int = 50) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def shared_sweep() -> Path:
-    """The test sweep, run once per test session (real `sam-run -m`, in a subprocess)."""
+    """The test sweep, run once per test session (real `sam-run -m`, in a subprocess). This
+    module is imported under two names (``results_helpers`` by the tests beside it,
+    ``results.results_helpers`` from elsewhere), each with its own cache: the environment
+    holds the folder, so the second one finds the first one's sweep."""
+    known = os.environ.get(SWEEP_ENV)
+    if known and (Path(known) / "0" / "summary.json").is_file():
+        return Path(known)
     root = Path(tempfile.mkdtemp(prefix="sam-results-"))
     atexit.register(shutil.rmtree, root, True)
     sweep = root / SWEEP_NAME
@@ -147,6 +155,7 @@ def shared_sweep() -> Path:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    os.environ[SWEEP_ENV] = str(sweep)
     return sweep
 
 
