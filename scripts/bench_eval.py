@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import tempfile
 import time
@@ -64,19 +65,23 @@ def _trained_default_job(folder: Path) -> Path:
     return job
 
 
+def _timed_measure(job: Path, settings: dict, which: str) -> float:
+    """Wall seconds of one sam-eval measurement of ``job`` with ``settings[which]``."""
+    from sam_runner.evaluation.job import measure_job
+
+    t0 = time.perf_counter()
+    record = measure_job(job, settings[which])
+    assert record["status"] == "completed", record.get("error")
+    return time.perf_counter() - t0
+
+
 def _eval_full_and_ratio(job: Path, repeats: int) -> tuple[float, float]:
     """(median seconds of the metrics=full measurement, median of full / default), measured
     alternately after one warm-up of each (one-time costs: imports, the HVP timing choices)."""
-    from sam_runner.evaluation.job import measure_job
     from sam_runner.evaluation.settings import compose_eval, plain
 
     settings = {m: plain(compose_eval([f"metrics={m}"], job)) for m in ("default", "full")}
-
-    def timed(m):
-        t0 = time.perf_counter()
-        record = measure_job(job, settings[m])
-        assert record["status"] == "completed", record.get("error")
-        return time.perf_counter() - t0
+    timed = functools.partial(_timed_measure, job, settings)
 
     timed("default"), timed("full")
     fulls, ratios = [], []
@@ -92,7 +97,6 @@ NEW_MEASURES = ("complexity", "quantization", "input_grad", "flip", "sharpness_d
 
 def _new_over_old(job: Path, repeats: int) -> float:
     """Median of (metrics=full) / (metrics=full without the generalization measures)."""
-    from sam_runner.evaluation.job import measure_job
     from sam_runner.evaluation.settings import compose_eval, plain
 
     old = ["metrics=full", *(f"metrics.{m}.enabled=false" for m in NEW_MEASURES)]
@@ -100,12 +104,7 @@ def _new_over_old(job: Path, repeats: int) -> float:
         "old": plain(compose_eval(old, job)),
         "new": plain(compose_eval(["metrics=full"], job)),
     }
-
-    def timed(which):
-        t0 = time.perf_counter()
-        record = measure_job(job, settings[which])
-        assert record["status"] == "completed", record.get("error")
-        return time.perf_counter() - t0
+    timed = functools.partial(_timed_measure, job, settings)
 
     timed("old"), timed("new")
     return statistics.median(timed("new") / timed("old") for _ in range(repeats))

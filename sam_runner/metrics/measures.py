@@ -69,6 +69,12 @@ class Measurement:
             self._objective = Objective(self.operator.model, self.loss_fn, self.sharpness_batches)
         return self._objective
 
+    @property
+    def test(self):
+        """The run's test batches, or None (a Data of training tensors only): the test-set
+        measures leave their keys out then."""
+        return None if self.data is None else self.data.test
+
     def operator_on(self, num_samples: int) -> HessianOperator:
         """A Hessian operator on the first ``num_samples`` samples of the subset (the measurement's
         own when that is all of them), with its HVP method; opened once per size (its graphs
@@ -261,9 +267,9 @@ def quantization(
 ) -> dict:
     from .quantization import predicted_rise, quantization_values
 
-    if m.data is None or m.data.test is None:  # no test set here (a Data of training tensors)
+    if m.test is None:
         return {}
-    out = quantization_values(m.operator.model, m.data.test, [int(b) for b in bits])
+    out = quantization_values(m.operator.model, m.test, [int(b) for b in bits])
     rises = predicted_rise(
         m.sharpness_operator(),
         m.operator.model,
@@ -287,9 +293,9 @@ def quantization(
 def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
     from .input_grad import input_grad_norm
 
-    if m.data is None or m.data.test is None:
+    if m.test is None:
         return {}
-    return {"input_grad_norm": input_grad_norm(m.operator.model, m.data.test, num_samples)}
+    return {"input_grad_norm": input_grad_norm(m.operator.model, m.test, num_samples)}
 
 
 @MEASURES.register(
@@ -303,10 +309,10 @@ def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
 def flip(m: Measurement, frames: int = 10, num_samples: int = 1000, kinds=None) -> dict:
     from .flip import KINDS, flip_probabilities
 
-    if m.data is None or m.data.test is None:
+    if m.test is None:
         return {}
     chosen = tuple(kinds) if kinds else KINDS
-    return flip_probabilities(m.operator.model, m.data.test, frames, num_samples, chosen, m.seed)
+    return flip_probabilities(m.operator.model, m.test, frames, num_samples, chosen, m.seed)
 
 
 @MEASURES.register(
