@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from . import interrupts
 from .cli_words import say_version
 from .errors import RunFolderConflict, UserError, no_space, one_line
 from .paths import config_dir
@@ -129,8 +129,7 @@ def main() -> None:
     argv = sys.argv[1:]
     if say_version(argv):
         return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a scheduler's, docker stop's
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupts.catch_sigterm()  # a scheduler's, docker stop's: as Ctrl-C
     try:
         if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
             sys.argv[1:] = argv = first_job_of(argv)  # Hydra refuses -m with --cfg
@@ -141,23 +140,13 @@ def main() -> None:
             raise
         # train() leaves its last checkpoint and metrics resumable (errors.Interrupted says where it
         # was)
+        interrupts.stopping()
         said = str(e) or "interrupted"
         print(
-            f"sam-run: {'SIGTERM: ' if TERMINATED else ''}{said}; run the same command again to "
-            "resume",
+            interrupts.said("sam-run", f"{said}; run the same command again to resume"),
             file=sys.stderr,
         )
-        sys.exit(143 if TERMINATED else 130)  # 128 + the signal's number, as the shell says
-
-
-TERMINATED: list[int] = []  # SIGTERM reached this process
-
-
-def _on_sigterm(signum, _frame) -> None:
-    """SIGTERM stops a run as Ctrl-C does (the last checkpoint kept, one line); exit 143."""
-    TERMINATED.append(signum)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    raise KeyboardInterrupt
+        sys.exit(interrupts.exit_code())  # 128 + the signal's number, as the shell says
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import interrupts
 from ..cli_words import say_version
 from ..errors import UserError, check_names
 from ..progress import LAMBDA
@@ -51,6 +52,7 @@ def main(argv=None) -> int:
     if not argv:  # argparse would name the optional overrides as required too
         return fail("no folder given: sam-eval PATH [KEY=VALUE ...] (a run or sweep folder)")
     args = parse(argv)
+    interrupts.catch_sigterm()
     try:
         from .paths import job_folders
 
@@ -60,12 +62,16 @@ def main(argv=None) -> int:
     except UserError as e:
         return fail(str(e))
     except KeyboardInterrupt:
+        interrupts.stopping()
         print(
-            f"{PROG}: interrupted; the jobs measured so far are kept: run the same command again "
-            "to measure the rest",
+            interrupts.said(
+                PROG,
+                "interrupted; the jobs measured so far are kept: run the same command "
+                "again to measure the rest",
+            ),
             file=sys.stderr,
         )
-        return 130
+        return interrupts.exit_code()
 
 
 def evaluate_folder(path: Path, overrides: list[str]) -> int:

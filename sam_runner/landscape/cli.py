@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from .. import cli_words, command_config
+from .. import cli_words, command_config, interrupts
 from ..cli_words import say_version
 from ..errors import UserError, check_names, integer, number, require
 from ..jobarray import TasksFailed
@@ -352,6 +352,7 @@ def main(argv=None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(help_text())
         return 0
+    interrupts.catch_sigterm()
     try:
         path, overrides, to = parse_argv(argv)
         run(path, overrides, to)
@@ -362,8 +363,12 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; files already written are complete", file=sys.stderr)
-        return 130
+        interrupts.stopping()
+        print(
+            interrupts.said(PROG, "interrupted; files already written are complete"),
+            file=sys.stderr,
+        )
+        return interrupts.exit_code()
     return 0
 
 

@@ -26,12 +26,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import io
 import json
 import sqlite3
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .. import interrupts
 from ..cli_words import say_version
 from ..errors import UserError, check_names, require
 from ..rundir import (
@@ -47,6 +49,7 @@ from ..rundir import (
     job_dirs,
     landscape_folder,
 )
+from ..runfiles import atomic_write_bytes
 from ..settings import flatten
 
 SCHEMA = 1  # bump when the tables' meaning changes: an older database is rebuilt by itself
@@ -340,9 +343,10 @@ def parser() -> argparse.ArgumentParser:
 
 def write_csv(path: Path, cols, rows) -> None:
     """A query's result as CSV (a place that cannot be written: one line)."""
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows([cols, *rows])
     try:
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerows([cols, *rows])
+        atomic_write_bytes(path, text.getvalue().encode())  # an interruption leaves no half file
     except OSError as e:
         raise UserError(
             f"--csv {path} cannot be written ({e.strerror or e}); choose a writable place"
@@ -352,6 +356,23 @@ def write_csv(path: Path, cols, rows) -> None:
 def main(argv=None) -> int:
     if say_version(sys.argv[1:] if argv is None else argv):
         return 0
+    interrupts.catch_sigterm()
+    try:
+        return index_main(argv)
+    except KeyboardInterrupt:  # each folder's rows go in one transaction: all of them or none
+        interrupts.stopping()
+        print(
+            interrupts.said(
+                "sam-index",
+                "interrupted; the folders indexed so far are kept: run the same "
+                "command again to index the rest",
+            ),
+            file=sys.stderr,
+        )
+        return interrupts.exit_code()
+
+
+def index_main(argv) -> int:
     args = parser().parse_args(argv)
     try:
         require(args.paths or args.query, "give PATH... to index, or --query SQL (or both)")

@@ -30,6 +30,7 @@ import io
 import sys
 from pathlib import Path
 
+from .. import interrupts
 from ..cli_words import say_version
 from ..errors import UserError, check_names, require
 from ..runfiles import atomic_write_bytes, finite
@@ -269,6 +270,23 @@ def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     if say_version(argv):
         return 0
+    interrupts.catch_sigterm()
+    try:
+        return report_main(argv)
+    except KeyboardInterrupt:  # each file is written whole (atomically): old or new, never half
+        interrupts.stopping()
+        print(
+            interrupts.said(
+                "sam-report",
+                "interrupted; the files already written are complete: run the "
+                "same command again for the whole report",
+            ),
+            file=sys.stderr,
+        )
+        return interrupts.exit_code()
+
+
+def report_main(argv: list[str]) -> int:
     try:
         argv, settings = split_settings(argv)
         from ..cli_words import check_format

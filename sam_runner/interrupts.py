@@ -1,0 +1,40 @@
+"""Ctrl-C and SIGTERM, one meaning for every command: stop, keep what is written whole, say so in
+one line, exit 130 (Ctrl-C) or 143 (SIGTERM: what schedulers and ``docker stop`` send), 128 plus
+the signal's number as the shell reports it. Standard library only: the console scripts
+(``entry_points``) install this before Hydra, OmegaConf or torch load.
+"""
+
+from __future__ import annotations
+
+import signal
+
+TERMINATED: list[int] = []  # SIGTERM reached this process
+
+
+def _on_sigterm(signum, _frame) -> None:
+    """SIGTERM stops a command as Ctrl-C does: the same KeyboardInterrupt, so every command's
+    Ctrl-C handling (the checkpoint kept, the jobs done so far kept) serves both."""
+    TERMINATED.append(signum)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise KeyboardInterrupt
+
+
+def catch_sigterm() -> None:
+    """SIGTERM raises KeyboardInterrupt from now on, unless someone else handles it already."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def stopping() -> None:
+    """The interruption is being handled: a second Ctrl-C now ends the process at once (the
+    shell's 130) rather than with a traceback from the middle of the one-line message."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def said(prog: str, what: str) -> str:
+    """``prog``'s one line for an interruption: ``PROG: [SIGTERM: ]WHAT``."""
+    return f"{prog}: {'SIGTERM: ' if TERMINATED else ''}{what}"
+
+
+def exit_code() -> int:
+    return 143 if TERMINATED else 130
