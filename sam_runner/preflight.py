@@ -191,7 +191,10 @@ def require_same_result(run_dir: Path, overrides, summary: dict) -> None:
     from .settings import require_same_config, result_config
     from .sweep.plan import compose
 
+    from .sweep import stages
+
     cfg = compose([o for o in overrides if not override_key(o).startswith("hydra")])
+    stages.resolve(cfg, list(overrides), Path(run_dir).parent.parent)  # as train_job does
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # what train() is given
     require_same_config(
         summary.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir
@@ -260,7 +263,7 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     )
     from omegaconf.errors import OmegaConfBaseException
 
-    from .sweep import objective
+    from .sweep import objective, stages
     from .sweep.plan import compose
 
     notes, job, bound = {}, args.overrides, None
@@ -282,6 +285,8 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
             if message:
                 return message, []
             _resolve(cfg)
+            if args.multirun:  # a stage's references: read once their stage has run
+                stages.resolve(cfg, job, sweep_folder(args).parent, stages.current is not None)
             validate_config(cfg)
             objective.validate(cfg)
             notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
