@@ -137,11 +137,11 @@ def main() -> None:
     try:
         if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
             sys.argv[1:] = argv = first_job_of(argv)  # Hydra refuses -m with --cfg
-        from .sweep import stages
+        from .sweep import staged
 
-        staged = stages.command(argv)  # a preset in stages: one sweep per stage, in order
-        if staged is not None:
-            stages.run(staged, _sweep)
+        stages = staged.command(argv)  # a preset in stages: one sweep per stage, in order
+        if stages is not None:
+            staged.run(stages, _sweep)
             return
         _sweep(argv)
     except KeyboardInterrupt as e:

@@ -195,9 +195,8 @@ def require_same_result(run_dir: Path, overrides, summary: dict) -> None:
     compose to now (a default changed since it ran): the check ``train()`` makes of a completed
     run; in a sweep, made on its first completed job instead of once per finished job."""
     from .settings import require_same_config, result_config
-    from .sweep.plan import compose
-
     from .sweep import stages
+    from .sweep.plan import compose
 
     own = [o for o in overrides if not override_key(o).startswith("hydra")]
     # a preset from another config folder is found there again

@@ -65,9 +65,14 @@ def rows(report) -> list[dict]:
     for mid, post in chains(report):
         groups.setdefault(_label(mid), []).append((mid, post))
     bits = sorted(
-        {int(m.group(1)) for mid, _ in chains(report) for r in [*(mid.run.rows()[-1:]),
-         mid.run.eval() or {}] for k in r for m in [re.fullmatch(r"quant_drop_(\d+)bit", k)]
-         if m},  # fmt: skip
+        {
+            int(m.group(1))
+            for mid, _ in chains(report)
+            for r in [*(mid.run.rows()[-1:]), mid.run.eval() or {}]
+            for k in r
+            for m in [re.fullmatch(r"quant_drop_(\d+)bit", k)]
+            if m
+        },
         reverse=True,
     )
     out = []

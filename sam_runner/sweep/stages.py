@@ -22,7 +22,6 @@ when a job fails; the command stays up until the last stage ends and, run again,
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,8 @@ from . import hydra_api
 
 PREFIX = "stage:"
 NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
-# the stage whose sweep this process runs (its own ``sam-run -m``); None at the top
+# the stage whose sweep this process runs (its own ``sam-run -m``; staged.run sets it); None
+# at the top
 current: str | None = None
 
 
@@ -139,8 +139,7 @@ def _stage_of(key: str, value: str, earlier: list[str], stage: str, names: list[
             f"({', '.join(earlier) or 'none before ' + stage})"
         )
     raise UserError(
-        f"{key}={value}: there is no stage {name}; the preset's stages are "
-        f"{', '.join(names)}"
+        f"{key}={value}: there is no stage {name}; the preset's stages are {', '.join(names)}"
     )
 
 
@@ -212,68 +211,3 @@ def _folder(key: str, value: str, job: list[str], root: Path) -> str:
         "a stage reference is for the stages of a preset, run by sam-run -m +experiment=PRESET",
     )
     return str(root / name / str(pick(key, value, job, jobs, f"in {root}")))
-
-
-# ---------------------------------------------------------------------------- running
-def command(argv: list[str]):
-    """(the stages, the sweep folder) of a ``sam-run -m`` command whose preset has stages; None
-    for any other command (and inside a stage's own sweep). Bad input: one line, exit 2."""
-    if current is not None or not any(override_key(a) == "experiment" for a in argv):
-        return None
-    from ..preflight import _not_a_run, fail, sweep_folder
-    from .plan import fixed_config
-
-    args = hydra_api.args_parser().parse_args(argv)
-    if _not_a_run(args):
-        return None
-    try:
-        cfg = fixed_config(args.overrides)
-    except Exception:  # preflight says what is wrong with the command
-        return None
-    if declared(cfg) is None:
-        return None
-    if not args.multirun:
-        fail(f"{' '.join(args.overrides)}: the preset runs in stages; run it as a sweep (-m)")
-    try:
-        return plan(args.overrides, sweep_folder(args), cfg)
-    except UserError as e:
-        fail(str(e))
-
-
-def check(stages: list[Stage]) -> None:
-    """Every stage's jobs checked as a sweep's are (their own keys; a reference's folder only
-    when its stage starts), before the first one runs: one line, exit 2."""
-    from ..preflight import check_jobs, fail
-
-    for stage in stages:
-        message, _ = check_jobs(hydra_api.args_parser().parse_args(stage.argv))
-        if message:
-            fail(f"stage {stage.name}: {message}")
-
-
-def run(stages: list[Stage], run_sweep) -> None:
-    """Each stage's sweep in order (``run_sweep(argv)``: sam-run's own, in this process); stops
-    at the first stage that does not end with every job completed (exit 1: run again to resume)."""
-    global current
-    check(stages)
-    for i, stage in enumerate(stages, 1):
-        folder = stage.argv[-1].split("=", 1)[1]
-        print(f"sam-run: stage {stage.name} ({i}/{len(stages)}): {folder}", flush=True)
-        current, code = stage.name, 0
-        try:
-            run_sweep(stage.argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        finally:
-            current = None
-        if code:
-            left = [s.name for s in stages[i:]]
-            later = f"; stages {', '.join(left)} not run" if left else ""
-            print(
-                f"sam-run: error: stage {stage.name} did not complete every job{later}; fix "
-                "it and run the same command again (completed jobs are kept)",
-                file=sys.stderr,
-                flush=True,
-            )
-            sys.exit(code)
-    print(f"sam-run: {len(stages)} stage(s) completed", flush=True)
