@@ -49,12 +49,15 @@ def train_job(cfg: DictConfig) -> tuple[str, dict]:
     """(the job's run folder, its summary), a failed job's recorded in a sweep."""
     from hydra.types import RunMode
 
+    from .sweep import stages
     from .sweep.jobs import record_failure, run_parallel
 
     hc = HydraConfig.get()
     run_dir, overrides = hc.runtime.output_dir, list(hc.overrides.task)
     sweeping = hc.mode == RunMode.MULTIRUN
     try:
+        # a staged preset's job: its stage:NAME references become the folders they name
+        stages.resolve(cfg, overrides, Path(run_dir).parent.parent)
         return run_dir, run_parallel(cfg, run_dir, overrides)
     except UserError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -133,8 +136,13 @@ def main() -> None:
     try:
         if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
             sys.argv[1:] = argv = first_job_of(argv)  # Hydra refuses -m with --cfg
-        sys.argv[1:] = argv = preflight(argv)
-        _main()
+        from .sweep import staged
+
+        stages = staged.command(argv)  # a preset in stages: one sweep per stage, in order
+        if stages is not None:
+            staged.run(stages, _sweep)
+            return
+        _sweep(argv)
     except KeyboardInterrupt as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
@@ -147,6 +155,12 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(interrupts.exit_code())  # 128 + the signal's number, as the shell says
+
+
+def _sweep(argv: list[str]) -> None:
+    """One command (a run, a sweep, or a stage's sweep): checked, then Hydra's app."""
+    sys.argv[1:] = argv = preflight(argv)
+    _main()
 
 
 if __name__ == "__main__":

@@ -178,6 +178,12 @@ def redraw_in_format(run_dir: Path, overrides) -> None:
         write_run_plots(run_dir, fmt)
 
 
+def run_folder(args) -> Path:
+    """The run folder of a single run: its ``hydra.run.dir``, else the default one."""
+    given = [o.split("=", 1)[1] for o in args.overrides if override_key(o) == "hydra.run.dir"]
+    return Path(given[-1] if given else default_folder(args))
+
+
 def sweep_folder(args) -> Path:
     """The sweep folder of a ``-m`` command: its ``hydra.sweep.dir``, else the default one."""
     given = [o.split("=", 1)[1] for o in args.overrides if override_key(o) == "hydra.sweep.dir"]
@@ -189,9 +195,14 @@ def require_same_result(run_dir: Path, overrides, summary: dict) -> None:
     compose to now (a default changed since it ran): the check ``train()`` makes of a completed
     run; in a sweep, made on its first completed job instead of once per finished job."""
     from .settings import require_same_config, result_config
+    from .sweep import stages
     from .sweep.plan import compose
 
-    cfg = compose([o for o in overrides if not override_key(o).startswith("hydra")])
+    own = [o for o in overrides if not override_key(o).startswith("hydra")]
+    # a preset from another config folder is found there again
+    own += [o for o in overrides if override_key(o) == "hydra.searchpath"]
+    cfg = compose(own)
+    stages.resolve(cfg, list(overrides), Path(run_dir).parent.parent)  # as train_job does
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # what train() is given
     require_same_config(
         summary.get("config"), result_config(cfg), f"the completed run in {run_dir}", run_dir
@@ -260,7 +271,7 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     )
     from omegaconf.errors import OmegaConfBaseException
 
-    from .sweep import objective
+    from .sweep import objective, stages
     from .sweep.plan import compose
 
     notes, job, bound = {}, args.overrides, None
@@ -282,6 +293,10 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
             if message:
                 return message, []
             _resolve(cfg)
+            # a stage's references: read once their stage has run (a job of stage S runs in
+            # <root>/S/<n>; a single run has no stages, and is told so)
+            root = sweep_folder(args).parent if args.multirun else run_folder(args).parent.parent
+            stages.resolve(cfg, job, root, stages.current is not None or not args.multirun)
             validate_config(cfg)
             objective.validate(cfg)
             notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from sam_runner.paths import config_dir
 from sam_runner.registry import MODELS
 from sam_runner.schedulers import build_scheduler
 from sam_runner.sweep.plan import expand
+from sam_runner.sweep.stages import plan, resolve
 from sam_runner.validate import validate_trainer as validate
 
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -38,6 +40,8 @@ STUDIES = [
     "jsd_vs_sam",
     "cheaper_sam",
     "optimizer_connectivity",
+    "distill_sam",
+    "sam_midtraining",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -82,15 +86,32 @@ EXPECTED = {
     # base optimizer (adamw, muon, lion) x seed, no SAM
     "optimizer_connectivity": (15, "mlp", "mnist1d", "base"),
     "optimizer_connectivity_mini": (9, "mlp", "mnist1d", "base"),
+    # in stages (docs/studies.md): teachers {base, sam} x seed, then students {base, sam} x
+    # teacher {base, sam} x seed
+    "distill_sam": (18, "resnet18 resnet34", "cifar100", "base sam"),
+    "distill_sam_mini": (12, "mlp", "mnist1d", "base sam"),
+    # pretrain x seed, mid-training {base, sam ρ, sam ρ'} x seed, post-training of each
+    "sam_midtraining": (21, "resnet18", "cifar100", "base sam"),
+    "sam_midtraining_mini": (14, "mlp", "mnist1d", "base sam"),
 }
 
 
 def sweep_of(preset):
+    """(the preset's composed config, its jobs); a preset in stages: every stage's jobs."""
+    c, jobs = _stages_of(preset)
+    return c, [job for _, job in jobs]
+
+
+def _stages_of(preset):
+    """(the composed config, [(job folder relative to the sweep folder, job overrides)])."""
     register_resolvers()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         c = hydra_compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
+    if c.get("stages") is not None:
+        stages = plan([f"experiment={preset}"], Path("sweep"), c)
+        return c, [(f"{s.name}/{n}", job) for s in stages for n, job in enumerate(s.jobs)]
     params = OmegaConf.to_container(c.hydra.sweeper.params, resolve=False) or {}
-    return c, expand([f"experiment={preset}"], params)
+    return c, [(str(n), job) for n, job in enumerate(expand([f"experiment={preset}"], params))]
 
 
 def test_every_study_has_a_mini():
@@ -120,6 +141,7 @@ def test_every_job_of_the_sweep_builds(preset):
     composed = set()
     for job in sorted(distinct):
         cfg = compose(*job)
+        resolve(cfg, list(job), Path("sweep"), read=False)  # stage:NAME, as sam-run's checks do
         composed.add((cfg.model.arch, cfg.dataset.name, cfg.optimizer.name))
         validate(cfg)
         data.validate(cfg.dataset)
@@ -214,9 +236,9 @@ def test_mini_study_runs_and_reports(preset, tmp_path):
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    _, jobs = sweep_of(preset)
-    for n in range(len(jobs)):
-        assert json.loads((sweep / str(n) / "summary.json").read_text())["status"] in (
+    _, jobs = _stages_of(preset)
+    for folder, _ in jobs:
+        assert json.loads((sweep / folder / "summary.json").read_text())["status"] in (
             "completed",
             "diverged",
         )
@@ -227,6 +249,9 @@ def test_mini_study_runs_and_reports(preset, tmp_path):
     )
     assert rep.returncode == 0, rep.stderr
     assert (sweep / "report.md").exists() and (sweep / "report.csv").exists()
+    if preset == "sam_midtraining_mini":  # one forgetting row per mid-training setting
+        rows = (sweep / "forgetting.csv").read_text().splitlines()
+        assert [r.split(",")[0] for r in rows[1:]] == ["base", "sam ρ=0.05", "sam ρ=0.2"]
     if preset == "edge_of_stability_mini":  # GD's λ_max reaches 2/η and stays there
         from sam_runner.results.eos import plateau, traces
         from sam_runner.results.report import build_report

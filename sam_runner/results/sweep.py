@@ -215,6 +215,14 @@ def source_jobs(path: Path, metrics, label: str) -> tuple[list[Job], list[str]]:
     ]
     if expected is not None:
         return jobs + not_started(jobs, expected, str(path)), []
+    stages = [d for d in sorted(path.iterdir()) if (d / "multirun.yaml").is_file()]
+    if stages:
+        # a preset in stages: one sweep per stage folder, each with its own job list
+        missing = []
+        for d in stages:
+            own = [j for j in jobs if j.path.is_relative_to(d)]
+            missing += not_started(own, expected_jobs(d) or [], str(path))
+        return jobs + missing, []
     return jobs, [
         f"The job list of {path} could not be read from multirun.yaml (not Hydra's basic "
         "sweeper): jobs that have not started are not counted."

@@ -18,6 +18,8 @@ checkpoints/last.pt when it was interrupted, and runs it from the start otherwis
   pruned search's job reporting to its trial;
 - hydra_api.py: the Hydra internals all of these use (overrides parser, basic sweeper, compose,
   which sweepers grid and which search);
+- stages.py: presets in stages (``stages:``), their plan and the ``stage:NAME`` references
+  resolved to an earlier stage's job folder; staged.py: running them, stage by stage;
 - array.py: a submitit job array of per-job work for the commands that look at finished runs
   (``sam-eval``, ``sam-landscape``), with sam-run's launcher presets.
 """

@@ -384,3 +384,37 @@ def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
     # both trials were tasks of one submitit array (<array id>_<task>)
     tasks = {p.name for p in (sweep_dir / ".submitit").iterdir() if re.match(r"\d+_\d+$", p.name)}
     assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks
+
+
+@pytest.mark.usefixtures("slurm")
+def test_a_preset_in_stages_runs_one_job_array_per_stage(tmp_path):
+    """distill_sam_mini on SLURM: the teachers' array, then (when it has ended) the students',
+    each student distilled from the teacher its stage:teacher/... reference names."""
+    sweep_dir = tmp_path / "sweep"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sam_runner.cli",
+            "-m",
+            "experiment=distill_sam_mini",
+            "hydra/launcher=slurm",
+            *[o for o in TINY if not o.startswith("model=")],
+            "trainer.epochs=1",
+            f"hydra.sweep.dir={sweep_dir}",
+            "hydra.launcher.cpus_per_task=1",
+            "hydra.launcher.timeout_min=10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for stage, n in (("teacher", 4), ("student", 8)):
+        assert (sweep_dir / stage / ".submitit").is_dir()
+        for job in range(n):
+            assert summary(sweep_dir / stage / str(job))["status"] == "completed"
+    # student 6: optimizer=sam, the SAM teacher (teacher job 2 or 3), seed 0: teacher job 2
+    teacher = summary(sweep_dir / "student" / "6")["config"]["trainer.distill.teacher"]
+    assert teacher == str((sweep_dir / "teacher" / "2").absolute())
