@@ -40,6 +40,7 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT = Path(CHECKPOINTS) / "last.pt"
 AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
 INIT_WEIGHTS = Path(CHECKPOINTS) / "init.pt"  # the weights at step 0 (dist_from_init)
+CLIENTS = "clients.json"  # a federated run's split: each client's size and class histogram
 CACHE = "cache"  # an image folder's decoded measurement subsets
 WEIGHTS = ("last", "averaged")
 STATUSES = ("completed", "diverged", "pruned", "failed")
