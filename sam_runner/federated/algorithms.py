@@ -58,7 +58,7 @@ def low_frequency_removed_(t: torch.Tensor, cutoff: float) -> None:
     """Zero the lowest ``cutoff`` share of the rFFT bins (DC first) of ``t`` flattened, in
     place."""
     flat = t.reshape(-1)
-    spectrum = torch.fft.rfft(flat.float())
+    spectrum = torch.fft.rfft(flat.to(torch.promote_types(t.dtype, torch.float32)))
     k = math.ceil(cutoff * spectrum.numel())
     if k == 0:
         return
