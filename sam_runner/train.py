@@ -25,9 +25,9 @@ from .clock import Clock
 from .data import build_data
 from .data.augment import Mixing
 from .distill import build_distiller, check_teacher
+from .errors import Interrupted, RunFolderConflict, UserError, one_line, require
 from .federated import build_federation
 from .federated.rounds import run_rounds
-from .errors import Interrupted, RunFolderConflict, UserError, one_line, require
 from .lock import held_by, job_lock
 from .loggers import NullLogger, build_logger
 from .losses import mean_loss, per_example
@@ -302,16 +302,8 @@ class Run:
         if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
             model.to(memory_format=torch.channels_last)
         self.federation = build_federation(cfg, data)
-        self.steps_per_epoch = len(data.train)
-        total_steps = int(t.steps) if t.get("steps") else self.steps_per_epoch * t.epochs
-        local_steps = total_steps
-        if self.federation.enabled:  # an epoch is a round; the schedule steps once a round
-            f = self.federation
-            self.steps_per_epoch, total_steps = 1, f.rounds
-            local_steps = f.rounds * f.per_round * f.local_steps
-        self.clock.total_steps = total_steps  # a step budget ends the last epoch early
-        self.clock.epochs = -(-total_steps // self.steps_per_epoch)
-        self.build_optimization(model, total_steps, local_steps)
+        total_steps, optimizer_steps = self._lengths(data)
+        self.build_optimization(model, total_steps, optimizer_steps)
         if self.federation.enabled:
             self.federation.attach(self.optimizer)
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
@@ -347,6 +339,21 @@ class Run:
             enabled=self.dist.is_main,
         )
         self._say_threads()
+
+    def _lengths(self, data) -> tuple[int, int]:
+        """The run's length in scheduler steps (set on the clock, with the epochs it takes)
+        and in optimizer steps. A federated run's epoch is a round: its schedule steps once a
+        round, its optimizer ``local_steps`` times per sampled client."""
+        t, f = self.cfg.trainer, self.federation
+        self.steps_per_epoch = len(data.train)
+        total_steps = int(t.steps) if t.get("steps") else self.steps_per_epoch * t.epochs
+        optimizer_steps = total_steps
+        if f.enabled:
+            self.steps_per_epoch, total_steps = 1, f.rounds
+            optimizer_steps = f.rounds * f.per_round * f.local_steps
+        self.clock.total_steps = total_steps  # a step budget ends the last epoch early
+        self.clock.epochs = -(-total_steps // self.steps_per_epoch)
+        return total_steps, optimizer_steps
 
     def build_optimization(self, model, total_steps: int, optimizer_steps: int) -> None:
         """The weight decay's rule (it may split the groups per layer), the optimizer (its
@@ -452,7 +459,7 @@ class Run:
     def train_epoch(self) -> bool:
         """One pass over the training set; False when the loss became non-finite (the run
         diverged)."""
-        clock, t = self.clock, self.cfg.trainer
+        clock = self.clock
         clock.epoch += 1
         clock.within_epoch = True
         epoch_start = time.perf_counter()

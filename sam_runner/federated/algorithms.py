@@ -38,11 +38,11 @@ class FedAvg:
     def filter_(self, eps: list) -> None:
         """Change a client's ε in place before the perturbed pass (here: nothing)."""
 
-    def adjust(self, params: list, grads: list) -> list:
+    def adjust(self, params: list, grads: list) -> list:  # noqa: ARG002 (the hook's signature)
         """The gradients a client step uses in place of ``grads`` (here: ``grads`` themselves)."""
         return grads
 
-    def server_update(self, global_: list, mean: list, names: list, lr: float) -> list:
+    def server_update(self, global_: list, mean: list, names: list, lr: float) -> list:  # noqa: ARG002
         """The new global float tensors from the old ones and the clients' weighted mean."""
         torch._foreach_lerp_(global_, mean, self.server_lr)
         return global_
@@ -103,7 +103,7 @@ class FedVSSAM(FedAvg):
         self.previous: list | None = None  # Δ_previous over the float state tensors
         self._v: dict = {}  # id(parameter) → v, for this round's clients
 
-    def begin_round(self, names: dict, lr: float) -> None:
+    def begin_round(self, names: dict, lr: float) -> None:  # noqa: ARG002 (the hook's signature)
         self._v = {pid: self.direction[n] for pid, n in names.items() if n in self.direction}
 
     def adjust(self, params: list, grads: list) -> list:
