@@ -38,6 +38,7 @@ STUDIES = [
     "jsd_vs_sam",
     "cheaper_sam",
     "optimizer_connectivity",
+    "federated_sam",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -82,6 +83,9 @@ EXPECTED = {
     # base optimizer (adamw, muon, lion) x seed, no SAM
     "optimizer_connectivity": (15, "mlp", "mnist1d", "base"),
     "optimizer_connectivity_mini": (9, "mlp", "mnist1d", "base"),
+    # the four methods of conf/fed_method/ x Dirichlet alpha (or IID) x seed
+    "federated_sam": (16, "resnet18", "cifar100", "base sam"),
+    "federated_sam_mini": (16, "auto", "mnist1d", "base sam"),
 }
 
 
