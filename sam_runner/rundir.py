@@ -204,6 +204,10 @@ class RunDir:
     def rows(self) -> list[dict]:
         return read_rows(self.path / METRICS)
 
+    def clients(self) -> dict | None:
+        """A federated run's split (clients.json): sizes and class histograms; None otherwise."""
+        return read_json(self.path / CLIENTS)
+
     def eval(self, weights: str = "last") -> dict | None:
         e = read_json(self.path / eval_file(weights))
         return e if isinstance(e, dict) else None
