@@ -218,3 +218,17 @@ def test_a_federated_run_writes_its_split_and_lines_carry_the_round(tmp_path):
     assert [r["round"] for r in rows] == [1, 2] and all(r["clients_sampled"] == 2 for r in rows)
     assert {"eps_pairwise_cos", "eps_low_freq_share", "eps_global_cos"} <= rows[-1].keys()
     assert summary["federated"] == "fedavg" and (tmp_path / "r" / SUMMARY).exists()
+
+
+def test_sam_report_draws_the_rounds_and_tables_the_methods(tmp_path):
+    from sam_runner.results.report import main
+
+    sweep = tmp_path / "sweep"
+    _train(sweep, "0", "federated=fedavg", "optimizer=base", *FED)
+    _train(sweep, "1", "federated=fedfft", "federated.dirichlet_alpha=0.3", *FED)
+    assert (sweep / "0" / "clients.png").exists()
+    assert main([str(sweep)]) == 0
+    text = (sweep / "report.md").read_text()
+    assert "## Federated" in text and (sweep / "federated.png").exists()
+    rows = [line for line in text.splitlines() if line.startswith(("| IID", "| Dirichlet"))]
+    assert [r.split(" | ")[1] for r in rows] == ["fedfft", "fedavg+base"]
