@@ -100,7 +100,7 @@ def test_the_server_step_is_the_size_weighted_mean_moved_by_the_server_lr():
     theta = [torch.tensor([1.0, 2.0])]
     mean = [torch.tensor([3.0, 0.0])]
     cfg = compose("federated=fedavg", "federated.server_lr=0.25").federated
-    new = FedAvg(cfg).server_update([theta[0].clone()], mean, [None], 0.1)
+    new = FedAvg(cfg).server_update([theta[0].clone()], mean, ["w"], 0.1)
     torch.testing.assert_close(new[0], torch.tensor([1.5, 1.5]))
 
 
@@ -232,3 +232,14 @@ def test_sam_report_draws_the_rounds_and_tables_the_methods(tmp_path):
     assert "## Federated" in text and (sweep / "federated.png").exists()
     rows = [line for line in text.splitlines() if line.startswith(("| IID", "| Dirichlet"))]
     assert [r.split(" | ")[1] for r in rows] == ["fedfft", "fedavg+base"]
+
+
+def test_batchnorm_statistics_are_the_clients_mean_whatever_the_server_step(tmp_path):
+    # a server momentum or server_lr > 1 applied to running variances could drive them below 0
+    over = ["federated=fedvssam", "federated.server_lr=3", "federated.server_momentum=0.9"]
+    plain = [o for o in FAST if not o.startswith("model")]  # the default model: BatchNorm
+    cfg = compose(*plain, *over, *FED[:2], "federated.local_steps=2")
+    summary, w = train(cfg, tmp_path / "bn"), _weights(tmp_path / "bn")
+    variances = [v for k, v in w.items() if k.endswith("running_var")]
+    assert summary["status"] == "completed" and variances
+    assert all(bool((v > 0).all()) for v in variances)

@@ -43,9 +43,12 @@ class FedAvg:
         return grads
 
     def server_update(self, global_: list, mean: list, names: list, lr: float) -> list:  # noqa: ARG002
-        """The new global float tensors from the old ones and the clients' weighted mean."""
+        """The new global float tensors from the old ones and the clients' weighted mean
+        (``names``: each tensor's parameter name, None for a buffer). Buffers (BatchNorm's running
+        statistics) are the clients' mean whatever the server's step: a server_lr > 1 could push
+        a running variance below zero."""
         torch._foreach_lerp_(global_, mean, self.server_lr)
-        return global_
+        return [g if n else m for g, m, n in zip(global_, mean, names)]
 
     def state_dict(self) -> dict:
         return {}
@@ -90,7 +93,8 @@ class FedVSSAM(FedAvg):
     per local step, in gradient units); a client's adjusted direction a = (1 − c)·g + c·v is what
     ε is built from (local flatness search) and what the base step descends along, with g the
     perturbed gradient there (local descent); the server update is Δ = (1 − m)·Δ_round +
-    m·Δ_previous (global update). The clients' directions share c·v, so their spread is
+    m·Δ_previous (global update) on the parameters, the buffers being the clients' mean. The
+    clients' directions share c·v, so their spread is
     (1 − c) times FedSAM's. c = 0 and m = 0: FedSAM exactly."""
 
     perturbs = True
@@ -123,7 +127,9 @@ class FedVSSAM(FedAvg):
         if self.m == 0:  # FedAvg's own server step, bit for bit
             return super().server_update(global_, mean, names, lr)
         torch._foreach_add_(global_, delta, alpha=self.server_lr)
-        return global_
+        # buffers (BatchNorm's running statistics) are the clients' mean: a momentum could push
+        # a running variance below zero
+        return [g if n else m for g, m, n in zip(global_, mean, names)]
 
     def state_dict(self) -> dict:
         return {"direction": self.direction, "previous": self.previous}
