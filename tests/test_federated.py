@@ -243,3 +243,14 @@ def test_batchnorm_statistics_are_the_clients_mean_whatever_the_server_step(tmp_
     variances = [v for k, v in w.items() if k.endswith("running_var")]
     assert summary["status"] == "completed" and variances
     assert all(bool((v > 0).all()) for v in variances)
+
+
+def test_sam_eval_measures_the_global_model_the_run_checkpointed(tmp_path):
+    from sam_runner.evaluation.cli import main
+    from sam_runner.rundir import eval_file
+
+    one_round = ["federated.rounds=1", "federated.local_steps=2"]
+    summary, _ = _train(tmp_path, "r", "federated=fedavg", "optimizer=sam", *FED[:1], *one_round)
+    assert main([str(tmp_path / "r"), "metrics.hessian.enabled=false"]) == 0
+    measured = json.loads((tmp_path / "r" / eval_file()).read_text())
+    assert measured["test_acc"] == summary["test_acc"]
