@@ -29,9 +29,10 @@ def _run(method: str, folder: str):
     from sam_runner.train import Run
 
     cfg = compose(
-        f"federated={method}", "optimizer=sam", "federated.clients=10", "federated.participation=0.5",
-        "federated.local_steps=10", "federated.rounds=1000000", "federated.eval_every=1000000", "dataset.batch_size=32",
-        "dataset.num_samples=4000", "metrics=off", "trainer.progress=none",
+        f"federated={method}", "optimizer=sam", "federated.clients=10",
+        "federated.participation=0.5", "federated.local_steps=10", "federated.rounds=1000000",
+        "federated.eval_every=1000000", "dataset.batch_size=32", "dataset.num_samples=4000",
+        "metrics=off", "trainer.progress=none",
     )  # fmt: skip
     run = Run(cfg, Path(folder), [])
     run.setup()
