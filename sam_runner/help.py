@@ -152,7 +152,7 @@ def key_descriptions(choices: dict | None = None) -> dict[str, str]:
     root = Path(config_dir())
     choices = choices or _defaults()
     out = {}
-    for group in (*KEYED_GROUPS, "logger", "metrics", "regularizer", "weight_decay"):
+    for group in (*KEYED_GROUPS, "logger", "metrics", "regularizer", "weight_decay", "federated"):
         out[f"{group}.{OPTION_KEYS.get(group, 'name')}"] = f"the option chosen with {group}="
         for f in reversed(_group_files(root, group, choices.get(group))):
             # a preset of package _global_ names its keys in full (optimizer.rho)
