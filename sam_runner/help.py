@@ -12,7 +12,10 @@ from .paths import config_dir
 from .registry import ALL
 
 # groups of the config tree that are settings or presets, not registries
-CONFIG_GROUPS = ("trainer", "metrics", "experiment", "cheaper", "hparams_search", "hydra/launcher")
+CONFIG_GROUPS = (
+    *("trainer", "metrics", "experiment", "cheaper", "hparams_search", "hydra/launcher"),
+    *("federated", "fed_method"),  # federated: a registry, listed here until README's table has it
+)
 
 
 def _yaml(path: Path) -> dict:
@@ -109,7 +112,7 @@ def markdown_options() -> str:
 
 # ------------------------------------------------------------------------ the keys, described
 # where a group's keys start from: its shared file (conf/common/<file>.yaml), else none
-SHARED = {"dataset": "dataset", "model": "model", "optimizer": "engine"}
+SHARED = {"dataset": "dataset", "model": "model", "optimizer": "engine", "federated": "federated"}
 KEY_LINE = re.compile(r"^(\s*)([A-Za-z_][\w]*):(.*)$")
 
 
@@ -149,7 +152,7 @@ def key_descriptions(choices: dict | None = None) -> dict[str, str]:
     root = Path(config_dir())
     choices = choices or _defaults()
     out = {}
-    for group in (*KEYED_GROUPS, "logger", "metrics", "regularizer", "weight_decay"):
+    for group in (*KEYED_GROUPS, "logger", "metrics", "regularizer", "weight_decay", "federated"):
         out[f"{group}.{OPTION_KEYS.get(group, 'name')}"] = f"the option chosen with {group}="
         for f in reversed(_group_files(root, group, choices.get(group))):
             # a preset of package _global_ names its keys in full (optimizer.rho)

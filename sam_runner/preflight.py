@@ -31,6 +31,7 @@ RUNNER_GROUPS = (
     "metrics",
     "regularizer",
     "weight_decay",
+    "federated",
 )
 _ABSENT = object()
 # the topmost folder this command created for its run or sweep folder (None: that existed)

@@ -40,6 +40,7 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT = Path(CHECKPOINTS) / "last.pt"
 AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
 INIT_WEIGHTS = Path(CHECKPOINTS) / "init.pt"  # the weights at step 0 (dist_from_init)
+CLIENTS = "clients.json"  # a federated run's split: each client's size and class histogram
 CACHE = "cache"  # an image folder's decoded measurement subsets
 WEIGHTS = ("last", "averaged")
 STATUSES = ("completed", "diverged", "pruned", "failed")
@@ -202,6 +203,10 @@ class RunDir:
 
     def rows(self) -> list[dict]:
         return read_rows(self.path / METRICS)
+
+    def clients(self) -> dict | None:
+        """A federated run's split (clients.json): sizes and class histograms; None otherwise."""
+        return read_json(self.path / CLIENTS)
 
     def eval(self, weights: str = "last") -> dict | None:
         e = read_json(self.path / eval_file(weights))

@@ -26,6 +26,8 @@ from .data import build_data
 from .data.augment import Mixing
 from .distill import build_distiller, check_teacher
 from .errors import Interrupted, RunFolderConflict, UserError, one_line, require
+from .federated import build_federation
+from .federated.rounds import run_rounds
 from .lock import held_by, job_lock
 from .loggers import NullLogger, build_logger
 from .losses import mean_loss, per_example
@@ -126,6 +128,9 @@ def _train(cfg, run_dir: Path, overrides, trial=None) -> dict:
     with run.stopping_cleanly():
         run.setup()
         run.resume()
+        if run.federation.enabled:  # the rounds take the epochs' place (federated/rounds.py)
+            run_rounds(run)
+            return run.finish()
         while run.clock.epoch < run.clock.epochs:
             if not run.train_epoch():
                 break  # diverged
@@ -296,11 +301,11 @@ class Run:
         self.init_from = load_initial_weights(cfg.model, model)  # given weights, if any
         if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
             model.to(memory_format=torch.channels_last)
-        self.steps_per_epoch = len(data.train)
-        total_steps = int(t.steps) if t.get("steps") else self.steps_per_epoch * t.epochs
-        self.clock.total_steps = total_steps  # a step budget ends the last epoch early
-        self.clock.epochs = -(-total_steps // self.steps_per_epoch)
-        self.build_optimization(model, total_steps)
+        self.federation = build_federation(cfg, data)
+        total_steps, optimizer_steps = self._lengths(data)
+        self.build_optimization(model, total_steps, optimizer_steps)
+        if self.federation.enabled:
+            self.federation.attach(self.optimizer)
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
         self.net = self.dist.wrap(model, cfg)  # DDP when world > 1, then torch.compile when asked
         if t.compile and device.type == "cuda":
@@ -335,12 +340,27 @@ class Run:
         )
         self._say_threads()
 
-    def build_optimization(self, model, total_steps: int) -> None:
-        """The weight decay's rule (it may split the groups per layer), the optimizer and the
-        learning rate's schedule."""
+    def _lengths(self, data) -> tuple[int, int]:
+        """The run's length in scheduler steps (set on the clock, with the epochs it takes)
+        and in optimizer steps. A federated run's epoch is a round: its schedule steps once a
+        round, its optimizer ``local_steps`` times per sampled client."""
+        t, f = self.cfg.trainer, self.federation
+        self.steps_per_epoch = len(data.train)
+        total_steps = int(t.steps) if t.get("steps") else self.steps_per_epoch * t.epochs
+        optimizer_steps = total_steps
+        if f.enabled:
+            self.steps_per_epoch, total_steps = 1, f.rounds
+            optimizer_steps = f.rounds * f.per_round * f.local_steps
+        self.clock.total_steps = total_steps  # a step budget ends the last epoch early
+        self.clock.epochs = -(-total_steps // self.steps_per_epoch)
+        return total_steps, optimizer_steps
+
+    def build_optimization(self, model, total_steps: int, optimizer_steps: int) -> None:
+        """The weight decay's rule (it may split the groups per layer), the optimizer (its
+        schedules over ``optimizer_steps``) and the learning rate's schedule."""
         cfg = self.cfg
         self.weight_decay = build_weight_decay(cfg)
-        self.optimizer = build_optimizer(cfg, model, total_steps, self.weight_decay)
+        self.optimizer = build_optimizer(cfg, model, optimizer_steps, self.weight_decay)
         self.weight_decay.bind(
             model, self.optimizer, self.dist, cfg.seed, self.clock, self.steps_per_epoch
         )
@@ -388,6 +408,7 @@ class Run:
             "logger": self.logger,
             **({"averaging": self.averaging} if self.averaging.enabled else {}),
             **({"weight_decay": self.weight_decay} if self.weight_decay.enabled else {}),
+            **({"federated": self.federation} if self.federation.enabled else {}),
         }
 
     def resume(self) -> None:
@@ -438,7 +459,7 @@ class Run:
     def train_epoch(self) -> bool:
         """One pass over the training set; False when the loss became non-finite (the run
         diverged)."""
-        clock, t = self.clock, self.cfg.trainer
+        clock = self.clock
         clock.epoch += 1
         clock.within_epoch = True
         epoch_start = time.perf_counter()
@@ -447,22 +468,13 @@ class Run:
             torch.manual_seed(rank_seed(self.cfg.seed, clock.epoch, self.dist.rank))
         self.model.train()
         self.data.train.set_epoch(clock.epoch)
-        stats = EpochStats(self.device, self.dist)
+        stats = self.epoch_stats()
         bar = self.progress.epoch_bar(clock.epoch)
         for x, y, idx in self.data.train:
-            x, target = self.mixing(x, y, clock.step)  # soft targets under MixUp/CutMix
-            parts = (v.tensor_split(t.accumulate) for v in (x, target, y, idx))
-            micro = [m for m in zip(*parts) if len(m[2])]
-            counts = {"correct": 0}
-            taught = self.distill.teach(micro)  # the teacher's forward: once a step, every pass's
-            closure = functools.partial(self.forward_backward, micro, counts, taught)
-            loss = self.optimizer.step(closure)
+            loss = self.optimizer_step(x, y, idx, stats)
             self.scheduler.step()
-            self.scaler.update()
-            clock.step += 1
             self.weight_decay.after_step(clock.step)
             self.averaging.after_step()
-            stats.add(loss, counts["correct"], len(y), clock.step)
             bar.update(stats.loss_sum, stats.correct, stats.seen)
             curvature = self.tracker.log_values()
             if curvature:
@@ -478,6 +490,36 @@ class Run:
         bar.close()
         clock.within_epoch = False
         clock.train_time += time.perf_counter() - epoch_start
+        if not self.end_of_training_pass(stats):
+            return False
+        self.sampler.end_epoch(self.data.train)
+        self.averaging.end_epoch()
+        return True
+
+    def epoch_stats(self) -> EpochStats:
+        return EpochStats(self.device, self.dist)
+
+    def optimizer_step(self, x, y, idx, stats: EpochStats):
+        """One step of the optimizer on a batch (the closure is ``forward_backward``), counted
+        on the clock and in ``stats``; returns its loss. An epoch's step and a federated
+        client's local step alike."""
+        clock, t = self.clock, self.cfg.trainer
+        x, target = self.mixing(x, y, clock.step)  # soft targets under MixUp/CutMix
+        parts = (v.tensor_split(t.accumulate) for v in (x, target, y, idx))
+        micro = [m for m in zip(*parts) if len(m[2])]
+        counts = {"correct": 0}
+        taught = self.distill.teach(micro)  # the teacher's forward: once a step, every pass's
+        closure = functools.partial(self.forward_backward, micro, counts, taught)
+        loss = self.optimizer.step(closure)
+        self.scaler.update()
+        clock.step += 1
+        stats.add(loss, counts["correct"], len(y), clock.step)
+        return loss
+
+    def end_of_training_pass(self, stats: EpochStats) -> bool:
+        """The epoch's (or round's) training loss and accuracy; False, with the run diverged,
+        when a loss was not finite."""
+        clock = self.clock
         self.stats = stats.log_values()
         bad = stats.diverged_at()
         if bad is not None or not math.isfinite(self.stats["train_loss"]):
@@ -485,8 +527,6 @@ class Run:
             at = bad if bad is not None else clock.step
             self.error = f"loss became non-finite at epoch {clock.epoch}, step {at}"
             return False
-        self.sampler.end_epoch(self.data.train)
-        self.averaging.end_epoch()
         return True
 
     def forward_backward(self, micro, counts: dict, taught=None):
@@ -525,6 +565,8 @@ class Run:
         clock, t = self.clock, self.cfg.trainer
         if clock.final:
             return True
+        if self.federation.enabled:
+            return self.federation.evaluation_due(clock.epoch)
         if t.get("eval_every_n_steps"):
             return clock.step - self.saved[1] >= int(t.eval_every_n_steps)
         return clock.epoch % int(t.get("eval_every_n_epochs", 1)) == 0
@@ -554,7 +596,8 @@ class Run:
             **self.optimizer.cost_values(),
         }
         parts = (self.optimizer, self.sampler, self.tracker, self.robustness, self.averaging)
-        for part in (*parts, self.weight_decay):
+        federation = (self.federation,) if self.federation.enabled else ()
+        for part in (*parts, self.weight_decay, *federation):
             row.update(part.log_values())
         self.log_line(row)
         self.last = row
@@ -618,6 +661,8 @@ class Run:
         summary.update(self.distill.summary_values())
         summary.update(self.tracker.summary_extras())
         summary.update(self.averaging.summary_values(last, self.lambda_max_of))
+        if self.federation.enabled:
+            summary.update(self.federation.summary_values())
         if self.init_from is not None:
             summary["init_from"] = self.init_from
         if self.test_set.reliability is None and self.status == "completed":

@@ -17,6 +17,7 @@ from .data import validate as validate_dataset
 from .data.sources import data_shape
 from .distill import check_teacher
 from .errors import integer, number, require
+from .federated.algorithms import check as check_federated
 from .lock import ON_LOCKED
 from .loggers import build_logger
 from .losses import per_example
@@ -55,6 +56,7 @@ def validate_trainer(cfg) -> None:
     t = cfg.trainer
     integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
     build_regularizer(cfg.get("regularizer"))  # its keys, before anything is written
+    check_federated(cfg)  # the federated group's keys and what it cannot be combined with
     check_teacher(cfg)  # trainer.distill: its keys and the teacher's folder
     require(
         t.precision in PRECISIONS,

@@ -42,6 +42,7 @@ STUDIES = [
     "optimizer_connectivity",
     "distill_sam",
     "sam_midtraining",
+    "federated_sam",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -93,6 +94,9 @@ EXPECTED = {
     # pretrain x seed, mid-training {base, sam ρ, sam ρ'} x seed, post-training of each
     "sam_midtraining": (21, "resnet18", "cifar100", "base sam"),
     "sam_midtraining_mini": (14, "mlp", "mnist1d", "base sam"),
+    # the four methods of conf/fed_method/ x Dirichlet alpha (or IID) x seed
+    "federated_sam": (16, "resnet18", "cifar100", "base sam"),
+    "federated_sam_mini": (16, "auto", "mnist1d", "base sam"),
 }
 
 

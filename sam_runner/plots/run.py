@@ -280,4 +280,9 @@ def write_run_plots(run_dir, fmt: str = "png") -> list[Path]:
         ece, n = summary.get("test_ece"), sum(bins["count"])
         title = f"reliability: ECE {ece:.4f} over {n} test samples" if finite(ece) else ""
         written.append(save_figure(plot_reliability(bins, title), run_dir, "reliability", fmt))
+    split = RunDir(run_dir).clients()
+    if split and split.get("class_histograms"):  # a federated run's clients
+        from .federated import plot_clients
+
+        written.append(save_figure(plot_clients(split), run_dir, "clients", fmt))
     return written

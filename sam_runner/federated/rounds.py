@@ -1,0 +1,237 @@
+"""The federated simulation: ``Federation`` holds the clients and the server's algorithm;
+``run_rounds(run)`` is the loop ``train(cfg)`` runs in place of its epochs when
+``federated != none``.
+
+One model instance serves every client, one after another: a client starts from the global
+weights (copied in), its base optimizer's per-parameter state starts empty (clients are
+stateless, as in FedAvg), it takes ``local_steps`` steps of the run's own optimizer through
+``Run.optimizer_step`` (the shared engine, the closure, mixing, precision as in any run), and
+its weights are added, weighted by its data size, to a running mean. The server's update is the
+algorithm's. Round r's clients and batches depend on (seed, r, client) alone, so a run resumed
+at a checkpointed round boundary, or killed mid-round and replayed from the last one, trains as
+the uninterrupted run does, bit for bit. The run's clock counts rounds as its epochs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+
+from ..data.loaders import TensorLoader
+from ..errors import require
+from ..module_state import frozen_running_stats
+from ..rundir import CLIENTS
+from ..runfiles import write_json
+from .algorithms import FedAvg
+from .measures import Observer
+from .split import histograms, skew, split_clients
+
+CLIENT_SEED = 7919  # client k's batches: TensorLoader seed = run seed + CLIENT_SEED·k
+
+
+class Federation:
+    """The clients (their shards and loaders), the round's sampling and the algorithm."""
+
+    enabled = True
+
+    def __init__(self, cfg, algorithm: FedAvg, data, seed: int):
+        f = cfg.federated
+        require(
+            data.train_tensors is not None and hasattr(data.train, "x"),
+            f"federated={f.name} runs on in-memory datasets (mnist1d, cifar10, cifar100, ...); "
+            f"dataset={cfg.dataset.name} is read from folders",
+        )
+        self.cfg, self.algorithm, self.seed = f, algorithm, int(seed)
+        self.rounds, self.local_steps = int(f.rounds), int(f.local_steps)
+        self.eval_every = int(f.eval_every)
+        train = data.train
+        self.shards = split_clients(train.y, int(f.clients), f.dirichlet_alpha, seed)
+        self.sizes = [len(s) for s in self.shards]
+        self.hist = histograms(train.y, self.shards, data.num_classes)
+        self.loaders = [self._loader(train, k, s) for k, s in enumerate(self.shards)]
+        self.per_round = max(1, round(float(f.participation) * len(self.shards)))
+        self.observer = Observer(float(f.measure_cutoff))
+        self.round_values: dict = {}
+
+    def _loader(self, train, k: int, shard: torch.Tensor) -> TensorLoader:
+        """Client k's batches: its shard, the run's batch size (at most its sample count),
+        shuffled per epoch from (seed, k), the training augmentation."""
+        idx = shard.to(train.y.device)
+        bs = min(train.batch_size, len(shard))
+        return TensorLoader(
+            train.x[idx], train.y[idx], bs, shuffle=train.shuffle,
+            seed=self.seed + CLIENT_SEED * k, drop_last=True, transform=train.transform,
+        )  # fmt: skip
+
+    def sampled(self, r: int) -> list[int]:
+        """Round r's clients, in client order: ``per_round`` of them drawn from (seed, r)."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + r)
+        return sorted(torch.randperm(len(self.shards), generator=g)[: self.per_round].tolist())
+
+    def batches(self, k: int, r: int):
+        """Client k's ``local_steps`` batches of round r: its loader's epochs (r−1)·E + 1, ...,
+        E = ⌈local_steps / batches per epoch⌉ (one epoch a round when they are equal: a single
+        client's round r is a centralized run's epoch r)."""
+        loader = self.loaders[k]
+        per_round = -(-self.local_steps // len(loader))
+        taken = 0
+        for e in range((r - 1) * per_round + 1, r * per_round + 1):
+            loader.set_epoch(e)
+            for batch in loader:
+                if taken == self.local_steps:
+                    return
+                taken += 1
+                yield batch
+
+    def write_clients(self, path) -> None:
+        """The split, for the run folder: each client's size and class histogram."""
+        write_json(path, {
+            "clients": len(self.shards),
+            "dirichlet_alpha": self.cfg.dirichlet_alpha,
+            "sizes": self.sizes,
+            "class_histograms": self.hist,
+            "label_skew": skew(self.hist),
+        })  # fmt: skip
+
+    def attach(self, opt) -> None:
+        """The algorithm's and the measures' hooks on the run's optimizer instance (its class,
+        the variant, is untouched): ε filtered and observed after the variant computes it, the
+        gradients ε is built from and the base step descends along adjusted. FedAvg's hooks
+        change nothing: its client steps are the optimizer's own, bit for bit."""
+        alg, obs = self.algorithm, self.observer
+        compute, pgrads, step = opt.compute_perturbation, opt.perturbation_grads, opt.base_step
+
+        def compute_perturbation(params, grads, eps):
+            compute(params, grads, eps)
+            if obs.watching:
+                obs.raw(eps)
+            alg.filter_(eps)
+            if obs.watching:
+                obs.applied(params, eps)
+
+        def perturbation_grads(params, grads):
+            return alg.adjust(params, pgrads(params, grads))
+
+        def base_step():
+            params, grads, _ = opt._lists()
+            adjusted = alg.adjust(params, grads)
+            if adjusted is not grads:
+                torch._foreach_copy_(grads, adjusted)
+            step()
+
+        opt.compute_perturbation = compute_perturbation
+        opt.perturbation_grads = perturbation_grads
+        opt.base_step = base_step
+
+    def evaluation_due(self, r: int) -> bool:
+        return r >= self.rounds or r % self.eval_every == 0
+
+    # ------------------------------------------------------------------ run parts
+    def log_values(self) -> dict:
+        return dict(self.round_values)
+
+    def summary_values(self) -> dict:
+        return {
+            "federated": str(self.cfg.name),
+            "rounds": self.rounds,
+            "clients": len(self.shards),
+            "label_skew": skew(self.hist),
+            **{k: v for k, v in self.round_values.items() if k != "round"},
+        }
+
+    def state_dict(self) -> dict:
+        return {"algorithm": self.algorithm.state_dict(), "round_values": self.round_values}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.round_values = dict(state["round_values"])
+
+
+def float_state(model) -> tuple[list, list, list]:
+    """The model's floating-point state tensors (parameters and buffers, sharing storage), each
+    one's parameter name (None for a buffer), and the other state tensors (counters)."""
+    params = {id(p): n for n, p in model.named_parameters()}
+    named = {n: p for n, p in model.named_parameters()}
+    floats, names, others = [], [], []
+    for n, t in model.state_dict().items():
+        if t.is_floating_point():
+            floats.append(t)
+            names.append(n if n in named and id(named[n]) in params else None)
+        else:
+            others.append(t)
+    return floats, names, others
+
+
+def run_rounds(run) -> None:
+    """The rounds of a federated run, evaluated and checkpointed as a run's epochs are."""
+    fed = run.federation
+    if run.dist.is_main:
+        fed.write_clients(run.run_dir / CLIENTS)
+    while run.clock.epoch < run.clock.epochs:
+        if not train_round(run, fed):
+            break  # diverged
+        run.end_epoch()
+        if run.pruned():
+            break
+
+
+def train_round(run, fed: Federation) -> bool:
+    """One round: the sampled clients' local steps from the global weights, then the server's
+    update; False when a loss became non-finite."""
+    clock, opt, model = run.clock, run.optimizer, run.model
+    clock.epoch += 1
+    clock.within_epoch = True
+    r, started = clock.epoch, time.perf_counter()
+    model.train()
+    floats, names, _ = float_state(model)
+    global_ = [t.clone() for t in floats]
+    ids = {id(p): n for n, p in model.named_parameters()}
+    lr = opt.param_groups[0]["lr"]
+    fed.algorithm.begin_round(ids, lr)
+    measuring = fed.evaluation_due(r) and opt.passes > 1
+    fed.observer.begin(global_sam_direction(run) if measuring else None, measuring)
+    stats = run.epoch_stats()
+    chosen = fed.sampled(r)
+    total = sum(fed.sizes[k] for k in chosen)
+    mean = [torch.zeros_like(t) for t in floats]
+    for k in chosen:
+        torch._foreach_copy_(floats, global_)
+        opt.base_optimizer.state.clear()  # stateless clients: momentum starts afresh
+        opt.state.clear()
+        for j, (x, y, idx) in enumerate(fed.batches(k, r)):
+            fed.observer.watching = measuring and j == 0  # a client's ε at the global weights
+            run.optimizer_step(x, y, idx, stats)
+        torch._foreach_add_(mean, floats, alpha=fed.sizes[k] / total)
+    fed.observer.watching = False
+    new = fed.algorithm.server_update(global_, mean, names, lr)
+    torch._foreach_copy_(floats, new)
+    run.scheduler.step()  # the learning rate's schedule counts rounds
+    clock.within_epoch = False
+    clock.train_time += time.perf_counter() - started
+    fed.round_values = {"round": r, "clients_sampled": len(chosen), **fed.observer.values()}
+    return run.end_of_training_pass(stats)
+
+
+def global_sam_direction(run) -> list | None:
+    """∇L of the global model on a seeded subset of the clients' union (the measurement subset
+    of ``metrics.hessian.num_samples`` samples), per parameter; train mode, running statistics
+    untouched, gradients restored to none."""
+    n = min(int(run.cfg.metrics.get("hessian", {}).get("num_samples", 1024)), run.data.train_size)
+    x, y = run.data.train_subset(n, run.cfg.seed)
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    grads = [torch.zeros_like(p) for p in params]
+    loss_fn = torch.nn.functional.cross_entropy
+    bs = run.data.train.batch_size
+    with frozen_running_stats(list(run.model.modules())), torch.enable_grad():
+        for a in range(0, len(y), bs):
+            with run.autocast if run.autocast is not None else contextlib.nullcontext():
+                loss = loss_fn(run.model(x[a : a + bs]), y[a : a + bs], reduction="sum")
+            got = torch.autograd.grad(loss / len(y), params, allow_unused=True)
+            for g, h in zip(grads, got):
+                if h is not None:
+                    g.add_(h.float() if g.dtype != h.dtype else h)
+    norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
+    return {id(p): g for p, g in zip(params, grads)} if norm > 0 else None

@@ -1,0 +1,256 @@
+"""federated=fedavg|fedfft|fedvssam: the properties that would fail on a wrong simulation, on a
+tiny MLP over MNIST-1D, trained in process by the real train(cfg)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import compose, run_cli
+
+from sam_runner.data import build_data
+from sam_runner.errors import UserError
+from sam_runner.federated import rounds
+from sam_runner.federated.algorithms import FedAvg, low_frequency_removed_
+from sam_runner.federated.measures import Observer
+from sam_runner.federated.split import histograms, skew, split_clients
+from sam_runner.models import build_model
+from sam_runner.registry import FEDERATED
+from sam_runner.rundir import CHECKPOINT, CLIENTS, INIT_WEIGHTS, METRICS, SUMMARY
+from sam_runner.train import train
+
+FAST = [
+    "dataset.num_samples=1000",
+    "model=mlp",
+    "model.hidden=[32]",
+    "metrics=off",
+    "trainer.progress=none",
+    "scheduler=constant",
+]
+FED = ["federated.clients=4", "federated.rounds=2", "federated.local_steps=3"]
+
+
+def _train(tmp_path, name, *overrides):
+    cfg = compose(*FAST, *overrides)
+    summary = train(cfg, tmp_path / name)
+    return summary, _weights(tmp_path / name)
+
+
+def _weights(run_dir):
+    return torch.load(run_dir / CHECKPOINT, weights_only=True)["model"]
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_config_group_is_the_registry():
+    from conftest import ROOT
+
+    assert {p.stem for p in (ROOT / "conf" / "federated").glob("*.yaml")} == set(FEDERATED)
+    assert compose().federated.name == "none"
+
+
+@pytest.mark.parametrize("momentum,epochs", [(0.0, 2), (0.9, 1)])
+def test_fedavg_with_one_client_is_centralized_training_bit_for_bit(tmp_path, momentum, epochs):
+    # momentum persists across a centralized run's epochs; a client's starts afresh each round
+    common = ["optimizer=sam", f"base_optimizer.momentum={momentum}", "dataset.batch_size=100"]
+    central, w_central = _train(tmp_path, "c", *common, f"trainer.epochs={epochs}")
+    steps = central["step"] // epochs  # the batches of one epoch
+    fed = ["federated=fedavg", "federated.clients=1", "federated.participation=1"]
+    one, w_one = _train(
+        tmp_path, "f", *common, *fed, f"federated.rounds={epochs}", f"federated.local_steps={steps}"
+    )
+    assert _same(w_central, w_one)
+    assert one["test_acc"] == central["test_acc"] and one["step"] == central["step"]
+
+
+def _full_batch_step(run_dir, cfg):
+    """θ − η∇L(θ) on the whole training set, from the run's θ⁰ (by hand)."""
+    data = build_data(cfg.dataset, torch.device("cpu"), cfg.seed)
+    model = build_model(cfg.model, data.input_shape, data.num_classes)
+    model.load_state_dict(torch.load(run_dir / INIT_WEIGHTS, weights_only=True))
+    x, y = data.train_tensors
+    x = data.prepare(x, None) if data.prepare is not None else x
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    lr = float(cfg.base_optimizer.lr)
+    names = [n for n, _ in model.named_parameters()]
+    return {n: (p - lr * g).detach() for n, p, g in zip(names, model.parameters(), grads)}
+
+
+@pytest.mark.parametrize("alpha", ["null", "0.5"])  # equal shards, then unequal ones
+def test_one_sgd_step_per_client_averaged_by_size_is_one_full_batch_step(tmp_path, alpha):
+    over = [
+        "federated=fedavg", "federated.clients=4", "federated.participation=1",
+        "federated.rounds=1", "federated.local_steps=1", f"federated.dirichlet_alpha={alpha}",
+        "optimizer=base", "base_optimizer.momentum=0", "base_optimizer.weight_decay=0",
+        "dataset.batch_size=800",  # the training set; each client's one batch is its whole shard
+    ]  # fmt: skip
+    _train(tmp_path, "f", *over)
+    sizes = json.loads((tmp_path / "f" / CLIENTS).read_text())["sizes"]
+    assert (len(set(sizes)) == 1) == (alpha == "null")
+    want, got = _full_batch_step(tmp_path / "f", compose(*FAST, *over)), _weights(tmp_path / "f")
+    for n, w in want.items():
+        torch.testing.assert_close(got[n], w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_server_step_is_the_size_weighted_mean_moved_by_the_server_lr():
+    theta = [torch.tensor([1.0, 2.0])]
+    mean = [torch.tensor([3.0, 0.0])]
+    cfg = compose("federated=fedavg", "federated.server_lr=0.25").federated
+    new = FedAvg(cfg).server_update([theta[0].clone()], mean, ["w"], 0.1)
+    torch.testing.assert_close(new[0], torch.tensor([1.5, 1.5]))
+
+
+def test_the_dirichlet_split_is_disjoint_covering_seeded_and_skewed_as_alpha_falls():
+    y = torch.arange(10).repeat_interleave(100)
+    skews = []
+    for alpha in (None, 100.0, 1.0, 0.1):
+        shards = split_clients(y, 10, alpha, seed=3)
+        everything = torch.cat(shards)
+        assert len(everything) == len(y) and set(everything.tolist()) == set(range(len(y)))
+        assert all(len(s) > 0 for s in shards)
+        again = split_clients(y, 10, alpha, seed=3)
+        assert all(torch.equal(a, b) for a, b in zip(shards, again))
+        other = split_clients(y, 10, alpha, seed=4)
+        assert not all(torch.equal(a, b) for a, b in zip(shards, other))
+        skews.append(skew(histograms(y, shards, 10)))
+    assert skews[0] < 0.15 and skews[1] < skews[2] < skews[3]
+
+
+def test_the_split_refuses_more_clients_than_samples():
+    with pytest.raises(UserError, match=r"federated.clients=11 is more than the 10 training"):
+        split_clients(torch.arange(10), 11, None, 0)
+
+
+def test_the_low_frequency_filter_removes_the_lowest_bins_only():
+    t = torch.randn(4, 25, dtype=torch.float64)
+    before = torch.fft.rfft(t.reshape(-1))
+    low_frequency_removed_(t, 0.2)
+    after = torch.fft.rfft(t.reshape(-1))
+    k = -(-before.numel() * 2 // 10)
+    assert after[:k].abs().max() < 1e-10
+    torch.testing.assert_close(after[k:], before[k:])
+
+
+def test_the_pairwise_cosine_from_the_unit_sum_is_the_mean_over_pairs():
+    vs = [torch.randn(7, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    obs = Observer(0.1)
+    obs.begin(None, True)
+    for v in vs:
+        obs.applied([None], [v])
+    cos = torch.nn.functional.cosine_similarity
+    pairs = [float(cos(a, b, 0)) for i, a in enumerate(vs) for b in vs[i + 1 :]]
+    assert obs.values()["eps_pairwise_cos"] == pytest.approx(sum(pairs) / len(pairs))
+
+
+def test_fedfft_with_cutoff_zero_is_fedsam_exactly(tmp_path):
+    _, fedsam = _train(tmp_path, "a", "federated=fedavg", "optimizer=sam", *FED)
+    _, zero = _train(tmp_path, "b", "federated=fedfft", "federated.fft_cutoff=0", *FED)
+    _, some = _train(tmp_path, "c", "federated=fedfft", "federated.fft_cutoff=0.3", *FED)
+    assert _same(fedsam, zero) and not _same(fedsam, some)
+
+
+def test_fedvssam_at_zero_correction_and_momentum_is_fedsam_exactly(tmp_path):
+    _, fedsam = _train(tmp_path, "a", "federated=fedavg", "optimizer=sam", *FED)
+    neutral = ["federated.correction=0", "federated.server_momentum=0"]
+    _, zero = _train(tmp_path, "b", "federated=fedvssam", *neutral, *FED)
+    _, vs = _train(tmp_path, "c", "federated=fedvssam", *FED)
+    assert _same(fedsam, zero) and not _same(fedsam, vs)
+
+
+def _lines(run_dir):
+    rows = [json.loads(x) for x in (run_dir / METRICS).read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.endswith("time_s")} for r in rows]  # wall times
+
+
+def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    over = ["federated=fedvssam", "federated.dirichlet_alpha=0.5", "federated.rounds=4", *FED[:1]]
+    over += ["federated.local_steps=3", "metrics=default", "metrics.hessian.num_samples=128"]
+    whole, w_whole = _train(tmp_path, "whole", *over)
+    batches = rounds.Federation.batches
+
+    def killed(self, k, r):
+        if r == 3 and k == self.sampled(r)[-1]:  # the round's last client, mid-round
+            raise KeyboardInterrupt
+        return batches(self, k, r)
+
+    monkeypatch.setattr(rounds.Federation, "batches", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tmp_path, "resumed", *over)
+    monkeypatch.setattr(rounds.Federation, "batches", batches)
+    again, w_again = _train(tmp_path, "resumed", *over)
+    assert _same(w_whole, w_again)
+    assert _lines(tmp_path / "whole") == _lines(tmp_path / "resumed")
+    assert [r["round"] for r in _lines(tmp_path / "whole")] == [1, 2, 3, 4]
+    assert again["lambda_max"] == whole["lambda_max"] is not None
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("federated.clients=0", "federated.clients=0 must be an integer >= 1"),
+        ("federated.participation=0", "federated.participation=0 must be a number in (0, 1]"),
+        ("federated.participation=1.5", "federated.participation=1.5 must be a number in (0, 1]"),
+        ("federated.local_steps=0", "federated.local_steps=0 must be an integer >= 1"),
+        ("federated.rounds=0", "federated.rounds=0 must be an integer >= 1"),
+        ("federated.dirichlet_alpha=0", "federated.dirichlet_alpha=0 must be null (IID)"),
+        ("federated.dirichlet_alpha=-1", "federated.dirichlet_alpha=-1 must be null (IID)"),
+        ("optimizer=base", "federated=fedfft filters or adjusts the SAM perturbation"),
+        ("trainer.devices=2", "trainer.devices=2 with federated=fedfft"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, override, message):
+    run = tmp_path / "run"
+    code, _, err = run_cli(["federated=fedfft", override, f"hydra.run.dir={run}"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert message in err
+    assert not run.exists()
+
+
+def test_a_federated_run_writes_its_split_and_lines_carry_the_round(tmp_path):
+    summary, _ = _train(tmp_path, "r", "federated=fedavg", "federated.dirichlet_alpha=0.3", *FED)
+    split = json.loads((tmp_path / "r" / CLIENTS).read_text())
+    assert sum(split["sizes"]) == sum(map(sum, split["class_histograms"]))
+    rows = _lines(tmp_path / "r")
+    assert [r["round"] for r in rows] == [1, 2] and all(r["clients_sampled"] == 2 for r in rows)
+    assert {"eps_pairwise_cos", "eps_low_freq_share", "eps_global_cos"} <= rows[-1].keys()
+    assert summary["federated"] == "fedavg" and (tmp_path / "r" / SUMMARY).exists()
+
+
+def test_sam_report_draws_the_rounds_and_tables_the_methods(tmp_path):
+    from sam_runner.results.report import main
+
+    sweep = tmp_path / "sweep"
+    _train(sweep, "0", "federated=fedavg", "optimizer=base", *FED)
+    _train(sweep, "1", "federated=fedfft", "federated.dirichlet_alpha=0.3", *FED)
+    assert (sweep / "0" / "clients.png").exists()
+    assert main([str(sweep)]) == 0
+    text = (sweep / "report.md").read_text()
+    assert "## Federated" in text and (sweep / "federated.png").exists()
+    rows = [line for line in text.splitlines() if line.startswith(("| IID", "| Dirichlet"))]
+    assert [r.split(" | ")[1] for r in rows] == ["fedfft", "fedavg+base"]
+
+
+def test_batchnorm_statistics_are_the_clients_mean_whatever_the_server_step(tmp_path):
+    # a server momentum or server_lr > 1 applied to running variances could drive them below 0
+    over = ["federated=fedvssam", "federated.server_lr=3", "federated.server_momentum=0.9"]
+    plain = [o for o in FAST if not o.startswith("model")]  # the default model: BatchNorm
+    cfg = compose(*plain, *over, *FED[:2], "federated.local_steps=2")
+    summary, w = train(cfg, tmp_path / "bn"), _weights(tmp_path / "bn")
+    variances = [v for k, v in w.items() if k.endswith("running_var")]
+    assert summary["status"] == "completed" and variances
+    assert all(bool((v > 0).all()) for v in variances)
+
+
+def test_sam_eval_measures_the_global_model_the_run_checkpointed(tmp_path):
+    from sam_runner.evaluation.cli import main
+    from sam_runner.rundir import eval_file
+
+    one_round = ["federated.rounds=1", "federated.local_steps=2"]
+    summary, _ = _train(tmp_path, "r", "federated=fedavg", "optimizer=sam", *FED[:1], *one_round)
+    assert main([str(tmp_path / "r"), "metrics.hessian.enabled=false"]) == 0
+    measured = json.loads((tmp_path / "r" / eval_file()).read_text())
+    assert measured["test_acc"] == summary["test_acc"]
