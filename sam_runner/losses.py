@@ -14,9 +14,22 @@ from .errors import require
 from .registry import LOSSES
 
 
+def token_pairs(logits, targets):
+    """(logits [N, C], targets) of any model's output: a sequence model's ``[B, T, V]`` logits
+    against ``[B, T]`` targets are the B·T next-token predictions, flattened (every loss and
+    measure is then per token); against one label per sequence ``[B]`` (modular arithmetic),
+    the last position's prediction. Class logits ``[N, C]`` pass as they are."""
+    if logits.dim() != 3:
+        return logits, targets
+    if targets.dim() == 2 and not targets.is_floating_point():
+        return logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    return logits[:, -1], targets
+
+
 @LOSSES.register("cross_entropy", "softmax cross-entropy (trainer.label_smoothing applies)")
 def cross_entropy(label_smoothing: float = 0.0):
     def loss(logits, targets):
+        logits, targets = token_pairs(logits, targets)
         # soft targets: F.cross_entropy takes class probabilities as they are
         targets = targets.float() if targets.is_floating_point() else targets
         return F.cross_entropy(
@@ -35,6 +48,7 @@ def mse(label_smoothing: float = 0.0):
     )
 
     def loss(logits, targets):
+        logits, targets = token_pairs(logits, targets)
         logits = logits.float()
         return 0.5 * (logits - target_vectors(targets, logits)).square().sum(dim=1)
 
