@@ -26,17 +26,31 @@ def token_pairs(logits, targets):
     return logits[:, -1], targets
 
 
+def per_sequence(loss):
+    """A per-example loss whose example is a whole sequence: a sequence model's per-token losses
+    averaged over each window (``[B]``; their mean is the per-token mean, every window being
+    equally long), so that what selects or weighs examples (ESAM, CSAM, samplers) sees
+    windows."""
+
+    def wrapped(logits, targets):
+        rows = loss(*token_pairs(logits, targets))
+        if logits.dim() == 3 and rows.numel() == targets.numel() and targets.dim() == 2:
+            return rows.view(targets.shape).mean(dim=1)
+        return rows
+
+    return wrapped
+
+
 @LOSSES.register("cross_entropy", "softmax cross-entropy (trainer.label_smoothing applies)")
 def cross_entropy(label_smoothing: float = 0.0):
     def loss(logits, targets):
-        logits, targets = token_pairs(logits, targets)
         # soft targets: F.cross_entropy takes class probabilities as they are
         targets = targets.float() if targets.is_floating_point() else targets
         return F.cross_entropy(
             logits.float(), targets, label_smoothing=label_smoothing, reduction="none"
         )
 
-    return loss
+    return per_sequence(loss)
 
 
 @LOSSES.register("mse", "½‖f(x) − e_y‖² per example, on one-hot targets (as Cohen et al. 2021)")
@@ -48,11 +62,10 @@ def mse(label_smoothing: float = 0.0):
     )
 
     def loss(logits, targets):
-        logits, targets = token_pairs(logits, targets)
         logits = logits.float()
         return 0.5 * (logits - target_vectors(targets, logits)).square().sum(dim=1)
 
-    return loss
+    return per_sequence(loss)
 
 
 def target_vectors(targets, logits):

@@ -106,6 +106,26 @@ def _scan(ids: np.ndarray, vocab: int, name: Path, digest) -> None:
         )
 
 
+_SCANNED: dict = {}  # (files' path, size, mtime, vocab) -> sha256: the preflight's pass, reused
+
+
+def _scanned(folder: Path, splits: dict, vocab: int) -> str:
+    key = tuple(
+        (
+            str(folder / f"{s}.bin"),
+            (folder / f"{s}.bin").stat().st_size,
+            (folder / f"{s}.bin").stat().st_mtime_ns,
+        )
+        for s in splits
+    ) + (vocab,)
+    if key not in _SCANNED:
+        digest = hashlib.sha256()
+        for split, ids in splits.items():
+            _scan(ids, vocab, folder / f"{split}.bin", digest)
+        _SCANNED[key] = digest.hexdigest()
+    return _SCANNED[key]
+
+
 def _bin_corpus(folder: Path, cfg) -> Corpus:
     splits = {}
     for split in ("train", "val"):
@@ -122,11 +142,9 @@ def _bin_corpus(folder: Path, cfg) -> Corpus:
         )
         splits[split] = np.memmap(f, dtype=np.uint16, mode="r")
     vocab = _bin_vocab(folder, cfg)
-    digest = hashlib.sha256()
-    for split, ids in splits.items():
-        _scan(ids, vocab, folder / f"{split}.bin", digest)
+    digest = _scanned(folder, splits, vocab)
     n = sum(ids.nbytes for ids in splits.values())
-    return Corpus(splits["train"], splits["val"], vocab, n, digest.hexdigest(), str(folder))
+    return Corpus(splits["train"], splits["val"], vocab, n, digest, str(folder))
 
 
 def val_fraction(cfg) -> float:
@@ -247,6 +265,7 @@ def _text_keys(cfg) -> None:
         cfg.batch_size != "full",
         "dataset.batch_size=full does not apply to dataset=text; give a number of windows",
     )
+    _check_fits(load_corpus(cfg), block_size(cfg))  # the corpus itself, before anything is written
 
 
 def text_shape(cfg) -> tuple[tuple, int]:
@@ -269,11 +288,9 @@ def text_shape(cfg) -> tuple[tuple, int]:
 )
 def text(cfg, seed, rank, world) -> Data:
     _text_keys(cfg)
-    corpus = load_corpus(cfg)
-    t = block_size(cfg)
-    _check_fits(corpus, t)
+    corpus, t = load_corpus(cfg), block_size(cfg)
     bs = int(cfg.batch_size)
-    steps = max(1, len(corpus.train) // (bs * t))
+    steps = cfg.get("steps_per_epoch") or max(1, len(corpus.train) // (bs * t))
     cap = int(cfg.get("eval_windows", 256))
     xt, yt = fixed_windows(corpus.test, t, cap)
     xm, ym = fixed_windows(corpus.train, t, MEASURE_WINDOWS)
