@@ -293,4 +293,4 @@ def _with_samples(ds, like):
 
 
 # sources defined in their own modules register themselves on import
-from . import modular, text  # noqa: E402, F401
+from . import arrays, modular, text  # noqa: E402, F401
