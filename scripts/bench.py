@@ -32,6 +32,7 @@ SECTIONS = [
     "objectives",
     "search",
     "cheaper",
+    "lm",
 ]
 
 
