@@ -217,3 +217,38 @@ def test_bad_corpus_files_are_one_line_exit_2(tmp_path, capsys):
     _fails(argv, tmp_path, capsys, "3 bytes")
     np.arange(100, dtype=np.uint16).tofile(folder / "val.bin")
     _fails([*argv[:-1], "dataset.vocab_size=150"], tmp_path, capsys, "token id 199")
+
+
+def test_sam_eval_reads_a_gpt_run(tmp_path):
+    from sam_runner.evaluation.cli import main as sam_eval
+
+    run = tmp_path / "run"
+    train(compose(*TEXT_TINY, *GPT_TINY, "optimizer=sam", "trainer.steps=3"), run)
+    assert (
+        sam_eval([str(run), "metrics.hessian.num_samples=16", "metrics.hessian.max_iter=10"]) == 0
+    )
+    ev = json.loads((run / "eval.json").read_text())
+    assert math.isfinite(ev["lambda_max"]) and 0 <= ev["train_acc"] <= 1
+    assert ev["gen_gap"] == pytest.approx(ev["train_acc"] - ev["test_acc"])
+
+
+def test_sam_landscape_reads_a_gpt_run(tmp_path):
+    from sam_runner.landscape.cli import main as sam_landscape
+
+    run = tmp_path / "run"
+    train(compose(*TEXT_TINY, *GPT_TINY, "optimizer=base", "trainer.steps=3"), run)
+    argv = [str(run), "landscape.points=5", "landscape.grid=3", "landscape.train_samples=16"]
+    assert sam_landscape(argv) == 0
+    assert (run / "landscape" / "slice_1d.csv").read_text().startswith("coordinate,train_loss")
+
+
+@pytest.mark.slow
+def test_the_ci_mini_beats_the_unigram_entropy_by_half_a_bit_per_byte(tmp_path):
+    """2 layers, 64 channels, 300 steps on the built-in corpus (lm_sam_mini's AdamW job)."""
+    ids = encode(builtin_text())
+    train_ids = ids[: len(ids) - int(round(len(ids) * 0.1))]
+    p = np.bincount(train_ids, minlength=256) / len(train_ids)
+    unigram = float(-(p[p > 0] * np.log2(p[p > 0])).sum())
+    cfg = compose("experiment=lm_sam_mini", "optimizer=base", "trainer.progress=none")
+    summary = train(cfg, tmp_path / "run")
+    assert summary["test_bpc"] <= unigram - 0.5, (summary["test_bpc"], unigram)
