@@ -59,6 +59,10 @@ def test_text_run_logs_perplexity_and_bits_per_byte_on_every_line(tmp_path):
 
     assert summary["corpus_sha256"] == hashlib.sha256(corpus).hexdigest()
     assert math.isfinite(summary["lambda_max"])
+    from sam_runner.results.sweep import build_from_dirs
+
+    report = build_from_dirs([run], [run])  # sam-report's table: bits per token, unasked
+    assert "test_bpc" in report.metrics and "test_ppl" in report.metrics
 
 
 @pytest.mark.parametrize("variant", ["sam", "asam", "gsam", "look_sam", "esam"])
