@@ -256,3 +256,28 @@ def test_the_ci_mini_beats_the_unigram_entropy_by_half_a_bit_per_byte(tmp_path):
     cfg = compose("experiment=lm_sam_mini", "optimizer=base", "trainer.progress=none")
     summary = train(cfg, tmp_path / "run")
     assert summary["test_bpc"] <= unigram - 0.5, (summary["test_bpc"], unigram)
+
+
+def test_preconditioned_sharpness_is_the_dense_top_eigenvalue_of_p_inverse_h():
+    from sam_runner.losses import mean_loss
+    from sam_runner.metrics.hvp import HessianOperator
+    from sam_runner.metrics.preconditioned import adam_preconditioner, preconditioned_sharpness
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+    x, y = torch.randn(32, 5), torch.randint(0, 3, (32,))
+    loss = mean_loss("cross_entropy")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.99))
+    for _ in range(5):
+        opt.zero_grad()
+        loss(model(x), y).backward()
+        opt.step()
+    with HessianOperator(model, loss, [(x, y)]) as op:
+        out = preconditioned_sharpness(op, opt)
+        dense = torch.stack([op(e) for e in torch.eye(op.numel)])
+    diag, threshold = adam_preconditioner(opt, list(model.parameters()))
+    top = torch.linalg.eigvals(torch.diag(1 / diag) @ dense).real.max()
+    assert out["precond_lambda_max"] == pytest.approx(float(top), rel=1e-3)
+    assert threshold == pytest.approx((2 + 2 * 0.9) / (0.1 * 0.01))
+    assert out["precond_eos_ratio"] == pytest.approx(out["precond_lambda_max"] / threshold)
+    assert preconditioned_sharpness(op, torch.optim.SGD(model.parameters(), lr=0.1)) == {}
