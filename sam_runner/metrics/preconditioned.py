@@ -12,6 +12,8 @@ left out of the threshold, as in the paper.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .solvers import lanczos
@@ -41,7 +43,8 @@ def adam_preconditioner(optimizer, params) -> tuple[torch.Tensor, float] | None:
 
 def preconditioned_sharpness(op, optimizer) -> dict:
     """``precond_lambda_max`` = λ_max(P⁻¹H) on the operator ``op`` (a HessianOperator),
-    ``precond_eos_threshold`` and ``precond_eos_ratio``; {} for other optimizers."""
+    ``precond_eos_threshold`` and ``precond_eos_ratio`` (not at η = 0); {} for other
+    optimizers."""
     found = adam_preconditioner(optimizer, op.params)
     if found is None:
         return {}
@@ -51,8 +54,7 @@ def preconditioned_sharpness(op, optimizer) -> dict:
     matvec = lambda v: s * op(s * v)  # noqa: E731
     result = lanczos(matvec, op.numel, 1, TOL, MAX_ITER, generator=g, device=op.device)
     top = float(result.values[0])
-    return {
-        "precond_lambda_max": top,
-        "precond_eos_threshold": threshold,
-        "precond_eos_ratio": top / threshold,
-    }
+    out = {"precond_lambda_max": top}
+    if math.isfinite(threshold):  # η = 0 (a schedule's end): no threshold, as eos_threshold
+        out.update(precond_eos_threshold=threshold, precond_eos_ratio=top / threshold)
+    return out
