@@ -28,7 +28,7 @@ def test_spectra_npz_trains_with_sam_and_the_preset_composes(tmp_path):
     summary = train(compose(*FAST, f"dataset.path={path}", "optimizer=sam"), tmp_path / "run")
     assert summary["status"] == "completed" and 0 <= summary["test_acc"] <= 1
     cfg = compose("experiment=spectra_sam_mini", f"dataset.path={path}")
-    assert cfg.dataset.name == "arrays" and cfg.model.arch == "cnn1d"
+    assert cfg.dataset.name == "arrays" and cfg.model.arch == "mlp"
 
 
 def test_npy_pair_is_standardised_on_the_training_split(tmp_path):

@@ -84,7 +84,7 @@ EXPECTED = {
     "lm_weight_decay_mini": (6, "gpt", "text", "base"),
     "grokking": (6, "gpt", "modular_arithmetic", "base sam"),
     "grokking_mini": (2, "gpt", "modular_arithmetic", "base sam"),
-    "spectra_sam_mini": (12, "cnn1d", "arrays", "base sam"),
+    "spectra_sam_mini": (12, "mlp", "arrays", "base sam"),
     "cheaper_sam_mini": (24, "auto", "mnist1d", "base sam look_sam esam"),
     # base optimizer (adamw, muon, lion) x seed, no SAM
     "optimizer_connectivity": (15, "mlp", "mnist1d", "base"),
