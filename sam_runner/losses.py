@@ -14,6 +14,33 @@ from .errors import require
 from .registry import LOSSES
 
 
+def token_pairs(logits, targets):
+    """(logits [N, C], targets) of any model's output: a sequence model's ``[B, T, V]`` logits
+    against ``[B, T]`` targets are the B·T next-token predictions, flattened (every loss and
+    measure is then per token); against one label per sequence ``[B]`` (modular arithmetic),
+    the last position's prediction. Class logits ``[N, C]`` pass as they are."""
+    if logits.dim() != 3:
+        return logits, targets
+    if targets.dim() == 2 and not targets.is_floating_point():
+        return logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    return logits[:, -1], targets
+
+
+def per_sequence(loss):
+    """A per-example loss whose example is a whole sequence: a sequence model's per-token losses
+    averaged over each window (``[B]``; their mean is the per-token mean, every window being
+    equally long), so that what selects or weighs examples (ESAM, CSAM, samplers) sees
+    windows."""
+
+    def wrapped(logits, targets):
+        rows = loss(*token_pairs(logits, targets))
+        if logits.dim() == 3 and rows.numel() == targets.numel() and targets.dim() == 2:
+            return rows.view(targets.shape).mean(dim=1)
+        return rows
+
+    return wrapped
+
+
 @LOSSES.register("cross_entropy", "softmax cross-entropy (trainer.label_smoothing applies)")
 def cross_entropy(label_smoothing: float = 0.0):
     def loss(logits, targets):
@@ -23,7 +50,7 @@ def cross_entropy(label_smoothing: float = 0.0):
             logits.float(), targets, label_smoothing=label_smoothing, reduction="none"
         )
 
-    return loss
+    return per_sequence(loss)
 
 
 @LOSSES.register("mse", "½‖f(x) − e_y‖² per example, on one-hot targets (as Cohen et al. 2021)")
@@ -38,7 +65,7 @@ def mse(label_smoothing: float = 0.0):
         logits = logits.float()
         return 0.5 * (logits - target_vectors(targets, logits)).square().sum(dim=1)
 
-    return loss
+    return per_sequence(loss)
 
 
 def target_vectors(targets, logits):

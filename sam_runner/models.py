@@ -17,7 +17,17 @@ from .errors import UserError, integer, number, one_line, require
 from .registry import MODELS
 from .rundir import AVERAGED, CHECKPOINT
 
-INPUTS = {"1d": "1-D signals (channels, length)", "image": "images (channels, height, width)"}
+INPUTS = {
+    "1d": "1-D signals (channels, length)",
+    "image": "images (channels, height, width)",
+    "tokens": "token sequences (dataset=text or dataset=modular_arithmetic)",
+}
+# the models that fit each kind of input, for the error that names them
+FITTING = {
+    "1d": "model=mlp or model=cnn1d",
+    "image": "an image model (cnn, resnet18, ...) or model=mlp",
+    "tokens": "model=gpt",
+}
 # model.activation of mlp, cnn and cnn1d (relu by default; tanh for edge-of-stability studies)
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "gelu": nn.GELU}
 
@@ -365,6 +375,110 @@ def timm_model(cfg, input_shape, num_classes):
         ) from None
 
 
+class CausalSelfAttention(nn.Module):
+    """Multi-head attention over earlier positions (``scaled_dot_product_attention``)."""
+
+    def __init__(self, n_embd, n_head, dropout):
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.proj = nn.Linear(n_embd, n_embd)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (
+            z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+            for z in self.qkv(x).split(c, dim=2)
+        )
+        p = self.dropout if self.training else 0.0
+        y = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attention(LN(x)), then x + MLP(LN(x)) (GELU, 4x wide)."""
+
+    def __init__(self, n_embd, n_head, dropout):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd),
+            nn.GELU(),
+            nn.Linear(4 * n_embd, n_embd),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TokenEmbedding(nn.Module):
+    def __init__(self, vocab, context, n_embd, dropout):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, n_embd), nn.Embedding(context, n_embd)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.tok(idx) + self.pos(pos))
+
+
+class GPT(nn.Module):
+    """A small nanoGPT-style causal transformer: token and position embeddings, ``n_layer``
+    pre-norm blocks (block1..), a final LayerNorm, and the output layer tied to the token
+    embedding (the logits are h·Eᵀ, so the shared matrix is one parameter, counted once by
+    SAM's norms, the Hessian and the parameter count). Returns ``[B, T, vocab]`` logits."""
+
+    def __init__(self, vocab, context, n_layer=4, n_head=4, n_embd=128, dropout=0.0):
+        super().__init__()
+        self.context = context
+        self.embed = TokenEmbedding(vocab, context, n_embd, dropout)
+        for i in range(1, n_layer + 1):
+            self.add_module(f"block{i}", TransformerBlock(n_embd, n_head, dropout))
+        self.head = nn.LayerNorm(n_embd)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):  # GPT-2's: N(0, 0.02) weights, zero biases
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx):
+        x = None
+        for block in self.children():
+            x = block(idx if x is None else x)
+        return x @ self.embed.tok.weight.t()
+
+
+@MODELS.register(
+    "gpt",
+    "a small causal transformer, tied embeddings (model.n_layer, .n_head, .n_embd, .dropout)",
+    inputs="tokens",
+)
+def gpt(cfg, input_shape, num_classes):
+    n_layer, n_head, n_embd = (
+        integer(f"model.{k}", cfg.get(k, d), "an integer >= 1", lambda v: v >= 1)
+        for k, d in (("n_layer", 4), ("n_head", 4), ("n_embd", 128))
+    )
+    require(
+        n_embd % n_head == 0,
+        f"model.n_embd={n_embd} must be a multiple of model.n_head={n_head}",
+    )
+    t = int(input_shape[0])
+    context = cfg.get("block_size")
+    context = t if context is None else integer("model.block_size", context, "an integer >= 1")
+    require(
+        t <= context,
+        f"dataset.block_size={t} is larger than the model's context model.block_size={context}; "
+        f"set model.block_size >= {t} (or null: the data's)",
+    )
+    return GPT(num_classes, context, n_layer, n_head, n_embd, _dropout(cfg))
+
+
 @MODELS.register(
     "auto", "cnn1d for 1-D data, cnn for images under 32×32, resnet18 otherwise", inputs=None
 )
@@ -375,12 +489,13 @@ def auto(cfg, input_shape, num_classes):
 def build_model(cfg, input_shape: tuple, num_classes: int, arch: str | None = None) -> nn.Module:
     """The model ``model.arch`` names (or ``arch``) for inputs of ``input_shape``."""
     entry = MODELS.entry(arch or cfg.arch)
-    kind = {2: "1d", 3: "image"}.get(len(input_shape))
-    if entry.inputs is not None and entry.inputs != kind:
-        other = "model=mlp or model=cnn1d" if kind == "1d" else "an image model"
+    kind = {1: "tokens", 2: "1d", 3: "image"}.get(len(input_shape))
+    wrong = entry.inputs is not None and entry.inputs != kind
+    if wrong or (entry.inputs is None and kind == "tokens"):  # an MLP on token ids: no
+        needs = INPUTS[entry.inputs] if entry.inputs else "1-D signals or images"
         raise UserError(
-            f"model={entry.name} needs {INPUTS[entry.inputs]}, got shape {tuple(input_shape)}; use "
-            f"{other}"
+            f"model={entry.name} needs {needs}, got {INPUTS.get(kind, 'shape')} "
+            f"{tuple(input_shape)}; use {FITTING.get(kind, 'another model')}"
         )
     return entry.target(cfg, tuple(input_shape), num_classes)
 

@@ -70,11 +70,12 @@ class LoadedRun:
     weights: str = "last"  # last | averaged
 
     def criterion(self):
-        """The run's own per-sample loss (its label smoothing included), as its test evaluation."""
-        from torch import nn
+        """The run's own per-sample loss (its label smoothing included), as its test evaluation
+        (a sequence model's: per window, losses.per_sequence)."""
+        from .losses import per_example
 
         smoothing = float(self.cfg.trainer.get("label_smoothing", 0.0))
-        return nn.CrossEntropyLoss(label_smoothing=smoothing, reduction="none")
+        return per_example("cross_entropy", smoothing)
 
     def autocast(self):
         import torch

@@ -30,8 +30,8 @@ from .federated import build_federation
 from .federated.rounds import run_rounds
 from .lock import held_by, job_lock
 from .loggers import NullLogger, build_logger
-from .losses import mean_loss, per_example
-from .metrics.evaluate import evaluate
+from .losses import mean_loss, per_example, token_pairs
+from .metrics.evaluate import evaluate, token_values
 from .metrics.robustness import Robustness
 from .metrics.sharpness_dim import step_for
 from .metrics.tracker import CurvatureTracker
@@ -227,6 +227,8 @@ class TestSet:
             r.net, r.data.test, r.criterion, r.autocast, r.dist, r.cfg.metrics, r.data.class_counts
         )
         self.reliability = row.pop("reliability", None)  # diagram bins go to summary.json only
+        if len(r.data.input_shape) == 1:  # token sequences: perplexity and bits per token
+            row.update(token_values(row["test_loss"]))
         return row
 
     def measure(self, model) -> dict:
@@ -249,7 +251,10 @@ class ValSet:
         if r.data.val is None:
             return {}
         row = evaluate(r.net, r.data.val, r.criterion, r.autocast, r.dist, r.cfg.metrics)
-        return {f"val_{k}": row[f"test_{k}"] for k in self.KEYS}
+        out = {f"val_{k}": row[f"test_{k}"] for k in self.KEYS}
+        if len(r.data.input_shape) == 1:
+            out.update(token_values(row["test_loss"], "val"))
+        return out
 
     def summary_values(self) -> dict:
         keys, out = objective_keys(self.run.cfg), {}
@@ -507,13 +512,13 @@ class Run:
         x, target = self.mixing(x, y, clock.step)  # soft targets under MixUp/CutMix
         parts = (v.tensor_split(t.accumulate) for v in (x, target, y, idx))
         micro = [m for m in zip(*parts) if len(m[2])]
-        counts = {"correct": 0}
+        counts = {"correct": 0, "targets": 0}
         taught = self.distill.teach(micro)  # the teacher's forward: once a step, every pass's
         closure = functools.partial(self.forward_backward, micro, counts, taught)
         loss = self.optimizer.step(closure)
         self.scaler.update()
         clock.step += 1
-        stats.add(loss, counts["correct"], len(y), clock.step)
+        stats.add(loss, counts["correct"], counts["targets"], clock.step)
         return loss
 
     def end_of_training_pass(self, stats: EpochStats) -> bool:
@@ -555,8 +560,10 @@ class Run:
             self.scaler.scale(objective).backward()  # the logged loss stays the task's
             total += loss.detach()
             self.sampler.observe(optimizer.pass_index, im, ym, per_sample.detach())
-            if optimizer.pass_index == 0:
-                counts["correct"] = counts["correct"] + (out.argmax(1) == ym).sum()
+            if optimizer.pass_index == 0:  # per predicted token for a sequence model
+                pred, ym = token_pairs(out.detach(), ym)
+                counts["correct"] = counts["correct"] + (pred.argmax(1) == ym).sum()
+                counts["targets"] = counts.get("targets", 0) + len(ym)
         return total
 
     def evaluation_due(self) -> bool:
@@ -660,6 +667,7 @@ class Run:
         summary.update(self.weight_decay.summary_values())
         summary.update(self.distill.summary_values())
         summary.update(self.tracker.summary_extras())
+        summary.update(self.data.corpus or {})  # token corpora: corpus_bytes, corpus_sha256
         summary.update(self.averaging.summary_values(last, self.lambda_max_of))
         if self.federation.enabled:
             summary.update(self.federation.summary_values())

@@ -33,6 +33,7 @@ SECTIONS = [
     "search",
     "cheaper",
     "federated",
+    "lm",
 ]
 
 

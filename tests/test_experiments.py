@@ -83,6 +83,13 @@ EXPECTED = {
     "jsd_vs_sam_mini": (24, "mlp", "mnist1d", "base sam"),
     # the twelve methods of conf/cheaper/ x seeds
     "cheaper_sam": (36, "resnet18", "cifar100", "base sam look_sam esam"),
+    "lm_sam": (9, "gpt", "text", "base sam"),
+    "lm_sam_mini": (9, "gpt", "text", "base sam"),
+    "lm_weight_decay": (12, "gpt", "text", "base"),
+    "lm_weight_decay_mini": (6, "gpt", "text", "base"),
+    "grokking": (6, "gpt", "modular_arithmetic", "base sam"),
+    "grokking_mini": (2, "gpt", "modular_arithmetic", "base sam"),
+    "spectra_sam_mini": (12, "mlp", "arrays", "base sam"),
     "cheaper_sam_mini": (24, "auto", "mnist1d", "base sam look_sam esam"),
     # base optimizer (adamw, muon, lion) x seed, no SAM
     "optimizer_connectivity": (15, "mlp", "mnist1d", "base"),

@@ -39,6 +39,7 @@ class Data:
     device: object = None  # where the measurement subset goes (folders; tensors already are)
     cache_dir: object = None  # where a decoded measurement subset is kept (<run>/cache)
     cache_write: bool = True  # False: read a cached subset, never write one (sam-eval)
+    corpus: dict | None = None  # token corpora: corpus_bytes, corpus_sha256 (for summary.json)
 
     @property
     def measurable(self) -> bool:
@@ -122,6 +123,8 @@ def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
         for loader in (data.train, data.test, data.train_plain, data.val, data.test_images):
             if loader is not None:
                 loader.device = device
+        if data.train_tensors is not None:  # token windows: the measurement subset's pool
+            data.train_tensors = tuple(t.to(device) for t in data.train_tensors)
         return data
     return tensor_data(entry.target(cfg), cfg, device, seed, rank, world)
 

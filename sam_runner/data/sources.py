@@ -180,6 +180,8 @@ def data_shape(dataset_cfg) -> tuple[tuple, int]:
     """(input shape, class count) of a dataset, from its registration (image folders: their
     configured image size, and a placeholder class count)."""
     entry = DATASETS.entry(dataset_cfg.name)
+    if entry.meta.get("shape_of"):  # token data: the window length and the vocabulary size
+        return entry.shape_of(dataset_cfg)
     shape = entry.input_shape
     if shape is None:  # checked here too: the trainer's checks build the model first
         size = image_size(dataset_cfg)
@@ -288,3 +290,7 @@ def _with_samples(ds, like):
     ds.samples = ds.imgs = like.samples
     ds.targets = like.targets
     return ds
+
+
+# sources defined in their own modules register themselves on import
+from . import arrays, modular, text  # noqa: E402, F401

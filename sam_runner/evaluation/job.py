@@ -149,7 +149,9 @@ def set_values(model, data, metrics, dataset_cfg, bar: bool = False) -> dict:
 
     dist, plain = distributed.current(), contextlib.nullcontext()
     ce = nn.CrossEntropyLoss(reduction="none")
-    if data.train_tensors is not None:
+    # token windows: the fixed training windows of train_plain (the pool of the measurement
+    # subset would hold its logits, windows x tokens x vocabulary, all at once)
+    if data.train_tensors is not None and len(data.input_shape) != 1:
         x, y = data.train_tensors
         loader = TensorLoader(x, y, 512, shuffle=False, transform=data.prepare)
     else:  # an image folder: streamed through its DataLoader, in order, without augmentation

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..losses import token_pairs
 from ..module_state import modes_restored
 from ..progress import Counter
 from .files import COLUMNS
@@ -85,7 +86,8 @@ class Evaluator:
             loss.append(self.criterion(logits, y).mean())
             # non-finite logits (extrapolated BatchNorm variances below 0) predict nothing: the
             # accuracy is undefined there, as the loss is, not argmax's class 0
-            hits = (logits.argmax(1) == y).float().mean()
+            flat, labels = token_pairs(logits, y)  # a sequence model's: per token
+            hits = (flat.argmax(1) == labels).float().mean()
             acc.append(torch.where(torch.isfinite(logits).all(), hits, torch.nan))
         return torch.stack(loss + acc)
 

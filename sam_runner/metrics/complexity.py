@@ -95,8 +95,11 @@ def complexity_measures(model: nn.Module, input_shape, init_state: dict | None =
 
 
 @torch.no_grad()
-def path_norm(model: nn.Module, input_shape) -> float:
-    """Σ f_{w²}(1): the model (eval mode) with every parameter squared, on one all-ones input."""
+def path_norm(model: nn.Module, input_shape) -> float | None:
+    """Σ f_{w²}(1): the model (eval mode) with every parameter squared, on one all-ones input;
+    None for a model of token ids (an embedding layer, model=gpt: no all-ones input to give it)."""
+    if any(isinstance(m, nn.Embedding) for m in model.modules()):
+        return None
     squared = copy.deepcopy(model).eval()
     for p in squared.parameters():
         p.square_()

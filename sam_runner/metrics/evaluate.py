@@ -7,8 +7,11 @@ set and never a mean of per-process values.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..losses import token_pairs
 from .calibration import calibration_report, reliability_bins
 
 
@@ -38,16 +41,25 @@ def evaluate(model, loader, criterion, autocast, dist, metrics_cfg, class_counts
 @torch.no_grad()
 def predict(model, loader, autocast, dist) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 logits, labels) of the whole set ``loader`` yields, in eval mode (the model's
-    mode restored), gathered over data-parallel processes."""
+    mode restored), gathered over data-parallel processes; a sequence model's, one row per
+    predicted token (``losses.token_pairs``)."""
     was_training = model.training
     model.eval()
     logits, labels = [], []
     for x, y, _ in loader:
         with autocast:
-            logits.append(model(x).float())
+            out, y = token_pairs(model(x).float(), y)
+        logits.append(out)
         labels.append(y)
     model.train(was_training)
     return dist.gather(torch.cat(logits)), dist.gather(torch.cat(labels))
+
+
+def token_values(loss: float, prefix: str = "test") -> dict:
+    """Perplexity exp(loss) and bits per token loss/ln 2 (per byte on byte-level text) of a mean
+    next-token loss in nats."""
+    ppl = math.exp(loss) if loss < 700 else math.inf  # exp overflows a float beyond ~709
+    return {f"{prefix}_ppl": ppl, f"{prefix}_bpc": loss / math.log(2)}
 
 
 def split_accuracy(pred, labels, class_counts, many: int, few: int) -> dict:

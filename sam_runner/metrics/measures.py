@@ -33,6 +33,12 @@ TRACE_SAMPLES = 1024
 DENSITY_SAMPLES = 1024
 
 
+def token_inputs(m) -> bool:
+    """Whether the model reads token ids (model=gpt): the input-space measures (input_grad,
+    flip, path_norm) are undefined there and left out."""
+    return m.data is not None and len(m.data.input_shape) == 1
+
+
 def leading_batches(batches, num_samples: int) -> list:
     """The first ``num_samples`` samples of ``batches``, in the same batches (the last cut)."""
     out, left = [], num_samples
@@ -293,7 +299,7 @@ def quantization(
 def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
     from .input_grad import input_grad_norm
 
-    if m.test is None:
+    if m.test is None or token_inputs(m):  # token ids: no gradient with respect to them
         return {}
     return {"input_grad_norm": input_grad_norm(m.operator.model, m.test, num_samples)}
 
@@ -309,7 +315,7 @@ def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
 def flip(m: Measurement, frames: int = 10, num_samples: int = 1000, kinds=None) -> dict:
     from .flip import KINDS, flip_probabilities
 
-    if m.test is None:
+    if m.test is None or token_inputs(m):  # perturbing token ids by small amounts: no meaning
         return {}
     chosen = tuple(kinds) if kinds else KINDS
     return flip_probabilities(m.operator.model, m.test, frames, num_samples, chosen, m.seed)

@@ -12,6 +12,7 @@ import contextlib
 import math
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..module_state import frozen_running_stats
 from .fast_forwards import affine_eval_batchnorm, matmul_conv1d
@@ -54,6 +55,8 @@ class Objective:
         self._stack.enter_context(frozen_running_stats(model.modules()))
         self._stack.enter_context(affine_eval_batchnorm(model))
         self._stack.enter_context(matmul_conv1d(model))
+        # attention (model=gpt): the fused kernels have no second derivative; the math one does
+        self._stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
         self._stack.enter_context(torch.enable_grad())
 
     def flat(self, ts) -> torch.Tensor:

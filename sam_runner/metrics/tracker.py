@@ -43,6 +43,7 @@ from ..registry import MEASURES
 from .dynamics import dynamics
 from .hvp import HVP_METHODS, HessianOperator
 from .measures import Measurement, leading_batches
+from .preconditioned import preconditioned_sharpness
 from .solvers import hessian_eigenpairs
 
 BN_MODES = ("eval", "train")
@@ -304,6 +305,7 @@ class CurvatureTracker:
             out["hessian_converged"] = False
         overlap = bool(h.get("grad_topk_overlap", False))
         out.update(dynamics(op, r, self.optimizer, overlap, self.data.full_batch))
+        out.update(preconditioned_sharpness(op, self.optimizer))  # Adam-family bases only
         self.history["lambda_max"].append(r.values[0])
         return out
 

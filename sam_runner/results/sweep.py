@@ -47,9 +47,12 @@ LABELS = {
     "grad_evals_per_step": "passes/step",
     "bound": "bound",
     "lambda_max_over_bound": "λ_max/bound",
+    "test_bpc": "bits/token",
+    "test_ppl": "perplexity",
 }
 STATUSES = ("completed", "diverged", "failed", "missing")
 SPLIT_METRICS = ("test_acc_many", "test_acc_medium", "test_acc_few")
+TOKEN_METRICS = ("test_bpc", "test_ppl")  # language-model runs (model=gpt): per token
 NEAR_END = 0.1  # Γ: the last 10% of the logged epochs
 
 
@@ -278,7 +281,8 @@ def build_from_dirs(paths: list[Path], dirs: list[Path], metrics=(), ignore=(), 
     metrics they logged) and ``jobs`` already loaded (else read from ``paths``)."""
     # long-tail studies log per-split accuracies: report them without being asked
     logged = set().union(*((RunDir(d).summary or {}).keys() for d in dirs))
-    splits = [k for k in SPLIT_METRICS if k in logged]
+    # ... and language models their bits per token and perplexity
+    splits = [k for k in (*SPLIT_METRICS, *TOKEN_METRICS) if k in logged]
     metrics = tuple(dict.fromkeys(list(DEFAULT_METRICS) + splits + list(metrics)))
     notes = []
     if jobs is None:
