@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from .data.sources import data_shape
 from .errors import UserError, number, require
 from .losses import distillation_loss
+from .adapters import attach_adapters
 from .models import build_model, without_download
 from .rundir import CHECKPOINT, RunDir, check_weights, model_state
 from .weight_decay import tracked_layers
@@ -134,6 +135,7 @@ def load_teacher(run: RunDir, weights: str, input_shape, num_classes, device):
     cfg = run.omega_config(KEY)
     torch.manual_seed(int(cfg.seed))
     model = build_model(without_download(cfg.model), input_shape, num_classes)
+    attach_adapters(cfg.model, model)  # a PEFT teacher's checkpoint holds its adapters too
     try:
         model.load_state_dict(model_state(run, weights))
     except (RuntimeError, KeyError, ValueError) as e:

@@ -9,6 +9,7 @@ import subprocess
 import torch
 
 from . import __version__
+from .adapters import trainable_parameters
 from .models import auto_arch
 from .paths import PACKAGE_DIR
 
@@ -51,6 +52,7 @@ def provenance(model, model_cfg, input_shape, device) -> dict:
     out = {
         "model_built": built_model(model_cfg, input_shape),
         "parameters": int(sum(p.numel() for p in model.parameters())),
+        "trainable_parameters": trainable_parameters(model),  # the adapters' alone under PEFT
         "versions": {
             "sam_runner": __version__,
             "torch": torch.__version__,

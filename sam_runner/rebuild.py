@@ -19,6 +19,7 @@ from .rundir import model_state as state_dict
 def load(run: RunDir, device, weights: str = "last", purpose: str = "sam-landscape", strict=False):
     """The run at its final (or averaged) weights, with its data; ``strict``: the
     checkpoint's recorded settings must be the config's (sam-eval)."""
+    from .adapters import attach_adapters
     from .data import build_data
     from .models import build_model, without_download
     from .settings import require_same_config, result_config
@@ -46,6 +47,7 @@ def load(run: RunDir, device, weights: str = "last", purpose: str = "sam-landsca
     data.cache_dir, data.cache_write = run.path / CACHE, False
     torch.manual_seed(int(cfg.seed))
     model = build_model(without_download(cfg.model), data.input_shape, data.num_classes)
+    attach_adapters(cfg.model, model)  # a PEFT run's checkpoint holds its adapters too
     try:
         model.load_state_dict(state)
     except (RuntimeError, KeyError, ValueError) as e:

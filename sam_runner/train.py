@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from . import distributed
+from .adapters import attach_adapters
 from .averaging import build_averaging
 from .clock import Clock
 from .data import build_data
@@ -304,6 +305,7 @@ class Run:
         torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
         self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
         self.init_from = load_initial_weights(cfg.model, model)  # given weights, if any
+        self.peft = attach_adapters(cfg.model, model)  # model.peft: adapters, the rest frozen
         if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
             model.to(memory_format=torch.channels_last)
         self.federation = build_federation(cfg, data)
@@ -673,6 +675,8 @@ class Run:
             summary.update(self.federation.summary_values())
         if self.init_from is not None:
             summary["init_from"] = self.init_from
+        if self.peft is not None:
+            summary["peft"] = self.peft
         if self.test_set.reliability is None and self.status == "completed":
             self.test_set.log_values()  # a summary rebuilt from the checkpoint: its diagram too
         if self.test_set.reliability is not None:

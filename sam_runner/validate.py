@@ -11,6 +11,7 @@ import os
 import torch
 
 from . import distributed
+from .adapters import attach_adapters, method
 from .averaging import validate as validate_averaging
 from .cli_words import PROGRESS, check_format
 from .data import validate as validate_dataset
@@ -99,6 +100,7 @@ def validate_trainer(cfg) -> None:
     per_example(t.get("loss", "cross_entropy"), float(t.get("label_smoothing", 0.0)))
     validate_averaging(cfg)
     _check_init_from(cfg)
+    _check_peft(cfg)
 
 
 def _check_init_from(cfg) -> None:
@@ -106,6 +108,16 @@ def _check_init_from(cfg) -> None:
     shape, classes = data_shape(cfg.dataset)
     known = DATASETS.entry(cfg.dataset.name).num_classes is not None
     check_initial_weights(without_download(cfg.model), shape, classes, known)
+
+
+def _check_peft(cfg) -> None:
+    """``model.peft``'s keys and targets on the model (built on the meta device)."""
+    if method(cfg.model) == "none":
+        return
+    with torch.device("meta"):
+        attach_adapters(
+            cfg.model, build_model(without_download(cfg.model), *data_shape(cfg.dataset))
+        )
 
 
 def warnings(cfg) -> list[str]:

@@ -3,7 +3,9 @@
 Every measurement runs on the same fixed, seeded subset of the training set
 (``metrics.hessian.num_samples``, capped at the training set; with ``dataset.batch_size=full``
 the whole training set, in order: the loss the steps descend), in fp32 without augmentation,
-on the run's loss (``trainer.loss``, as a mean over the samples, never label-smoothed),
+over the parameters the run trains (``params=trainable``, the default: a PEFT run's adapters
+and what it trains in full) or over all of them (``params=all``), on the run's loss
+(``trainer.loss``, as a mean over the samples, never label-smoothed),
 BatchNorm in eval mode (``bn_mode=eval``, default) or with batch statistics
 (``bn_mode=train``; running statistics are never changed by a measurement), every other module
 in eval mode (no dropout: the loss is deterministic). Each module's own train/eval flag is
@@ -30,12 +32,14 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..adapters import every_parameter_trainable
 from ..clock import Clock
 from ..errors import integer, number, require
 from ..module_state import modes_restored
@@ -47,6 +51,8 @@ from .preconditioned import preconditioned_sharpness
 from .solvers import hessian_eigenpairs
 
 BN_MODES = ("eval", "train")
+# the parameters the Hessian is of: those the run trains (a PEFT run's adapters), or every one
+HESSIAN_PARAMS = ("trainable", "all")
 SCHEMA = {
     "positive": ("a finite number > 0", lambda v: 0 < v < math.inf),
     "nonnegative": ("a finite number >= 0", lambda v: 0 <= v < math.inf),
@@ -73,6 +79,7 @@ HESSIAN_SCHEMA = {
     "warm_start": "bool",
     "enabled": "bool",
     "bn_mode": "choice",
+    "params": "choice",
     "method": "choice",
     "grad_topk_overlap": "bool",
 }
@@ -141,6 +148,10 @@ def validate(cfg) -> None:
         h.get("method", "auto") in HVP_METHODS,
         f"metrics.hessian.method={h.get('method')!r} is unknown; choose one of "
         f"{', '.join(HVP_METHODS)}",
+    )
+    require(
+        h.get("params", "trainable") in HESSIAN_PARAMS,
+        f"metrics.hessian.params={h.get('params')!r} is unknown; choose trainable or all",
     )
     check_options("hessian", h, HESSIAN_SCHEMA)
     k, max_iter = h.get("k", 1), h.get("max_iter", 100)
@@ -254,7 +265,11 @@ class CurvatureTracker:
     def measure(self, final: bool) -> dict:
         """λ_max (and λ_2..k) and every enabled measure, in the measurement's mode."""
         t0 = time.perf_counter()
-        with modes_restored(self.model):
+        every = self.h.get("params", "trainable") == "all"
+        with (
+            modes_restored(self.model),
+            every_parameter_trainable(self.model) if every else nullcontext(),
+        ):
             self.model.eval()  # dropout and the like off: the Hessian of a deterministic loss
             # only BatchNorm normalizes with batch statistics
             if self.h.get("bn_mode", "eval") == "train":
