@@ -14,7 +14,7 @@ from .registry import ALL
 # groups of the config tree that are settings or presets, not registries
 CONFIG_GROUPS = (
     *("trainer", "metrics", "experiment", "cheaper", "hparams_search", "hydra/launcher"),
-    *("federated", "fed_method"),  # federated: a registry, listed here until README's table has it
+    "fed_method",
 )
 
 
