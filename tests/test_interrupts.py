@@ -59,7 +59,8 @@ def test_ctrl_c_while_a_command_starts_is_one_line_exit_130(prog, delay, sweep, 
 @pytest.mark.parametrize("prog", ["sam-report", "sam-index", "sam-eval", "sam-landscape"])
 def test_sigterm_is_one_line_exit_143_and_nothing_half_written(prog, sweep, tmp_path):
     proc = _start(prog, sweep, tmp_path)
-    time.sleep(0.5)
+    # sam-landscape has under a second of work here (no job has weights): signalled sooner
+    time.sleep(0.25 if prog == "sam-landscape" else 0.5)
     assert proc.poll() is None, "the command ended before the signal"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)

@@ -206,7 +206,8 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
         _insert(con, "files", [{"run_dir": str(run_dir), "signature": sig}])
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        if con.in_transaction:  # a signal can land just after the COMMIT: nothing to undo then
+            con.execute("ROLLBACK")
         raise
     return "read"
 
