@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .adapters import attach_adapters
 from .data.sources import data_shape
 from .errors import UserError, number, require
 from .losses import distillation_loss
-from .adapters import attach_adapters
 from .models import build_model, without_download
 from .rundir import CHECKPOINT, RunDir, check_weights, model_state
 from .weight_decay import tracked_layers
