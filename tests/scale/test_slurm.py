@@ -386,6 +386,7 @@ def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
     assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks
 
 
+@pytest.mark.beyond_ci  # twelve SLURM jobs, one array after the other: minutes CI has not got
 @pytest.mark.usefixtures("slurm")
 def test_a_preset_in_stages_runs_one_job_array_per_stage(tmp_path):
     """distill_sam_mini on SLURM: the teachers' array, then (when it has ended) the students',
