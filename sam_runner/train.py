@@ -479,7 +479,6 @@ class Run:
         bar = self.progress.epoch_bar(clock.epoch)
         for x, y, idx in self.data.train:
             loss = self.optimizer_step(x, y, idx, stats)
-            self.scheduler.step()
             self.weight_decay.after_step(clock.step)
             self.averaging.after_step()
             bar.update(stats.loss_sum, stats.correct, stats.seen)
@@ -506,10 +505,10 @@ class Run:
     def epoch_stats(self) -> EpochStats:
         return EpochStats(self.device, self.dist)
 
-    def optimizer_step(self, x, y, idx, stats: EpochStats):
+    def optimizer_step(self, x, y, idx, stats: EpochStats, schedule: bool = True):
         """One step of the optimizer on a batch (the closure is ``forward_backward``), counted
         on the clock and in ``stats``; returns its loss. An epoch's step and a federated
-        client's local step alike."""
+        client's local step alike (``schedule=False``: a federation's schedule counts rounds)."""
         clock, t = self.clock, self.cfg.trainer
         x, target = self.mixing(x, y, clock.step)  # soft targets under MixUp/CutMix
         parts = (v.tensor_split(t.accumulate) for v in (x, target, y, idx))
@@ -518,6 +517,8 @@ class Run:
         taught = self.distill.teach(micro)  # the teacher's forward: once a step, every pass's
         closure = functools.partial(self.forward_backward, micro, counts, taught)
         loss = self.optimizer.step(closure)
+        if schedule:  # before the clock moves: the SWA cycle reads the step it scheduled
+            self.scheduler.step()
         self.scaler.update()
         clock.step += 1
         stats.add(loss, counts["correct"], counts["targets"], clock.step)

@@ -203,7 +203,7 @@ def train_round(run, fed: Federation) -> bool:
         opt.state.clear()
         for j, (x, y, idx) in enumerate(fed.batches(k, r)):
             fed.observer.watching = measuring and j == 0  # a client's ε at the global weights
-            run.optimizer_step(x, y, idx, stats)
+            run.optimizer_step(x, y, idx, stats, schedule=False)
         torch._foreach_add_(mean, floats, alpha=fed.sizes[k] / total)
     fed.observer.watching = False
     new = fed.algorithm.server_update(global_, mean, names, lr)

@@ -79,7 +79,8 @@ def variant_color(variant: str):
     return PALETTE[index % len(PALETTE)]
 
 
-# tab10 without its grey, then tab20's light shades: distinct hues for the first nine variants
+# tab10 without its grey, then tab20's light shades but its grey: distinct colours for the first
+# eighteen variants (base is black)
 PALETTE = (
     "tab:blue",
     "tab:orange",
@@ -95,4 +96,8 @@ PALETTE = (
     "#98df8a",
     "#ff9896",
     "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
 )
