@@ -158,11 +158,17 @@ def step_tracked(preset: str) -> str | None:
     from sam_runner.sweep.plan import compose
 
     cfg = compose([f"experiment={preset}"])
+    if cfg.get("stages"):  # each stage its own jobs and models (docs/studies.md)
+        return "in stages: not extrapolated from throughput (the stages' jobs differ)"
     every = cfg.metrics.hessian.get("every_n_steps") or 0
     if cfg.dataset.batch_size == "full" or every:
         return f"full-batch steps, λ_max every {every} steps: not extrapolated from throughput"
     if str(cfg.dataset.name) in CPU_DATASETS:  # the check times image models only
         return f"dataset={cfg.dataset.name}: a CPU-sized study, not extrapolated from throughput"
+    if str(cfg.dataset.name) not in DATASETS:  # token data (GPT) and arrays: not timed
+        return f"dataset={cfg.dataset.name}: not timed by the check, not extrapolated"
+    if str(cfg.get("federated", {}).get("name", "none")) != "none":
+        return "federated rounds: not extrapolated from throughput (clients, not epochs)"
     return None
 
 
