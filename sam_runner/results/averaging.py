@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..rundir import RunDir
 from .sections import SECTIONS
-from .sweep import stats
+from .sweep import stats, stats_cell
 
 # (the last weights' key, the averaged weights' key, the column's label)
 PAIRS = (
@@ -41,12 +41,6 @@ def averaged_groups(report) -> list[tuple[dict, str, dict]]:
     return out
 
 
-def _cell(s: dict) -> str:
-    if not s["n"]:
-        return "—"
-    return f"{s['mean']:.4g}" + (f" ± {s['std']:.2g}" if s["std"] is not None else "")
-
-
 @SECTIONS.register("averaging", "last against averaged weights (SWA, EMA)", order=35)
 def section(report, _plots=None) -> list[str]:
     rows = averaged_groups(report)
@@ -56,7 +50,11 @@ def section(report, _plots=None) -> list[str]:
     head += [f"{label}: {w}" for _, _, label in PAIRS for w in ("last", "averaged")]
     out = ["## Averaged weights", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g, kind, s in rows:
-        cells = [g["label"], kind, *(_cell(s[k]) for last, avg, _ in PAIRS for k in (last, avg))]
+        cells = [
+            g["label"],
+            kind,
+            *(stats_cell(s[k]) for last, avg, _ in PAIRS for k in (last, avg)),
+        ]
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return out + [
         "",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..runfiles import finite
 from .sections import SECTIONS, figure
-from .sweep import stats
+from .sweep import stats, stats_cell
 
 STEM = "federated"
 # the table's columns: summary.json's key → header
@@ -66,12 +66,6 @@ def write_federated(report, out_dir: Path) -> list[Path]:
     return [save_figure(plot_rounds(series), out_dir, STEM, report.plot_format)]
 
 
-def _cell(s: dict) -> str:
-    if not s["n"]:
-        return "—"
-    return f"{s['mean']:.4g}" + (f" ± {s['std']:.2g}" if s["std"] is not None else "")
-
-
 @SECTIONS.register(
     "federated", "the global model by round and method, and the federated measures", order=46,
     files=write_federated,
@@ -83,7 +77,7 @@ def federated_section(report, _plots=None) -> list[str]:
     head = ["split", "method", *KEYS.values(), "n"]
     out = ["## Federated", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (split, method), jobs in sorted(groups.items()):
-        cells = [_cell(stats([(j.run.summary or {}).get(k) for j in jobs])) for k in KEYS]
+        cells = [stats_cell(stats([(j.run.summary or {}).get(k) for j in jobs])) for k in KEYS]
         out.append("| " + " | ".join([split, method, *cells, str(len(jobs))]) + " |")
     return out + [
         "",

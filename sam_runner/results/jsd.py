@@ -17,7 +17,7 @@ from pathlib import Path
 from ..runfiles import finite
 from .measure_ranking import job_values
 from .sections import SECTIONS, figure
-from .sweep import stats
+from .sweep import stats, stats_cell
 
 KEYS = {"lambda_max": "λ_max", "fisher_trace_ratio": "Fisher trace ratio"}
 STEM = "jsd"
@@ -61,12 +61,6 @@ def write_jsd(report, out_dir: Path) -> list[Path]:
     return [save_figure(fig, out_dir, STEM, report.plot_format)]
 
 
-def _cell(s: dict) -> str:
-    if not s["n"]:
-        return "—"
-    return f"{s['mean']:.4g}" + (f" ± {s['std']:.2g}" if s["std"] is not None else "")
-
-
 @SECTIONS.register(
     "jsd", "λ_max and the Fisher trace ratio against α(1−α)", order=45, files=write_jsd
 )
@@ -80,10 +74,10 @@ def jsd_section(report, _plots=None) -> list[str]:
     for (variant, alpha), row in points["rows"].items():
         n = max(s["n"] for s in row.values())
         cells = [variant, f"{alpha:g}", f"{alpha * (1 - alpha):.4g}"]
-        out.append("| " + " | ".join([*cells, *(_cell(row[k]) for k in keys), str(n)]) + " |")
+        out.append("| " + " | ".join([*cells, *(stats_cell(row[k]) for k in keys), str(n)]) + " |")
     for variant, row in points["reference"].items():
         n = max((s["n"] for s in row.values()), default=0)
-        cells = [variant, "no JSD", "—", *(_cell(row[k]) for k in keys), str(n)]
+        cells = [variant, "no JSD", "—", *(stats_cell(row[k]) for k in keys), str(n)]
         out.append("| " + " | ".join(cells) + " |")
     return out + [
         "",

@@ -16,7 +16,7 @@ import re
 from ..runfiles import finite
 from .measure_ranking import job_values, kendall_tau
 from .sections import SECTIONS
-from .sweep import stats
+from .sweep import stats, stats_cell
 
 BITS_KEY = re.compile(r"^quant_drop_(\d+)bit$")
 
@@ -53,12 +53,6 @@ def quantization_rows(report) -> dict | None:
     return {"bits": bits, "rows": rows, "tau": tau}
 
 
-def _cell(s: dict) -> str:
-    if not s["n"]:
-        return "—"
-    return f"{s['mean']:.4g}" + (f" ± {s['std']:.2g}" if s["std"] is not None else "")
-
-
 @SECTIONS.register("quantization", "accuracy and loss after rounding the weights", order=47)
 def quantization_section(report, _plots=None) -> list[str]:
     found = quantization_rows(report)
@@ -70,10 +64,11 @@ def quantization_section(report, _plots=None) -> list[str]:
     head.append("n")
     out = ["## Quantization", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant, row in found["rows"].items():
-        cells = [variant, _cell(row["test_acc"])]
+        cells = [variant, stats_cell(row["test_acc"])]
         for b in found["bits"]:
             cells += [
-                _cell(row[f"quant_{k}_{b}bit"]) for k in ("drop", "loss_rise", "loss_rise_pred")
+                stats_cell(row[f"quant_{k}_{b}bit"])
+                for k in ("drop", "loss_rise", "loss_rise_pred")
             ]
         out.append("| " + " | ".join([*cells, str(row["test_acc"]["n"])]) + " |")
     out += [

@@ -102,6 +102,13 @@ def stats(values) -> dict:
     }
 
 
+def stats_cell(s: dict) -> str:
+    """A report cell of ``stats``: mean ± std (4 and 2 significant digits), "—" with no value."""
+    if not s["n"]:
+        return "—"
+    return f"{s['mean']:.4g}" + (f" ± {s['std']:.2g}" if s["std"] is not None else "")
+
+
 def _num(v):
     return v if finite(v) else None
 
