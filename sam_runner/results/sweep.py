@@ -384,11 +384,12 @@ def group_rows(jobs: list[Job], metrics, ignore=()) -> tuple[list[dict], list[st
     return rows, [o for o in next(iter(groups))[2] if o in common] if groups else []
 
 
-REFERENCE_KEYS = {"model.init_from": "from", "trainer.distill.teacher": "teacher"}
+REFERENCE_KEYS = {"model.init_from": "from", "trainer.distill.teacher": "taught by"}
 
 
 def shown_override(o: str) -> str:
-    """An override as labels show it: a stage reference as ``from STAGE key=value``."""
+    """An override as labels show it: a stage reference as ``from STAGE key=value`` (a teacher:
+    ``taught by STAGE ...``)."""
     key, _, value = o.partition("=")
     value = value.replace("\\:", ":")
     if key in REFERENCE_KEYS and value.startswith("stage:"):
