@@ -200,14 +200,52 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(tmp_path, mo
         ("federated.dirichlet_alpha=-1", "federated.dirichlet_alpha=-1 must be null (IID)"),
         ("optimizer=base", "federated=fedfft filters or adjusts the SAM perturbation"),
         ("trainer.devices=2", "trainer.devices=2 with federated=fedfft"),
+        ("dataset=text model=gpt", "dataset=text has no labels per example"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, override, message):
     run = tmp_path / "run"
-    code, _, err = run_cli(["federated=fedfft", override, f"hydra.run.dir={run}"], capsys)
+    code, _, err = run_cli(["federated=fedfft", *override.split(), f"hydra.run.dir={run}"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert message in err
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [  # MNIST-1D of 1000 samples: 800 to train on (80%), 80 a class
+        (["federated.clients=801"], "federated.clients=801 is more than the 800 training samples"),
+        (["dataset.val_split=100", "federated.clients=701"], "is more than the 700 training"),
+        (
+            ["federated.clients=50", "federated.dirichlet_alpha=0.001"],
+            "federated.dirichlet_alpha=0.001 left a client with no sample in 100 seeded draws of "
+            "federated.clients=50 over 800 training samples",
+        ),
+    ],
+)
+def test_a_split_the_data_cannot_make_is_refused_before_anything_is_written(
+    tmp_path, capsys, overrides, message
+):
+    # the split is made up front on the labels the run would train on (after the validation
+    # split); before, each job of a sweep failed at data loading and left a failed summary.json
+    sweep = tmp_path / "sweep"
+    argv = ["-m", "federated=fedavg", "dataset.num_samples=1000", "seed=0,1", *overrides]
+    code, _, err = run_cli([*argv, f"hydra.sweep.dir={sweep}"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert message in err
+    assert not sweep.exists()
+
+
+def test_the_split_made_up_front_is_the_one_the_run_makes(tmp_path):
+    from sam_runner.data.planned import planned_labels
+
+    cfg = compose(*FAST, "dataset.val_split=0.1", "dataset.label_noise=0.2", "seed=3")
+    labels = planned_labels(cfg.dataset, 3)
+    data = build_data(cfg.dataset, torch.device("cpu"), 3)
+    assert torch.equal(labels, data.train.y)
+    assert [s.tolist() for s in split_clients(labels, 7, 0.5, 3)] == [
+        s.tolist() for s in split_clients(data.train.y, 7, 0.5, 3)
+    ]
 
 
 def test_a_federated_run_writes_its_split_and_lines_carry_the_round(tmp_path):
