@@ -236,7 +236,7 @@ def test_a_split_the_data_cannot_make_is_refused_before_anything_is_written(
     assert not sweep.exists()
 
 
-def test_the_split_made_up_front_is_the_one_the_run_makes(tmp_path):
+def test_the_split_made_up_front_is_the_one_the_run_makes():
     from sam_runner.data.planned import planned_labels
 
     cfg = compose(*FAST, "dataset.val_split=0.1", "dataset.label_noise=0.2", "seed=3")
