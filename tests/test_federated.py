@@ -292,3 +292,30 @@ def test_sam_eval_measures_the_global_model_the_run_checkpointed(tmp_path):
     assert main([str(tmp_path / "r"), "metrics.hessian.enabled=false"]) == 0
     measured = json.loads((tmp_path / "r" / eval_file()).read_text())
     assert measured["test_acc"] == summary["test_acc"]
+
+
+def test_lambda_max_of_the_global_model_every_n_rounds(tmp_path):
+    # every_n_rounds counts rounds; every_n_epochs is not read by a federated run
+    over = ["federated=fedavg", "optimizer=base", *FED[:2], "federated.local_steps=1"]
+    curvature = ["metrics.hessian.enabled=true", "metrics.hessian.num_samples=128"]
+    every = ["federated.eval_every=2", "metrics.hessian.every_n_rounds=1"]
+    few = ["metrics.hessian.max_iter=20", "metrics.hessian.every_n_epochs=2"]
+    summary, _ = _train(tmp_path, "r", *over, *curvature, *every, *few)
+    rows = _lines(tmp_path / "r")
+    assert [(r["round"], "test_acc" in r) for r in rows if "lambda_max" in r] == [
+        (1, False),  # a curvature line of its own: no evaluation due at round 1
+        (2, True),
+    ]
+    assert summary["lambda_max"] > 0
+
+
+def test_the_curvature_period_a_run_does_not_read_is_noticed():
+    from sam_runner.preflight import idle_settings
+
+    fed = ["federated=fedavg", "metrics.hessian.every_n_epochs=5"]
+    (note,) = idle_settings(fed, compose(*fed), False)
+    assert note.startswith("metrics.hessian.every_n_epochs=5 does nothing in a federated run")
+    central = ["metrics.hessian.every_n_rounds=5"]
+    (note,) = idle_settings(central, compose(*central), False)
+    assert note.startswith("metrics.hessian.every_n_rounds=5 does nothing without a federated")
+    assert idle_settings(["metrics=full"], compose("federated=fedavg", "metrics=full"), False) == []
