@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from conftest import compose, run_cli
+from folder_files import CLASSES, write_tree
 
 from sam_runner.data import build_data
 from sam_runner.errors import UserError
@@ -319,3 +320,43 @@ def test_the_curvature_period_a_run_does_not_read_is_noticed():
     (note,) = idle_settings(central, compose(*central), False)
     assert note.startswith("metrics.hessian.every_n_rounds=5 does nothing without a federated")
     assert idle_settings(["metrics=full"], compose("federated=fedavg", "metrics=full"), False) == []
+
+
+def _folder(tmp_path):
+    root = write_tree(tmp_path / "tree", per_class=8, val_per_class=2, size=10)
+    return [
+        "dataset=image_folder", f"dataset.root={root}", "dataset.image_size=8",
+        "dataset.num_workers=0", "dataset.batch_size=6", "model=cnn", "model.channels=4",
+        "metrics=off", "trainer.progress=none", "scheduler=constant", "optimizer=sam",
+        "base_optimizer.momentum=0",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow  # two trainings (about 10 s on a shared CPU)
+def test_one_client_over_an_image_folder_is_its_centralized_run_bit_for_bit(tmp_path):
+    # a client's images come through a loader of its own: the same order and augmentation seeds
+    folder = _folder(tmp_path)
+    central = train(compose(*folder, "trainer.epochs=1"), tmp_path / "c")
+    one = ["federated=fedavg", "federated.clients=1", "federated.participation=1"]
+    rounds = ["federated.rounds=1", "federated.local_steps=4"]  # 24 images: 4 batches of 6
+    alone = train(compose(*folder, *one, *rounds), tmp_path / "f")
+    assert _same(_weights(tmp_path / "c"), _weights(tmp_path / "f"))
+    assert alone["test_acc"] == central["test_acc"] and alone["step"] == central["step"] == 4
+
+
+def test_an_image_folder_is_split_on_its_labels_and_each_client_reads_its_own(tmp_path):
+    from sam_runner.data.planned import planned_labels
+    from sam_runner.federated import build_federation
+
+    skewed = ["federated=fedavg", "federated.clients=3", "federated.dirichlet_alpha=0.5"]
+    cfg = compose(*_folder(tmp_path), *skewed, "federated.local_steps=2")
+    data = build_data(cfg.dataset, torch.device("cpu"), cfg.seed)
+    labels = planned_labels(cfg.dataset, cfg.seed)  # from the file names, before the run
+    assert torch.equal(labels, data.train.y)
+    fed = build_federation(cfg, data)
+    assert [sum(h[c] for h in fed.hist) for c in range(len(CLASSES))] == [8, 8, 8]
+    assert fed.hist == histograms(labels, split_clients(labels, 3, 0.5, cfg.seed), len(CLASSES))
+    for k, shard in enumerate(fed.shards):
+        seen = torch.cat([y for _, y, _ in fed.batches(k, 1)])
+        assert len(seen) == 2 * min(6, len(shard))  # two local steps of full batches
+        assert set(seen.tolist()) <= set(labels[shard].tolist())
