@@ -208,12 +208,7 @@ def train_round(run, fed: Federation) -> bool:
     total = sum(fed.sizes[k] for k in chosen)
     mean = [torch.zeros_like(t) for t in floats]
     for k in chosen:
-        torch._foreach_copy_(floats, global_)
-        opt.base_optimizer.state.clear()  # stateless clients: momentum starts afresh
-        opt.state.clear()
-        for j, (x, y, idx) in enumerate(fed.batches(k, r)):
-            fed.observer.watching = measuring and j == 0  # a client's ε at the global weights
-            run.optimizer_step(x, y, idx, stats, schedule=False)
+        client_update(run, fed, k, r, floats, global_, stats, measuring)
         torch._foreach_add_(mean, floats, alpha=fed.sizes[k] / total)
     fed.observer.watching = False
     new = fed.algorithm.server_update(global_, mean, names, lr)
@@ -223,6 +218,20 @@ def train_round(run, fed: Federation) -> bool:
     clock.train_time += time.perf_counter() - started
     fed.round_values = {"round": r, "clients_sampled": len(chosen), **fed.observer.values()}
     return run.end_of_training_pass(stats)
+
+
+def client_update(run, fed, k: int, r: int, floats, global_, stats, measuring=False) -> None:
+    """Client k's part of round r: from the global weights ``global_`` (copied into the model's
+    float state tensors ``floats``), its base optimizer's state empty, its local steps; the
+    model then holds its weights. What any engine runs for a client (scripts/bench_flower.py
+    runs it in Flower's simulation)."""
+    opt = run.optimizer
+    torch._foreach_copy_(floats, global_)
+    opt.base_optimizer.state.clear()  # stateless clients: momentum starts afresh
+    opt.state.clear()
+    for j, (x, y, idx) in enumerate(fed.batches(k, r)):
+        fed.observer.watching = measuring and j == 0  # a client's ε at the global weights
+        run.optimizer_step(x, y, idx, stats, schedule=False)
 
 
 def global_sam_direction(run) -> list | None:
