@@ -1,22 +1,25 @@
 """Flower's simulation engine against the runner's in-process rounds, on the same client update.
 
-The issue's question for ``federated.engine=flower``: does Flower (``flwr[simulation]``, its Ray
+The question behind ``federated.engine=flower``: does Flower (``flwr[simulation]``, its Ray
 backend) run our client update within 1.3x of the in-process loop, with the same results? Both
 sides run the same FedSAM setup: MNIST-1D (4000 samples), the default model, K clients, all of
 them every round (participation 1: Flower samples clients with its own generator, so only full
 participation gives both the same clients), s local steps of SAM at batch 32, one CPU thread.
 
-- in process: ``train_round`` (sam_runner/federated/rounds.py), R rounds after one warm-up round;
+- in process: ``train_round`` (sam_runner/federated/rounds.py) on a ``Run`` in this process;
 - Flower: a ``ClientApp`` whose train handler is ``rounds.client_update`` on a ``Run`` built once
   per Ray actor (the same config and seed, so the same shards and batches per (client, round)),
-  the global weights going out and back as ``ArrayRecord`` messages, and Flower's own
-  ``FedAvg`` strategy (weighted by ``num-examples``: the shard sizes) on the server; Ray given
-  one CPU, so one actor runs the clients one after another, as the in-process loop does.
+  the global weights going out and back as ``ArrayRecord`` messages, and Flower's ``FedAvg``
+  strategy (weighted by ``num-examples``: the shard sizes) on the server, or with ``--ordered``
+  a subclass that sums the mean in client order as the runner does; Ray given one CPU, so one
+  actor runs the clients one after another, as the in-process loop does.
 
-Printed: seconds per round (the median over rounds after the first, which builds the actor's
-run), their ratio, Flower's whole wall time (Ray's start included) and the largest difference
-between the two global models after R rounds. Run with an interpreter that has ``flwr[simulation]``
-(not a dependency of the runner, docs/federated.md#the-engine):
+The two alternate: between two Flower rounds (its ``evaluate_fn``) the in-process round of the
+same number runs, so both are timed under the same load. Printed: the median seconds of a round
+of each and of their per-round ratio (the first round, which builds the actor's run, left out),
+Flower's whole wall time (Ray's start included) and the largest difference between the two
+global models at the end. Run with an interpreter that has ``flwr[simulation]`` (not a
+dependency of the runner, docs/federated.md#the-engine):
 
     python scripts/bench_flower.py --clients 5 --rounds 6 --local-steps 10
 """
