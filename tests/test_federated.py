@@ -249,6 +249,16 @@ def test_the_split_made_up_front_is_the_one_the_run_makes():
     ]
 
 
+def test_a_dataset_still_to_download_is_split_by_the_run_not_fetched_up_front(tmp_path):
+    from sam_runner.data.planned import planned_labels
+
+    empty = tmp_path / "data"
+    empty.mkdir()
+    cfg = compose("dataset=cifar10", f"dataset.data_dir={empty}", "dataset.download=true")
+    assert planned_labels(cfg.dataset, 0) is None
+    assert list(empty.iterdir()) == []  # nothing downloaded, nothing written
+
+
 def test_a_federated_run_writes_its_split_and_lines_carry_the_round(tmp_path):
     summary, _ = _train(tmp_path, "r", "federated=fedavg", "federated.dirichlet_alpha=0.3", *FED)
     split = json.loads((tmp_path / "r" / CLIENTS).read_text())
