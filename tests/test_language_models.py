@@ -103,6 +103,32 @@ def test_bin_folder_trains_and_resumes_to_the_same_weights(tmp_path):
     assert out[-1]["test_bpc"] == pytest.approx(out[-1]["test_loss"] / math.log(2))
 
 
+def test_train_path_trains_on_a_second_corpus_and_tests_on_the_first(tmp_path, capsys):
+    from sam_runner.data.text import load_corpus, python_source_text
+
+    cfg = compose(
+        *TEXT_TINY, *GPT_TINY, "dataset.train_path=python_source", "trainer.steps=1",
+        "metrics.hessian.enabled=false", "dataset.eval_windows=8",
+    )  # fmt: skip
+    corpus = load_corpus(cfg.dataset)
+    first, second = encode(builtin_text()), encode(python_source_text())
+    assert np.array_equal(corpus.train, second[: len(corpus.train)])  # the source's head...
+    assert len(second) - len(corpus.train) == round(0.1 * len(second))  # ... without its tail
+    assert np.array_equal(corpus.test, first[len(first) - len(corpus.test) :])  # the docs' tail
+    summary = train(cfg, tmp_path / "run")
+    assert summary["status"] == "completed"
+    assert (summary["corpus"], summary["train_corpus"]) == (
+        "builtin:pydoc_data.topics", "builtin:python_source",
+    )  # fmt: skip
+    assert summary["train_corpus_bytes"] == len(second) != summary["corpus_bytes"]
+    folder = tmp_path / "tokens"  # another tokenizer's ids: refused in one line
+    folder.mkdir()
+    for split in ("train", "val"):
+        np.arange(40, dtype=np.uint16).tofile(folder / f"{split}.bin")
+    argv = ["dataset=text", "model=gpt", f"dataset.train_path={folder}", "dataset.vocab_size=50"]
+    _fails(argv, tmp_path, capsys, "50 token ids", "256", "one tokenizer")
+
+
 def test_tied_embeddings_are_one_parameter():
     model = GPT(vocab=30, context=8, n_layer=1, n_head=2, n_embd=16)
     names = [n for n, _ in model.named_parameters()]
@@ -195,6 +221,7 @@ def _fails(argv, tmp_path, capsys, *words):
         (["dataset=mnist1d", "model=gpt"], ["model=mlp or model=cnn1d"]),
         (["dataset=text", "dataset.block_size=80", "model.block_size=64"], ["context"]),
         (["dataset=text", "dataset.path=/nonexistent/corpus.txt"], ["does not exist"]),
+        (["dataset=text", "dataset.train_path=/nonexistent/b.txt"], ["dataset.train_path="]),
     ],
 )
 def test_bad_language_model_input_is_one_line_exit_2(tmp_path, capsys, argv, words):

@@ -6,6 +6,11 @@ so the track runs offline anywhere), or a nanoGPT-style folder of ``train.bin``/
 (uint16 ids, memory-mapped: never read whole). A text's contiguous tail
 (``dataset.val_fraction``) is its test split; a folder's is ``val.bin``.
 
+``dataset.train_path`` trains on a second corpus (its training split) while the test split stays
+``dataset.path``'s: post-training on new text, measured on the old (``lm_midtraining_mini``).
+``python_source`` there is the second built-in corpus, the source of a fixed list of standard
+library modules: code rather than prose, shipped with every Python.
+
 Training batches are windows of ``block_size`` + 1 tokens at random offsets, drawn from
 ``torch.Generator(seed * 100003 + epoch)``: an epoch's batches depend on (seed, epoch) alone, so a
 resumed run sees the same ones. An "epoch" is as many steps as the training split has
@@ -40,9 +45,13 @@ class Corpus:
     def __init__(self, train, test, vocab_size: int, nbytes: int, sha256: str, source: str):
         self.train, self.test, self.vocab_size = train, test, vocab_size
         self.nbytes, self.sha256, self.source = nbytes, sha256, source
+        self.trained_on = None  # dataset.train_path's summary, when training reads another corpus
 
     def summary(self) -> dict:
-        return {"corpus_bytes": self.nbytes, "corpus_sha256": self.sha256, "corpus": self.source}
+        out = {"corpus_bytes": self.nbytes, "corpus_sha256": self.sha256, "corpus": self.source}
+        if self.trained_on:
+            out.update({f"train_{k}": v for k, v in self.trained_on.items()})
+        return out
 
 
 def builtin_text() -> str:
@@ -50,6 +59,23 @@ def builtin_text() -> str:
     from pydoc_data.topics import topics
 
     return "".join(topics[k] for k in sorted(topics))
+
+
+PYTHON_SOURCE = "python_source"  # dataset.train_path: the second built-in corpus
+SOURCE_MODULES = (  # pure-Python standard library modules, present on every CPython >= 3.10
+    "argparse", "calendar", "configparser", "dataclasses", "difflib", "fractions", "heapq",
+    "shlex", "statistics", "string", "textwrap",
+)  # fmt: skip
+
+
+def python_source_text() -> str:
+    """The second built-in corpus: the source files of ``SOURCE_MODULES``, in that order."""
+    import importlib
+
+    return "".join(
+        Path(importlib.import_module(m).__file__).read_text(encoding="utf-8")
+        for m in SOURCE_MODULES
+    )
 
 
 def encode(text: str) -> np.ndarray:
@@ -157,21 +183,41 @@ def val_fraction(cfg) -> float:
 
 
 def load_corpus(cfg) -> Corpus:
-    """The corpus ``dataset.path`` names (unset: the built-in one), checked."""
-    path = cfg.get("path")
+    """The corpus ``dataset.path`` names (unset: the built-in one), checked; with
+    ``dataset.train_path``, its training split replaced by that corpus's."""
+    corpus = _corpus_at(cfg, cfg.get("path"), "dataset.path")
+    other = cfg.get("train_path")
+    if other in (None, ""):
+        return corpus
+    second = _corpus_at(cfg, other, "dataset.train_path")
+    require(
+        second.vocab_size == corpus.vocab_size,
+        f"dataset.train_path={other} has {second.vocab_size} token ids and dataset.path "
+        f"{corpus.vocab_size}; train and test on corpora of one tokenizer",
+    )
+    corpus.train, corpus.trained_on = second.train, second.summary()
+    return corpus
+
+
+def _corpus_at(cfg, path, key: str) -> Corpus:
     fraction = val_fraction(cfg)
+    if key == "dataset.train_path" and path == PYTHON_SOURCE:
+        data = python_source_text().encode("utf-8")
+        return _byte_corpus(data, "the built-in source corpus", "builtin:python_source", fraction)
     if path in (None, ""):
         data = builtin_text().encode("utf-8")
         return _byte_corpus(data, "the built-in corpus", "builtin:pydoc_data.topics", fraction)
     p = Path(str(path)).expanduser()
     require(
         p.exists(),
-        f"dataset.path={path} does not exist; give a UTF-8 text file or a folder with "
-        "train.bin/val.bin (unset: the built-in corpus)",
-    )
+        f"{key}={path} does not exist; give a UTF-8 text file or a folder with "
+        "train.bin/val.bin"
+        + (f" ({PYTHON_SOURCE}: the built-in source corpus)" if key != "dataset.path" else
+           " (unset: the built-in corpus)"),
+    )  # fmt: skip
     if p.is_dir():
         return _bin_corpus(p, cfg)
-    return _byte_corpus(p.read_bytes(), f"dataset.path={path}", str(p), fraction)
+    return _byte_corpus(p.read_bytes(), f"{key}={path}", str(p), fraction)
 
 
 def block_size(cfg) -> int:

@@ -11,6 +11,11 @@ job's ``test_loss`` − the mid-trained job's (their last logged values); the qu
 the mid-trained job's ``quant_drop_<b>bit`` (eval.json's when sam-eval measured it, else its
 training run's last line). Rows are the mid-training settings (variant and ρ), means over seeds;
 the reduction is 100·(F_base − F)/F_base against the rows of ``optimizer=base``.
+
+On language-model chains (``experiment=lm_midtraining_mini``: jobs whose lines carry
+``test_ppl``), where token accuracy moves little, the loss is the measure: the table adds the
+test perplexity before and after post-training, the test-loss rise the quantized weights show
+(``quant_loss_rise_<b>bit``) and the reductions of both rises.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ def rows(report) -> list[dict]:
         },
         reverse=True,
     )
+    lm = any(_last(mid, "test_ppl") is not None for mid, _ in chains(report))
     out = []
     for label, pairs in groups.items():
         row = {"midtraining": label, "variant": pairs[0][0].variant, "n": len(pairs)}
@@ -87,15 +93,21 @@ def rows(report) -> list[dict]:
         row["acc_after"] = stats(acc_after)["mean"]
         row["forgetting_acc"] = stats(map(diff, acc_before, acc_after))["mean"]
         row["loss_rise"] = stats(map(diff, loss_after, loss_before))["mean"]
+        if lm:
+            row["ppl_before"] = stats([_last(m, "test_ppl") for m, _ in pairs])["mean"]
+            row["ppl_after"] = stats([_last(p, "test_ppl") for _, p in pairs])["mean"]
         for b in bits:
-            row[f"quant_drop_{b}bit"] = stats([_last(m, f"quant_drop_{b}bit") for m, _ in pairs])[
-                "mean"
-            ]
+            for key in (f"quant_drop_{b}bit", *([f"quant_loss_rise_{b}bit"] if lm else [])):
+                row[key] = stats([_last(m, key) for m, _ in pairs])["mean"]
         out.append(row)
     base = next((r for r in out if r["variant"] == "base"), None)
+    reduced = [("forgetting_acc", "reduction_post_pct"), *(
+        (f"quant_drop_{b}bit", f"reduction_{b}bit_pct") for b in bits)]  # fmt: skip
+    if lm:
+        reduced += [("loss_rise", "reduction_loss_pct"), *(
+            (f"quant_loss_rise_{b}bit", f"reduction_{b}bit_loss_pct") for b in bits)]  # fmt: skip
     for r in out:
-        for key, name in [("forgetting_acc", "reduction_post_pct"), *(
-                (f"quant_drop_{b}bit", f"reduction_{b}bit_pct") for b in bits)]:  # fmt: skip
+        for key, name in reduced:
             ref = base.get(key) if base else None
             r[name] = None if not ref or r.get(key) is None else 100 * (ref - r[key]) / ref
     return out
@@ -138,6 +150,12 @@ def section(report, _plots=None) -> list[str]:
         "mid-training (acc_before) and after post-training (acc_after), forgetting = their "
         "difference, loss_rise = the rise of its test loss, quant_drop_<b>bit = the accuracy "
         "the mid-trained weights lose when quantized; reduction_* = 100·(base − this)/base "
-        "against optimizer=base mid-training (positive: less forgetting).",
+        "against optimizer=base mid-training (positive: less forgetting)."
+        + (
+            " Language models: ppl_* = the first corpus's test perplexity, quant_loss_rise_<b>bit "
+            "= the test-loss rise of the quantized weights, reduction_*loss_pct of the loss rises."
+            if "ppl_before" in table[0]
+            else ""
+        ),  # fmt: skip
         "",
     ]
