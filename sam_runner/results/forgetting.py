@@ -10,7 +10,8 @@ the mid-trained job's ``test_acc`` − the post-trained job's, and the loss rise
 job's ``test_loss`` − the mid-trained job's (their last logged values); the quantization drop is
 the mid-trained job's ``quant_drop_<b>bit`` (eval.json's when sam-eval measured it, else its
 training run's last line). Rows are the mid-training settings (variant and ρ), means over seeds;
-the reduction is 100·(F_base − F)/F_base against the rows of ``optimizer=base``.
+the reduction is 100·(F_base − F)/F_base against the rows of ``optimizer=base`` (none where
+F_base ≤ 0: a base that lost nothing).
 
 On language-model chains (``experiment=lm_midtraining_mini``: jobs whose lines carry
 ``test_ppl``), where token accuracy moves little, the loss is the measure: the table adds the
@@ -109,7 +110,9 @@ def rows(report) -> list[dict]:
     for r in out:
         for key, name in reduced:
             ref = base.get(key) if base else None
-            r[name] = None if not ref or r.get(key) is None else 100 * (ref - r[key]) / ref
+            # against a base that lost nothing (or gained) a reduction has no meaning
+            bad = ref is None or ref <= 0 or r.get(key) is None
+            r[name] = None if bad else 100 * (ref - r[key]) / ref
     return out
 
 
