@@ -129,6 +129,24 @@ def test_train_path_trains_on_a_second_corpus_and_tests_on_the_first(tmp_path, c
     _fails(argv, tmp_path, capsys, "50 token ids", "256", "one tokenizer")
 
 
+def test_eval_windows_default_fits_the_logits_in_a_memory_budget(tmp_path):
+    from sam_runner.data.text import EVAL_LOGITS_BYTES, EVAL_WINDOWS, eval_windows
+    from sam_runner.data.text import text as text_data
+
+    folder = tmp_path / "gpt2_ids"  # GPT-2's vocabulary: 20 windows of 256 fit in 1 GiB
+    folder.mkdir()
+    for split, n in (("train", 20_000), ("val", 40_000)):
+        np.arange(n, dtype=np.uint16).tofile(folder / f"{split}.bin")
+    cfg = compose("dataset=text", f"dataset.path={folder}", "dataset.vocab_size=50257",
+                  "dataset.block_size=256").dataset  # fmt: skip
+    assert EVAL_LOGITS_BYTES // (256 * 50257 * 4) == 20 < EVAL_WINDOWS
+    data = text_data(cfg, 0, 0, 1)
+    assert len(data.test.y) == 20 and len(data.train_plain.y) == 20
+    assert len(text_data(compose("dataset=text").dataset, 0, 0, 1).test.y) == EVAL_WINDOWS
+    cfg.eval_windows = 50  # given: kept, whatever the vocabulary
+    assert eval_windows(cfg, 50257) == 50 and len(text_data(cfg, 0, 0, 1).test.y) == 50
+
+
 def test_tied_embeddings_are_one_parameter():
     model = GPT(vocab=30, context=8, n_layer=1, n_head=2, n_embd=16)
     names = [n for n, _ in model.named_parameters()]

@@ -15,7 +15,8 @@ Training batches are windows of ``block_size`` + 1 tokens at random offsets, dra
 ``torch.Generator(seed * 100003 + epoch)``: an epoch's batches depend on (seed, epoch) alone, so a
 resumed run sees the same ones. An "epoch" is as many steps as the training split has
 batch-sized stretches of tokens. Evaluation, curvature and ``sam-eval`` use fixed windows
-(non-overlapping, evenly spaced; at most ``dataset.eval_windows`` of the test split, and at most
+(non-overlapping, evenly spaced; at most ``dataset.eval_windows`` of the test split, by default
+as many as fit a memory budget for their logits (``eval_windows``), and at most
 ``MEASURE_WINDOWS`` of the training split for the measurement subset).
 """
 
@@ -34,6 +35,11 @@ from . import Data
 from .folder import subset_indices
 
 BYTE_VOCAB = 256
+EVAL_WINDOWS = 256  # test windows evaluated at most when dataset.eval_windows is unset
+# ... and at most as many as keep their float32 logits (windows x block_size x vocabulary x 4
+# bytes; metrics/evaluate.py holds them at once for the loss and ECE) within this: GPT-2's
+# vocabulary at context 256 fits 20 windows, byte-level text 256 up to a context of 4,096
+EVAL_LOGITS_BYTES = 1 << 30
 MEASURE_WINDOWS = 4096  # training windows the measurement subset draws from (a fixed, even spread)
 CHUNK = 1 << 24  # ids read at a time when a .bin file is scanned (range check, hash)
 
@@ -296,12 +302,22 @@ class FixedWindows:
             yield self.x[idx].to(self.device), self.y[idx].to(self.device), idx.to(self.device)
 
 
+def eval_windows(cfg, vocab: int) -> int:
+    """``dataset.eval_windows``, or unset: ``EVAL_WINDOWS`` capped by the logits' memory
+    (``EVAL_LOGITS_BYTES``), at least one window."""
+    given = cfg.get("eval_windows")
+    if given is not None:
+        return integer(
+            "dataset.eval_windows", given, "an integer >= 1 (or null: automatic)", lambda n: n >= 1
+        )
+    per_window = block_size(cfg) * vocab * 4
+    return max(1, min(EVAL_WINDOWS, EVAL_LOGITS_BYTES // per_window))
+
+
 def _text_keys(cfg) -> None:
     block_size(cfg)
     val_fraction(cfg)
-    integer(
-        "dataset.eval_windows", cfg.get("eval_windows", 256), "an integer >= 1", lambda n: n >= 1
-    )
+    eval_windows(cfg, BYTE_VOCAB)
     require(
         cfg.get("val_split", 0) in (0, None),
         f"dataset.val_split={cfg.get('val_split')} does not apply to dataset=text (its test "
@@ -337,7 +353,7 @@ def text(cfg, seed, rank, world) -> Data:
     corpus, t = load_corpus(cfg), block_size(cfg)
     bs = int(cfg.batch_size)
     steps = cfg.get("steps_per_epoch") or max(1, len(corpus.train) // (bs * t))
-    cap = int(cfg.get("eval_windows", 256))
+    cap = eval_windows(cfg, corpus.vocab_size)
     xt, yt = fixed_windows(corpus.test, t, cap)
     xm, ym = fixed_windows(corpus.train, t, MEASURE_WINDOWS)
     plain = subset_indices(len(ym), cap, seed)  # sam-eval's training-set numbers: these windows
