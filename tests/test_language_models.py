@@ -105,22 +105,21 @@ def test_bin_folder_trains_and_resumes_to_the_same_weights(tmp_path):
 
 def test_train_path_trains_on_a_second_corpus_and_tests_on_the_first(tmp_path, capsys):
     from sam_runner.data.text import load_corpus, python_source_text
+    from sam_runner.data.text import text as text_data
 
-    cfg = compose(
-        *TEXT_TINY, *GPT_TINY, "dataset.train_path=python_source", "trainer.steps=1",
-        "metrics.hessian.enabled=false", "dataset.eval_windows=8",
-    )  # fmt: skip
-    corpus = load_corpus(cfg.dataset)
+    cfg = compose("dataset=text", "dataset.train_path=python_source").dataset
+    corpus = load_corpus(cfg)
     first, second = encode(builtin_text()), encode(python_source_text())
     assert np.array_equal(corpus.train, second[: len(corpus.train)])  # the source's head...
     assert len(second) - len(corpus.train) == round(0.1 * len(second))  # ... without its tail
     assert np.array_equal(corpus.test, first[len(first) - len(corpus.test) :])  # the docs' tail
-    summary = train(cfg, tmp_path / "run")
-    assert summary["status"] == "completed"
-    assert (summary["corpus"], summary["train_corpus"]) == (
+    data = text_data(cfg, 0, 0, 1)  # what summary.json records of both
+    assert (data.corpus["corpus"], data.corpus["train_corpus"]) == (
         "builtin:pydoc_data.topics", "builtin:python_source",
     )  # fmt: skip
-    assert summary["train_corpus_bytes"] == len(second) != summary["corpus_bytes"]
+    assert data.corpus["train_corpus_bytes"] == len(second) != data.corpus["corpus_bytes"]
+    assert np.array_equal(data.train.ids, corpus.train)  # training batches: the source's
+    assert np.array_equal(data.train_tensors[0][0].numpy(), second[:64])  # measurement windows
     folder = tmp_path / "tokens"  # another tokenizer's ids: refused in one line
     folder.mkdir()
     for split in ("train", "val"):
