@@ -87,6 +87,10 @@ EXPECTED = {
     "lm_sam_mini": (9, "gpt", "text", "base sam"),
     "lm_weight_decay": (12, "gpt", "text", "base"),
     "lm_weight_decay_mini": (6, "gpt", "text", "base"),
+    # in stages: pretrain x seed, mid-training {base, sam ρ, sam ρ'} x seed, post-training of
+    # each on the second corpus
+    "lm_midtraining": (21, "gpt", "text", "base sam"),
+    "lm_midtraining_mini": (14, "gpt", "text", "base sam"),
     "grokking": (6, "gpt", "modular_arithmetic", "base sam"),
     "grokking_mini": (2, "gpt", "modular_arithmetic", "base sam"),
     "spectra_sam_mini": (12, "mlp", "arrays", "base sam"),
@@ -260,9 +264,11 @@ def test_mini_study_runs_and_reports(preset, tmp_path):
     )
     assert rep.returncode == 0, rep.stderr
     assert (sweep / "report.md").exists() and (sweep / "report.csv").exists()
-    if preset == "sam_midtraining_mini":  # one forgetting row per mid-training setting
+    if preset in ("sam_midtraining_mini", "lm_midtraining_mini"):  # a row per mid-training
         rows = (sweep / "forgetting.csv").read_text().splitlines()
         assert [r.split(",")[0] for r in rows[1:]] == ["base", "sam ρ=0.05", "sam ρ=0.2"]
+        if preset == "lm_midtraining_mini":  # the language model's columns
+            assert {"ppl_before", "ppl_after", "quant_loss_rise_4bit"} <= set(rows[0].split(","))
     if preset == "edge_of_stability_mini":  # GD's λ_max reaches 2/η and stays there
         from sam_runner.results.eos import plateau, traces
         from sam_runner.results.report import build_report

@@ -103,6 +103,49 @@ def test_bin_folder_trains_and_resumes_to_the_same_weights(tmp_path):
     assert out[-1]["test_bpc"] == pytest.approx(out[-1]["test_loss"] / math.log(2))
 
 
+def test_train_path_trains_on_a_second_corpus_and_tests_on_the_first(tmp_path, capsys):
+    from sam_runner.data.text import load_corpus, python_source_text
+    from sam_runner.data.text import text as text_data
+
+    cfg = compose("dataset=text", "dataset.train_path=python_source").dataset
+    corpus = load_corpus(cfg)
+    first, second = encode(builtin_text()), encode(python_source_text())
+    assert np.array_equal(corpus.train, second[: len(corpus.train)])  # the source's head...
+    assert len(second) - len(corpus.train) == round(0.1 * len(second))  # ... without its tail
+    assert np.array_equal(corpus.test, first[len(first) - len(corpus.test) :])  # the docs' tail
+    data = text_data(cfg, 0, 0, 1)  # what summary.json records of both
+    assert (data.corpus["corpus"], data.corpus["train_corpus"]) == (
+        "builtin:pydoc_data.topics", "builtin:python_source",
+    )  # fmt: skip
+    assert data.corpus["train_corpus_bytes"] == len(second) != data.corpus["corpus_bytes"]
+    assert np.array_equal(data.train.ids, corpus.train)  # training batches: the source's
+    assert np.array_equal(data.train_tensors[0][0].numpy(), second[:64])  # measurement windows
+    folder = tmp_path / "tokens"  # another tokenizer's ids: refused in one line
+    folder.mkdir()
+    for split in ("train", "val"):
+        np.arange(40, dtype=np.uint16).tofile(folder / f"{split}.bin")
+    argv = ["dataset=text", "model=gpt", f"dataset.train_path={folder}", "dataset.vocab_size=50"]
+    _fails(argv, tmp_path, capsys, "50 token ids", "256", "one tokenizer")
+
+
+def test_eval_windows_default_fits_the_logits_in_a_memory_budget(tmp_path):
+    from sam_runner.data.text import EVAL_LOGITS_BYTES, EVAL_WINDOWS, eval_windows
+    from sam_runner.data.text import text as text_data
+
+    folder = tmp_path / "gpt2_ids"  # GPT-2's vocabulary: 20 windows of 256 fit in 1 GiB
+    folder.mkdir()
+    for split, n in (("train", 20_000), ("val", 40_000)):
+        np.arange(n, dtype=np.uint16).tofile(folder / f"{split}.bin")
+    cfg = compose("dataset=text", f"dataset.path={folder}", "dataset.vocab_size=50257",
+                  "dataset.block_size=256").dataset  # fmt: skip
+    assert EVAL_LOGITS_BYTES // (256 * 50257 * 4) == 20 < EVAL_WINDOWS
+    data = text_data(cfg, 0, 0, 1)
+    assert len(data.test.y) == 20 and len(data.train_plain.y) == 20
+    assert len(text_data(compose("dataset=text").dataset, 0, 0, 1).test.y) == EVAL_WINDOWS
+    cfg.eval_windows = 50  # given: kept, whatever the vocabulary
+    assert eval_windows(cfg, 50257) == 50 and len(text_data(cfg, 0, 0, 1).test.y) == 50
+
+
 def test_tied_embeddings_are_one_parameter():
     model = GPT(vocab=30, context=8, n_layer=1, n_head=2, n_embd=16)
     names = [n for n, _ in model.named_parameters()]
@@ -195,6 +238,7 @@ def _fails(argv, tmp_path, capsys, *words):
         (["dataset=mnist1d", "model=gpt"], ["model=mlp or model=cnn1d"]),
         (["dataset=text", "dataset.block_size=80", "model.block_size=64"], ["context"]),
         (["dataset=text", "dataset.path=/nonexistent/corpus.txt"], ["does not exist"]),
+        (["dataset=text", "dataset.train_path=/nonexistent/b.txt"], ["dataset.train_path="]),
     ],
 )
 def test_bad_language_model_input_is_one_line_exit_2(tmp_path, capsys, argv, words):

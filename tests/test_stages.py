@@ -113,7 +113,8 @@ def test_a_chain_of_three_stages_resumes_a_failed_job_and_reports_forgetting(tmp
 
     report_main([str(sweep)])
     rows = (sweep / "forgetting.csv").read_text().splitlines()
-    assert rows[0].startswith("midtraining,variant,n,acc_before,acc_after,forgetting_acc")
+    assert rows[0].startswith("midtraining,variant,n,acc_before,acc_before_std,acc_after")
+    assert {"forgetting_acc", "forgetting_acc_std", "reduction_post_pct"} <= set(rows[0].split(","))
     assert [r.split(",")[0] for r in rows[1:]] == ["base", "sam ρ=0.05"]
     assert "5 jobs: 5 completed" in capsys.readouterr().out
 

@@ -6,11 +6,17 @@ so the track runs offline anywhere), or a nanoGPT-style folder of ``train.bin``/
 (uint16 ids, memory-mapped: never read whole). A text's contiguous tail
 (``dataset.val_fraction``) is its test split; a folder's is ``val.bin``.
 
+``dataset.train_path`` trains on a second corpus (its training split) while the test split stays
+``dataset.path``'s: post-training on new text, measured on the old (``lm_midtraining_mini``).
+``python_source`` there is the second built-in corpus, the source of a fixed list of standard
+library modules: code rather than prose, shipped with every Python.
+
 Training batches are windows of ``block_size`` + 1 tokens at random offsets, drawn from
 ``torch.Generator(seed * 100003 + epoch)``: an epoch's batches depend on (seed, epoch) alone, so a
 resumed run sees the same ones. An "epoch" is as many steps as the training split has
 batch-sized stretches of tokens. Evaluation, curvature and ``sam-eval`` use fixed windows
-(non-overlapping, evenly spaced; at most ``dataset.eval_windows`` of the test split, and at most
+(non-overlapping, evenly spaced; at most ``dataset.eval_windows`` of the test split, by default
+as many as fit a memory budget for their logits (``eval_windows``), and at most
 ``MEASURE_WINDOWS`` of the training split for the measurement subset).
 """
 
@@ -29,6 +35,11 @@ from . import Data
 from .folder import subset_indices
 
 BYTE_VOCAB = 256
+EVAL_WINDOWS = 256  # test windows evaluated at most when dataset.eval_windows is unset
+# ... and at most as many as keep their float32 logits (windows x block_size x vocabulary x 4
+# bytes; metrics/evaluate.py holds them at once for the loss and ECE) within this: GPT-2's
+# vocabulary at context 256 fits 20 windows, byte-level text 256 up to a context of 4,096
+EVAL_LOGITS_BYTES = 1 << 30
 MEASURE_WINDOWS = 4096  # training windows the measurement subset draws from (a fixed, even spread)
 CHUNK = 1 << 24  # ids read at a time when a .bin file is scanned (range check, hash)
 
@@ -40,9 +51,13 @@ class Corpus:
     def __init__(self, train, test, vocab_size: int, nbytes: int, sha256: str, source: str):
         self.train, self.test, self.vocab_size = train, test, vocab_size
         self.nbytes, self.sha256, self.source = nbytes, sha256, source
+        self.trained_on = None  # dataset.train_path's summary, when training reads another corpus
 
     def summary(self) -> dict:
-        return {"corpus_bytes": self.nbytes, "corpus_sha256": self.sha256, "corpus": self.source}
+        out = {"corpus_bytes": self.nbytes, "corpus_sha256": self.sha256, "corpus": self.source}
+        if self.trained_on:
+            out.update({f"train_{k}": v for k, v in self.trained_on.items()})
+        return out
 
 
 def builtin_text() -> str:
@@ -50,6 +65,23 @@ def builtin_text() -> str:
     from pydoc_data.topics import topics
 
     return "".join(topics[k] for k in sorted(topics))
+
+
+PYTHON_SOURCE = "python_source"  # dataset.train_path: the second built-in corpus
+SOURCE_MODULES = (  # pure-Python standard library modules, present on every CPython >= 3.10
+    "argparse", "calendar", "configparser", "dataclasses", "difflib", "fractions", "heapq",
+    "shlex", "statistics", "string", "textwrap",
+)  # fmt: skip
+
+
+def python_source_text() -> str:
+    """The second built-in corpus: the source files of ``SOURCE_MODULES``, in that order."""
+    import importlib
+
+    return "".join(
+        Path(importlib.import_module(m).__file__).read_text(encoding="utf-8")
+        for m in SOURCE_MODULES
+    )
 
 
 def encode(text: str) -> np.ndarray:
@@ -157,21 +189,41 @@ def val_fraction(cfg) -> float:
 
 
 def load_corpus(cfg) -> Corpus:
-    """The corpus ``dataset.path`` names (unset: the built-in one), checked."""
-    path = cfg.get("path")
+    """The corpus ``dataset.path`` names (unset: the built-in one), checked; with
+    ``dataset.train_path``, its training split replaced by that corpus's."""
+    corpus = _corpus_at(cfg, cfg.get("path"), "dataset.path")
+    other = cfg.get("train_path")
+    if other in (None, ""):
+        return corpus
+    second = _corpus_at(cfg, other, "dataset.train_path")
+    require(
+        second.vocab_size == corpus.vocab_size,
+        f"dataset.train_path={other} has {second.vocab_size} token ids and dataset.path "
+        f"{corpus.vocab_size}; train and test on corpora of one tokenizer",
+    )
+    corpus.train, corpus.trained_on = second.train, second.summary()
+    return corpus
+
+
+def _corpus_at(cfg, path, key: str) -> Corpus:
     fraction = val_fraction(cfg)
+    if key == "dataset.train_path" and path == PYTHON_SOURCE:
+        data = python_source_text().encode("utf-8")
+        return _byte_corpus(data, "the built-in source corpus", "builtin:python_source", fraction)
     if path in (None, ""):
         data = builtin_text().encode("utf-8")
         return _byte_corpus(data, "the built-in corpus", "builtin:pydoc_data.topics", fraction)
     p = Path(str(path)).expanduser()
     require(
         p.exists(),
-        f"dataset.path={path} does not exist; give a UTF-8 text file or a folder with "
-        "train.bin/val.bin (unset: the built-in corpus)",
-    )
+        f"{key}={path} does not exist; give a UTF-8 text file or a folder with "
+        "train.bin/val.bin"
+        + (f" ({PYTHON_SOURCE}: the built-in source corpus)" if key != "dataset.path" else
+           " (unset: the built-in corpus)"),
+    )  # fmt: skip
     if p.is_dir():
         return _bin_corpus(p, cfg)
-    return _byte_corpus(p.read_bytes(), f"dataset.path={path}", str(p), fraction)
+    return _byte_corpus(p.read_bytes(), f"{key}={path}", str(p), fraction)
 
 
 def block_size(cfg) -> int:
@@ -250,12 +302,22 @@ class FixedWindows:
             yield self.x[idx].to(self.device), self.y[idx].to(self.device), idx.to(self.device)
 
 
+def eval_windows(cfg, vocab: int) -> int:
+    """``dataset.eval_windows``, or unset: ``EVAL_WINDOWS`` capped by the logits' memory
+    (``EVAL_LOGITS_BYTES``), at least one window."""
+    given = cfg.get("eval_windows")
+    if given is not None:
+        return integer(
+            "dataset.eval_windows", given, "an integer >= 1 (or null: automatic)", lambda n: n >= 1
+        )
+    per_window = block_size(cfg) * vocab * 4
+    return max(1, min(EVAL_WINDOWS, EVAL_LOGITS_BYTES // per_window))
+
+
 def _text_keys(cfg) -> None:
     block_size(cfg)
     val_fraction(cfg)
-    integer(
-        "dataset.eval_windows", cfg.get("eval_windows", 256), "an integer >= 1", lambda n: n >= 1
-    )
+    eval_windows(cfg, BYTE_VOCAB)
     require(
         cfg.get("val_split", 0) in (0, None),
         f"dataset.val_split={cfg.get('val_split')} does not apply to dataset=text (its test "
@@ -291,7 +353,7 @@ def text(cfg, seed, rank, world) -> Data:
     corpus, t = load_corpus(cfg), block_size(cfg)
     bs = int(cfg.batch_size)
     steps = cfg.get("steps_per_epoch") or max(1, len(corpus.train) // (bs * t))
-    cap = int(cfg.get("eval_windows", 256))
+    cap = eval_windows(cfg, corpus.vocab_size)
     xt, yt = fixed_windows(corpus.test, t, cap)
     xm, ym = fixed_windows(corpus.train, t, MEASURE_WINDOWS)
     plain = subset_indices(len(ym), cap, seed)  # sam-eval's training-set numbers: these windows

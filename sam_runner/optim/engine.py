@@ -342,12 +342,17 @@ class SharpnessAware(torch.optim.Optimizer):
     def sharpness_step(self, closure):
         """First pass at θ, perturb to θ+ε, second pass, restore θ (the descent gradient stays)."""
         loss, params, pgrads = self.first_pass(closure)
+        self.perturb_(params, pgrads)
+        self.descend(closure, 1, loss)
+        return loss
+
+    def perturb_(self, params, pgrads) -> None:
+        """θ saved, then θ ← θ + ε with ε from ``compute_perturbation`` (into the ``eps``
+        buffers, where a variant may read it after the second pass)."""
         c = self._cache
         self.compute_perturbation(params, pgrads, c["eps"])
         torch._foreach_copy_(c["theta"], params)
         torch._foreach_add_(params, c["eps"])
-        self.descend(closure, 1, loss)
-        return loss
 
     def first_pass(self, closure):
         """The pass at θ (synchronised only with ``sync_perturbation``), unscaled: its loss, the

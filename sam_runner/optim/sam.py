@@ -1,6 +1,11 @@
 """SAM (Foret et al., 2021): ε = ρ g / ‖g‖, one global norm over all parameters.
 
 ``self.g_norm`` is ‖g‖, computed once by the engine before ``compute_perturbation``.
+
+SAM itself needs ε only to move θ, and the first-pass gradients only to build ε (the second
+pass's closure replaces them): it scales them in place and adds them, one pass over the
+parameters fewer than writing ε first (the same products, so the same bits). A subclass with its
+own ``compute_perturbation`` takes the engine's way, with ε in its buffers.
 """
 
 import torch
@@ -12,8 +17,18 @@ from .engine import SharpnessAware
 
 @VARIANTS.register("sam", "ε = ρ g/‖g‖ (Foret et al. 2021)")
 class SAM(SharpnessAware):
+    def _scale(self):
+        return self.current_rho / (self.g_norm + 1e-12)
+
     @override
     def compute_perturbation(self, params, grads, eps):
-        scale = self.current_rho / (self.g_norm + 1e-12)
         torch._foreach_copy_(eps, grads)
-        torch._foreach_mul_(eps, scale)
+        torch._foreach_mul_(eps, self._scale())
+
+    @override
+    def perturb_(self, params, pgrads) -> None:
+        if type(self).compute_perturbation is not SAM.compute_perturbation:
+            return super().perturb_(params, pgrads)
+        torch._foreach_mul_(pgrads, self._scale())  # ε, in the gradients' own storage
+        torch._foreach_copy_(self._cache["theta"], params)
+        torch._foreach_add_(params, pgrads)

@@ -10,7 +10,13 @@ the mid-trained job's ``test_acc`` − the post-trained job's, and the loss rise
 job's ``test_loss`` − the mid-trained job's (their last logged values); the quantization drop is
 the mid-trained job's ``quant_drop_<b>bit`` (eval.json's when sam-eval measured it, else its
 training run's last line). Rows are the mid-training settings (variant and ρ), means over seeds;
-the reduction is 100·(F_base − F)/F_base against the rows of ``optimizer=base``.
+the reduction is 100·(F_base − F)/F_base against the rows of ``optimizer=base`` (none where
+F_base ≤ 0: a base that lost nothing).
+
+On language-model chains (``experiment=lm_midtraining_mini``: jobs whose lines carry
+``test_ppl``), where token accuracy moves little, the loss is the measure: the table adds the
+test perplexity before and after post-training, the test-loss rise the quantized weights show
+(``quant_loss_rise_<b>bit``) and the reductions of both rises.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ COLUMNS = {  # forgetting.csv's measured columns -> report.md's headers
     "acc_after": "after post-training",
     "forgetting_acc": "forgetting (acc)",
     "loss_rise": "test loss rise",
+    "ppl_before": "test ppl after mid-training",
+    "ppl_after": "after post-training",
 }
 STEM = "forgetting"
 
@@ -87,6 +95,9 @@ def rows(report) -> list[dict]:
         reverse=True,
     )
     diff = lambda a, b: None if a is None or b is None else a - b  # noqa: E731
+    lm = any(_last(mid, "test_ppl") is not None for mid, _ in found)
+    quantized = [f"quant_drop_{b}bit" for b in bits]
+    quantized += [f"quant_loss_rise_{b}bit" for b in bits] if lm else []
     out = []
     for label, pairs in sorted(groups.items(), key=lambda kv: (kv[0] != "base", kv[0])):
         before = [_last(m, "test_acc") for m, _ in pairs]
@@ -96,21 +107,32 @@ def rows(report) -> list[dict]:
             "acc_after": after,
             "forgetting_acc": list(map(diff, before, after)),
             "loss_rise": [diff(_last(p, "test_loss"), _last(m, "test_loss")) for m, p in pairs],
-            **{
-                f"quant_drop_{b}bit": [_last(m, f"quant_drop_{b}bit") for m, _ in pairs]
-                for b in bits
-            },
+            **(
+                {
+                    "ppl_before": [_last(m, "test_ppl") for m, _ in pairs],
+                    "ppl_after": [_last(p, "test_ppl") for _, p in pairs],
+                }
+                if lm
+                else {}
+            ),
+            **{key: [_last(m, key) for m, _ in pairs] for key in quantized},
         }
         row = {"midtraining": label, "variant": pairs[0][0].variant, "n": len(pairs)}
         row["stats"] = {k: stats(v) for k, v in values.items()}
         out.append(row)
     base = next((r for r in out if r["variant"] == "base"), None)
+    reduced = [("forgetting_acc", "reduction_post_pct"), *(
+        (f"quant_drop_{b}bit", f"reduction_{b}bit_pct") for b in bits)]  # fmt: skip
+    if lm:
+        reduced += [("loss_rise", "reduction_loss_pct"), *(
+            (f"quant_loss_rise_{b}bit", f"reduction_{b}bit_loss_pct") for b in bits)]  # fmt: skip
     for r in out:
         r["reductions"] = {}
-        for key, name in [("forgetting_acc", "reduction_post_pct"), *(
-                (f"quant_drop_{b}bit", f"reduction_{b}bit_pct") for b in bits)]:  # fmt: skip
+        for key, name in reduced:
             ref, mine = (base["stats"][key]["mean"] if base else None), r["stats"][key]["mean"]
-            r["reductions"][name] = None if not ref or mine is None else 100 * (ref - mine) / ref
+            # against a base that lost nothing (or gained) a reduction has no meaning
+            bad = ref is None or ref <= 0 or mine is None
+            r["reductions"][name] = None if bad else 100 * (ref - mine) / ref
     return out
 
 
@@ -140,8 +162,20 @@ def write_forgetting(report, out_dir: Path) -> list[Path]:
     return [path, save_figure(plot_forgetting(table), out_dir, STEM, report.plot_format)]
 
 
-def _bits(key: str) -> str:
-    return key.removeprefix("quant_drop_").removesuffix("bit")
+HEADERS = [  # report.md's header of each other column, by its name's pattern
+    (r"quant_drop_(\d+)bit", r"\1-bit drop (acc)"),
+    (r"quant_loss_rise_(\d+)bit", r"\1-bit loss rise"),
+    (r"reduction_post_pct", "forgetting reduction"),
+    (r"reduction_loss_pct", "loss-rise reduction"),
+    (r"reduction_(\d+)bit_pct", r"\1-bit drop reduction"),
+    (r"reduction_(\d+)bit_loss_pct", r"\1-bit loss-rise reduction"),
+]
+
+
+def _header(key: str) -> str:
+    if key in COLUMNS:
+        return COLUMNS[key]
+    return next((re.sub(p, h, key) for p, h in HEADERS if re.fullmatch(p, key)), key)
 
 
 def _percent(v) -> str:
@@ -156,10 +190,8 @@ def section(report, _plots=None) -> list[str]:
     table = rows(report)
     if not table:
         return []
-    keys = list(table[0]["stats"])
-    bits = [_bits(k) for k in keys if k not in COLUMNS]
-    head = ["mid-training", *(COLUMNS.get(k) or f"{_bits(k)}-bit drop (acc)" for k in keys)]
-    head += ["forgetting reduction", *(f"{b}-bit drop reduction" for b in bits), "n"]
+    keys, reductions = list(table[0]["stats"]), list(table[0]["reductions"])
+    head = ["mid-training", *map(_header, keys), *map(_header, reductions), "n"]
     out = ["## Forgetting after post-training and quantization", ""]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
@@ -176,6 +208,13 @@ def section(report, _plots=None) -> list[str]:
         "post-training, forgetting = their difference, the rise of its test loss, and the "
         "accuracy the mid-trained weights lose when rounded to b bits. A reduction is "
         "100·(base − this)/base of the means against `optimizer=base` mid-training (positive: "
-        "less forgetting, a smaller drop). forgetting.csv has every column with its std.",
+        "less forgetting, a smaller drop; none against a base that lost nothing). "
+        "forgetting.csv has every column with its std."
+        + (
+            " Language models: ppl = the first corpus's test perplexity; the b-bit loss rise is "
+            "the test-loss rise of the quantized weights; the loss-rise reductions are of those."
+            if "ppl_before" in keys
+            else ""
+        ),
         "",
     ]

@@ -390,7 +390,8 @@ def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
 @pytest.mark.usefixtures("slurm")
 def test_a_preset_in_stages_runs_one_job_array_per_stage(tmp_path):
     """distill_sam_mini on SLURM: the teachers' array, then (when it has ended) the students',
-    then the aligned students'; each student distilled from the teacher its stage:teacher/... reference names."""
+    then the aligned students'; each student distilled from the teacher its stage:teacher/...
+    reference names."""
     sweep_dir = tmp_path / "sweep"
     out = subprocess.run(
         [
