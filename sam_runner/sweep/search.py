@@ -214,7 +214,9 @@ class Search:
             if self.storage:
                 fail(f"hydra.sweeper.storage={self.storage} cannot be opened ({reason})")
             bad, aside = set_aside(sweep_dir)
-            self.set_aside = f"{bad} cannot be read ({type(e).__name__}: {reason}); moved to {aside}"
+            self.set_aside = (
+                f"{bad} cannot be read ({type(e).__name__}: {reason}); moved to {aside}"
+            )
         return create()
 
     def rebuild(self, study, sweep_dir: Path, folders) -> None:
