@@ -89,6 +89,7 @@ class Search:
         self.directions = settings.get("directions")
         self.pruner = str(settings.get("pruner") or "none")
         self.pruning = plain(settings.get("pruning"))
+        self.set_aside = None  # what create_study moved out of the search's way, and why
         if self.n_trials < 1:
             fail(f"hydra.sweeper.n_trials={self.n_trials} must be at least 1")
 

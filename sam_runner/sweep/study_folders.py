@@ -107,7 +107,7 @@ def searched_value(text: str, dist):
 def evaluations(run: RunDir, key: str) -> dict[int, float]:
     """{epoch: objective} of the run's evaluation lines (a pruned search's reports)."""
     out = {}
-    for row in run.rows:
+    for row in run.rows():
         epoch, value = row.get("epoch"), row.get(key)
         if isinstance(epoch, int) and isinstance(value, (int, float)) and math.isfinite(value):
             out[epoch] = float(value)
