@@ -25,13 +25,23 @@ def _duration(seconds: float) -> str:
 
 
 class Counter:
-    """Progress over ``total`` units (points of a slice, steps of a curve): a tqdm bar, or a line
-    on stderr at the first unit and at every tenth, with the time taken and the time left."""
+    """Progress over ``total`` units (points of a slice, steps of a curve, a sweep's checks): a
+    tqdm bar, or a line on stderr at the first unit and at every tenth (and each ``every``
+    seconds, when given), with the time taken and the time left."""
 
-    def __init__(self, total: int, desc: str, mode: str, prefix: str = "", unit: str = "points"):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        mode: str,
+        prefix: str = "",
+        unit: str = "points",
+        every: float | None = None,
+    ):
         self.mode, self.total, self.desc, self.unit = resolve_mode(mode), total, desc, unit
         self.prefix = f"{prefix}: " if prefix else ""
         self.done, self.start, self.bar = 0, time.monotonic(), None
+        self.every, self.said = every, self.start  # lines: also one each ``every`` seconds
         if self.mode == "bar":
             from tqdm import tqdm
 
@@ -44,8 +54,11 @@ class Counter:
         self.done += n
         if self.bar is not None:
             self.bar.update(n)
-        elif self.mode == "lines" and self.done in self.marks:
-            print(self.line(), file=sys.stderr, flush=True)
+        elif self.mode == "lines":
+            now = time.monotonic()
+            if self.done in self.marks or (self.every and now - self.said >= self.every):
+                self.said = now
+                print(self.line(), file=sys.stderr, flush=True)
 
     def line(self) -> str:
         took = time.monotonic() - self.start
