@@ -140,7 +140,8 @@ def jobs_of(args) -> list[tuple[list[str], str | None]]:
 # before the first one starts (a second or so each), and such a sweep is more often a typo
 # (range(0,100000)) than meant; SAM_RUNNER_MAX_JOBS=N confirms a sweep of up to N jobs
 MAX_JOBS, MAX_JOBS_ENV = 10_000, "SAM_RUNNER_MAX_JOBS"
-PROGRESS_FROM = 100  # jobs: a sweep of as many says how its checks go (on stderr)
+PROGRESS_FROM = 100  # jobs: a sweep of as many says how its checks go (on stderr),
+CHECKS_QUIET_S = 5.0  # once they have taken this long (checks done by then say nothing)
 
 
 def require_confirmed(arguments: list[str], params: dict, per_job: float) -> None:
@@ -370,13 +371,15 @@ def _check_composed(args, job: list[str], cfg, notes: dict) -> str | None:
 
 
 def checks_counter(total: int):
-    """How the checks of a sweep of ``PROGRESS_FROM`` jobs or more go, on stderr: a bar on a
-    terminal, else a line at every tenth and every half minute (a sweep of thousands takes
-    minutes to check, and said nothing)."""
+    """How the checks of a sweep of ``PROGRESS_FROM`` jobs or more go, on stderr, once they
+    have taken ``CHECKS_QUIET_S`` seconds: a bar on a terminal, else a line then, at every
+    tenth and every half minute (a sweep of thousands takes minutes to check, and said
+    nothing)."""
     from .progress import Counter
 
     mode = "auto" if total >= PROGRESS_FROM else "none"
-    return Counter(total, "sam-run: checking the sweep's jobs", mode, unit="jobs", every=30.0)
+    desc = "sam-run: checking the sweep's jobs"
+    return Counter(total, desc, mode, unit="jobs", every=30.0, delay=CHECKS_QUIET_S)
 
 
 def _in_job(args, job: list[str], message: str) -> str:

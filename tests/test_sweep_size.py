@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sam_runner.preflight import (
+    CHECKS_QUIET_S,
     MAX_JOBS_ENV,
     PROGRESS_FROM,
     checks_counter,
@@ -68,9 +69,14 @@ def test_the_count_is_the_grid_before_repeats_and_follows_hydras_last_override()
     assert len(expand(args, {"model": "mlp,cnn1d"})) == 8
 
 
-def test_a_sweep_of_many_jobs_says_how_its_checks_go(capsys):
+def test_a_sweep_of_many_jobs_says_how_its_checks_go_once_they_take_long(capsys):
     assert checks_counter(PROGRESS_FROM - 1).mode == "none"  # a small sweep checks quietly
+    quick = checks_counter(PROGRESS_FROM)
+    for _ in range(PROGRESS_FROM):
+        quick.update()
+    assert capsys.readouterr().err == ""  # checks done within CHECKS_QUIET_S say nothing
     counter = checks_counter(PROGRESS_FROM)
+    counter.start -= CHECKS_QUIET_S  # as if the first check had taken that long
     for _ in range(PROGRESS_FROM):
         counter.update()
     counter.close()
