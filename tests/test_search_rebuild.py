@@ -163,6 +163,22 @@ def test_an_unreadable_study_file_is_moved_aside_in_one_line_and_rebuilt(name, t
     assert len(again.trials) == 2  # in the new journal
 
 
+def test_an_unreadable_journal_and_sqlite_file_are_both_moved_aside_in_one_line(tmp_path, capsys):
+    finished_search(tmp_path)
+    for name in ("optuna.journal", "optuna.db"):
+        (tmp_path / name).write_text("garbage\n")
+    s = sweeper()
+    study = s.create_study(tmp_path, optuna.samplers.RandomSampler(seed=0))
+    s.rebuild(study, tmp_path, trial_folders(tmp_path))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.count(" cannot be read (") == 2, err
+    assert sorted(p.name for p in tmp_path.glob("*.unreadable")) == [
+        "optuna.db.unreadable",
+        "optuna.journal.unreadable",
+    ]
+    assert [t.value for t in study.trials] == [0.3, 0.5]
+
+
 def test_a_journal_cut_short_gets_the_trials_it_lacks(tmp_path, capsys):
     finished_search(tmp_path)
     s = sweeper()

@@ -206,19 +206,25 @@ class Search:
                 load_if_exists=True,
             )
 
-        try:
-            return create()
-        except OSError:  # a full disk or a folder that cannot be written: not the file's fault
-            raise
-        except Exception as e:  # a database's driver, or a journal line, raises its own errors
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if self.storage:
-                fail(f"hydra.sweeper.storage={self.storage} cannot be opened ({reason})")
-            bad, aside = set_aside(sweep_dir)
-            self.set_aside = (
-                f"{bad} cannot be read ({type(e).__name__}: {reason}); moved to {aside}"
-            )
-        return create()
+        moved = []
+        while True:  # the journal, then an older SQLite file, may be the unreadable one
+            try:
+                study = create()
+                break
+            except OSError:  # a full disk or a folder that cannot be written: not the file's
+                raise
+            except Exception as e:  # a database's driver, or a journal line, raises its own
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                if self.storage:
+                    fail(f"hydra.sweeper.storage={self.storage} cannot be opened ({reason})")
+                aside = set_aside(sweep_dir)
+                if aside is None:  # no file of ours to blame
+                    raise
+                moved.append(
+                    f"{aside[0]} cannot be read ({type(e).__name__}: {reason}); moved to {aside[1]}"
+                )
+        self.set_aside = "; ".join(moved) or None
+        return study
 
     def rebuild(self, study, sweep_dir: Path, folders) -> None:
         """The trials of the folders the study lacks, added (listed before the study was read:

@@ -142,12 +142,14 @@ def open_storage(sweep_dir: Path, url: str | None, migrate: bool = True):
     return storage
 
 
-def set_aside(sweep_dir: Path) -> tuple[Path, Path]:
+def set_aside(sweep_dir: Path) -> tuple[Path, Path] | None:
     """(the sweep folder's study file, where it was moved): the journal, else the older SQLite
     file, renamed ``<name>.unreadable`` (``.unreadable.2``, ... when that is taken), kept for
-    a look and out of the search's way."""
+    a look and out of the search's way; None when the folder has neither."""
     journal, old = sweep_dir / STORAGE_FILE, sweep_dir / OLD_STORAGE_FILE
     bad = journal if journal.exists() else old
+    if not bad.exists():
+        return None
     aside, n = bad.with_name(f"{bad.name}.unreadable"), 1
     while aside.exists():
         n += 1
