@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -118,12 +119,14 @@ def jobs_of(args) -> list[tuple[list[str], str | None]]:
     from .sweep import hydra_api
     from .sweep.plan import completed_jobs, exclude_keys, expand, fixed_config, sweeper_params
 
+    began = time.monotonic()
     try:
         fixed = fixed_config(args.overrides)
     except Exception:  # a key of one swept variant only: each job's own compose names it
         fixed = fixed_config([o for o in args.overrides if _choice_or_hydra(o)])
     if hydra_api.is_search(OmegaConf.select(fixed, "hydra.sweeper._target_", default="")):
         return search_jobs(args.overrides, fixed)
+    require_confirmed(args.overrides, sweeper_params(fixed), time.monotonic() - began)
     jobs = expand(args.overrides, sweeper_params(fixed))
     done = completed_jobs(sweep_folder(args), jobs, exclude_keys(fixed))
     if done:  # their configs are not composed again; one stands for them all (see below)
@@ -131,6 +134,36 @@ def jobs_of(args) -> list[tuple[list[str], str | None]]:
         require_same_result(sweep_folder(args) / str(first), jobs[first], done[first])
     left = [j for num, j in enumerate(jobs) if num not in done]
     return [(list(j), None) for j in {tuple(j): j for j in left}.values()]
+
+
+# a grid of more jobs than this runs only when confirmed: each job is composed and checked
+# before the first one starts (a second or so each), and such a sweep is more often a typo
+# (range(0,100000)) than meant; SAM_RUNNER_MAX_JOBS=N confirms a sweep of up to N jobs
+MAX_JOBS, MAX_JOBS_ENV = 10_000, "SAM_RUNNER_MAX_JOBS"
+PROGRESS_FROM = 100  # jobs: a sweep of as many says how its checks go (on stderr),
+CHECKS_QUIET_S = 5.0  # once they have taken this long (checks done by then say nothing)
+
+
+def require_confirmed(arguments: list[str], params: dict, per_job: float) -> None:
+    """UserError when the sweep has more jobs than ``SAM_RUNNER_MAX_JOBS`` (``MAX_JOBS``
+    unless set) allows, naming the count, its factors, about how long the checks would take
+    (``per_job``: what composing one config took here) and how to confirm it."""
+    from .errors import integer
+    from .progress import _duration
+    from .sweep.plan import sweep_size
+
+    given = os.environ.get(MAX_JOBS_ENV, "").strip()
+    allowed = int(given) if given.isdigit() else (given or MAX_JOBS)
+    allowed = integer(MAX_JOBS_ENV, allowed, "a whole number of jobs >= 1", lambda n: n >= 1)
+    count, parts = sweep_size(arguments, params)
+    if count <= allowed:
+        return
+    raise UserError(
+        f"this sweep is {count:,} jobs ({' x '.join(parts)}), more than the {allowed:,} a sweep "
+        f"runs unconfirmed: sam-run checks every job before the first starts, about "
+        f"{_duration(count * per_job)} here; confirm with {MAX_JOBS_ENV}={count} sam-run ..., "
+        "or sweep fewer values"
+    )
 
 
 def _choice_or_hydra(override: str) -> bool:
@@ -272,7 +305,6 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     )
     from omegaconf.errors import OmegaConfBaseException
 
-    from .sweep import objective, stages
     from .sweep.plan import compose
 
     notes, job, bound = {}, args.overrides, None
@@ -284,24 +316,17 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
             message = _sweep_values(args.overrides)
             if message:
                 return message, []
-        for job, bound in jobs_of(args):
-            cfg = compose(job)
-            if not validate:
-                continue
-            from .validate import validate_config, warnings  # imports torch: only for a job to run
-
-            message = _added_keys(job) or _removed_keys(job, cfg) or _two_budgets(job)
-            if message:
-                return message, []
-            _resolve(cfg)
-            # a stage's references: read once their stage has run (a job of stage S runs in
-            # <root>/S/<n>; a single run has no stages, and is told so)
-            root = sweep_folder(args).parent if args.multirun else run_folder(args).parent.parent
-            stages.resolve(cfg, job, root, stages.current is not None or not args.multirun)
-            validate_config(cfg)
-            objective.validate(cfg)
-            notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
-            notes.update(dict.fromkeys(idle_settings(job, cfg, args.multirun)))
+        jobs = jobs_of(args)
+        counter = checks_counter(len(jobs))
+        try:
+            for job, bound in jobs:
+                cfg = compose(job)
+                counter.update()
+                message = _check_composed(args, job, cfg, notes) if validate else None
+                if message:
+                    return message, []
+        finally:
+            counter.close()
     except OverrideParseException as e:
         empty = re.search(r"^([^=]+)=\s*choice\(\s*\)\s*$", str(e.override))
         if empty:  # Hydra's grammar has no empty choice
@@ -322,6 +347,39 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     except OmegaConfBaseException as e:  # a key a check reads that the config lacks
         return _bound(bound, _in_job(args, job, _config_error(e, job))), []
     return None, list(notes)
+
+
+def _check_composed(args, job: list[str], cfg, notes: dict) -> str | None:
+    """The checks of one composed job (the values a run accepts): a bad input's message, or
+    None with the job's notices added to ``notes``; Hydra's and OmegaConf's errors raised."""
+    from .sweep import objective, stages
+    from .validate import validate_config, warnings  # imports torch: only for a job to run
+
+    message = _added_keys(job) or _removed_keys(job, cfg) or _two_budgets(job)
+    if message:
+        return message
+    _resolve(cfg)
+    # a stage's references: read once their stage has run (a job of stage S runs in
+    # <root>/S/<n>; a single run has no stages, and is told so)
+    root = sweep_folder(args).parent if args.multirun else run_folder(args).parent.parent
+    stages.resolve(cfg, job, root, stages.current is not None or not args.multirun)
+    validate_config(cfg)
+    objective.validate(cfg)
+    notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
+    notes.update(dict.fromkeys(idle_settings(job, cfg, args.multirun)))
+    return None
+
+
+def checks_counter(total: int):
+    """How the checks of a sweep of ``PROGRESS_FROM`` jobs or more go, on stderr, once they
+    have taken ``CHECKS_QUIET_S`` seconds: a bar on a terminal, else a line then, at every
+    tenth and every half minute (a sweep of thousands takes minutes to check, and said
+    nothing)."""
+    from .progress import Counter
+
+    mode = "auto" if total >= PROGRESS_FROM else "none"
+    desc = "sam-run: checking the sweep's jobs"
+    return Counter(total, desc, mode, unit="jobs", every=30.0, delay=CHECKS_QUIET_S)
 
 
 def _in_job(args, job: list[str], message: str) -> str:
@@ -365,7 +423,8 @@ def _sweep_values(overrides: list[str]) -> str | None:
         values = list(o.sweep_string_iterator())
         if not values:
             return f"{o.input_line} sweeps no value; give at least one ({o.get_key_element()}=a,b)"
-        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        seen: set[str] = set()  # a set: a sweep of 100,000 values is checked in a blink
+        twice = next((v for v in values if v in seen or seen.add(v)), None)
         if twice is not None:
             return (
                 f"{o.input_line} lists {o.get_key_element()}={twice} twice (duplicates would "

@@ -25,18 +25,37 @@ def _duration(seconds: float) -> str:
 
 
 class Counter:
-    """Progress over ``total`` units (points of a slice, steps of a curve): a tqdm bar, or a line
-    on stderr at the first unit and at every tenth, with the time taken and the time left."""
+    """Progress over ``total`` units (points of a slice, steps of a curve, a sweep's checks): a
+    tqdm bar, or a line on stderr at the first unit and at every tenth (and each ``every``
+    seconds, when given; after ``delay`` seconds, when given), with the time taken and the
+    time left."""
 
-    def __init__(self, total: int, desc: str, mode: str, prefix: str = "", unit: str = "points"):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        mode: str,
+        prefix: str = "",
+        unit: str = "points",
+        every: float | None = None,
+        delay: float = 0.0,
+    ):
         self.mode, self.total, self.desc, self.unit = resolve_mode(mode), total, desc, unit
         self.prefix = f"{prefix}: " if prefix else ""
         self.done, self.start, self.bar = 0, time.monotonic(), None
+        # lines: also one each ``every`` seconds; bar and lines: nothing in the first ``delay``
+        # seconds (work that ends by then says nothing)
+        self.every, self.delay, self.said = every, delay, None
         if self.mode == "bar":
             from tqdm import tqdm
 
             self.bar = tqdm(
-                total=total, desc=desc, leave=False, dynamic_ncols=True, file=sys.stderr
+                total=total,
+                desc=desc,
+                leave=False,
+                dynamic_ncols=True,
+                file=sys.stderr,
+                delay=delay,
             )
         self.marks = {max(1, total * k // 10) for k in range(1, 11)} | {1}
 
@@ -44,8 +63,14 @@ class Counter:
         self.done += n
         if self.bar is not None:
             self.bar.update(n)
-        elif self.mode == "lines" and self.done in self.marks:
-            print(self.line(), file=sys.stderr, flush=True)
+        elif self.mode == "lines":
+            now = time.monotonic()
+            if now - self.start < self.delay:
+                return
+            due = self.said is None or self.done in self.marks
+            if due or (self.every and now - self.said >= self.every):
+                self.said = now
+                print(self.line(), file=sys.stderr, flush=True)
 
     def line(self) -> str:
         took = time.monotonic() - self.start

@@ -34,6 +34,7 @@ SECTIONS = [
     "cheaper",
     "federated",
     "lm",
+    "plan",
 ]
 
 

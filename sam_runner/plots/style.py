@@ -5,6 +5,7 @@ variant (the same in every figure and every sweep)."""
 from __future__ import annotations
 
 import io
+import math
 import re
 from pathlib import Path
 
@@ -45,19 +46,58 @@ def save_figure(fig, folder, stem: str, fmt: str = "png") -> Path:
 
 
 def log_scale(ax, which: str, values) -> None:
-    """Log scale on the ``which`` ("x"/"y") axis; over less than a decade, a few plain-number
-    ticks (log ticks would be unreadable there)."""
+    """Log scale on the ``which`` ("x"/"y") axis, its ticks at ``log_ticks(values)`` as plain
+    numbers (20, not 2×10¹) and the axis reaching the outer ones: every point lies between two
+    labelled ticks, so each can be read off (#42)."""
     from matplotlib import ticker
 
     getattr(ax, f"set_{which}scale")("log")
     axis = getattr(ax, f"{which}axis")
-    pos = [v for v in values if finite(v) and v > 0]
-    if pos and max(pos) / min(pos) < 10:
-        axis.set_major_locator(ticker.MaxNLocator(5))
-    else:
-        axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ticks = log_ticks(values)
+    if ticks:
+        axis.set_major_locator(ticker.FixedLocator(ticks))
+        low, high = getattr(ax, f"get_{which}lim")()  # what autoscale made room for (bars, bands)
+        getattr(ax, f"set_{which}lim")(min(low, ticks[0]), max(high, ticks[-1]))
     axis.set_minor_locator(ticker.NullLocator())
-    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))  # 20, not 2×10¹
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+
+
+MAX_LOG_TICKS = 9  # more 1-2-5 ticks than this: decades alone (every k-th over many decades)
+
+
+def log_ticks(values) -> list[float]:
+    """The ticks of a log axis over ``values`` (those > 0 count), the first at or below the
+    lowest value and the last at or above the highest: under a decade a few plain steps
+    (40, 45, ... 60), over a few decades 1, 2, 5 per decade, over more the decades."""
+    from matplotlib import ticker
+
+    pos = [float(v) for v in values if finite(v) and v > 0]
+    if not pos:
+        return []
+    low, high = min(pos), max(pos)
+    if high / low < 10:
+        steps = [t for t in ticker.MaxNLocator(5).tick_values(low, high) if t > 0]
+        below, above = nice(low, "below"), nice(high, "above")
+        steps = [t for t in steps if below < t < above]
+        return [*([below] if not steps or steps[0] > low else []), *steps,
+                *([above] if not steps or steps[-1] < high else [])]  # fmt: skip
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    ticks = [m * 10.0**k for k in range(first, last + 1) for m in (1, 2, 5)]
+    ticks = [t for t in ticks if nice(low, "below") <= t <= nice(high, "above")]
+    if len(ticks) <= MAX_LOG_TICKS:
+        return ticks
+    stride = math.ceil((last - first + 1) / MAX_LOG_TICKS)
+    return [10.0**k for k in range(first, last + stride, stride)]
+
+
+def nice(value: float, side: str) -> float:
+    """The nearest of 1, 2, 5 × 10^k at or below (``side="below"``) or above ``value``."""
+    k = math.floor(math.log10(value))
+    near = [m * 10.0**e for e in (k - 1, k, k + 1) for m in (1, 2, 5)]
+    tol = 1e-9 * value  # 0.3 written as 0.30000000000000004 is still its own tick
+    if side == "below":
+        return max(t for t in near if t <= value + tol)
+    return min(t for t in near if t >= value - tol)
 
 
 def natural_key(text: str) -> list:

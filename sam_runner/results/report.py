@@ -307,12 +307,19 @@ def report_main(argv: list[str]) -> int:
     print(f"{counts_line(report)}; report: {paths[0]}")
     for j in report.jobs:
         if j.status == "missing":
-            print(f"  missing: {_job_name(report, j)} {' '.join(j.overrides)} ({j.detail})")
+            print(_listed("missing", report, j, j.detail))
         if j.status == "pruned":
             s = (j.run.summary if j.run is not None else None) or {}
             where = f"at epoch {s.get('pruned_epoch')} of {s.get('planned_epochs')}"
-            print(f"  pruned: {_job_name(report, j)} {' '.join(j.overrides)} ({where})")
+            print(_listed("pruned", report, j, where))
     return 0
+
+
+def _listed(status: str, report, job, why: str) -> str:
+    """``  STATUS: JOB OVERRIDES (WHY)``, of the job's overrides those not every job's (what
+    sets it apart; a sweep's shared settings would hide it in a long line)."""
+    said = [_job_name(report, job), report.varying(job), f"({why})"]
+    return f"  {status}: " + " ".join(x for x in said if x)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,8 @@ def unfinished(report: Report, _plots) -> list[str]:
         "## Not completed",
         "",
         *(
-            f"- `{_job_name(report, j)}` {' '.join(j.overrides)}: **{j.status}** — {j.detail}"
+            f"- `{_job_name(report, j)}`{' ' * bool(report.varying(j))}{report.varying(j)}: "
+            f"**{j.status}** — {j.detail}"
             for j in jobs
         ),
         "",

@@ -143,6 +143,7 @@ class Report:
     study: dict | None = None
     sources: list = field(default_factory=list)  # every source folder, as given
     plot_format: str = "png"  # plots.format: the figures' file format (png, pdf, svg)
+    _shared: set | None = field(default=None, repr=False)  # the overrides every job has
 
     @property
     def title(self) -> str:
@@ -154,6 +155,14 @@ class Report:
     def completed(self) -> list:
         """The completed jobs that have a folder (what the analyses read files from)."""
         return [j for j in self.jobs if j.status == "completed" and j.path is not None]
+
+    def varying(self, job: Job) -> str:
+        """The job's overrides that are not every job's (how-it-runs keys aside): what tells it
+        apart in a list of jobs (``missing:``, ``pruned:``); the shared ones are said once."""
+        if self._shared is None:
+            sets = [set(experiment_overrides(j.overrides)) for j in self.jobs]
+            self._shared = set.intersection(*sets) if len(sets) > 1 else set()
+        return " ".join(o for o in experiment_overrides(job.overrides) if o not in self._shared)
 
 
 def load_job(path: Path, metrics, name: str = "", source: str = "") -> Job:

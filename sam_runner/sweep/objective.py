@@ -148,7 +148,12 @@ def job_value(cfg, run_dir, summary: dict):
 
 
 def key_value(cfg, run_dir, summary: dict, key: str, several: bool) -> float:
-    way = direction(cfg, key if several else None)
+    return outcome_value(run_dir, summary, key, direction(cfg, key if several else None))
+
+
+def outcome_value(run_dir, summary: dict, key: str, way: str) -> float:
+    """The value of ``key`` a job of this summary returns (``way``: its direction), as
+    ``job_value`` has it; also what a rebuilt study takes from a trial folder."""
     status = summary.get("status")
     if status == "pruned" and _is_number(summary.get("pruned_value")):
         return float(summary["pruned_value"])

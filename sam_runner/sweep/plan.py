@@ -10,6 +10,7 @@ runs, not what it computes); a job that left no folder at all is ``missing``.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from pathlib import Path
 
@@ -57,6 +58,20 @@ def expand(arguments: list[str], sweeper_params=None) -> list[list[str]]:
     the repeats ``collapse`` finds left out."""
     params = [f"{k}={v}" for k, v in (sweeper_params or {}).items()]
     return collapse(product(_parser().parse_overrides(params + list(arguments))))[0]
+
+
+def sweep_size(arguments: list[str], sweeper_params=None) -> tuple[int, list[str]]:
+    """(the number of jobs of a sweep before ``collapse`` leaves repeats out, ``key: n values``
+    for each swept key), counted without listing the jobs: a sweep of a million jobs is known
+    to be one in a blink."""
+    params = [f"{k}={v}" for k, v in (sweeper_params or {}).items()]
+    counts: dict[str, int] = {}
+    for o in _parser().parse_overrides(params + list(arguments)):
+        key = o.get_key_element()
+        counts.pop(key, None)  # a later override of the key replaces the earlier one
+        if o.is_sweep_override() and not o.is_interval_sweep():
+            counts[key] = sum(1 for _ in o.sweep_string_iterator())
+    return math.prod(counts.values()), [f"{k}: {n} values" for k, n in counts.items()]
 
 
 def product(parsed) -> list[list[str]]:
@@ -167,8 +182,10 @@ def completed_jobs(sweep_dir, jobs: list[list[str]], exclude=DEFAULT_EXCLUDE) ->
     says completed and was made by the same job (``job_key``). Read from the folders alone,
     nothing composed: a sweep of a thousand finished jobs knows it in a second. (A completed
     job of a different sweep is not counted: ``check_folder`` refuses the folder.)"""
-    done = {}
+    done, present = {}, numbered_folders(sweep_dir)
     for num, overrides in enumerate(jobs):
+        if num not in present:
+            continue
         summary = RunDir(Path(sweep_dir) / str(num)).summary
         if not summary or summary.get("status") != "completed":
             continue
@@ -248,9 +265,19 @@ def override_changes(old, new, exclude=DEFAULT_EXCLUDE) -> list[str]:
 
 def check_folder(sweep_dir, jobs: list[list[str]], exclude=DEFAULT_EXCLUDE) -> None:
     """UserError when a job folder of ``sweep_dir`` was made by a different job at its number."""
-    sweep_dir = Path(sweep_dir)
+    sweep_dir, present = Path(sweep_dir), numbered_folders(sweep_dir)
     for num, overrides in enumerate(jobs):
-        check_job(sweep_dir / str(num), overrides, exclude, sweep_dir)
+        if num in present:
+            check_job(sweep_dir / str(num), overrides, exclude, sweep_dir)
+
+
+def numbered_folders(sweep_dir) -> set[int]:
+    """The job numbers that have a folder in ``sweep_dir`` (one listing: a sweep of 100,000
+    jobs asks the file system once, not once per job)."""
+    try:
+        return {int(p.name) for p in Path(sweep_dir).iterdir() if p.name.isdigit()}
+    except OSError:  # no sweep folder yet (or not a folder): no job has one
+        return set()
 
 
 def check_job(job_dir: Path, overrides, exclude, sweep_dir) -> None:

@@ -29,15 +29,19 @@ from ..lock import held_by
 from ..rundir import RunDir
 from . import objective
 from .callback import _exclude, fail
-from .objective import STUDY_NAME
+from .objective import STORAGE_FILE, STUDY_NAME
 from .plan import check_job, job_key
-from .study import make_sampler, open_storage, parse_space, pruner_settings
+from .study import make_sampler, open_storage, parse_space, pruner_settings, set_aside
+from .study_folders import add_folder_trials, trial_folders
 from .trial import env_overrides
 
 LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 KEYS = ("direction", "directions", "study_name", "storage", "n_trials", "n_jobs", "sampler")
 KEYS += ("pruner", "pruning", "params")
 WAYS = ("maximize", "minimize")
+# how the line of a rebuilt study names the trials of each state
+WORDS = {"complete": "completed", "pruned": "pruned", "running": "to run again"}
+WORDS["fail"] = "numbers without a job"
 
 
 def plain(conf) -> dict:
@@ -85,6 +89,7 @@ class Search:
         self.directions = settings.get("directions")
         self.pruner = str(settings.get("pruner") or "none")
         self.pruning = plain(settings.get("pruning"))
+        self.set_aside = None  # what create_study moved out of the search's way, and why
         if self.n_trials < 1:
             fail(f"hydra.sweeper.n_trials={self.n_trials} must be at least 1")
 
@@ -161,27 +166,15 @@ class Search:
 
     def open_study(self):
         """The study of this sweep folder (created on the first start). A folder holding a
-        study of another search (other space, settings or direction) is refused."""
+        study of another search (other space, settings or direction) is refused; trial folders
+        the study lacks (its storage deleted, unreadable or cut short) are added to it again
+        (sweep/study_folders.py)."""
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         seed = self.sampler_conf.get("seed")
         sampler, pinned = make_sampler(self.sampler_conf, seed)
-        try:
-            study = optuna.create_study(
-                study_name=self.study_name or STUDY_NAME,
-                storage=open_storage(sweep_dir, self.storage),
-                sampler=sampler,
-                directions=self.ways,
-                load_if_exists=True,
-            )
-        except Exception as e:  # a database's driver raises its own errors
-            if not self.storage:
-                raise
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            fail(f"hydra.sweeper.storage={self.storage} cannot be opened ({reason})")
-        if study.trials and seed is not None:
-            # seeded afresh with the preset's seed it would draw the first trials' values again
-            study.sampler = make_sampler(self.sampler_conf, int(seed) + len(study.trials))[0]
+        folders = trial_folders(sweep_dir)  # listed before the study is read: see rebuild()
+        study = self.create_study(sweep_dir, sampler)
         what = {
             "space": {k: repr(d) for k, d in self.space.items()},
             "settings": job_key(self.fixed, _exclude(self.config)),
@@ -190,10 +183,71 @@ class Search:
         if self.pruner != "none":  # a study from before pruning has no such key
             what["pruner"] = self.pruned
         self.check_same_search(study, what, sweep_dir)
+        self.rebuild(study, sweep_dir, folders)
+        if study.trials and seed is not None:
+            # seeded afresh with the preset's seed it would draw the first trials' values again
+            study.sampler = make_sampler(self.sampler_conf, int(seed) + len(study.trials))[0]
         study.set_user_attr("objectives", self.keys)  # the report names each one by its key
         study.set_user_attr("sampler", {**pinned, "seed": seed})
         study.set_user_attr("pruner", self.pruned)  # what each job rebuilds its pruner from
         return study
+
+    def create_study(self, sweep_dir: Path, sampler):
+        """The study in its storage; the folder's journal (or older SQLite file) moved aside
+        when it cannot be read (one line says so; the study is then rebuilt from the folders)."""
+        self.set_aside = None
+
+        def create():
+            return optuna.create_study(
+                study_name=self.study_name or STUDY_NAME,
+                storage=open_storage(sweep_dir, self.storage),
+                sampler=sampler,
+                directions=self.ways,
+                load_if_exists=True,
+            )
+
+        moved = []
+        while True:  # the journal, then an older SQLite file, may be the unreadable one
+            try:
+                study = create()
+                break
+            except OSError:  # a full disk or a folder that cannot be written: not the file's
+                raise
+            except Exception as e:  # a database's driver, or a journal line, raises its own
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                if self.storage:
+                    fail(f"hydra.sweeper.storage={self.storage} cannot be opened ({reason})")
+                aside = set_aside(sweep_dir)
+                if aside is None:  # no file of ours to blame
+                    raise
+                moved.append(
+                    f"{aside[0]} cannot be read ({type(e).__name__}: {reason}); moved to {aside[1]}"
+                )
+        self.set_aside = "; ".join(moved) or None
+        return study
+
+    def rebuild(self, study, sweep_dir: Path, folders) -> None:
+        """The trials of the folders the study lacks, added (listed before the study was read:
+        a folder is made after its trial is asked, so another sweeper's new trial is never
+        taken for a lost one); one line says what was rebuilt."""
+        fresh = not study.trials
+        self.exclude, self.reports = _exclude(self.config), self.pruner != "none"
+        try:
+            added = add_folder_trials(study, folders, self)
+        except UserError as e:
+            fail(str(e))
+        if self.set_aside is None and not added:
+            return
+        n = sum(added.values())
+        said = ", ".join(f"{count} {WORDS[state]}" for state, count in added.items())
+        what = f"rebuilt study from {n} trial folders ({said})" if n else "a new study begins"
+        where = self.storage or sweep_dir / STORAGE_FILE
+        why = self.set_aside or (
+            f"no study of the trial folders in {where} (deleted?)"
+            if fresh
+            else f"the study in {where} lacked trials #{len(study.trials) - n} on"
+        )
+        print(f"sam-run: {why}: {what}; the search goes on", file=sys.stderr, flush=True)
 
     @staticmethod
     def check_same_search(study, what: dict, sweep_dir: Path) -> None:

@@ -126,11 +126,33 @@ def open_storage(sweep_dir: Path, url: str | None, migrate: bool = True):
     storage = JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
     if carry:
         sqlite = f"sqlite:///{old.absolute()}"
-        for s in optuna.get_all_study_summaries(sqlite):
-            optuna.copy_study(from_study_name=s.study_name, from_storage=sqlite, to_storage=storage)
+        try:
+            for s in optuna.get_all_study_summaries(sqlite):
+                optuna.copy_study(
+                    from_study_name=s.study_name, from_storage=sqlite, to_storage=storage
+                )
+        except Exception:  # an unreadable SQLite file: no half-copied journal is left
+            journal.unlink(missing_ok=True)
+            raise
         print(
             f"sam-run: the study in {old} was copied into {journal}, where the search continues",
             file=sys.stderr,
             flush=True,
         )
     return storage
+
+
+def set_aside(sweep_dir: Path) -> tuple[Path, Path] | None:
+    """(the sweep folder's study file, where it was moved): the journal, else the older SQLite
+    file, renamed ``<name>.unreadable`` (``.unreadable.2``, ... when that is taken), kept for
+    a look and out of the search's way; None when the folder has neither."""
+    journal, old = sweep_dir / STORAGE_FILE, sweep_dir / OLD_STORAGE_FILE
+    bad = journal if journal.exists() else old
+    if not bad.exists():
+        return None
+    aside, n = bad.with_name(f"{bad.name}.unreadable"), 1
+    while aside.exists():
+        n += 1
+        aside = bad.with_name(f"{bad.name}.unreadable.{n}")
+    bad.rename(aside)
+    return bad, aside

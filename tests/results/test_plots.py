@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import TINY, compose
 from results_helpers import shared_sweep
 
@@ -350,3 +351,24 @@ def test_a_run_is_titled_by_what_it_is_not_by_its_folder_name():
     job = {"run": f"{long}/3", "variant": "sam", "rho": 0.05, "seed": 1}
     assert run_label(job) == "job 3 (sam, ρ = 0.05, seed 1)"
     assert run_label({"run": long, "variant": "base", "rho": None, "seed": 0}) == "base, seed 0"
+
+
+@pytest.mark.parametrize(
+    "means",
+    [(28.3, 41.0, 59.46), (41.0, 5000.0), (0.37, 3.1, 700.0), (0.004, 0.3, 25.0, 9e4), (7.9, 8.3)],
+)
+def test_a_log_axis_has_a_tick_below_the_lowest_point_and_above_the_highest(means):
+    """lambda_max_vs_rho.png: every point lies between two labelled ticks (#42: a point below
+    the lowest tick could not be read), and the ticks are few enough to read."""
+    rhos = (0.01, 0.05, 0.1, 0.2)
+    fig = plot_metric_vs_rho(
+        [group("sam", r, m) for r, m in zip(rhos, means)], "lambda_max", "λ_max", logy=True
+    )
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    ticks = [t for t in ax.get_yticks() if low <= t <= high]  # the ticks drawn
+    assert ticks[0] <= min(means) and ticks[-1] >= max(means), (ticks, means)
+    assert 2 <= len(ticks) <= 9 and ax.get_yscale() == "log"
+    labels = [t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high]
+    assert all(label and "×" not in label and "^" not in label for label in labels), labels

@@ -185,7 +185,8 @@ def test_a_job_that_has_not_started_is_named_as_missing(tmp_path, capsys):
         "4 jobs: 3 completed, 0 diverged, 0 failed, 1 missing (0 running or killed, 1 not started)"
         in out
     )
-    assert f"missing: (no folder) {' '.join(overrides)} (not started" in out
+    varying = [o for o in overrides if o.split("=")[0] in ("optimizer", "seed")]
+    assert f"missing: (no folder) {' '.join(varying)} (not started" in out  # what sets it apart
     base = next(r for r in csv_rows(sweep / "report.csv") if r["variant"] == "base")
     assert (base["completed"], base["missing"], base["test_acc_n"]) == ("1", "1", "1")
 
@@ -380,3 +381,29 @@ def test_a_sweep_over_the_step_size_reports_its_edge_of_stability(tmp_path, caps
         ]
         assert plateau(t, "threshold") == pytest.approx(sum(last) / len(last))
         assert f"{plateau(t, 'threshold'):.3f}" in md
+
+
+def test_the_missing_and_pruned_lists_show_the_overrides_that_vary(tmp_path, capsys):
+    """sam-report's ``missing:`` and ``pruned:`` lines (and report.md's "Not completed") name
+    each job by the overrides that set it apart, not by the settings every job shares (#42)."""
+    shared = ["model=mlp", "trainer.epochs=3", "dataset.num_samples=500", "trainer.device=cpu"]
+    jobs = [("0.05", 0, "completed"), ("0.1", 0, "pruned"), ("0.1", 1, None), ("0.2", 1, "failed")]
+    for n, (lr, seed, status) in enumerate(jobs):
+        folder = tmp_path / str(n)
+        (folder / ".hydra").mkdir(parents=True)
+        overrides = [f"base_optimizer.lr={lr}", *shared, f"seed={seed}"]
+        (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        if status:
+            summary = {"status": status, "test_acc": 0.5, "overrides": overrides}
+            summary.update(pruned_epoch=1, planned_epochs=3, error="boom")
+            (folder / "summary.json").write_text(json.dumps(summary))
+    assert main([str(tmp_path)]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  ")]
+    assert lines == [
+        "  pruned: 1 base_optimizer.lr=0.1 seed=0 (at epoch 1 of 3)",
+        "  missing: 2 base_optimizer.lr=0.1 seed=1 (no summary.json: running, or killed (last "
+        "logged epoch 0))",
+    ]
+    md = (tmp_path / "report.md").read_text()
+    assert "- `3` base_optimizer.lr=0.2 seed=1: **failed** — boom" in md
+    assert "- `2` base_optimizer.lr=0.1 seed=1: **missing**" in md

@@ -1,0 +1,51 @@
+"""Bench section: planning a huge grid (python scripts/bench.py --only plan), #42's 100,000 jobs
+(``seed=range(0,1000) optimizer.rho=range(1,101)``) in a fresh sweep folder.
+
+plan_count_s                 counting its jobs (plan.sweep_size: what sam-run refuses a sweep of
+                             more than SAM_RUNNER_MAX_JOBS jobs on), seconds
+plan_expand_s                listing them (plan.expand: Hydra's order, repeats left out), seconds
+plan_expand_over_count       the two side by side (how much sooner the count answers)
+plan_reads_over_listing      finding the finished jobs by reading each job's folder (as sam-run
+                             did) over one listing of the sweep folder (plan.completed_jobs now),
+                             side by side, medians
+plan_compose_one_s           composing one job's config (Hydra), seconds: sam-run composes and
+                             checks every job before the first starts
+plan_check_all_h             that times the 100,000 jobs, hours (why such a sweep is confirmed)
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from benchutil import interleaved_ratio, median_time
+
+from sam_runner.rundir import RunDir
+from sam_runner.sweep.plan import completed_jobs, compose, expand, sweep_size
+
+ARGS = ["seed=range(0,1000)", "optimizer.rho=range(1,101)", "model=mlp"]
+
+
+def run(args) -> dict:
+    repeats = 1 if args.quick else min(args.repeats, 3)
+    jobs = expand(ARGS)
+    sweep = Path(tempfile.mkdtemp(prefix="bench-plan-"))
+
+    def read_each():  # what completed_jobs did before: one summary read per job number
+        return [n for n in range(len(jobs)) if RunDir(sweep / str(n)).summary]
+
+    compose(jobs[0])
+    one = median_time(lambda: compose(jobs[1]), repeats)
+    return {
+        "plan_jobs": len(jobs),
+        "plan_count_s": median_time(lambda: sweep_size(ARGS), repeats),
+        "plan_expand_s": median_time(lambda: expand(ARGS), repeats, warmup=0),
+        "plan_expand_over_count": interleaved_ratio(
+            lambda: expand(ARGS), lambda: sweep_size(ARGS), repeats, warmup=0
+        ),
+        "plan_reads_over_listing": interleaved_ratio(
+            read_each, lambda: completed_jobs(sweep, jobs), repeats, warmup=0
+        ),
+        "plan_compose_one_s": one,
+        "plan_check_all_h": one * len(jobs) / 3600,
+    }
