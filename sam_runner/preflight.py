@@ -56,7 +56,9 @@ def preflight(argv: list[str]) -> list[str]:
         return argv
     if not args.multirun:
         say_if_completed(args)
-    message, notes = check_jobs(args)
+    from .sweep import stages
+
+    message, notes = check_jobs(args, own_words=stages.current is None)
     if message:
         fail(message)
     global checked
@@ -262,9 +264,11 @@ def _require_used(key: str, cfg, where: str) -> None:
         )
 
 
-def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
+def check_jobs(args, validate: bool = True, own_words: bool = True) -> tuple[str | None, list[str]]:
     """(the first bad input's message or None, the warnings of every job, once each); without
-    ``validate``, only whether each job composes (``--cfg``: a config to look at)."""
+    ``validate``, only whether each job composes (``--cfg``: a config to look at). Without
+    ``own_words`` (a stage's sweep: the stage's keys, then the user's) a key set twice is let
+    be, one swept twice is not."""
     from hydra.errors import (
         ConfigCompositionException,
         MissingConfigException,
@@ -276,7 +280,7 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     from .sweep.plan import compose
 
     notes, job, bound = {}, args.overrides, None
-    twice = given_twice(args.overrides) or _odd_values(args)
+    twice = given_twice(args.overrides, plain=own_words) or _odd_values(args)
     if twice:
         return twice, []
     try:
@@ -427,20 +431,30 @@ def _config_error(e, job: list[str]) -> str:
     return f"{key + ': ' if key else ''}{text}"
 
 
-def given_twice(overrides: list[str]) -> str | None:
-    """A key swept twice (``-m seed=0,1 seed=2,3``): Hydra keeps the last and the folder is named
-    after both, so the message of the first such key, else None."""
-    seen: dict[str, str] = {}
+def given_twice(overrides: list[str], plain: bool = True) -> str | None:
+    """A key given twice (``-m seed=0,1 seed=2,3``; ``optimizer.rho=0.1 optimizer.rho=0.2``):
+    Hydra keeps the last in silence and the folder is named after both, so the message of the
+    first such key, else None. Without ``plain`` only keys swept twice count: a stage's sweep
+    puts the stage's own keys before the user's, which may set one of them again."""
+    swept: dict[str, str] = {}
+    given: dict[str, str] = {}
     for o in overrides:
         key = override_key(o)
-        if not _is_sweep(o):  # a plain value after another: the last one counts, as in Hydra
+        if o.startswith("~"):  # a removal, then a value (or the other way): two different acts
             continue
-        if key in seen and not o.startswith("~"):
-            return (
-                f"{key} is given twice ({seen[key]} and {o}); give it once (a sweep lists its "
-                f"values in one override: {key}=a,b,c)"
+        first = swept.get(key) if _is_sweep(o) else None
+        if first is None and plain and key in given:
+            first = given[key]
+        if first is not None:
+            why = (
+                f"Hydra would keep the last, {o}, in silence"
+                if not (_is_sweep(o) or _is_sweep(first))
+                else f"a sweep lists its values in one override: {key}=a,b,c"
             )
-        seen[key] = o
+            return f"{key} is given twice ({first} and {o}); give it once ({why})"
+        given[key] = o
+        if _is_sweep(o):
+            swept[key] = o
     return None
 
 
@@ -482,6 +496,13 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
     ]
     if "model.reset_head" in given and OmegaConf.select(cfg, "model.init_from") is None:
         out.append(f"{given['model.reset_head']} does nothing without model.init_from=RUN_DIR")
+    out += _idle_augment(given.get("dataset.augment"), cfg)
+    steps = OmegaConf.select(cfg, "trainer.eval_every_n_steps")
+    if "trainer.eval_every_n_epochs" in given and steps is not None:
+        out.append(
+            f"{given['trainer.eval_every_n_epochs']} does nothing with "
+            f"trainer.eval_every_n_steps={steps}: the steps decide when a run evaluates"
+        )
     params = OmegaConf.select(cfg, "hydra.sweeper.params")
     if not multirun and params and "experiment" in given:
         swept = " ".join(f"{k}={v}" for k, v in params.items())
@@ -490,6 +511,20 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
             "preset's other settings; add -m to run the sweep"
         )
     return out
+
+
+def _idle_augment(given: str | None, cfg) -> list[str]:
+    """``dataset.augment=true`` (basic crop and flip) given for a dataset that is not augmented
+    (the policies with an image operation are refused there: data/augment.py)."""
+    from .data.augment import augmented, policy_name
+
+    name = str(cfg.dataset.name)
+    if given is None or policy_name(cfg.dataset.get("augment", True)) == "none":
+        return []
+    if augmented(name):
+        return []
+    return [f"{given} does nothing on dataset={name}, which is not augmented: the run trains as "
+            "without it"]  # fmt: skip
 
 
 def ignored_options(job: list[str], cfg) -> list[str]:
