@@ -267,8 +267,8 @@ def _require_used(key: str, cfg, where: str) -> None:
 def check_jobs(args, validate: bool = True, own_words: bool = True) -> tuple[str | None, list[str]]:
     """(the first bad input's message or None, the warnings of every job, once each); without
     ``validate``, only whether each job composes (``--cfg``: a config to look at). Without
-    ``own_words`` (a stage's sweep: the stage's keys, then the user's) a key set twice is let
-    be, one swept twice is not."""
+    ``own_words`` (a stage's sweep: the stage's keys, then the user's, who may set one again)
+    a key given twice is no notice."""
     from hydra.errors import (
         ConfigCompositionException,
         MissingConfigException,
@@ -280,7 +280,9 @@ def check_jobs(args, validate: bool = True, own_words: bool = True) -> tuple[str
     from .sweep.plan import compose
 
     notes, job, bound = {}, args.overrides, None
-    twice = given_twice(args.overrides, plain=own_words) or _odd_values(args)
+    if own_words:
+        notes.update(dict.fromkeys(given_again(args.overrides)))
+    twice = given_twice(args.overrides) or _odd_values(args)
     if twice:
         return twice, []
     try:
@@ -431,31 +433,40 @@ def _config_error(e, job: list[str]) -> str:
     return f"{key + ': ' if key else ''}{text}"
 
 
-def given_twice(overrides: list[str], plain: bool = True) -> str | None:
-    """A key given twice (``-m seed=0,1 seed=2,3``; ``optimizer.rho=0.1 optimizer.rho=0.2``):
-    Hydra keeps the last in silence and the folder is named after both, so the message of the
-    first such key, else None. Without ``plain`` only keys swept twice count: a stage's sweep
-    puts the stage's own keys before the user's, which may set one of them again."""
-    swept: dict[str, str] = {}
+def given_twice(overrides: list[str]) -> str | None:
+    """A key swept twice (``-m seed=0,1 seed=2,3``): Hydra keeps the last and the folder is named
+    after both, so the message of the first such key, else None."""
+    seen: dict[str, str] = {}
+    for o in overrides:
+        key = override_key(o)
+        if not _is_sweep(o):  # a plain value after another: the last one counts (given_again)
+            continue
+        if key in seen and not o.startswith("~"):
+            return (
+                f"{key} is given twice ({seen[key]} and {o}); give it once (a sweep lists its "
+                f"values in one override: {key}=a,b,c)"
+            )
+        seen[key] = o
+    return None
+
+
+def given_again(overrides: list[str]) -> list[str]:
+    """A notice for each key given twice where one of the two is a plain value
+    (``optimizer.rho=0.1 optimizer.rho=0.2``): Hydra keeps the last in silence. Not refused:
+    setting a key again after a list of shared settings is how scripts and the tests' tiny
+    budgets override one of them."""
     given: dict[str, str] = {}
+    out = []
     for o in overrides:
         key = override_key(o)
         if o.startswith("~"):  # a removal, then a value (or the other way): two different acts
+            given.pop(key, None)
             continue
-        first = swept.get(key) if _is_sweep(o) else None
-        if first is None and plain and key in given:
-            first = given[key]
-        if first is not None:
-            why = (
-                f"Hydra would keep the last, {o}, in silence"
-                if not (_is_sweep(o) or _is_sweep(first))
-                else f"a sweep lists its values in one override: {key}=a,b,c"
-            )
-            return f"{key} is given twice ({first} and {o}); give it once ({why})"
+        first = given.get(key)
+        if first is not None and first != o and not (_is_sweep(first) and _is_sweep(o)):
+            out.append(f"{key} is given twice ({first} and {o}): the last counts, {o}")
         given[key] = o
-        if _is_sweep(o):
-            swept[key] = o
-    return None
+    return out
 
 
 def _is_sweep(override: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import UserError
-from ..preflight import _not_a_run, check_jobs, fail, given_twice, sweep_folder
+from ..preflight import _not_a_run, check_jobs, fail, sweep_folder
 from ..settings import override_key
 from . import hydra_api, stages
 from .plan import fixed_config
@@ -29,9 +29,6 @@ def command(argv: list[str]):
         return None
     if not args.multirun:
         fail(f"{' '.join(args.overrides)}: the preset runs in stages; run it as a sweep (-m)")
-    twice = given_twice(args.overrides)  # the user's words (a stage's sweep adds its own first)
-    if twice:
-        fail(twice)
     try:
         return plan(args.overrides, sweep_folder(args), cfg)
     except UserError as e:
@@ -42,7 +39,7 @@ def check(staged: list[Stage]) -> None:
     """Every stage's jobs checked as a sweep's are (their own keys; a reference's folder only
     when its stage starts), before the first one runs: one line, exit 2."""
     for stage in staged:
-        message, _ = check_jobs(hydra_api.args_parser().parse_args(stage.argv), own_words=False)
+        message, _ = check_jobs(hydra_api.args_parser().parse_args(stage.argv))
         if message:
             fail(f"stage {stage.name}: {message}")
 
