@@ -56,9 +56,7 @@ def preflight(argv: list[str]) -> list[str]:
         return argv
     if not args.multirun:
         say_if_completed(args)
-    from .sweep import stages
-
-    message, notes = check_jobs(args, own_words=stages.current is None)
+    message, notes = check_jobs(args)
     if message:
         fail(message)
     global checked
@@ -264,11 +262,9 @@ def _require_used(key: str, cfg, where: str) -> None:
         )
 
 
-def check_jobs(args, validate: bool = True, own_words: bool = True) -> tuple[str | None, list[str]]:
+def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     """(the first bad input's message or None, the warnings of every job, once each); without
-    ``validate``, only whether each job composes (``--cfg``: a config to look at). Without
-    ``own_words`` (a stage's sweep: the stage's keys, then the user's, who may set one again)
-    a key given twice is no notice."""
+    ``validate``, only whether each job composes (``--cfg``: a config to look at)."""
     from hydra.errors import (
         ConfigCompositionException,
         MissingConfigException,
@@ -280,16 +276,12 @@ def check_jobs(args, validate: bool = True, own_words: bool = True) -> tuple[str
     from .sweep.plan import compose
 
     notes, job, bound = {}, args.overrides, None
-    if own_words:
+    if stages.current is None:  # a stage's sweep: its keys, then the user's (who may set one again)
         notes.update(dict.fromkeys(given_again(args.overrides)))
-    twice = given_twice(args.overrides) or _odd_values(args)
-    if twice:
-        return twice, []
     try:
-        if args.multirun:
-            message = _sweep_values(args.overrides)
-            if message:
-                return message, []
+        message = given_twice(args.overrides) or _odd_values(args)
+        if message or (args.multirun and (message := _sweep_values(args.overrides))):
+            return message, []
         for job, bound in jobs_of(args):
             cfg = compose(job)
             if not validate:

@@ -345,6 +345,9 @@ class Run:
             self.steps_per_epoch,
             enabled=self.dist.is_main,
         )
+        self._say_notes()
+
+    def _say_notes(self) -> None:
         self._say_threads()
         self._say_if_every_epoch_is_evaluated()
 
