@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .errors import UserError, require
 from .registry import VARIANTS
-from .runfiles import Checkpoint, json_problem, read_json, read_rows
+from .runfiles import Checkpoint, json_problem, read_json, read_rows, scan_rows
 
 # the names of a run folder's files and folders (nothing else in the package spells them)
 SUMMARY = "summary.json"  # status, final values, overrides, settings: written last
@@ -196,23 +196,26 @@ class RunDir:
             return self.saved_overrides
         return [str(o) for o in (self.summary or {}).get("overrides") or []]
 
-    def unreadable(self) -> str | None:
-        """The first of the run's own files that is there but cannot be read, and why
-        (``summary.json is corrupt (not JSON: ...)``, ``metrics.jsonl is unreadable (Permission
-        denied)``); None when each is readable or absent. A last metrics line cut by a kill, of a
-        run without a summary (stopped, or still training), is no fault: resuming drops it."""
-        problem = json_problem(self.path / SUMMARY)
-        if problem not in (None, "missing"):
-            return f"{SUMMARY} is {problem}"
+    def checked_rows(self) -> tuple[list[dict], str | None]:
+        """(``rows()``, the first of the run's own files that is there but cannot be read, and
+        why: ``summary.json is corrupt (not JSON: ...)``, ``metrics.jsonl is unreadable
+        (Permission denied)``; None when each is readable or absent), from one read of each. A
+        last metrics line cut by a kill, of a run without a summary (stopped, or still
+        training), is no fault: resuming drops it."""
+        rows, bad, last = scan_rows(self.path / METRICS)
+        if self.summary is None and (self.path / SUMMARY).exists():
+            return rows, f"{SUMMARY} is {json_problem(self.path / SUMMARY)}"
         config = self.path / CONFIG
-        if config.exists() and self.hydra_config is None:
+        if self.hydra_config is None and config.exists():
             try:
                 config.read_text()
                 problem = "corrupt (not a YAML mapping)"
             except OSError as e:
                 problem = f"unreadable ({e.strerror or type(e).__name__})"
-            return f"{CONFIG} is {problem}"
-        return metrics_problem(self.path / METRICS, finished=self.summary is not None)
+            return rows, f"{CONFIG} is {problem}"
+        if bad is None or (last and self.summary is None):
+            return rows, None
+        return rows, f"{METRICS} is {bad if bad.startswith('unreadable') else f'corrupt ({bad})'}"
 
     @cached_property
     def hydra_config(self) -> dict | None:
@@ -291,28 +294,6 @@ class RunDir:
             f"run folder {self.path} has no checkpoint ({CHECKPOINT}); its weights are needed",
         )
         return self._last
-
-
-def metrics_problem(path: Path, finished: bool) -> str | None:
-    """What is wrong with a metrics.jsonl that is there (None: nothing, or no file): it cannot
-    be read, or a line is not a JSON object (the last line of an unfinished run excepted)."""
-    import json
-
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) else None
-        return f"{METRICS} is unreadable ({why or type(e).__name__})"
-    for number, line in enumerate(lines, 1):
-        try:
-            ok = isinstance(json.loads(line), dict)
-        except ValueError:
-            ok = False
-        if not ok and (finished or number < len(lines)):
-            return f"{METRICS} is corrupt (line {number} is not a JSON object)"
-    return None
 
 
 def run_label(described: dict) -> str:

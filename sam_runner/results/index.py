@@ -194,7 +194,7 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
     if old and old[0] == sig and _has_rows(con, run_dir) and not _was_unreadable(con, run_dir):
         return "unchanged"
     run = RunDir(run_dir)
-    problem = run.unreadable()
+    logged, problem = run.checked_rows()
     row = run_row(run, sweep_dir)
     if problem:
         print(
@@ -202,7 +202,7 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
             file=sys.stderr,
         )
         row.update(status="unreadable", problem=problem)
-    lines = [{"run_dir": str(run_dir), **{k: _value(v) for k, v in r.items()}} for r in run.rows()]
+    lines = [{"run_dir": str(run_dir), **{k: _value(v) for k, v in r.items()}} for r in logged]
     con.execute("BEGIN IMMEDIATE")
     try:
         _delete(con, str(run_dir))
