@@ -190,8 +190,11 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
     ``unreadable`` and the reason in ``problem``, holding what could be read; such a folder is
     read again each time (mended permissions do not change a file's size or time)."""
     sig = signature(run_dir)
-    old = con.execute("SELECT signature FROM files WHERE run_dir = ?", (str(run_dir),)).fetchone()
-    if old and old[0] == sig and _has_rows(con, run_dir) and not _was_unreadable(con, run_dir):
+    old = con.execute(
+        "SELECT signature, status FROM files LEFT JOIN runs USING (run_dir) WHERE run_dir = ?",
+        (str(run_dir),),
+    ).fetchone()
+    if old and old[0] == sig and old[1] != "unreadable" and _has_rows(con, run_dir):
         return "unchanged"
     run = RunDir(run_dir)
     logged, problem = run.checked_rows()
@@ -215,11 +218,6 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
             con.execute("ROLLBACK")
         raise
     return "unreadable" if problem else "read"
-
-
-def _was_unreadable(con, run_dir: Path) -> bool:
-    row = con.execute("SELECT status FROM runs WHERE run_dir = ?", (str(run_dir),)).fetchone()
-    return bool(row) and row[0] == "unreadable"
 
 
 def _has_rows(con, run_dir: Path) -> bool:
