@@ -16,6 +16,7 @@ class Clock:
     train_time: float = 0.0  # of which training (evaluation and curvature measurements excluded)
     within_epoch: bool = False  # between an epoch's first and last step (not saved)
     total_steps: int = 0  # the run's length in steps (from its config; not saved)
+    rounds: bool = False  # a federated run: its epochs are rounds (from its config; not saved)
 
     @property
     def final(self) -> bool:

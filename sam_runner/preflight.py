@@ -499,13 +499,8 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
     ]
     if "model.reset_head" in given and OmegaConf.select(cfg, "model.init_from") is None:
         out.append(f"{given['model.reset_head']} does nothing without model.init_from=RUN_DIR")
-    out += _idle_augment(given.get("dataset.augment"), cfg)
-    steps = OmegaConf.select(cfg, "trainer.eval_every_n_steps")
-    if "trainer.eval_every_n_epochs" in given and steps is not None:
-        out.append(
-            f"{given['trainer.eval_every_n_epochs']} does nothing with "
-            f"trainer.eval_every_n_steps={steps}: the steps decide when a run evaluates"
-        )
+    out += _idle_augment(given.get("dataset.augment"), cfg) + _idle_eval_period(given, cfg)
+    out += _idle_curvature_period(given, cfg)
     params = OmegaConf.select(cfg, "hydra.sweeper.params")
     if not multirun and params and "experiment" in given:
         swept = " ".join(f"{k}={v}" for k, v in params.items())
@@ -528,6 +523,31 @@ def _idle_augment(given: str | None, cfg) -> list[str]:
         return []
     return [f"{given} does nothing on dataset={name}, which is not augmented: the run trains as "
             "without it"]  # fmt: skip
+
+
+def _idle_eval_period(given: dict, cfg) -> list[str]:
+    """``trainer.eval_every_n_epochs`` beside ``trainer.eval_every_n_steps``: the steps decide."""
+    steps = OmegaConf.select(cfg, "trainer.eval_every_n_steps")
+    if "trainer.eval_every_n_epochs" in given and steps is not None:
+        return [
+            f"{given['trainer.eval_every_n_epochs']} does nothing with "
+            f"trainer.eval_every_n_steps={steps}: the steps decide when a run evaluates"
+        ]
+    return []
+
+
+def _idle_curvature_period(given: dict, cfg) -> list[str]:
+    """A federated run measures λ_max every ``every_n_rounds`` rounds, a centralized one every
+    ``every_n_epochs`` epochs: a notice for the one a job gives that its run does not read."""
+    federated = str(OmegaConf.select(cfg, "federated.name", default="none")) != "none"
+    rounds, epochs = "metrics.hessian.every_n_rounds", "metrics.hessian.every_n_epochs"
+    if federated:
+        unread, why = epochs, f"in a federated run, which measures every {rounds} rounds"
+    else:
+        unread, why = rounds, f"without a federated run (federated=fedavg, ...): use {epochs}"
+    if unread in given and OmegaConf.select(cfg, unread):
+        return [f"{given[unread]} does nothing {why}"]
+    return []
 
 
 def ignored_options(job: list[str], cfg) -> list[str]:

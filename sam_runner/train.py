@@ -376,6 +376,7 @@ class Run:
         optimizer_steps = total_steps
         if f.enabled:
             self.steps_per_epoch, total_steps = 1, f.rounds
+            self.clock.rounds = True  # the tracker's period: metrics.hessian.every_n_rounds
             optimizer_steps = f.rounds * f.per_round * f.local_steps
         self.clock.total_steps = total_steps  # a step budget ends the last epoch early
         self.clock.epochs = -(-total_steps // self.steps_per_epoch)
@@ -607,7 +608,8 @@ class Run:
         if not self.evaluation_due():
             curvature = self.tracker.log_values()  # a curvature epoch measures all the same
             if curvature:
-                self.log_line({"epoch": clock.epoch, "step": clock.step, **curvature})
+                at = {"round": clock.epoch} if clock.rounds else {}
+                self.log_line({"epoch": clock.epoch, "step": clock.step, **at, **curvature})
             return
         if clock.final and self.tracker.enabled:  # the last measurement can take a while: say so
             n = self.tracker.num_samples()

@@ -1,5 +1,6 @@
 """A composed config checked whole before anything trains: every group's names and values, with
-no data loaded and the model built on the meta device (no memory, no weights downloaded). The
+no data loaded (but a federated run's training labels, to make its split up front) and the model
+built on the meta device (no memory, no weights downloaded). The
 CLI runs it on every job of a sweep before the first one starts; ``train()`` runs it too.
 
 ``warnings`` lists the settings that are legal but almost surely not meant (one line each)."""
@@ -19,6 +20,7 @@ from .data.sources import data_shape
 from .distill import check_teacher
 from .errors import integer, number, require
 from .federated.algorithms import check as check_federated
+from .federated.split import check_split
 from .lock import ON_LOCKED
 from .loggers import build_logger
 from .losses import per_example
@@ -50,6 +52,7 @@ def validate_config(cfg) -> None:
     with torch.device("meta"):
         model = build_model(without_download(cfg.model), *data_shape(cfg.dataset))
         build_optimizer(cfg, model, PLACEHOLDER_STEPS)
+    check_split(cfg)  # reads the training labels: last, after every check that reads nothing
 
 
 def validate_trainer(cfg) -> None:

@@ -95,9 +95,9 @@ EXPECTED = {
     "optimizer_connectivity": (15, "mlp", "mnist1d", "base"),
     "optimizer_connectivity_mini": (9, "mlp", "mnist1d", "base"),
     # in stages (docs/studies.md): teachers {base, sam} x seed, then students {base, sam} x
-    # teacher {base, sam} x seed
-    "distill_sam": (18, "resnet18 resnet34", "cifar100", "base sam"),
-    "distill_sam_mini": (12, "mlp", "mnist1d", "base sam"),
+    # teacher {base, sam} x seed, then aligned SAM students x teacher x seed
+    "distill_sam": (24, "resnet18 resnet34", "cifar100", "base sam"),
+    "distill_sam_mini": (16, "mlp", "mnist1d", "base sam"),
     # pretrain x seed, mid-training {base, sam ρ, sam ρ'} x seed, post-training of each
     "sam_midtraining": (21, "resnet18", "cifar100", "base sam"),
     "sam_midtraining_mini": (14, "mlp", "mnist1d", "base sam"),

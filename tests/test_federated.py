@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from conftest import compose, run_cli
+from folder_files import CLASSES, write_tree
 
 from sam_runner.data import build_data
 from sam_runner.errors import UserError
@@ -200,14 +201,62 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(tmp_path, mo
         ("federated.dirichlet_alpha=-1", "federated.dirichlet_alpha=-1 must be null (IID)"),
         ("optimizer=base", "federated=fedfft filters or adjusts the SAM perturbation"),
         ("trainer.devices=2", "trainer.devices=2 with federated=fedfft"),
+        ("dataset=text model=gpt", "dataset=text has no labels per example"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, override, message):
     run = tmp_path / "run"
-    code, _, err = run_cli(["federated=fedfft", override, f"hydra.run.dir={run}"], capsys)
+    code, _, err = run_cli(["federated=fedfft", *override.split(), f"hydra.run.dir={run}"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert message in err
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [  # MNIST-1D of 1000 samples: 800 to train on (80%), 80 a class
+        (["federated.clients=801"], "federated.clients=801 is more than the 800 training samples"),
+        (["dataset.val_split=100", "federated.clients=701"], "is more than the 700 training"),
+        (
+            ["federated.clients=50", "federated.dirichlet_alpha=0.001"],
+            "federated.dirichlet_alpha=0.001 left a client with no sample in 100 seeded draws of "
+            "federated.clients=50 over 800 training samples",
+        ),
+    ],
+)
+def test_a_split_the_data_cannot_make_is_refused_before_anything_is_written(
+    tmp_path, capsys, overrides, message
+):
+    # the split is made up front on the labels the run would train on (after the validation
+    # split); before, each job of a sweep failed at data loading and left a failed summary.json
+    sweep = tmp_path / "sweep"
+    argv = ["-m", "federated=fedavg", "dataset.num_samples=1000", "seed=0,1", *overrides]
+    code, _, err = run_cli([*argv, f"hydra.sweep.dir={sweep}"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert message in err
+    assert not sweep.exists()
+
+
+def test_the_split_made_up_front_is_the_one_the_run_makes():
+    from sam_runner.data.planned import planned_labels
+
+    cfg = compose(*FAST, "dataset.val_split=0.1", "dataset.label_noise=0.2", "seed=3")
+    labels = planned_labels(cfg.dataset, 3)
+    data = build_data(cfg.dataset, torch.device("cpu"), 3)
+    assert torch.equal(labels, data.train.y)
+    assert [s.tolist() for s in split_clients(labels, 7, 0.5, 3)] == [
+        s.tolist() for s in split_clients(data.train.y, 7, 0.5, 3)
+    ]
+
+
+def test_a_dataset_still_to_download_is_split_by_the_run_not_fetched_up_front(tmp_path):
+    from sam_runner.data.planned import planned_labels
+
+    empty = tmp_path / "data"
+    empty.mkdir()
+    cfg = compose("dataset=cifar10", f"dataset.data_dir={empty}", "dataset.download=true")
+    assert planned_labels(cfg.dataset, 0) is None
+    assert list(empty.iterdir()) == []  # nothing downloaded, nothing written
 
 
 def test_a_federated_run_writes_its_split_and_lines_carry_the_round(tmp_path):
@@ -254,3 +303,70 @@ def test_sam_eval_measures_the_global_model_the_run_checkpointed(tmp_path):
     assert main([str(tmp_path / "r"), "metrics.hessian.enabled=false"]) == 0
     measured = json.loads((tmp_path / "r" / eval_file()).read_text())
     assert measured["test_acc"] == summary["test_acc"]
+
+
+def test_lambda_max_of_the_global_model_every_n_rounds(tmp_path):
+    # every_n_rounds counts rounds; every_n_epochs is not read by a federated run
+    over = ["federated=fedavg", "optimizer=base", *FED[:2], "federated.local_steps=1"]
+    curvature = ["metrics.hessian.enabled=true", "metrics.hessian.num_samples=128"]
+    every = ["federated.eval_every=2", "metrics.hessian.every_n_rounds=1"]
+    few = ["metrics.hessian.max_iter=20", "metrics.hessian.every_n_epochs=2"]
+    summary, _ = _train(tmp_path, "r", *over, *curvature, *every, *few)
+    rows = _lines(tmp_path / "r")
+    assert [(r["round"], "test_acc" in r) for r in rows if "lambda_max" in r] == [
+        (1, False),  # a curvature line of its own: no evaluation due at round 1
+        (2, True),
+    ]
+    assert summary["lambda_max"] > 0
+
+
+def test_the_curvature_period_a_run_does_not_read_is_noticed():
+    from sam_runner.preflight import idle_settings
+
+    fed = ["federated=fedavg", "metrics.hessian.every_n_epochs=5"]
+    (note,) = idle_settings(fed, compose(*fed), False)
+    assert note.startswith("metrics.hessian.every_n_epochs=5 does nothing in a federated run")
+    central = ["metrics.hessian.every_n_rounds=5"]
+    (note,) = idle_settings(central, compose(*central), False)
+    assert note.startswith("metrics.hessian.every_n_rounds=5 does nothing without a federated")
+    assert idle_settings(["metrics=full"], compose("federated=fedavg", "metrics=full"), False) == []
+
+
+def _folder(tmp_path):
+    root = write_tree(tmp_path / "tree", per_class=8, val_per_class=2, size=10)
+    return [
+        "dataset=image_folder", f"dataset.root={root}", "dataset.image_size=8",
+        "dataset.num_workers=0", "dataset.batch_size=6", "model=cnn", "model.channels=4",
+        "metrics=off", "trainer.progress=none", "scheduler=constant", "optimizer=sam",
+        "base_optimizer.momentum=0",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow  # two trainings (about 10 s on a shared CPU)
+def test_one_client_over_an_image_folder_is_its_centralized_run_bit_for_bit(tmp_path):
+    # a client's images come through a loader of its own: the same order and augmentation seeds
+    folder = _folder(tmp_path)
+    central = train(compose(*folder, "trainer.epochs=1"), tmp_path / "c")
+    one = ["federated=fedavg", "federated.clients=1", "federated.participation=1"]
+    rounds = ["federated.rounds=1", "federated.local_steps=4"]  # 24 images: 4 batches of 6
+    alone = train(compose(*folder, *one, *rounds), tmp_path / "f")
+    assert _same(_weights(tmp_path / "c"), _weights(tmp_path / "f"))
+    assert alone["test_acc"] == central["test_acc"] and alone["step"] == central["step"] == 4
+
+
+def test_an_image_folder_is_split_on_its_labels_and_each_client_reads_its_own(tmp_path):
+    from sam_runner.data.planned import planned_labels
+    from sam_runner.federated import build_federation
+
+    skewed = ["federated=fedavg", "federated.clients=3", "federated.dirichlet_alpha=0.5"]
+    cfg = compose(*_folder(tmp_path), *skewed, "federated.local_steps=2")
+    data = build_data(cfg.dataset, torch.device("cpu"), cfg.seed)
+    labels = planned_labels(cfg.dataset, cfg.seed)  # from the file names, before the run
+    assert torch.equal(labels, data.train.y)
+    fed = build_federation(cfg, data)
+    assert [sum(h[c] for h in fed.hist) for c in range(len(CLASSES))] == [8, 8, 8]
+    assert fed.hist == histograms(labels, split_clients(labels, 3, 0.5, cfg.seed), len(CLASSES))
+    for k, shard in enumerate(fed.shards):
+        seen = torch.cat([y for _, y, _ in fed.batches(k, 1)])
+        assert len(seen) == 2 * min(6, len(shard))  # two local steps of full batches
+        assert set(seen.tolist()) <= set(labels[shard].tolist())

@@ -143,6 +143,24 @@ class Indexed(torch.utils.data.Dataset):
         return x, y, i
 
 
+class Shard(torch.utils.data.Dataset):
+    """The examples ``indices`` of an ``Indexed`` image folder, as a dataset of their own (a
+    federated client's): an example's seed passes through, and its index is its position in the
+    shard, as a client's TensorLoader numbers its examples."""
+
+    def __init__(self, ds: Indexed, indices: torch.Tensor):
+        self.ds, self.indices = ds, indices.tolist()
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        position, seed = i if isinstance(i, tuple) else (i, None)
+        j = self.indices[position]
+        x, y, _ = self.ds[j if seed is None else (j, seed)]
+        return x, y, position
+
+
 class EpochOrder(torch.utils.data.Sampler):
     """The examples of a FolderLoader's current epoch, in order, each with its seed: shuffled by
     ``torch.Generator(seed * 100003 + epoch)`` (a sampler's weights: drawn with replacement, as

@@ -223,10 +223,20 @@ def folder_workers(cfg, world: int = 1) -> int:
     return min(asked, max(1, allowed_cpus()[0] // world))
 
 
+def folder_labels(cfg) -> tuple:
+    """(the training images' labels, the class count) of an image folder, from its file names
+    alone (no image is opened)."""
+    from torchvision import datasets
+
+    train = datasets.ImageFolder(Path(str(cfg.root)) / "train", loader=read_image)
+    return torch.as_tensor(train.targets), len(train.classes)
+
+
 @DATASETS.register(
     "image_folder",
     "any <root>/train, <root>/val class-folder tree, through a DataLoader",
     check=_folder_keys,
+    labels_of=folder_labels,
     tensors=False,
     input_shape=None,
     num_classes=None,

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from ..data.loaders import TensorLoader
+from ..data.loaders import FolderLoader, Shard, TensorLoader
 from ..errors import require
 from ..module_state import frozen_running_stats
 from ..rundir import CLIENTS
@@ -39,10 +39,10 @@ class Federation:
 
     def __init__(self, cfg, algorithm: FedAvg, data, seed: int):
         f = cfg.federated
-        require(
-            data.train_tensors is not None and hasattr(data.train, "x"),
-            f"federated={f.name} runs on in-memory datasets (mnist1d, cifar10, cifar100, ...); "
-            f"dataset={cfg.dataset.name} is read from folders",
+        require(  # checked before the run (federated/split.py): token windows have no labels
+            isinstance(data.train, FolderLoader) or hasattr(data.train, "x"),
+            f"federated={f.name} needs a labelled training set; dataset={cfg.dataset.name} has "
+            "none",
         )
         self.cfg, self.algorithm, self.seed = f, algorithm, int(seed)
         self.rounds, self.local_steps = int(f.rounds), int(f.local_steps)
@@ -56,11 +56,21 @@ class Federation:
         self.observer = Observer(float(f.measure_cutoff))
         self.round_values: dict = {}
 
-    def _loader(self, train, k: int, shard: torch.Tensor) -> TensorLoader:
+    def _loader(self, train, k: int, shard: torch.Tensor):
         """Client k's batches: its shard, the run's batch size (at most its sample count),
-        shuffled per epoch from (seed, k), the training augmentation."""
-        idx = shard.to(train.y.device)
+        shuffled per epoch from (seed, k), the training augmentation. An image folder's client
+        reads its images through workers of its own that end with each round's pass (kept
+        across rounds, K clients' workers would be K times the run's)."""
         bs = min(train.batch_size, len(shard))
+        if isinstance(train, FolderLoader):
+            workers = train.kw["num_workers"]
+            loader = FolderLoader(
+                Shard(train.ds, shard), bs, train.shuffle, self.seed + CLIENT_SEED * k, workers,
+                True, labels=train.labels[shard], persistent=False,
+            )  # fmt: skip
+            loader.device = train.device
+            return loader
+        idx = shard.to(train.y.device)
         return TensorLoader(
             train.x[idx], train.y[idx], bs, shuffle=train.shuffle,
             seed=self.seed + CLIENT_SEED * k, drop_last=True, transform=train.transform,
@@ -198,12 +208,7 @@ def train_round(run, fed: Federation) -> bool:
     total = sum(fed.sizes[k] for k in chosen)
     mean = [torch.zeros_like(t) for t in floats]
     for k in chosen:
-        torch._foreach_copy_(floats, global_)
-        opt.base_optimizer.state.clear()  # stateless clients: momentum starts afresh
-        opt.state.clear()
-        for j, (x, y, idx) in enumerate(fed.batches(k, r)):
-            fed.observer.watching = measuring and j == 0  # a client's ε at the global weights
-            run.optimizer_step(x, y, idx, stats, schedule=False)
+        client_update(run, fed, k, r, floats, global_, stats, measuring)
         torch._foreach_add_(mean, floats, alpha=fed.sizes[k] / total)
     fed.observer.watching = False
     new = fed.algorithm.server_update(global_, mean, names, lr)
@@ -213,6 +218,20 @@ def train_round(run, fed: Federation) -> bool:
     clock.train_time += time.perf_counter() - started
     fed.round_values = {"round": r, "clients_sampled": len(chosen), **fed.observer.values()}
     return run.end_of_training_pass(stats)
+
+
+def client_update(run, fed, k: int, r: int, floats, global_, stats, measuring=False) -> None:
+    """Client k's part of round r: from the global weights ``global_`` (copied into the model's
+    float state tensors ``floats``), its base optimizer's state empty, its local steps; the
+    model then holds its weights. What any engine runs for a client (scripts/bench_flower.py
+    runs it in Flower's simulation)."""
+    opt = run.optimizer
+    torch._foreach_copy_(floats, global_)
+    opt.base_optimizer.state.clear()  # stateless clients: momentum starts afresh
+    opt.state.clear()
+    for j, (x, y, idx) in enumerate(fed.batches(k, r)):
+        fed.observer.watching = measuring and j == 0  # a client's ε at the global weights
+        run.optimizer_step(x, y, idx, stats, schedule=False)
 
 
 def global_sam_direction(run) -> list | None:

@@ -34,9 +34,31 @@ def split_clients(labels: torch.Tensor, clients: int, alpha, seed: int) -> list[
         if min(len(s) for s in shards) > 0:
             return [torch.from_numpy(np.sort(s)) for s in shards]
     raise UserError(
-        f"federated.dirichlet_alpha={alpha} left a client with no sample in {REDRAWS} draws over "
-        f"{clients} clients; raise dirichlet_alpha or lower federated.clients"
+        f"federated.dirichlet_alpha={alpha} left a client with no sample in {REDRAWS} seeded "
+        f"draws of federated.clients={clients} over {n} training samples; raise dirichlet_alpha "
+        "or lower federated.clients"
     )
+
+
+def check_split(cfg) -> None:
+    """The split a federated run will make, made before anything is written, on the training
+    labels it will train on (``data.planned``): more clients than training samples, or a
+    Dirichlet split that leaves a client empty, is one line here rather than a failed run. A
+    dataset not yet in ``dataset.data_dir`` is checked when the run has read it."""
+    f = cfg.get("federated")
+    if f is None or f.get("name", "none") == "none":
+        return
+    from ..data.planned import has_labels, planned_labels
+
+    require(
+        has_labels(str(cfg.dataset.name)),
+        f"federated={f.name} deals a labelled training set out to its clients; "
+        f"dataset={cfg.dataset.name} has no labels per example (next-token windows): use a "
+        "classification dataset",
+    )
+    labels = planned_labels(cfg.dataset, int(cfg.seed))
+    if labels is not None:
+        split_clients(labels, int(f.clients), f.dirichlet_alpha, int(cfg.seed))
 
 
 def _dirichlet(y: np.ndarray, clients: int, alpha: float, rng) -> list[np.ndarray]:

@@ -79,6 +79,8 @@ def adaptive_calibration_error(
     n = len(conf)
     if n == 0:
         return 0.0
+    if not torch.isfinite(conf).all():  # a diverged model: no bin to put a NaN in
+        return float("nan")
     conf, order = conf.sort(stable=True)
     # bin of the i-th smallest confidence: floor(i * n_bins / n) (sizes differ by at most 1), with i
     # the rank of the first of its ties, so that a tie is never split

@@ -9,7 +9,8 @@ and what it trains in full) or over all of them (``params=all``), on the run's l
 BatchNorm in eval mode (``bn_mode=eval``, default) or with batch statistics
 (``bn_mode=train``; running statistics are never changed by a measurement), every other module
 in eval mode (no dropout: the loss is deterministic). Each module's own train/eval flag is
-restored afterwards. It happens every ``every_n_epochs`` epochs, every ``every_n_steps`` steps
+restored afterwards. It happens every ``every_n_epochs`` epochs (a federated run: every
+``every_n_rounds`` rounds, the global model), every ``every_n_steps`` steps
 (within an epoch: ``log_values`` during training), and always at the end; a second request at
 the same step returns the first measurement's keys. Lanczos starts from the previous top
 eigenvector mixed with a little seeded noise (so a stale vector orthogonal to the new top
@@ -70,6 +71,7 @@ HESSIAN_SCHEMA = {
     "num_samples": "count",
     "batch_size": "count",
     "every_n_epochs": "off_or_count",
+    "every_n_rounds": "off_or_count",
     "every_n_steps": "off_or_count",
     "presolve_batches": "off_or_count",
     "tol": "positive",
@@ -219,7 +221,7 @@ class CurvatureTracker:
     def log_values(self) -> dict:
         """A measurement's keys when one is due at the clock's time, else nothing: every
         ``every_n_steps`` steps within an epoch; at the end of every ``every_n_epochs``-th epoch
-        and of the last one."""
+        (``every_n_rounds``-th round) and of the last one."""
         if not self.enabled:
             return {}
         clock = self.clock
@@ -227,7 +229,8 @@ class CurvatureTracker:
             n = self.h.get("every_n_steps", 0) or 0
             due = n > 0 and clock.step % n == 0
         else:
-            n = self.h.get("every_n_epochs", 0) or 0
+            # a federated run's epochs are its rounds: its own key says how often, in rounds
+            n = self.h.get("every_n_rounds" if clock.rounds else "every_n_epochs", 0) or 0
             due = clock.final or (n > 0 and clock.epoch % n == 0)
         if not due:
             return {}

@@ -24,11 +24,15 @@ SPREAD = "points: mean over seeds; bars, bands: ± 1 sample std (n in report.md)
 
 
 def _panels(groups: list[dict]) -> dict[str, list[dict]]:
-    """Groups by panel (their sweep values other than the variant and ρ), in natural order."""
+    """Groups by panel (their sweep values other than the variant and ρ), in stage order (a
+    preset in stages), then natural order. Where some panel has a variant with ρ, panels of
+    base levels alone are left out: they have nothing to draw against ρ (a pretraining stage)."""
     by_panel: dict[str, list[dict]] = {}
     for g in groups:
         by_panel.setdefault(g.get("panel", ""), []).append(g)
-    return dict(sorted(by_panel.items(), key=lambda kv: natural_key(kv[0])))
+    with_rho = {k: gs for k, gs in by_panel.items() if any(finite(g.get("rho")) for g in gs)}
+    order = lambda kv: (min(g.get("stage_index", 0) for g in kv[1]), natural_key(kv[0]))  # noqa: E731
+    return dict(sorted((with_rho or by_panel).items(), key=order))
 
 
 def plot_metric_vs_rho(

@@ -7,7 +7,8 @@ Pareto front of a panel when no other point costs no more and is no worse (highe
 lower λ_max), one of the two strictly. The section names the cheapest group that matches SAM
 (the ``sam`` group with the most passes per step: SAM on every step) within ``ACC_POINTS``
 points of test accuracy and ``LAMBDA_SHARE`` of its λ_max; ``compute.<format>`` is the figure
-(report.py draws it).
+(report.py draws it). In a preset in stages a point competes only with its own stage's (a
+pretraining run and a post-training run are not alternatives to each other).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def compute_points(report) -> list[dict]:
             dict(
                 label=g["label"],
                 variant=g["variant"],
+                stage=g.get("stage", ""),
                 passes=statistics.fmean(per_step),
                 evals=statistics.fmean(evals),
                 test_acc=g["stats"]["test_acc"]["mean"],
@@ -66,6 +68,7 @@ def pareto_front(points: list[dict], key: str, maximize: bool) -> list[bool]:
             continue
         dominated = any(
             q is not p
+            and q.get("stage") == p.get("stage")
             and finite(q[key])
             and q["evals"] <= p["evals"]
             and better_or_equal(q[key], v)
@@ -88,7 +91,8 @@ def cheapest_match(points: list[dict]) -> tuple[dict | None, dict | None]:
     close = [
         p
         for p in points
-        if finite(p["test_acc"])
+        if p.get("stage") == sam.get("stage")
+        and finite(p["test_acc"])
         and finite(p["lambda_max"])
         and p["test_acc"] >= sam["test_acc"] - ACC_POINTS / 100
         and p["lambda_max"] <= sam["lambda_max"] * (1 + LAMBDA_SHARE)

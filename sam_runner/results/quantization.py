@@ -25,6 +25,7 @@ def quantization_rows(report) -> dict | None:
     """{"bits": [widths, descending], "rows": {variant: {key: stats}}, "tau": {bits: (τ, n)}};
     None when no completed job carries a quantization drop."""
     values = [(job.variant, job_values(job.run)[0]) for job in report.completed()]
+    values = [(variant, v) for variant, v in values if any(map(BITS_KEY.match, v))]  # quantized
     bits = sorted(
         {int(m.group(1)) for _, v in values for k in v if (m := BITS_KEY.match(k))}, reverse=True
     )
@@ -73,10 +74,11 @@ def quantization_section(report, _plots=None) -> list[str]:
         out.append("| " + " | ".join([*cells, str(row["test_acc"]["n"])]) + " |")
     out += [
         "",
-        "Mean ± std over each variant's jobs. The drop is test_acc minus the accuracy of the "
-        "weights rounded per output channel to b bits (symmetric, to nearest); the loss rise is "
-        "the test loss's; the predicted rise is Σ H_ii s_i²/24 from the Hessian diagonal, s_i "
-        "the rounding step (the rise of a uniform rounding error under a quadratic model).",
+        "Mean ± std over each variant's quantized jobs. The drop is test_acc minus the accuracy "
+        "of the weights rounded per output channel to b bits (symmetric, to nearest); the loss "
+        "rise is the test loss's; the predicted rise is Σ H_ii s_i²/24 from the Hessian "
+        "diagonal, s_i the rounding step (the rise of a uniform rounding error under a "
+        "quadratic model).",
     ]
     for b, (tau, n) in sorted(found["tau"].items(), reverse=True):
         out.append(

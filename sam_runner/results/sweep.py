@@ -128,6 +128,8 @@ class Job:
     metrics: dict = field(default_factory=dict)
     bound: float | None = None
     study: dict | None = None  # a study preset's name and reference figures (conf/experiment)
+    stage: str = ""  # a preset in stages: the stage it belongs to (its folder under the sweep)
+    stage_index: int = 0  # the stage's place in the preset's order
     run: RunDir | None = field(default=None, repr=False, compare=False)  # its folder's reader
 
 
@@ -204,7 +206,9 @@ def _to_float(text):
 def _panel(key: tuple, common: set) -> str:
     """The group's varying overrides other than the variant and ρ (a figure's panel)."""
     return " ".join(
-        o for o in key if o not in common and override_key(o) not in ("optimizer", "optimizer.rho")
+        shown_override(o)
+        for o in key
+        if o not in common and override_key(o) not in ("optimizer", "optimizer.rho")
     )
 
 
@@ -229,14 +233,27 @@ def source_jobs(path: Path, metrics, label: str) -> tuple[list[Job], list[str]]:
     if stages:
         # a preset in stages: one sweep per stage folder, each with its own job list
         missing = []
+        order = _stage_order(jobs)
         for d in stages:
             own = [j for j in jobs if j.path.is_relative_to(d)]
-            missing += not_started(own, expected_jobs(d) or [], str(path))
+            absent = not_started(own, expected_jobs(d) or [], str(path))
+            for j in own + absent:
+                j.stage, j.stage_index = d.name, order.get(d.name, len(order))
+            missing += absent
         return jobs + missing, []
     return jobs, [
         f"The job list of {path} could not be read from multirun.yaml (not Hydra's basic "
         "sweeper): jobs that have not started are not counted."
     ]
+
+
+def _stage_order(jobs: list[Job]) -> dict[str, int]:
+    """The preset's stage names in its order (from a job's recorded ``stages:`` map)."""
+    for job in jobs:
+        spec = job.run.config(checkpoint=False).get("stages") if job.run else None
+        if isinstance(spec, dict):
+            return {name: i for i, name in enumerate(spec)}
+    return {}
 
 
 def _labels(paths: list[Path]) -> list[str]:
@@ -338,24 +355,50 @@ def not_started(jobs: list[Job], expected: list[list[str]], source: str = "") ->
 
 def group_rows(jobs: list[Job], metrics, ignore=()) -> tuple[list[dict], list[str]]:
     """One row per group of jobs (statistics over its completed jobs), in display order, and the
-    overrides every group shares (said once, not on every row and plot label)."""
+    overrides every group shares (said once, not on every row and plot label). In a preset in
+    stages, a group is a stage's, and the overrides its stage's groups share are said by the
+    stage's name."""
     groups: dict = {}
     for job in jobs:
-        groups.setdefault(group_overrides(job.overrides, ignore), []).append(job)
-    common = set.intersection(*(set(k) for k in groups)) if len(groups) > 1 else set()
-    rows = [_group_row(key, members, common, metrics) for key, members in groups.items()]
+        key = group_overrides(job.overrides, ignore)
+        groups.setdefault((job.stage_index, job.stage, key), []).append(job)
+    keys = [set(key) for _, _, key in groups]
+    common = set.intersection(*keys) if len(keys) > 1 else set()
+    by_stage: dict = {}
+    for _, stage, key in groups:
+        by_stage.setdefault(stage, []).append(set(key))
+    shared = {stage: set.intersection(*ks) if stage else common for stage, ks in by_stage.items()}
+    rows = [
+        _group_row(key, members, shared[stage], metrics, stage)
+        for (_, stage, key), members in groups.items()
+    ]
     rows.sort(
         key=lambda g: (
+            g["stage_index"],
             g["variant"] != "base",
             natural_key(g["series"]),
             g["rho"] if finite(g["rho"]) else -1,
             natural_key(g["group"]),
         )
     )
-    return rows, [o for o in next(iter(groups), ()) if o in common]
+    return rows, [o for o in next(iter(groups))[2] if o in common] if groups else []
 
 
-def _group_row(key: tuple, members: list[Job], common: set, metrics) -> dict:
+REFERENCE_KEYS = {"model.init_from": "from", "trainer.distill.teacher": "taught by"}
+
+
+def shown_override(o: str) -> str:
+    """An override as labels show it: a stage reference as ``from STAGE key=value`` (a teacher:
+    ``taught by STAGE ...``)."""
+    key, _, value = o.partition("=")
+    value = value.replace("\\:", ":")
+    if key in REFERENCE_KEYS and value.startswith("stage:"):
+        name, *selectors = value.removeprefix("stage:").split("/")
+        return " ".join([REFERENCE_KEYS[key], name, *(k.replace(":", "=", 1) for k in selectors)])
+    return o
+
+
+def _group_row(key: tuple, members: list[Job], common: set, metrics, stage: str = "") -> dict:
     done = [j for j in members if j.status == "completed"]
     first = next((j for j in members if j.path is not None), members[0])
     counts = Counter(j.status for j in members)
@@ -364,11 +407,14 @@ def _group_row(key: tuple, members: list[Job], common: set, metrics) -> dict:
         for j in done
         if j.bound is not None and finite(j.metrics.get("lambda_max"))
     ]
+    label = " ".join(shown_override(o) for o in key if o not in common)
     row = {
         "group": " ".join(key) or "(defaults)",
         "series": " ".join([first.variant, _panel(key, common)]).strip(),
-        "panel": _panel(key, common),
-        "label": " ".join(o for o in key if o not in common) or "(defaults)",
+        "panel": " ".join(filter(None, [stage, _panel(key, common)])),
+        "label": ": ".join(filter(None, [stage, label])) or "(defaults)",
+        "stage": stage,
+        "stage_index": first.stage_index,
         "variant": first.variant,
         "rho": first.rho,
         "jobs": len(members),

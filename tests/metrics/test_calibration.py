@@ -1,5 +1,7 @@
 """Calibration metrics against torchmetrics and closed forms, edge cases included."""
 
+import math
+
 import pytest
 import torch
 from torchmetrics.classification import MulticlassCalibrationError
@@ -67,6 +69,14 @@ def test_adaptive_ece_uses_equal_mass_bins():
     assert adaptive_calibration_error(probs, labels, 3) == pytest.approx(
         (0.1 + 0.5 + 0.85) / 6, abs=1e-6
     )
+
+
+def test_nan_probabilities_give_nan_calibration_not_an_error():
+    # a diverged model's softmax: the run must end as diverged, not fail inside a metric
+    probs, labels = random_case(n=40)
+    probs[3] = float("nan")
+    for metric in (adaptive_calibration_error, expected_calibration_error):
+        assert math.isnan(metric(probs, labels))
 
 
 def test_brier_score_closed_form():

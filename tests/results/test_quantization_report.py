@@ -41,6 +41,7 @@ def _job(folder, n, optimizer, seed, drop, rise, pred, measured=True):
 def test_the_section_gives_each_variants_drops_and_tau(tmp_path):
     for n, job in enumerate(JOBS):
         _job(tmp_path, n, *job)
+    _job(tmp_path, len(JOBS), "base", 2, None, None, None, measured=False)  # not quantized
     found = quantization_rows(build_report(tmp_path))
     assert found["bits"] == [8, 4]
     for variant in ("base", "sam"):
@@ -51,6 +52,7 @@ def test_the_section_gives_each_variants_drops_and_tau(tmp_path):
             statistics.fmean(j[4] for j in mine)
         )
         assert row["quant_loss_rise_8bit"]["n"] == 0  # the 8-bit rise was not measured
+        assert row["test_acc"]["n"] == len(mine)  # the job that was not quantized is left out
     tau, n = found["tau"][4]
     assert n == 4 and tau == pytest.approx(
         kendalltau([j[4] for j in JOBS], [j[3] for j in JOBS])[0]

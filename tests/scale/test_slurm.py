@@ -386,11 +386,11 @@ def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
     assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks
 
 
-@pytest.mark.beyond_ci  # twelve SLURM jobs, one array after the other: minutes CI has not got
+@pytest.mark.beyond_ci  # 16 SLURM jobs, one array after the other: minutes CI has not got
 @pytest.mark.usefixtures("slurm")
 def test_a_preset_in_stages_runs_one_job_array_per_stage(tmp_path):
     """distill_sam_mini on SLURM: the teachers' array, then (when it has ended) the students',
-    each student distilled from the teacher its stage:teacher/... reference names."""
+    then the aligned students'; each student distilled from the teacher its stage:teacher/... reference names."""
     sweep_dir = tmp_path / "sweep"
     out = subprocess.run(
         [
@@ -412,7 +412,7 @@ def test_a_preset_in_stages_runs_one_job_array_per_stage(tmp_path):
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    for stage, n in (("teacher", 4), ("student", 8)):
+    for stage, n in (("teacher", 4), ("student", 8), ("student_align", 4)):
         assert (sweep_dir / stage / ".submitit").is_dir()
         for job in range(n):
             assert summary(sweep_dir / stage / str(job))["status"] == "completed"
