@@ -38,7 +38,9 @@ def compose_command(config: str, overrides: list[str], sweep_dir: Path):
 
     folder = [f"hydra.sweep.dir={Path(sweep_dir).absolute()}"]
     try:
-        return compose([*overrides, *folder], config)
+        cfg = compose([*overrides, *folder], config)
+        _require_added_keys_exist(config, overrides, folder)
+        return cfg
     except OverrideParseException as e:
         raise UserError(
             f"{e.override} is not a valid override ({first_line(e.message)}); see "
@@ -51,6 +53,30 @@ def compose_command(config: str, overrides: list[str], sweep_dir: Path):
         if bad is None:
             raise UserError(first_line(str(e.__cause__ or e))) from None
         raise UserError(_unknown_key(config, bad.group(1), overrides, folder)) from None
+
+
+def _require_added_keys_exist(config: str, overrides: list[str], folder: list[str]) -> None:
+    """A key added with ``+`` (``sam-eval RUN +foo=1``) that the command's config does not have
+    is read by nothing: refused, as sam-run refuses one (Hydra's own keys and groups excepted)."""
+    from omegaconf import OmegaConf
+
+    from .paths import config_dir
+    from .settings import override_key
+    from .sweep.plan import compose
+
+    for o in overrides:
+        key = override_key(o)
+        if not o.startswith("+") or key.startswith("hydra") or "/" in key:
+            continue
+        if "." not in key and (Path(config_dir()) / key).is_dir():  # a config group
+            continue
+        without = compose([x for x in overrides if x is not o] + folder, config)
+        absent = object()
+        if OmegaConf.select(without, key, default=absent) is absent:
+            raise UserError(
+                f"{_unknown_key(config, key, overrides, folder)} (a key added with + must be one "
+                f"sam-{config} reads)"
+            )
 
 
 def _unknown_key(config: str, key: str, overrides: list[str], folder: list[str]) -> str:

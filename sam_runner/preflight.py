@@ -305,17 +305,16 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     )
     from omegaconf.errors import OmegaConfBaseException
 
+    from .sweep import stages
     from .sweep.plan import compose
 
     notes, job, bound = {}, args.overrides, None
-    twice = given_twice(args.overrides) or _odd_values(args)
-    if twice:
-        return twice, []
+    if stages.current is None:  # a stage's sweep: its keys, then the user's (who may set one again)
+        notes.update(dict.fromkeys(given_again(args.overrides)))
     try:
-        if args.multirun:
-            message = _sweep_values(args.overrides)
-            if message:
-                return message, []
+        message = given_twice(args.overrides) or _odd_values(args)
+        if message or (args.multirun and (message := _sweep_values(args.overrides))):
+            return message, []
         jobs = jobs_of(args)
         counter = checks_counter(len(jobs))
         try:
@@ -492,7 +491,7 @@ def given_twice(overrides: list[str]) -> str | None:
     seen: dict[str, str] = {}
     for o in overrides:
         key = override_key(o)
-        if not _is_sweep(o):  # a plain value after another: the last one counts, as in Hydra
+        if not _is_sweep(o):  # a plain value after another: the last one counts (given_again)
             continue
         if key in seen and not o.startswith("~"):
             return (
@@ -501,6 +500,25 @@ def given_twice(overrides: list[str]) -> str | None:
             )
         seen[key] = o
     return None
+
+
+def given_again(overrides: list[str]) -> list[str]:
+    """A notice for each key given twice where one of the two is a plain value
+    (``optimizer.rho=0.1 optimizer.rho=0.2``): Hydra keeps the last in silence. Not refused:
+    setting a key again after a list of shared settings is how scripts and the tests' tiny
+    budgets override one of them."""
+    given: dict[str, str] = {}
+    out = []
+    for o in overrides:
+        key = override_key(o)
+        if o.startswith("~"):  # a removal, then a value (or the other way): two different acts
+            given.pop(key, None)
+            continue
+        first = given.get(key)
+        if first is not None and first != o and not (_is_sweep(first) and _is_sweep(o)):
+            out.append(f"{key} is given twice ({first} and {o}): the last counts, {o}")
+        given[key] = o
+    return out
 
 
 def _is_sweep(override: str) -> bool:
@@ -541,6 +559,7 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
     ]
     if "model.reset_head" in given and OmegaConf.select(cfg, "model.init_from") is None:
         out.append(f"{given['model.reset_head']} does nothing without model.init_from=RUN_DIR")
+    out += _idle_augment(given.get("dataset.augment"), cfg) + _idle_eval_period(given, cfg)
     out += _idle_curvature_period(given, cfg)
     params = OmegaConf.select(cfg, "hydra.sweeper.params")
     if not multirun and params and "experiment" in given:
@@ -550,6 +569,31 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
             "preset's other settings; add -m to run the sweep"
         )
     return out
+
+
+def _idle_augment(given: str | None, cfg) -> list[str]:
+    """``dataset.augment=true`` (basic crop and flip) given for a dataset that is not augmented
+    (the policies with an image operation are refused there: data/augment.py)."""
+    from .data.augment import augmented, policy_name
+
+    name = str(cfg.dataset.name)
+    if given is None or policy_name(cfg.dataset.get("augment", True)) == "none":
+        return []
+    if augmented(name):
+        return []
+    return [f"{given} does nothing on dataset={name}, which is not augmented: the run trains as "
+            "without it"]  # fmt: skip
+
+
+def _idle_eval_period(given: dict, cfg) -> list[str]:
+    """``trainer.eval_every_n_epochs`` beside ``trainer.eval_every_n_steps``: the steps decide."""
+    steps = OmegaConf.select(cfg, "trainer.eval_every_n_steps")
+    if "trainer.eval_every_n_epochs" in given and steps is not None:
+        return [
+            f"{given['trainer.eval_every_n_epochs']} does nothing with "
+            f"trainer.eval_every_n_steps={steps}: the steps decide when a run evaluates"
+        ]
+    return []
 
 
 def _idle_curvature_period(given: dict, cfg) -> list[str]:

@@ -128,7 +128,7 @@ VARIANTS = Registry(
 BASE_OPTIMIZERS = Registry("base_optimizer", "sam_runner.optim.base_optimizers")
 SCHEDULERS = Registry("scheduler", "sam_runner.schedulers")
 MODELS = Registry("model", "sam_runner.models")
-DATASETS = Registry("dataset", "sam_runner.data.sources", tensors=True)
+DATASETS = Registry("dataset", "sam_runner.data.sources", tensors=True, augmented=False)
 SAMPLERS = Registry("dataset.sampler", "sam_runner.samplers")
 LOGGERS = Registry("logger", "sam_runner.loggers")
 MEASURES = Registry("metrics", "sam_runner.metrics.measures")

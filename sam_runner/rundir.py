@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .errors import UserError, require
 from .registry import VARIANTS
-from .runfiles import Checkpoint, json_problem, read_json, read_rows
+from .runfiles import Checkpoint, json_problem, read_json, read_rows, scan_rows
 
 # the names of a run folder's files and folders (nothing else in the package spells them)
 SUMMARY = "summary.json"  # status, final values, overrides, settings: written last
@@ -195,6 +195,27 @@ class RunDir:
         if self.saved_overrides is not None:
             return self.saved_overrides
         return [str(o) for o in (self.summary or {}).get("overrides") or []]
+
+    def checked_rows(self) -> tuple[list[dict], str | None]:
+        """(``rows()``, the first of the run's own files that is there but cannot be read, and
+        why: ``summary.json is corrupt (not JSON: ...)``, ``metrics.jsonl is unreadable
+        (Permission denied)``; None when each is readable or absent), from one read of each. A
+        last metrics line cut by a kill, of a run without a summary (stopped, or still
+        training), is no fault: resuming drops it."""
+        rows, bad, last = scan_rows(self.path / METRICS)
+        if self.summary is None and (self.path / SUMMARY).exists():
+            return rows, f"{SUMMARY} is {json_problem(self.path / SUMMARY)}"
+        config = self.path / CONFIG
+        if self.hydra_config is None and config.exists():
+            try:
+                config.read_text()
+                problem = "corrupt (not a YAML mapping)"
+            except OSError as e:
+                problem = f"unreadable ({e.strerror or type(e).__name__})"
+            return rows, f"{CONFIG} is {problem}"
+        if bad is None or (last and self.summary is None):
+            return rows, None
+        return rows, f"{METRICS} is {bad if bad.startswith('unreadable') else f'corrupt ({bad})'}"
 
     @cached_property
     def hydra_config(self) -> dict | None:

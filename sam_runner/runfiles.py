@@ -100,20 +100,28 @@ def json_problem(path: Path) -> str | None:
 def read_rows(path: Path) -> list[dict]:
     """metrics.jsonl rows; a line cut by a kill ends the list (it and anything after it are not
     trusted)."""
+    return scan_rows(path)[0]
+
+
+def scan_rows(path: Path) -> tuple[list[dict], str | None, bool]:
+    """(``read_rows``'s rows, what ended them early or None: ``unreadable (why)`` or ``line N is
+    not a JSON object``, whether that line was the last); a missing file has no rows, no fault."""
     try:
-        text = Path(path).read_text()
-    except OSError:
-        return []
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        return [], None, False
+    except (OSError, UnicodeDecodeError) as e:
+        return [], f"unreadable ({getattr(e, 'strerror', None) or type(e).__name__})", False
     rows = []
-    for line in text.splitlines():
+    for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
         except ValueError:
-            break
+            row = None
         if not isinstance(row, dict):
-            break
+            return rows, f"line {number} is not a JSON object", number == len(lines)
         rows.append(row)
-    return rows
+    return rows, None, False
 
 
 class MetricsLog:

@@ -33,6 +33,13 @@ def _multistep_keys(cfg) -> None:
         and all(isinstance(m, (int, float)) and not isinstance(m, bool) and m >= 0 for m in ms)
     )
     require(ok, f"scheduler.milestones={ms!r} must be a list of epochs >= 0, e.g. [60, 120, 160]")
+    # the order changes nothing (lr × gamma^(milestones passed)), so [5, 2] is almost surely a slip
+    listed = lambda epochs: f"[{', '.join(f'{m:g}' for m in epochs)}]"  # noqa: E731
+    require(
+        all(a < b for a, b in zip(ms, list(ms)[1:])),
+        f"scheduler.milestones={listed(ms)} must be increasing epochs, each later than the one "
+        f"before, e.g. {listed(sorted(set(ms)))}",
+    )
 
 
 @dataclass(frozen=True)

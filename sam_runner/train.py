@@ -345,7 +345,26 @@ class Run:
             self.steps_per_epoch,
             enabled=self.dist.is_main,
         )
+        self._say_notes()
+
+    def _say_notes(self) -> None:
         self._say_threads()
+        self._say_if_every_epoch_is_evaluated()
+
+    def _say_if_every_epoch_is_evaluated(self) -> None:
+        """``trainer.eval_every_n_steps`` at most an epoch's steps: evaluations are made at epoch
+        ends, so every epoch is evaluated, as without it (one line; rank 0)."""
+        n = self.cfg.trainer.get("eval_every_n_steps")
+        if not n or self.federation.enabled or not self.dist.is_main:
+            return
+        if int(n) <= self.steps_per_epoch and self.clock.epochs > 1:
+            print(
+                f"sam-run: warning: trainer.eval_every_n_steps={n} is at most the "
+                f"{self.steps_per_epoch} steps of an epoch, and a run evaluates at epoch ends: "
+                "every epoch is evaluated, as without it",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _lengths(self, data) -> tuple[int, int]:
         """The run's length in scheduler steps (set on the clock, with the epochs it takes)

@@ -324,3 +324,136 @@ def test_settings_that_act_are_no_notice_and_a_key_hydra_lacks_is_refused():
         assert message is None and not any("does nothing" in n or "is a sweep" in n for n in notes)
     message, _ = check_jobs(args_parser().parse_args(["+hydra.foo=1"]))
     assert message.startswith("hydra.foo is not a key; choose one of run, sweep")
+
+
+# ---------------------------------------------------------------------------- #42, item 1: the rest
+def _a_run_folder(folder):
+    """A folder sam-eval and sam-landscape take for a run (its summary.json): they refuse these
+    inputs before reading anything else of it."""
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text('{"status": "completed"}')
+    return folder
+
+
+LAST = [
+    ("sam-run", ["dataset=mnist1d", "dataset.augment=cutout"], "dataset.augment=cutout acts on "
+     "images, and dataset=mnist1d (1-D signals of length 40) is not augmented (only cifar10, "
+     "cifar100, cifar100_lt, image_folder are); use dataset.augment=none"),
+    ("sam-run", ["dataset=digits", "dataset.augment=autoaugment"], "dataset.augment=autoaugment "
+     "acts on images, and dataset=digits (8×8 images) is not augmented"),
+    ("sam-run", ["scheduler=multistep", "scheduler.milestones=[5,2]"], "scheduler.milestones="
+     "[5, 2] must be increasing epochs, each later than the one before, e.g. [2, 5]"),
+    ("sam-run", ["scheduler=multistep", "scheduler.milestones=[2,2,4]"], "scheduler.milestones="
+     "[2, 2, 4] must be increasing epochs"),
+    ("sam-eval", ["{run}", "+foo=1"], "foo is not a key; sam-eval's keys are metrics.*, eval.*, "
+     "trainer.* (a key added with + must be one sam-eval reads)"),
+    ("sam-eval", ["{run}", "+metrics.hessian.kk=2"], "metrics.hessian.kk is not a key; did you "
+     "mean metrics.hessian.k? (a key added with + must be one sam-eval reads)"),
+    ("sam-landscape", ["{run}", "+landscape.pointz=3"], "landscape.pointz is not a key; did you "
+     "mean landscape.points?"),
+    ("sam-landscape", ["{run}", "landscape.to={run}"], "landscape.to='{run}' is the run itself "
+     "({run}): the line between a run and itself is one point; give another run's folder"),
+    ("sam-landscape", ["{run}", "--to", "{run}/."], "landscape.to='{run}' is the run itself"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command, argv, message", LAST,
+                         ids=[f"{c} {' '.join(a)}"[:50] for c, a, _ in LAST])  # fmt: skip
+def test_the_last_bad_inputs_of_42_are_one_line_exit_2_writing_nothing(command, argv, message,
+                                                                       tmp_path, capsys,
+                                                                       monkeypatch):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    run = _a_run_folder(tmp_path / "run")
+    argv, message = [a.replace("{run}", str(run)) for a in argv], message.replace("{run}", str(run))
+    before = sorted(tmp_path.rglob("*"))
+    if command == "sam-run":
+        code, _, err = run_cli(argv, capsys)
+    else:
+        code, err = _call(command, argv), capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"{command}: error: {message}"), err
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.parametrize("argv", [["scheduler=multistep", "scheduler.milestones=[2,5]"],
+                                  ["optimizer.rho=0.1", "optimizer.rho=0.1", "seed=1"],
+                                  ["dataset=cifar10", "dataset.augment=cutout"]])  # fmt: skip
+def test_milestones_in_order_a_key_given_once_and_cutout_on_images_pass(argv):
+    message, notes = check_jobs(args_parser().parse_args(argv))
+    assert message is None and not any("given twice" in n for n in notes), notes
+
+
+@pytest.mark.parametrize(
+    "argv, note",
+    [(["optimizer.rho=0.1", "optimizer.rho=0.2"], "optimizer.rho is given twice "
+      "(optimizer.rho=0.1 and optimizer.rho=0.2): the last counts, optimizer.rho=0.2"),
+     (["-m", "seed=0,1", "seed=2"], "seed is given twice (seed=0,1 and seed=2): the last counts, "
+      "seed=2"),
+     (["optimizer=sam", "optimizer=base"], "optimizer is given twice (optimizer=sam and "
+      "optimizer=base): the last counts, optimizer=base")],
+)  # fmt: skip
+def test_a_key_given_twice_with_a_plain_value_is_a_notice_naming_the_one_that_counts(argv, note):
+    """Not refused (as a key swept twice is): setting one key again after a list of shared
+    settings is how scripts (and these tests' tiny budgets) override it."""
+    message, notes = check_jobs(args_parser().parse_args(argv))
+    assert message is None and note in notes, (message, notes)
+
+
+def test_a_stage_sweep_sets_again_a_key_of_its_stage_without_a_notice(monkeypatch):
+    """A stage's sweep: the stage's keys, then the user's, who may set one of them again."""
+    from sam_runner.sweep import stages
+
+    monkeypatch.setattr(stages, "current", "a")  # what staged.run sets while a stage runs
+    _, notes = check_jobs(args_parser().parse_args(["trainer.epochs=2", "trainer.epochs=3"]))
+    assert not any("given twice" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    "argv, note",
+    [(["dataset.augment=true"], "dataset.augment=true does nothing on dataset=mnist1d, which is "
+      "not augmented: the run trains as without it"),
+     (["trainer.eval_every_n_steps=100", "trainer.eval_every_n_epochs=2"],
+      "trainer.eval_every_n_epochs=2 does nothing with trainer.eval_every_n_steps=100: the steps "
+      "decide when a run evaluates")],
+)  # fmt: skip
+def test_the_last_settings_that_do_nothing_are_a_notice(argv, note):
+    message, notes = check_jobs(args_parser().parse_args(argv))
+    assert message is None and note in notes, notes
+
+
+@pytest.mark.parametrize("argv", [["dataset=cifar10", "dataset.augment=true"],
+                                  ["trainer.eval_every_n_steps=100"]])  # fmt: skip
+def test_the_same_settings_where_they_act_are_no_notice(argv):
+    message, notes = check_jobs(args_parser().parse_args(argv))
+    assert message is None and not any("does nothing" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("every, said", [(3, True), (6, True), (7, False)])
+def test_eval_every_n_steps_within_an_epoch_is_a_notice_as_the_run_starts(every, said, tmp_path,
+                                                                          capsys):  # fmt: skip
+    from sam_runner.train import Run
+
+    cfg = compose(*TINY, f"trainer.eval_every_n_steps={every}")  # 800 examples / 128: 6 steps
+    run = Run(cfg, tmp_path / "run", [])
+    run.setup()  # the run's own setup: data, model, the lengths (no epoch is trained)
+    assert run.steps_per_epoch == 6
+    err = capsys.readouterr().err
+    note = (
+        f"sam-run: warning: trainer.eval_every_n_steps={every} is at most the 6 steps of an "
+        "epoch, and a run evaluates at epoch ends: every epoch is evaluated, as without it\n"
+    )
+    assert (note in err) is said, err
+
+
+def test_eval_workers_beyond_the_cores_are_capped_with_one_line(tmp_path, capsys):
+    from sam_runner.evaluation.settings import compose_eval, usable_cores
+
+    cores = usable_cores()
+    cfg = compose_eval(["eval.workers=1000"], tmp_path)
+    assert cfg.eval.workers == cores
+    assert capsys.readouterr().err == (
+        f"sam-eval: warning: eval.workers=1000 is more than the {cores} CPU core(s) this process "
+        f"may use: capped at {cores} worker process(es)\n"
+    )
+    assert compose_eval([f"eval.workers={cores}"], tmp_path).eval.workers == cores
+    assert capsys.readouterr().err == ""

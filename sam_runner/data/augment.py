@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError, number
-from ..registry import AUGMENTS
+from ..registry import AUGMENTS, DATASETS
 
 CUTOUT_SIDE = 0.5  # the hole's side over the image's: 16×16 on 32×32, as the SAM paper's CIFAR
 LEGACY = {True: "basic", False: "none"}  # dataset.augment=true/false, from before the policies
@@ -89,10 +89,34 @@ def policy_name(value) -> str:
 
 
 def validate(cfg) -> None:
-    """``dataset.augment``, ``dataset.mixup_alpha`` and ``dataset.cutmix_alpha``."""
-    policy_name(cfg.get("augment", True))
+    """``dataset.augment``, ``dataset.mixup_alpha`` and ``dataset.cutmix_alpha``; a policy with
+    an operation on images (Cutout, AutoAugment, ...) on a dataset that is not augmented (its
+    registration's ``augmented``: MNIST-1D's signals, tokens, arrays) is refused, as it would do
+    nothing."""
+    policy = policy_name(cfg.get("augment", True))
+    name = cfg.get("name")
+    if policy not in ("none", "basic") and name is not None and not augmented(name):
+        raise UserError(
+            f"dataset.augment={policy} acts on images, and dataset={name}{_inputs(name)} is "
+            f"not augmented (only {', '.join(DATASETS.names_where(augmented=True))} are); use "
+            "dataset.augment=none"
+        )
     for key in ("mixup_alpha", "cutmix_alpha"):
         number(f"dataset.{key}", cfg.get(key, 0.0), "a number >= 0 (0 = off)", lambda a: a >= 0)
+
+
+def augmented(dataset: str) -> bool:
+    """Whether a dataset's training batches are augmented (CIFAR's tensors, image folders): its
+    registration says so; the other sources' inputs are signals, tokens or arrays."""
+    return bool(DATASETS.entry(dataset).meta.get("augmented"))
+
+
+def _inputs(dataset: str) -> str:
+    """What a dataset's inputs are, as its registration's shape says (" (1-D signals ...)")."""
+    shape = DATASETS.entry(dataset).input_shape or ()
+    if len(shape) == 2:
+        return f" (1-D signals of length {shape[-1]})"
+    return f" ({shape[-2]}×{shape[-1]} images)" if len(shape) == 3 else ""
 
 
 class TensorPolicy:

@@ -131,6 +131,7 @@ def _cifar(cfg, name) -> Arrays:
     "CIFAR-10 (torchvision; crop and flip on tensors)",
     input_shape=(3, 32, 32),
     num_classes=10,
+    augmented=True,
 )
 def cifar10(cfg) -> Arrays:
     return _cifar(cfg, "cifar10")
@@ -141,6 +142,7 @@ def cifar10(cfg) -> Arrays:
     "CIFAR-100 (torchvision; crop and flip on tensors)",
     input_shape=(3, 32, 32),
     num_classes=100,
+    augmented=True,
 )
 def cifar100(cfg) -> Arrays:
     return _cifar(cfg, "cifar100")
@@ -151,6 +153,7 @@ def cifar100(cfg) -> Arrays:
     "CIFAR-100 with a long-tailed training set (imbalance_ratio 100)",
     input_shape=(3, 32, 32),
     num_classes=100,
+    augmented=True,
 )
 def cifar100_lt(cfg) -> Arrays:
     return _cifar(cfg, "cifar100")
@@ -237,6 +240,7 @@ def folder_labels(cfg) -> tuple:
     tensors=False,
     input_shape=None,
     num_classes=None,
+    augmented=True,
 )
 def image_folder(cfg, seed, rank, world):
     from torchvision import datasets

@@ -38,15 +38,16 @@ def check(cfg) -> None:
     """Every eval key, as a run checks its own (the metrics keys: ``check_metrics``)."""
     e = cfg.eval
     integer("eval.workers", e.workers, "an integer >= 1", lambda w: w >= 1)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     device = check_device(cfg.trainer.device)
     check_progress(cfg.trainer.progress)
-    if not device.startswith("cuda") and e.workers > (cores or 1):  # legal: each gets a share
+    cores = usable_cores()
+    if e.workers > cores and launcher(cfg) == "local":  # more processes than cores: no faster
         print(
-            f"sam-eval: warning: eval.workers={e.workers} is more than this machine's {cores} "
-            "CPU core(s): the workers share them and run no faster",
+            f"sam-eval: warning: eval.workers={e.workers} is more than the {cores} CPU core(s) "
+            f"this process may use: capped at {cores} worker process(es)",
             file=sys.stderr,
         )
+        e.workers = cores
     from ..rundir import check_weights
 
     check_weights(str(e.get("weights", "last")), "eval.weights")
@@ -57,6 +58,17 @@ def check(cfg) -> None:
         require(
             torch.cuda.is_available(), f"trainer.device={device}, but no CUDA device is visible"
         )
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity: cgroups, taskset, SLURM's binding;
+    no more than ``SLURM_CPUS_PER_TASK`` where set): the most worker processes that run at once.
+    Not ``OMP_NUM_THREADS``, which counts the threads of one process, not processes."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        cores = min(cores or 1, int(slurm))
+    return max(1, cores or 1)
 
 
 def check_metrics(cfg) -> None:

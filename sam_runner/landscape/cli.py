@@ -242,12 +242,11 @@ def _connect_two(path: Path, to: Path, opt, device, say) -> dict:
         to.is_dir(),
         f"landscape.to={str(to)!r} does not exist or is not a folder; pass a run folder",
     )
-    if to.resolve() == path.resolve():  # a valid check of the tool, but say so
-        print(
-            f"sam-landscape: warning: landscape.to={str(to)!r} is the run itself: every "
-            "point is the same weights and the barrier is 0",
-            file=sys.stderr,
-        )
+    require(  # every point would be the run's own weights, the barrier 0: surely a slip
+        to.resolve() != path.resolve(),
+        f"landscape.to={str(to)!r} is the run itself ({path}): the line between a run and itself "
+        "is one point; give another run's folder (the same architecture)",
+    )
     out = pair_folder(path, to, opt.weights)
     if connectivity_done(path, to, opt):
         say(_kept(out, opt, "connectivity", ["connectivity"]))

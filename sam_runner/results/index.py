@@ -3,7 +3,8 @@
 Tables (the standard library's sqlite3; any SQL client, pandas or DuckDB reads them):
 
 - ``runs``: one row per run folder: ``run_dir`` (absolute), ``sweep_dir`` (the sweep folder it
-  was found in; a run folder given itself: its own folder), ``status``, ``indexed_at`` (UTC,
+  was found in; a run folder given itself: its own folder), ``status`` (``unreadable`` for a
+  folder with a file that cannot be read, ``problem`` naming it), ``indexed_at`` (UTC,
   ISO 8601), every flattened config key named as in overrides (``optimizer.rho``), every
   ``summary.json`` value under its own name (``test_acc``; nested ones dotted:
   ``versions.torch``; a name the config already has gets ``summary.``), and sam-eval's and
@@ -184,20 +185,27 @@ def _delete(con, run_dir: str) -> None:
 
 
 def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
-    """``read``, ``unchanged`` or ``skipped`` (a corrupt summary.json: one warning line)."""
+    """``read``, ``unchanged`` or ``unreadable``: a file of the folder is there but cannot be
+    read (corrupt, or its permissions): one warning line naming it, and a row with status
+    ``unreadable`` and the reason in ``problem``, holding what could be read; such a folder is
+    read again each time (mended permissions do not change a file's size or time)."""
     sig = signature(run_dir)
-    old = con.execute("SELECT signature FROM files WHERE run_dir = ?", (str(run_dir),)).fetchone()
-    if old and old[0] == sig and _has_rows(con, run_dir):
+    old = con.execute(
+        "SELECT signature, status FROM files LEFT JOIN runs USING (run_dir) WHERE run_dir = ?",
+        (str(run_dir),),
+    ).fetchone()
+    if old and old[0] == sig and old[1] != "unreadable" and _has_rows(con, run_dir):
         return "unchanged"
     run = RunDir(run_dir)
-    if (run_dir / SUMMARY).is_file() and run.summary is None:
+    logged, problem = run.checked_rows()
+    row = run_row(run, sweep_dir)
+    if problem:
         print(
-            f"sam-index: warning: {run_dir}: summary.json is not readable JSON; folder skipped",
+            f"sam-index: warning: {run_dir}: {problem}; indexed with status unreadable",
             file=sys.stderr,
         )
-        return "skipped"
-    row = run_row(run, sweep_dir)
-    lines = [{"run_dir": str(run_dir), **{k: _value(v) for k, v in r.items()}} for r in run.rows()]
+        row.update(status="unreadable", problem=problem)
+    lines = [{"run_dir": str(run_dir), **{k: _value(v) for k, v in r.items()}} for r in logged]
     con.execute("BEGIN IMMEDIATE")
     try:
         _delete(con, str(run_dir))
@@ -209,7 +217,7 @@ def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
         if con.in_transaction:  # a signal can land just after the COMMIT: nothing to undo then
             con.execute("ROLLBACK")
         raise
-    return "read"
+    return "unreadable" if problem else "read"
 
 
 def _has_rows(con, run_dir: Path) -> bool:
@@ -237,7 +245,7 @@ def index(paths, db: Path) -> dict:
         require(Path(p).is_dir(), f"PATH={str(p)!r} is not a folder; pass run or sweep folders")
     with indexer_lock(Path(db)):
         con = connect(db)
-        counts = {"read": 0, "unchanged": 0, "skipped": 0, "removed": 0}
+        counts = {"read": 0, "unchanged": 0, "unreadable": 0, "removed": 0}
         try:
             for p in paths:
                 found = folders(Path(p))
@@ -383,8 +391,8 @@ def index_main(argv) -> int:
             c = index(args.paths, args.db)
             print(
                 f"sam-index: {sum(c.values()) - c['removed']} run folder(s): {c['read']} read, "
-                f"{c['unchanged']} unchanged, {c['skipped']} skipped, {c['removed']} removed; "
-                f"database {args.db}"
+                f"{c['unchanged']} unchanged, {c['unreadable']} unreadable, {c['removed']} "
+                f"removed; database {args.db}"
             )
         if args.query:
             cols, rows = query(args.db, args.query)

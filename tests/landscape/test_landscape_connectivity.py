@@ -30,10 +30,11 @@ def last_test(run):
     return [r for r in read_rows(run / "metrics.jsonl") if "test_loss" in r][-1]
 
 
-def test_a_run_with_itself_is_flat_and_its_barrier_is_zero(tmp_path):
+def test_a_run_with_a_copy_of_itself_is_flat_and_its_barrier_is_zero(tmp_path):
     run = copy_run(trained(*CNN), tmp_path / "run")
-    assert main([str(run), "--to", str(run), "landscape.alphas=7", *QUIET]) == 0
-    out = run / "landscape" / run.name
+    twin = copy_run(run, tmp_path / "twin")  # the run itself is refused (#42): its copy
+    assert main([str(run), "--to", str(twin), "landscape.alphas=7", *QUIET]) == 0
+    out = run / "landscape" / twin.name
     rows = table(out / "connectivity.csv")
     assert [r["alpha"] for r in rows] == pytest.approx([-0.25, 0, 0.25, 0.5, 0.75, 1, 1.25])
     for k in COLUMNS:  # every point is the run itself, bit for bit

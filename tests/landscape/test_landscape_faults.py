@@ -1,5 +1,5 @@
 """sam-landscape's refusals before anything is computed: a run another sam-landscape measures,
-a landscape folder that cannot be written; e-notation spans; the notice for one run twice."""
+a landscape folder that cannot be written, one run connected to itself; e-notation spans."""
 
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ def test_a_negative_span_in_e_notation_is_a_value():
     assert list(cfg.landscape.span) == [-0.5, 0.5] and given == {"landscape.span"}
 
 
-def test_a_run_connected_to_itself_is_said_not_silent(run, capsys):
-    assert main([str(run), "--to", str(run), "landscape.alphas=3", "trainer.progress=none"]) == 0
-    assert "is the run itself: every point is the same weights" in capsys.readouterr().err
+def test_a_run_connected_to_itself_is_refused_before_computing(run, capsys):
+    for to in (["--to", run], [f"landscape.to={run}/."]):  # #42: however the path is spelled
+        err = refused([run, *to, "landscape.alphas=3", "trainer.progress=none"], capsys)
+        assert "is the run itself" in err and "give another run's folder" in err
+    assert not (run / "landscape").exists()
 
 
 def test_a_landscape_folder_that_cannot_be_written_is_refused_before_computing(run, capsys):

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from results_helpers import copy_sweep
 
 from sam_runner.lock import job_lock
@@ -113,7 +114,89 @@ def test_a_corrupt_summary_is_one_warning_and_the_others_are_indexed(tmp_path, c
     assert main([str(sweep), "--db", str(db)]) == 0
     warnings = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
     assert len(warnings) == 1 and str(jobs[0].resolve()) in warnings[0]
-    assert len(rows(db, "SELECT * FROM runs")) == len(jobs) - 1
+    status = {r["run_dir"]: r["status"] for r in rows(db, "SELECT * FROM runs")}
+    assert len(status) == len(jobs) and status.pop(str(jobs[0].resolve())) == "unreadable"
+    assert set(status.values()) == {"completed"}
+
+
+def _job(folder: Path, **files) -> Path:
+    """A job folder as sam-run leaves one: its config, metrics lines and summary (real files)."""
+    (folder / ".hydra").mkdir(parents=True)
+    config = "optimizer:\n  name: sam\n  rho: 0.05\nseed: 0\n"
+    (folder / ".hydra" / "config.yaml").write_text(config)
+    lines = [{"epoch": 1, "step": 6, "test_acc": 0.5}, {"epoch": 2, "step": 12, "test_acc": 0.6}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (folder / "summary.json").write_text(json.dumps({"status": "completed", "test_acc": 0.6}))
+    for name, text in files.items():
+        path = folder / name.replace("__", "/")
+        if text is None:  # a folder where the file goes: unreadable, even for root
+            path.unlink()
+            path.mkdir()
+        else:
+            path.write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "files, problem",
+    [({"summary.json": "{\"status\": \"compl"}, "summary.json is corrupt (not JSON: "),
+     ({"summary.json": ""}, "summary.json is corrupt (empty)"),
+     ({"summary.json": "[1, 2]"}, "summary.json is corrupt (not a JSON object)"),
+     ({"metrics.jsonl": None}, "metrics.jsonl is unreadable (Is a directory)"),
+     ({"metrics.jsonl": '{"epoch": 1}\ngarbage\n{"epoch": 2}\n'}, "metrics.jsonl is corrupt "
+      "(line 2 is not a JSON object)"),
+     ({"metrics.jsonl": '{"epoch": 1}\n{"epo'}, "metrics.jsonl is corrupt (line 2 is not a "
+      "JSON object)"),
+     ({".hydra__config.yaml": "optimizer: [unclosed"}, ".hydra/config.yaml is corrupt (not a "
+      "YAML mapping)")],
+)  # fmt: skip
+def test_a_file_that_cannot_be_read_is_one_line_and_a_row_marked_unreadable(
+    files, problem, tmp_path, capsys
+):
+    sweep = tmp_path / "sweep"
+    bad, good = _job(sweep / "0", **files), _job(sweep / "1")
+    db = tmp_path / "r.sqlite"
+    assert main([str(sweep), "--db", str(db)]) == 0  # the index goes on: no traceback
+    out, err = capsys.readouterr()
+    assert err.startswith(f"sam-index: warning: {bad.resolve()}: {problem}"), err
+    assert err.count("\n") == 1
+    assert err.endswith("; indexed with status unreadable\n")
+    assert "2 run folder(s): 1 read, 0 unchanged, 1 unreadable, 0 removed" in out
+    runs = {r["run_dir"]: r for r in rows(db, "SELECT * FROM runs")}
+    assert runs[str(bad.resolve())]["status"] == "unreadable"
+    assert runs[str(bad.resolve())]["problem"].startswith(problem)
+    assert runs[str(good.resolve())]["status"] == "completed"
+    assert runs[str(good.resolve())]["problem"] is None
+    assert runs[str(good.resolve())]["test_acc"] == 0.6
+    # indexed again, unchanged: still unreadable and said again (mended permissions keep the
+    # file's size and time); once mended, the folder is read as any other
+    assert main([str(sweep), "--db", str(db)]) == 0
+    assert capsys.readouterr().err == err
+    shutil.rmtree(bad)
+    _job(bad)
+    assert main([str(sweep), "--db", str(db)]) == 0
+    assert capsys.readouterr().err == ""
+    assert {r["status"] for r in rows(db, "SELECT status FROM runs")} == {"completed"}
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its permissions")
+def test_a_summary_without_read_permission_is_a_row_marked_unreadable(tmp_path, capsys):
+    job = _job(tmp_path / "sweep" / "0")
+    (job / "summary.json").chmod(0)
+    assert main([str(tmp_path / "sweep"), "--db", str(tmp_path / "r.sqlite")]) == 0
+    assert capsys.readouterr().err == (
+        f"sam-index: warning: {job.resolve()}: summary.json is unreadable (Permission denied); "
+        "indexed with status unreadable\n"
+    )
+
+
+def test_a_last_line_cut_by_a_kill_of_a_run_without_summary_is_no_fault(tmp_path, capsys):
+    job = _job(tmp_path / "sweep" / "0", **{"metrics.jsonl": '{"epoch": 1}\n{"epo'})
+    (job / "summary.json").unlink()  # stopped (or training): resuming drops the cut line
+    assert main([str(tmp_path / "sweep"), "--db", str(tmp_path / "r.sqlite")]) == 0
+    assert capsys.readouterr().err == ""
+    assert [r["status"] for r in rows(tmp_path / "r.sqlite", "SELECT status FROM runs")] == [
+        "missing"]  # fmt: skip
 
 
 def _dump(db) -> dict:
