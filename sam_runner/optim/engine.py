@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..module_state import frozen_running_stats
+from ..module_state import frozen_running_stats, gradients_skipped
 from .schedule import PerturbSchedule, check_schedule
 
 RHO_SCHEDULES = ("constant", "lr", "cosine")
@@ -206,14 +206,17 @@ class SharpnessAware(torch.optim.Optimizer):
         return self.rho * self.rho_factor
 
     # ------------------------------------------------------------------ passes
-    def run_pass(self, closure: Callable, index: int, sync: bool = True):
-        """One forward-backward. Unsynchronised passes run forward and backward under no_sync."""
+    def run_pass(self, closure: Callable, index: int, sync: bool = True, skip=()):
+        """One forward-backward. Unsynchronised passes run forward and backward under no_sync.
+        ``skip``: parameters this pass computes no gradient for (``requires_grad`` off during
+        the pass, so autograd skips their weight gradients; see ``first_pass_skips``)."""
         self.pass_index, self.pass_syncs = index, sync
         no_sync = getattr(self.model, "no_sync", None)
         ctx = no_sync() if (not sync and no_sync is not None) else contextlib.nullcontext()
         # later passes normalise with batch statistics but leave running statistics alone
         frozen = frozen_running_stats(self._bn) if index > 0 else contextlib.nullcontext()
-        with ctx, frozen, torch.enable_grad():
+        skipped = gradients_skipped(skip) if skip else contextlib.nullcontext()
+        with ctx, frozen, skipped, torch.enable_grad():
             return closure()
 
     def _unscale(self, grads):
@@ -352,7 +355,13 @@ class SharpnessAware(torch.optim.Optimizer):
     def first_pass(self, closure):
         """The pass at θ (synchronised only with ``sync_perturbation``), unscaled: its loss, the
         parameters and the gradients ε is built from (their norm in ``self.g_norm``)."""
-        loss = self.run_pass(closure, 0, sync=self.sync_perturbation)
+        skip = self.first_pass_skips()
+        if skip and self.sync_perturbation and hasattr(self.model, "no_sync"):
+            skip = ()  # DDP expects a gradient of every parameter in a synchronised pass
+        loss = self.run_pass(closure, 0, sync=self.sync_perturbation, skip=skip)
+        for p in skip:  # no gradient is a zero one (the parameter lists stay those of every pass)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         params, grads, _ = self._lists()
         self._unscale(grads)
         return loss, params, self.prepare_perturbation(params, grads)
@@ -403,6 +412,12 @@ class SharpnessAware(torch.optim.Optimizer):
     def compute_perturbation(self, params, grads, eps) -> None:
         """Write ε into the persistent buffers ``eps`` (one per parameter with a gradient)."""
         raise NotImplementedError
+
+    def first_pass_skips(self) -> list:
+        """Parameters whose gradient at θ nothing needs this step (ESAM's tensors left
+        unperturbed): the first pass skips them, and they hold a zero gradient after it. Asked
+        once a perturbing step, before the first pass; here none."""
+        return []
 
     def select_rows(self, *tensors):
         """The rows of one micro-batch's tensors (inputs, targets, ...; None passes through) that
