@@ -105,7 +105,7 @@ class SharpnessAware(torch.optim.Optimizer):
         interval: int = 1,
         perturb_schedule: str = "every",
         perturb_prob: float = 0.5,
-        perturb_from: float = 0.0,
+        perturb_from: float | int = 0.0,
         perturb_delta: float = 0.9,
         perturb_lambda1: float = -1.0,
         perturb_lambda2: float = 1.0,
@@ -113,14 +113,16 @@ class SharpnessAware(torch.optim.Optimizer):
         sync_perturbation: bool = False,
         perturb_with_weight_decay: bool = False,
         total_steps: int | None = None,
+        steps_per_epoch: int | None = None,
         model: torch.nn.Module | None = None,
         **kwargs,
     ):
         own = {k: kwargs.pop(k, v) for k, v in self.variant_options.items()}
         _check_engine_options(base_optimizer, rho, rho_schedule, interval, total_steps)
         problem = check_schedule(
-            perturb_schedule, perturb_prob, perturb_from, interval, total_steps, perturb_delta
-        )
+            perturb_schedule, perturb_prob, perturb_from, interval, total_steps, perturb_delta,
+            steps_per_epoch,
+        )  # fmt: skip
         _check(problem is None, problem or "")
         super().__init__(params, dict(rho=float(rho)))
         self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
@@ -133,7 +135,7 @@ class SharpnessAware(torch.optim.Optimizer):
         self.perturb_schedule = perturb_schedule
         self.schedule = PerturbSchedule(
             perturb_schedule, interval, perturb_prob, perturb_from, perturb_delta,
-            perturb_lambda1, perturb_lambda2, perturb_seed, total_steps,
+            perturb_lambda1, perturb_lambda2, perturb_seed, total_steps, steps_per_epoch,
         )  # fmt: skip
         self.sync_perturbation = bool(sync_perturbation)
         self.perturb_with_weight_decay = bool(perturb_with_weight_decay)
