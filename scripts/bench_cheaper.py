@@ -4,13 +4,15 @@ A LookSAM or randomized-switching step is either a two-pass step or a one-pass s
 step's time says little: each measurement here is a block of steps (LookSAM k = 5: two whole
 cycles of 5; RST p = 0.5: 20 steps, its seeded draws) against a block of as many steps of the
 reference, taken alternately, the median ratio over rounds (``benchutil.interleaved_ratio``).
-ESAM (β = 0.6, γ = 0.5), at its defaults and with ``faithful``, against SAM, step for step
-(``esam_only()`` runs these rows alone). Models and optimizers as section ``optim``
-builds them (default model at batch 128; CIFAR ResNet-18 at batch 32 without ``--quick``), on
-one CPU thread.
+ESAM (β = 0.6, γ = 0.5), at its defaults and with ``faithful``, against SAM, and SAM under
+the default ``every`` schedule against SAM without the schedule's bookkeeping, in blocks of 4
+steps, the fastest of 3 (``esam_only()`` runs these rows alone). Models and optimizers as
+section ``optim`` builds them (default model at batch 128; CIFAR ResNet-18 at batch 32 without
+``--quick``), on one CPU thread.
 
 Keys: ``look_sam_k5_over_base_step_<model>``, ``rst_p05_over_base_step_<model>``,
-``esam_over_sam_step_<model>``, ``esam_faithful_over_sam_step_<model>``.
+``esam_over_sam_step_<model>``, ``esam_faithful_over_sam_step_<model>``,
+``schedule_every_over_plain_step_<model>``.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from sam_runner.optim import VARIANTS
 from sam_runner.optim.build import parameter_groups
 
 
-def _steps(name, model, x, y, n, **kw):
-    """``n`` optimizer steps of ``name`` (built as the runner builds it) as one call."""
+def _steps(name, model, x, y, n, adjust=None, **kw):
+    """``n`` optimizer steps of ``name`` (built as the runner builds it, then ``adjust(opt)``)
+    as one call."""
     model = copy.deepcopy(model)
     sgd = dict(lr=0.01, momentum=0.9, weight_decay=5e-4)
     opt = VARIANTS[name](parameter_groups(model), torch.optim.SGD, total_steps=10**6, **sgd, **kw)
+    if adjust is not None:
+        adjust(opt)
     step = _stepper(opt.bind(model=model), model, x, y)
 
     def block():
@@ -53,7 +58,24 @@ def run(args) -> dict:
         out[f"look_sam_k5_over_base_step_{kind}"] = interleaved_ratio(look, base10, repeats)
         out[f"rst_p05_over_base_step_{kind}"] = interleaved_ratio(rst, base20, repeats)
         out.update(esam_rows(model, x, y, sam, repeats, kind))
+        out.update(bookkeeping_row(model, x, y, sam, repeats, kind))
     return out
+
+
+def _unscheduled(opt) -> None:
+    """The plain variant step: ``opt`` without the schedule's bookkeeping (every step perturbs
+    with no decision asked, and no pass is counted)."""
+    opt.schedule.decide = lambda *_: True
+    opt._counted = lambda closure: closure
+
+
+def bookkeeping_row(model, x, y, sam, repeats: int, kind: str) -> dict:
+    """``schedule_every_over_plain_step``: SAM under ``perturb_schedule=every`` (the default:
+    the decision, the perturbed count, the counted closure) over the same SAM without them;
+    blocks of 4 steps, as ``esam_rows``."""
+    plain = _steps("sam", model, x, y, 4, adjust=_unscheduled)
+    ratios = _ratios({"every": sam}, plain, repeats, calls=3)
+    return {f"schedule_every_over_plain_step_{kind}": ratios["every"]}
 
 
 def esam_rows(model, x, y, sam, repeats: int, kind: str) -> dict:
@@ -71,11 +93,15 @@ def esam_rows(model, x, y, sam, repeats: int, kind: str) -> dict:
 
 
 @single_threaded
-def esam_only(kinds=("default",), repeats: int = 5) -> dict:
-    """The ESAM rows alone (``python -c "import sys; sys.path.insert(0, 'scripts');
-    import bench_cheaper as b; print(b.esam_only())"``)."""
+def esam_only(kinds=("default",), repeats: int = 5, rows=("esam",)) -> dict:
+    """The ESAM rows (and/or ``"bookkeeping"``) alone: ``python -c "import sys;
+    sys.path.insert(0, 'scripts'); import bench_cheaper as b; print(b.esam_only())"``."""
     out = {}
     for kind in kinds:
         model, x, y = _setup(kind)
-        out.update(esam_rows(model, x, y, _steps("sam", model, x, y, 4), repeats, kind))
+        sam = _steps("sam", model, x, y, 4)
+        if "esam" in rows:
+            out.update(esam_rows(model, x, y, sam, repeats, kind))
+        if "bookkeeping" in rows:
+            out.update(bookkeeping_row(model, x, y, sam, repeats, kind))
     return out
