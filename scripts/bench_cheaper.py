@@ -11,7 +11,8 @@ section ``optim`` builds them (default model at batch 128; CIFAR ResNet-18 at ba
 ``--quick``), on one CPU thread.
 
 Keys: ``look_sam_k5_over_base_step_<model>``, ``rst_p05_over_base_step_<model>``,
-``esam_over_sam_step_<model>``, ``esam_faithful_over_sam_step_<model>``,
+``esam_over_sam_step_<model>``, ``esam_faithful_over_sam_step_<model>``, their FLOP ratios
+``esam_over_sam_flops_<model>``, ``esam_faithful_over_sam_flops_<model>`` (blocks of 4 steps),
 ``schedule_every_over_plain_step_<model>``.
 """
 
@@ -89,7 +90,22 @@ def esam_rows(model, x, y, sam, repeats: int, kind: str) -> dict:
         for key, kw in (("esam", {}), ("esam_faithful", {"faithful": True}))
     }
     ratios = _ratios(fns, sam, repeats, calls=3)
-    return {f"{key}_over_sam_step_{kind}": r for key, r in ratios.items()}
+    out = {f"{key}_over_sam_step_{kind}": r for key, r in ratios.items()}
+    sam_flops = _flops(sam)
+    for key, f in fns.items():
+        out[f"{key}_over_sam_flops_{kind}"] = _flops(f) / sam_flops
+    return out
+
+
+def _flops(fn) -> int:
+    """The matrix and convolution FLOPs ``fn()`` runs, forward and backward
+    (``torch.utils.flop_counter``: normalization, elementwise and optimizer arithmetic are not
+    counted). Unlike a time, it does not depend on who else uses the machine."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
 
 
 @single_threaded
