@@ -475,8 +475,8 @@ def test_summary_counts_the_passes_of_a_random_schedule(tmp_path):
 
 def test_late_from_an_epoch_perturbs_every_step_of_that_epoch_on(tmp_path):
     """``perturb_from=2`` (an integer: an epoch) on a 2-epoch run: epoch 1 plain, epoch 2 SAM."""
-    cfg = compose(*TINY, "metrics.hessian.enabled=false", "optimizer.perturb_schedule=late",
-                  "optimizer.perturb_from=2")  # fmt: skip
+    cfg = compose(*TINY, "dataset.num_samples=300", "metrics.hessian.enabled=false",
+                  "optimizer.perturb_schedule=late", "optimizer.perturb_from=2")  # fmt: skip
     summary = train(cfg, tmp_path / "late", [])
     first, last = [r for r in rows(tmp_path / "late") if "grad_evals" in r][-2:]
     assert summary["status"] == "completed" and summary["perturbed_fraction"] == 0.5
