@@ -13,16 +13,18 @@ section ``optim`` builds them (default model at batch 128; CIFAR ResNet-18 at ba
 Keys: ``look_sam_k5_over_base_step_<model>``, ``rst_p05_over_base_step_<model>``,
 ``esam_over_sam_step_<model>``, ``esam_faithful_over_sam_step_<model>``, their FLOP ratios
 ``esam_over_sam_flops_<model>``, ``esam_faithful_over_sam_flops_<model>`` (blocks of 4 steps),
-``schedule_every_over_plain_step_<model>``.
+``schedule_every_over_plain_step_<model>`` and ``schedule_every_bookkeeping_share_<model>`` (the
+bookkeeping's own time over a SAM step's).
 """
 
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 from bench_optim import _ratios, _setup, _stepper
-from benchutil import interleaved_ratio, single_threaded
+from benchutil import interleaved_ratio, median_time, single_threaded
 
 from sam_runner.optim import VARIANTS
 from sam_runner.optim.build import parameter_groups
@@ -76,7 +78,29 @@ def bookkeeping_row(model, x, y, sam, repeats: int, kind: str) -> dict:
     blocks of 4 steps, as ``esam_rows``."""
     plain = _steps("sam", model, x, y, 4, adjust=_unscheduled)
     ratios = _ratios({"every": sam}, plain, repeats, calls=3)
-    return {f"schedule_every_over_plain_step_{kind}": ratios["every"]}
+    step = min(median_time(plain, 1, 0) for _ in range(3)) / 4
+    return {
+        f"schedule_every_over_plain_step_{kind}": ratios["every"],
+        f"schedule_every_bookkeeping_share_{kind}": _bookkeeping_s() / step,
+    }
+
+
+def _bookkeeping_s(n: int = 20000) -> float:
+    """Seconds a step of SAM spends on the schedule's bookkeeping alone, as ``step`` runs it (the
+    decision, the counted closure's two calls, the perturbed count), over ``n`` steps: a share
+    of a step far below what the side-by-side ratio resolves on a shared machine."""
+    opt = VARIANTS["sam"]([torch.nn.Parameter(torch.zeros(1))], torch.optim.SGD, lr=0.1)
+
+    def closure():
+        return None
+
+    t0 = time.perf_counter()
+    for k in range(1, n + 1):
+        counted = opt._counted(closure)
+        perturb = opt.passes > 1 and opt.schedule.decide(k)
+        counted(), counted()
+        opt.schedule.perturbed += perturb
+    return (time.perf_counter() - t0) / n
 
 
 def esam_rows(model, x, y, sam, repeats: int, kind: str) -> dict:
