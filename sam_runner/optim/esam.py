@@ -5,6 +5,9 @@ pass on the part of the batch whose loss the perturbation raises most.
   coordinate (the paper's text). ``faithful=true``: one draw per parameter tensor, as the
   official code (dydjw9/Efficient_SAM ``utils/Esam.py``) does by freezing tensors, so the norm is
   that of the kept tensors' gradients: ε_K = (ρ/β) g_K/‖g_K‖ on the kept tensors K, 0 elsewhere.
+  Nothing needs the other tensors' gradients at θ, so the mask is drawn before the first pass
+  and that pass skips them (the engine's ``first_pass_skips``), which is where the official
+  code saves its compute; the run is bit for bit the one computing every gradient.
 - Sharpness-sensitive data selection: one forward without gradients at θ+ε gives each sample's
   loss rise ℓ_i(θ+ε) − ℓ_i(θ); the descent pass runs on the ⌊γB⌋ samples with the largest rise
   (at least one). ``faithful=true``: the official rule, the samples whose rise is strictly above
