@@ -4,8 +4,9 @@ A variant only says how it perturbs (``compute_perturbation``); the engine does
 the rest: closures, the first and second pass, BatchNorm statistics, the fp16
 gradient scaler, gradient clipping, DDP synchronisation, the ρ schedule,
 ``interval`` and ``perturb_schedule`` (schedule.py), the count of passes, the parameters a
-pass may skip (``first_pass_skips``, ``run_pass(skip=...)``) and the base optimizer's step. Arithmetic runs on whole parameter lists (``torch._foreach_*``) with
-persistent buffers and no host syncs (the ``adaptive`` schedule's decision aside).
+pass may skip (``first_pass_skips``, ``run_pass(skip=...)``) and the base optimizer's step.
+Arithmetic runs on whole parameter lists (``torch._foreach_*``) with persistent buffers and no
+host syncs (the ``adaptive`` schedule's decision and ESAM's draws aside).
 """
 
 from __future__ import annotations
