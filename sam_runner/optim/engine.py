@@ -120,10 +120,8 @@ class SharpnessAware(torch.optim.Optimizer):
     ):
         own = {k: kwargs.pop(k, v) for k, v in self.variant_options.items()}
         _check_engine_options(base_optimizer, rho, rho_schedule, interval, total_steps)
-        problem = check_schedule(
-            perturb_schedule, perturb_prob, perturb_from, interval, total_steps, perturb_delta,
-            steps_per_epoch,
-        )  # fmt: skip
+        problem = check_schedule(perturb_schedule, perturb_prob, perturb_from, interval,
+                                 total_steps, perturb_delta, steps_per_epoch)  # fmt: skip
         _check(problem is None, problem or "")
         super().__init__(params, dict(rho=float(rho)))
         self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
