@@ -34,3 +34,27 @@ def frozen_running_stats(modules):
     finally:
         for m in tracked:
             m.track_running_stats = True
+
+
+@contextlib.contextmanager
+def gradients_skipped(params):
+    """``params`` get no gradient until the context closes (``requires_grad`` off, so autograd
+    skips their weight gradients, and whatever only they need), then have it back. Each is marked
+    meanwhile, so that code asking whether a parameter is trained (``is_trainable``) still says
+    yes."""
+    skipped = [p for p in params if p.requires_grad]
+    for p in skipped:
+        p.requires_grad_(False)
+        p._gradient_skipped = True
+    try:
+        yield
+    finally:
+        for p in skipped:
+            p.requires_grad_(True)
+            del p._gradient_skipped
+
+
+def is_trainable(p) -> bool:
+    """Whether ``p`` is a trained parameter: it requires a gradient, or would but for a pass that
+    skips it (``gradients_skipped``)."""
+    return p.requires_grad or getattr(p, "_gradient_skipped", False)

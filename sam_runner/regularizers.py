@@ -14,6 +14,7 @@ from torch.func import functional_call
 
 from .errors import number, require
 from .losses import skew_jsd
+from .module_state import is_trainable
 from .registry import REGULARIZERS
 
 SPACES = ("parameter", "input")
@@ -45,7 +46,7 @@ class SkewJSD:
         buffers = {n: b.clone() for n, b in model.named_buffers()}
         if self.space == "input":
             return {**params, **buffers}, x + self.radius * torch.randn_like(x)
-        trainable = [n for n, p in params.items() if p.requires_grad]
+        trainable = [n for n, p in params.items() if is_trainable(p)]  # ESAM may skip some
         with torch.no_grad():
             z = {n: torch.randn_like(params[n]) for n in trainable}
             norm = torch.linalg.vector_norm(torch.stack([v.norm() for v in z.values()]))

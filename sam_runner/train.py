@@ -387,7 +387,11 @@ class Run:
         schedules over ``optimizer_steps``) and the learning rate's schedule."""
         cfg = self.cfg
         self.weight_decay = build_weight_decay(cfg)
-        self.optimizer = build_optimizer(cfg, model, optimizer_steps, self.weight_decay)
+        # an epoch's optimizer steps (a federated round's: every sampled client's local steps)
+        per_epoch = optimizer_steps // total_steps if self.federation.enabled else None
+        self.optimizer = build_optimizer(
+            cfg, model, optimizer_steps, self.weight_decay, per_epoch or self.steps_per_epoch
+        )
         self.weight_decay.bind(
             model, self.optimizer, self.dist, cfg.seed, self.clock, self.steps_per_epoch
         )

@@ -51,8 +51,19 @@ def validate_config(cfg) -> None:
     distributed.check_threads(cfg.trainer.get("threads"))
     with torch.device("meta"):
         model = build_model(without_download(cfg.model), *data_shape(cfg.dataset))
-        build_optimizer(cfg, model, PLACEHOLDER_STEPS)
+        epochs = _epochs(cfg) or PLACEHOLDER_STEPS  # perturb_from as an epoch is checked on them
+        build_optimizer(cfg, model, PLACEHOLDER_STEPS * epochs, steps_per_epoch=PLACEHOLDER_STEPS)
     check_split(cfg)  # reads the training labels: last, after every check that reads nothing
+
+
+def _epochs(cfg) -> int | None:
+    """The run's epochs as far as its config tells (a federated run's rounds); None under a step
+    budget, whose epochs depend on the data (``perturb_from`` beyond them is then refused when
+    the run builds its optimizer)."""
+    fed = cfg.get("federated") or {}
+    if fed.get("name", "none") != "none":
+        return int(fed.get("rounds", 0)) or None
+    return None if cfg.trainer.get("steps") else int(cfg.trainer.epochs)
 
 
 def validate_trainer(cfg) -> None:

@@ -473,6 +473,17 @@ def test_summary_counts_the_passes_of_a_random_schedule(tmp_path):
     assert summary["grad_evals_per_step"] == (steps + perturbed) / steps
 
 
+def test_late_from_an_epoch_perturbs_every_step_of_that_epoch_on(tmp_path):
+    """``perturb_from=2`` (an integer: an epoch) on a 2-epoch run: epoch 1 plain, epoch 2 SAM."""
+    cfg = compose(*TINY, "dataset.num_samples=300", "metrics.hessian.enabled=false",
+                  "optimizer.perturb_schedule=late", "optimizer.perturb_from=2")  # fmt: skip
+    summary = train(cfg, tmp_path / "late", [])
+    first, last = [r for r in rows(tmp_path / "late") if "grad_evals" in r][-2:]
+    assert summary["status"] == "completed" and summary["perturbed_fraction"] == 0.5
+    assert first["grad_evals"] == first["step"]  # epoch 1: one pass a step
+    assert last["grad_evals"] == first["step"] + 2 * (last["step"] - first["step"])
+
+
 def test_look_sam_and_esam_train_and_count_their_passes(tmp_path):
     """From the CLI's config: LookSAM k=2 refreshes every other step (2 passes, then 1); ESAM's
     steps cost 1 + ⅓ + the kept share of each micro-batch (γ = 0.5, two micro-batches)."""

@@ -82,12 +82,13 @@ class BezierCurve:
         torch._foreach_add_(ev.floats, self.b, alpha=wb)
 
 
-def curve_optimizer(cfg, control, total_steps: int):
-    """(the run's optimizer over θ_C with weight decay 0, the run's weight decay: the penalty's)."""
+def curve_optimizer(cfg, control, total_steps: int, steps_per_epoch: int | None = None):
+    """(the run's optimizer over θ_C with weight decay 0, the run's weight decay: the penalty's);
+    ``steps_per_epoch`` places a ``perturb_from`` given as an epoch in the curve's epochs."""
     wd = float(cfg.base_optimizer.get("weight_decay", 0.0) or 0.0)
     without = copy.deepcopy(cfg)
     OmegaConf.update(without, "base_optimizer.weight_decay", 0.0, force_add=True)
-    return build_optimizer(without, control, total_steps), wd
+    return build_optimizer(without, control, total_steps, steps_per_epoch=steps_per_epoch), wd
 
 
 def _closure(optimizer, curve, criterion, autocast, scaler, wd, x, y, t):
@@ -119,7 +120,7 @@ def train_curve(run, curve: BezierCurve, epochs: int, opt) -> list[float]:
     """Train θ_C for ``epochs`` epochs of run A's data; the mean training loss of each epoch."""
     cfg, data, control = run.cfg, run.data, curve.control
     per_epoch = len(data.train)
-    optimizer, wd = curve_optimizer(cfg, control, per_epoch * epochs)
+    optimizer, wd = curve_optimizer(cfg, control, per_epoch * epochs, per_epoch)
     scheduler = build_scheduler(cfg.scheduler, optimizer, per_epoch, per_epoch * epochs)
     scaler = torch.amp.GradScaler(run.device.type, enabled=cfg.trainer.precision == "fp16")
     optimizer.bind(

@@ -55,15 +55,21 @@ def variant_kwargs(cfg) -> tuple[type, dict]:
     return entry.target, opt_cfg
 
 
-def build_optimizer(cfg, model: nn.Module, total_steps: int, weight_decay=None):
+def build_optimizer(
+    cfg, model: nn.Module, total_steps: int, weight_decay=None, steps_per_epoch: int | None = None
+):
     """The SAM variant named by ``cfg.optimizer.name`` around the configured base optimizer;
     ``weight_decay`` (sam_runner.weight_decay's rule; None: the config's) may split the groups
-    per layer."""
+    per layer. ``steps_per_epoch``: the optimizer steps of an epoch (``perturb_from`` as an
+    epoch)."""
     cls, kwargs = variant_kwargs(cfg)
     base_cls, base_kwargs = BASE_OPTIMIZERS.build(cfg.base_optimizer.name, cfg.base_optimizer)
     weight_decay = build_weight_decay(cfg) if weight_decay is None else weight_decay
     groups = weight_decay.split(parameter_groups(model), model)
     try:
-        return cls(groups, base_cls, total_steps=total_steps, **kwargs, **base_kwargs)
+        return cls(
+            groups, base_cls, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+            **kwargs, **base_kwargs,
+        )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise UserError(f"optimizer={cfg.optimizer.name}: {e}") from None

@@ -3,9 +3,10 @@
 A variant only says how it perturbs (``compute_perturbation``); the engine does
 the rest: closures, the first and second pass, BatchNorm statistics, the fp16
 gradient scaler, gradient clipping, DDP synchronisation, the ρ schedule,
-``interval`` and ``perturb_schedule`` (schedule.py), the count of passes and the base
-optimizer's step. Arithmetic runs on whole parameter lists (``torch._foreach_*``) with
-persistent buffers and no host syncs (the ``adaptive`` schedule's decision aside).
+``interval`` and ``perturb_schedule`` (schedule.py), the count of passes, the parameters a
+pass may skip (``first_pass_skips``, ``run_pass(skip=...)``) and the base optimizer's step.
+Arithmetic runs on whole parameter lists (``torch._foreach_*``) with persistent buffers and no
+host syncs (the ``adaptive`` schedule's decision and ESAM's draws aside).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..module_state import frozen_running_stats
+from ..module_state import frozen_running_stats, gradients_skipped
 from .schedule import PerturbSchedule, check_schedule
 
 RHO_SCHEDULES = ("constant", "lr", "cosine")
@@ -105,7 +106,7 @@ class SharpnessAware(torch.optim.Optimizer):
         interval: int = 1,
         perturb_schedule: str = "every",
         perturb_prob: float = 0.5,
-        perturb_from: float = 0.0,
+        perturb_from: float | int = 0.0,
         perturb_delta: float = 0.9,
         perturb_lambda1: float = -1.0,
         perturb_lambda2: float = 1.0,
@@ -113,14 +114,14 @@ class SharpnessAware(torch.optim.Optimizer):
         sync_perturbation: bool = False,
         perturb_with_weight_decay: bool = False,
         total_steps: int | None = None,
+        steps_per_epoch: int | None = None,
         model: torch.nn.Module | None = None,
         **kwargs,
     ):
         own = {k: kwargs.pop(k, v) for k, v in self.variant_options.items()}
         _check_engine_options(base_optimizer, rho, rho_schedule, interval, total_steps)
-        problem = check_schedule(
-            perturb_schedule, perturb_prob, perturb_from, interval, total_steps, perturb_delta
-        )
+        problem = check_schedule(perturb_schedule, perturb_prob, perturb_from, interval,
+                                 total_steps, perturb_delta, steps_per_epoch)  # fmt: skip
         _check(problem is None, problem or "")
         super().__init__(params, dict(rho=float(rho)))
         self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
@@ -133,7 +134,7 @@ class SharpnessAware(torch.optim.Optimizer):
         self.perturb_schedule = perturb_schedule
         self.schedule = PerturbSchedule(
             perturb_schedule, interval, perturb_prob, perturb_from, perturb_delta,
-            perturb_lambda1, perturb_lambda2, perturb_seed, total_steps,
+            perturb_lambda1, perturb_lambda2, perturb_seed, total_steps, steps_per_epoch,
         )  # fmt: skip
         self.sync_perturbation = bool(sync_perturbation)
         self.perturb_with_weight_decay = bool(perturb_with_weight_decay)
@@ -206,14 +207,17 @@ class SharpnessAware(torch.optim.Optimizer):
         return self.rho * self.rho_factor
 
     # ------------------------------------------------------------------ passes
-    def run_pass(self, closure: Callable, index: int, sync: bool = True):
-        """One forward-backward. Unsynchronised passes run forward and backward under no_sync."""
+    def run_pass(self, closure: Callable, index: int, sync: bool = True, skip=()):
+        """One forward-backward. Unsynchronised passes run forward and backward under no_sync.
+        ``skip``: parameters this pass computes no gradient for (``requires_grad`` off during
+        the pass, so autograd skips their weight gradients; see ``first_pass_skips``)."""
         self.pass_index, self.pass_syncs = index, sync
         no_sync = getattr(self.model, "no_sync", None)
         ctx = no_sync() if (not sync and no_sync is not None) else contextlib.nullcontext()
         # later passes normalise with batch statistics but leave running statistics alone
         frozen = frozen_running_stats(self._bn) if index > 0 else contextlib.nullcontext()
-        with ctx, frozen, torch.enable_grad():
+        skipped = gradients_skipped(skip) if skip else contextlib.nullcontext()
+        with ctx, frozen, skipped, torch.enable_grad():
             return closure()
 
     def _unscale(self, grads):
@@ -357,7 +361,13 @@ class SharpnessAware(torch.optim.Optimizer):
     def first_pass(self, closure):
         """The pass at θ (synchronised only with ``sync_perturbation``), unscaled: its loss, the
         parameters and the gradients ε is built from (their norm in ``self.g_norm``)."""
-        loss = self.run_pass(closure, 0, sync=self.sync_perturbation)
+        skip = self.first_pass_skips()
+        if skip and self.sync_perturbation and hasattr(self.model, "no_sync"):
+            skip = ()  # DDP expects a gradient of every parameter in a synchronised pass
+        loss = self.run_pass(closure, 0, sync=self.sync_perturbation, skip=skip)
+        for p in skip:  # no gradient is a zero one (the parameter lists stay those of every pass)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         params, grads, _ = self._lists()
         self._unscale(grads)
         return loss, params, self.prepare_perturbation(params, grads)
@@ -408,6 +418,12 @@ class SharpnessAware(torch.optim.Optimizer):
     def compute_perturbation(self, params, grads, eps) -> None:
         """Write ε into the persistent buffers ``eps`` (one per parameter with a gradient)."""
         raise NotImplementedError
+
+    def first_pass_skips(self) -> list:
+        """Parameters whose gradient at θ nothing needs this step (ESAM's tensors left
+        unperturbed): the first pass skips them, and they hold a zero gradient after it. Asked
+        once a perturbing step, before the first pass; here none."""
+        return []
 
     def select_rows(self, *tensors):
         """The rows of one micro-batch's tensors (inputs, targets, ...; None passes through) that

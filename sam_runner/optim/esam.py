@@ -5,6 +5,9 @@ pass on the part of the batch whose loss the perturbation raises most.
   coordinate (the paper's text). ``faithful=true``: one draw per parameter tensor, as the
   official code (dydjw9/Efficient_SAM ``utils/Esam.py``) does by freezing tensors, so the norm is
   that of the kept tensors' gradients: ε_K = (ρ/β) g_K/‖g_K‖ on the kept tensors K, 0 elsewhere.
+  Nothing needs the other tensors' gradients at θ, so the mask is drawn before the first pass
+  and that pass skips them (the engine's ``first_pass_skips``), which is where the official
+  code saves its compute; the run is bit for bit the one computing every gradient.
 - Sharpness-sensitive data selection: one forward without gradients at θ+ε gives each sample's
   loss rise ℓ_i(θ+ε) − ℓ_i(θ); the descent pass runs on the ⌊γB⌋ samples with the largest rise
   (at least one). ``faithful=true``: the official rule, the samples whose rise is strictly above
@@ -67,6 +70,7 @@ class ESAM(SAM):
         self._before, self._after, self._kept, self._probing = [], [], [], False
         self._warned = False
         self._drawn_from = None
+        self._keep = None  # faithful: (the trained tensors, the mask drawn over them this step)
 
     # ------------------------------------------------------------------ weights
     def _draw(self, n, device):
@@ -89,12 +93,37 @@ class ESAM(SAM):
             self.generator.set_state(drawn_from)
 
     @override
+    def first_pass_skips(self):
+        """``faithful``: the tensors drawn out need no gradient at θ (ε is 0 on them and ‖g‖ is
+        over the kept ones), so the first pass skips them, as the official code's frozen tensors
+        (one host sync: which ones is a host decision)."""
+        self._keep = None
+        if not self.faithful or self.beta == 1:
+            return []
+        trained = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        if not trained:
+            return []
+        keep = self._draw(len(trained), trained[0].device) < self.beta
+        self._keep = (trained, keep)
+        if keep.device.type == "meta":  # shapes only: nothing to decide on
+            return []
+        return [p for p, k in zip(trained, keep.tolist()) if not k]
+
+    def _kept_tensors(self, params, dtype):
+        """The mask drawn before the first pass, over ``params`` (the tensors with a gradient)."""
+        trained, keep = self._keep
+        if len(trained) != len(params) or any(a is not b for a, b in zip(trained, params)):
+            at = {id(p): i for i, p in enumerate(trained)}  # a tensor without a gradient
+            keep = keep[torch.tensor([at[id(p)] for p in params], device=keep.device)]
+        return keep.to(dtype)
+
+    @override
     def compute_perturbation(self, params, grads, eps):
         if self.beta == 1:
             return super().compute_perturbation(params, grads, eps)
         device = grads[0].device
-        if self.faithful:  # one draw per tensor; ‖·‖ over the kept tensors
-            keep = (self._draw(len(grads), device) < self.beta).to(grads[0].dtype)
+        if self.faithful:  # one draw per tensor (before the first pass); ‖·‖ over the kept ones
+            keep = self._kept_tensors(params, grads[0].dtype)
             norms = torch.stack(torch._foreach_norm(grads))
             scale = keep * (self.current_rho / self.beta) / (torch.linalg.vector_norm(
                 keep * norms) + 1e-12)  # fmt: skip
@@ -142,15 +171,10 @@ class ESAM(SAM):
         """The forward without gradients at θ+ε; the masks of the rows the descent keeps, one
         per micro-batch (``select_rows`` hands them out in order)."""
         params = [p for g in self.param_groups for p in g["params"]]
-        flags = [p.requires_grad for p in params]
-        for p in params:
-            p.requires_grad_(False)
         self._after, self._probing, self.pass_share = [], True, NO_GRAD_FORWARD
         try:
-            self.run_pass(closure, 1, sync=False)
+            self.run_pass(closure, 1, sync=False, skip=params)
         finally:
-            for p, f in zip(params, flags):
-                p.requires_grad_(f)
             self._probing, self.pass_share = False, 1.0
         sizes = [len(b) for b in self._before]
         rise = torch.cat(self._after).float() - torch.cat(self._before).float()

@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from optim_helpers import X, Y, build, closure_for, flat, mlp, ref_grad, ref_loss
+from optim_helpers import X, Y, bn_net, build, closure_for, flat, mlp, ref_grad, ref_loss
+
+from sam_runner.module_state import gradients_skipped, is_trainable
 
 
 def _run(name, steps, **kw):
@@ -131,3 +133,46 @@ def test_a_closure_without_select_rows_is_warned_and_counted_as_a_full_pass():
 def test_bad_options(kw, message):
     with pytest.raises(ValueError, match=message):
         build("esam", mlp(), **kw)
+
+
+def _no_skips(opt):
+    """``opt`` drawing its mask as usual but skipping nothing in the first pass (the reference)."""
+    draw = opt.first_pass_skips
+    opt.first_pass_skips = lambda: (draw(), [])[1]
+    return opt
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_the_faithful_first_pass_skips_the_tensors_drawn_out_and_changes_nothing(micro):
+    """The unperturbed tensors get no gradient at θ (autograd skips them, as the official code's
+    frozen tensors), and the run is bit for bit the one that computes every gradient; BatchNorm's
+    statistics included."""
+    a, b = bn_net(), bn_net()
+    kw = dict(lr=0.05, momentum=0.9, beta=0.5, gamma=0.5, faithful=True, perturb_seed=3)
+    fast, ref = build("esam", a, **kw), _no_skips(build("esam", b, **kw))
+    skipped = []
+    for _ in range(4):
+        seen = {}
+
+        def watch(closure, seen=seen):
+            def run():
+                seen.setdefault(fast.pass_index, [p.requires_grad for p in a.parameters()])
+                return closure()
+
+            return run
+
+        fast.step(watch(closure_for(fast, a, micro=micro)))
+        ref.step(closure_for(ref, b, micro=micro))
+        skipped.append(seen[0].count(False))
+        assert seen[2] == [True] * len(seen[2])  # the descent pass: every gradient
+        assert all(p.requires_grad for p in a.parameters())  # restored
+    assert 0 < sum(skipped) < 4 * len(list(a.parameters()))
+    for x, y in zip(a.state_dict().values(), b.state_dict().values()):
+        assert torch.equal(x, y)
+
+
+def test_a_skipped_parameter_is_still_trained():
+    p = torch.nn.Parameter(torch.ones(2))
+    with gradients_skipped([p]):
+        assert not p.requires_grad and is_trainable(p)
+    assert p.requires_grad and is_trainable(p) and not hasattr(p, "_gradient_skipped")

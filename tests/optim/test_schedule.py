@@ -63,6 +63,22 @@ def test_late_from_zero_is_the_variant_and_before_the_start_is_plain(name):
     assert passes == [1] * 5 + own and own[0] == VARIANTS[name].passes
 
 
+@pytest.mark.parametrize("name", PERTURBING)
+def test_late_from_an_epoch_is_the_base_before_it_and_the_variant_from_it(name):
+    """Epoch E (an integer): the steps of epochs 1..E−1 are plain, every later one perturbs.
+    4 epochs of 2 steps from epoch 3 is the fraction 0.5 of 8 steps, bit for bit."""
+    kw = dict(steps=8, perturb_schedule="late", total_steps=8, steps_per_epoch=2)
+    got, passes, _ = _trajectory(name, perturb_from=3, **kw)
+    want, _, _ = _trajectory(name, perturb_from=0.5, **kw)
+    _, own, _ = _trajectory(name, steps=4)
+    assert torch.equal(got, want) and passes == [1] * 4 + own
+    if not VARIANTS[name].replaces_lr:  # before epoch 3: the base optimizer's steps
+        early, _, _ = _trajectory(name, perturb_from=3, **{**kw, "steps": 4})
+        torch.testing.assert_close(early, _base_trajectory(4), rtol=1e-12, atol=1e-14)
+    first, _, _ = _trajectory(name, perturb_from=1, **kw)  # epoch 1: the variant throughout
+    assert torch.equal(first, _trajectory(name, steps=8)[0])
+
+
 def test_late_before_the_start_is_the_base_step():
     got, _, _ = _trajectory("sam", perturb_schedule="late", perturb_from=1.0)
     torch.testing.assert_close(got, _base_trajectory(), rtol=1e-12, atol=1e-14)
@@ -154,6 +170,13 @@ def test_resume_takes_the_same_decisions(kw, tmp_path):
         (dict(perturb_schedule="adaptive", perturb_delta=1.0), "perturb_delta"),
         (dict(perturb_schedule="random", interval=2), "interval=2 applies to"),
         (dict(perturb_schedule="late", total_steps=None), "total_steps"),
+        (dict(perturb_schedule="late", perturb_from=3.0), "a fraction .* or an epoch .*got 3.0"),
+        (dict(perturb_schedule="late", perturb_from=True), "perturb_from"),
+        (dict(perturb_schedule="late", perturb_from=2), "it needs steps_per_epoch > 0"),
+        (
+            dict(perturb_schedule="late", perturb_from=6, total_steps=9, steps_per_epoch=2),
+            r"perturb_from=6 is beyond the last epoch \(5\)",
+        ),
     ],
 )
 def test_bad_schedule_options(kw, message):
