@@ -115,9 +115,8 @@ def _check_peft(cfg) -> None:
     if method(cfg.model) == "none":
         return
     with torch.device("meta"):
-        attach_adapters(
-            cfg.model, build_model(without_download(cfg.model), *data_shape(cfg.dataset))
-        )
+        shape, classes = data_shape(cfg.dataset)
+        attach_adapters(cfg.model, build_model(without_download(cfg.model), shape, classes), shape)
 
 
 def warnings(cfg) -> list[str]:
