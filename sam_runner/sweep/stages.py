@@ -36,6 +36,10 @@ NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
 # the stage whose sweep this process runs (its own ``sam-run -m``; staged.run sets it); None
 # at the top
 current: str | None = None
+# the keys the last ``resolve`` left null because their stage has not run yet (the checks
+# before the first stage): a check that needs the value set (``model.peft`` needs
+# ``model.init_from``) takes it as given
+pending: frozenset = frozenset()
 
 
 @dataclass
@@ -190,7 +194,9 @@ def resolve(cfg, job: list[str], root, read: bool = True) -> None:
     of stage S runs in ``<root>/S/<number>``, the job it names in ``<root>/NAME/<n>``. Without
     ``read`` (the checks before the first stage runs), by null: the earlier stage's job is
     checked when the referring stage starts."""
+    global pending
     refs = references(job)
+    pending = frozenset() if read else frozenset(key.lstrip("+") for key, _ in refs)
     if not refs:
         return
     root = Path(root).absolute()
