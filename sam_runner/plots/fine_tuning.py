@@ -1,7 +1,8 @@
 """``fine_tuning.png`` (``sam-report``): the learning–forgetting trade-off of fine-tuned jobs —
 the second task's loss against the rise of the first task's, one curve per pretraining ×
 fine-tuning over the learning rates, a panel per model; a colour per pair, a filled marker
-where fine-tuning used the pretraining's optimizer, an open one where it did not."""
+where fine-tuning used the pretraining's optimizer, an open one where it did not, a dashed
+line where it trained adapters (LoRA, a prompt) rather than every weight."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def plot_trade_off(table: list[dict]):
                 [p[2] for p in points],
                 marker="o",
                 color=color,
+                linestyle="-" if method.startswith("full") else "--",
                 markerfacecolor=color if same else "white",
                 markeredgecolor=color,
                 label=f"{pretrain} → {method}",

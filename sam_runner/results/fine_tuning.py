@@ -150,7 +150,7 @@ def _cell(v) -> str:
         return stats_cell(v)
     if isinstance(v, bool):
         return "yes" if v else "no"
-    return "—" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
+    return "—" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
 
 
 @SECTIONS.register(
