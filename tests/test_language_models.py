@@ -292,4 +292,5 @@ def test_train_case_recases_the_training_split_alone(tmp_path, capsys):
     x, y, _ = next(iter(data.train))
     assert lower(x) == lower(y) == 0 and int((x >= ord("A")).sum()) > 0
     assert lower(next(iter(data.test))[0]) > 0  # the first task's text, as written
-    _fails([*TEXT_TINY, "model=gpt", "dataset.train_case=title"], tmp_path, capsys, "upper or lower")
+    bad = [*TEXT_TINY, "model=gpt", "dataset.train_case=title"]
+    _fails(bad, tmp_path, capsys, "upper or lower")

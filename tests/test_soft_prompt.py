@@ -149,7 +149,8 @@ BAD = [
     (["model.prompt.length=9"],
      "model.prompt.length=9 + dataset.block_size=16 = 25 is more than the model's context "
      "model.block_size=24"),
-]  # fmt: skip  (a prompt on a model that is no GPT: tests/test_lora.py)
+]  # fmt: skip
+# (a prompt on a model that is no GPT: tests/test_lora.py)
 
 
 @pytest.mark.parametrize("argv, message", BAD, ids=["length 0", "over context"])

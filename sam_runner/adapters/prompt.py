@@ -1,4 +1,4 @@
-"""Soft prompts (``model.peft=prompt``, Lester et al. 2021) on ``model=gpt``, written for the runner.
+"""Soft prompts (``model.peft=prompt``, Lester et al. 2021) on ``model=gpt``, our own code.
 
 ``length`` learned vectors in the embedding space are prepended to every window's token
 embeddings; the prompt takes positions 0..P−1 of the position embeddings and the tokens

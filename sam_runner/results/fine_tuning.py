@@ -92,9 +92,7 @@ def rows(report) -> list[dict]:
         row = {"model": model, "pretraining": pretrain, "fine_tuning": method, "lr": lr}
         row["same_optimizer"] = same
         row.update({k: stats(v) for k, v in values.items()})
-        row["trainable_parameters"] = (members[0][1].run.summary or {}).get(
-            "trainable_parameters"
-        )
+        row["trainable_parameters"] = (members[0][1].run.summary or {}).get("trainable_parameters")
         row["n"] = len(members)
         out.append(row)
     return out
