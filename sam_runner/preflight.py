@@ -297,10 +297,8 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
             # a stage's references: read once their stage has run (a job of stage S runs in
             # <root>/S/<n>; a single run has no stages, and is told so)
             root = sweep_folder(args).parent if args.multirun else run_folder(args).parent.parent
-            awaiting = stages.resolve(
-                cfg, job, root, stages.current is not None or not args.multirun
-            )
-            validate_config(cfg, awaiting)
+            read = stages.current is not None or not args.multirun
+            validate_config(cfg, stages.resolve(cfg, job, root, read))
             objective.validate(cfg)
             notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
             notes.update(dict.fromkeys(idle_settings(job, cfg, args.multirun)))
