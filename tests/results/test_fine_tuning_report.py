@@ -52,7 +52,8 @@ def _sweep(root, tuned=TUNED):
 
 def test_one_row_per_pair_and_lr_with_learning_and_forgetting(tmp_path):
     _sweep(tmp_path)
-    table = rows(build_report(tmp_path))
+    report = build_report(tmp_path)
+    table = rows(report)
     got = {(r["pretraining"], r["fine_tuning"], r["lr"]): r for r in table}
     assert sorted(got) == [
         ("adamw", "full adamw", 0.01), ("adamw", "full muon", 0.01), ("muon", "lora adamw", 0.001)
@@ -66,7 +67,7 @@ def test_one_row_per_pair_and_lr_with_learning_and_forgetting(tmp_path):
     lora = got[("muon", "lora adamw", 0.001)]
     assert lora["same_optimizer"] is False and lora["loss_rise"]["mean"] == pytest.approx(0.1)
     assert got[("adamw", "full muon", 0.01)]["same_optimizer"] is False
-    write_report(build_report(tmp_path), tmp_path / "out")
+    write_report(report, tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Fine-tuning: learning and forgetting" in md and "### Pretrained checkpoints" in md
     assert "| mlp | muon | 0.6 | 0.78 | 9 |" in md  # the pretrained checkpoint's own row
@@ -78,7 +79,8 @@ def test_one_row_per_pair_and_lr_with_learning_and_forgetting(tmp_path):
 
 def test_no_section_without_a_fine_tuned_job(tmp_path):
     _sweep(tmp_path, tuned=[])
-    assert rows(build_report(tmp_path)) == []
-    write_report(build_report(tmp_path), tmp_path / "out")
+    report = build_report(tmp_path)
+    assert rows(report) == []
+    write_report(report, tmp_path / "out")
     assert "## Fine-tuning" not in (tmp_path / "out" / "report.md").read_text()
     assert not (tmp_path / "out" / "fine_tuning.csv").exists()
