@@ -415,14 +415,25 @@ class TransformerBlock(nn.Module):
 
 
 class TokenEmbedding(nn.Module):
+    """Token plus position embeddings; with a soft prompt (``model.peft=prompt``,
+    adapters/prompt.py) its vectors come first and take the first positions."""
+
     def __init__(self, vocab, context, n_embd, dropout):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, n_embd), nn.Embedding(context, n_embd)
         self.drop = nn.Dropout(dropout)
+        self.register_module("prompt", None)
+
+    @property
+    def prompt_length(self) -> int:
+        return 0 if self.prompt is None else self.prompt.length
 
     def forward(self, idx):
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.drop(self.tok(idx) + self.pos(pos))
+        x = self.tok(idx)
+        if self.prompt is not None:
+            x = self.prompt(x)
+        pos = torch.arange(x.shape[1], device=idx.device)
+        return self.drop(x + self.pos(pos))
 
 
 class GPT(nn.Module):
@@ -451,7 +462,8 @@ class GPT(nn.Module):
         x = None
         for block in self.children():
             x = block(idx if x is None else x)
-        return x @ self.embed.tok.weight.t()
+        # a soft prompt's positions give no logits: the loss and metrics are the tokens' alone
+        return x[:, self.embed.prompt_length :] @ self.embed.tok.weight.t()
 
 
 @MODELS.register(

@@ -361,8 +361,8 @@ def _check_composed(args, job: list[str], cfg, notes: dict) -> str | None:
     # a stage's references: read once their stage has run (a job of stage S runs in
     # <root>/S/<n>; a single run has no stages, and is told so)
     root = sweep_folder(args).parent if args.multirun else run_folder(args).parent.parent
-    stages.resolve(cfg, job, root, stages.current is not None or not args.multirun)
-    validate_config(cfg)
+    read = stages.current is not None or not args.multirun
+    validate_config(cfg, stages.resolve(cfg, job, root, read))
     objective.validate(cfg)
     notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
     notes.update(dict.fromkeys(idle_settings(job, cfg, args.multirun)))

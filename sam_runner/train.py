@@ -305,7 +305,7 @@ class Run:
         torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
         self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
         self.init_from = load_initial_weights(cfg.model, model)  # given weights, if any
-        self.peft = attach_adapters(cfg.model, model)  # model.peft: adapters, the rest frozen
+        self.peft = attach_adapters(cfg.model, model, data.input_shape)  # model.peft (adapters)
         if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
             model.to(memory_format=torch.channels_last)
         self.federation = build_federation(cfg, data)

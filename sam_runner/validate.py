@@ -36,9 +36,10 @@ from .settings import MAX_SEED, PRECISIONS, plot_format
 PLACEHOLDER_STEPS = 1000  # the optimizer's schedules need a length; the data's is not read here
 
 
-def validate_config(cfg) -> None:
-    """One-line UserErrors for anything a run would refuse on its own settings."""
-    validate_trainer(cfg)
+def validate_config(cfg, awaiting=frozenset()) -> None:
+    """One-line UserErrors for anything a run would refuse on its own settings; ``awaiting``:
+    keys an earlier stage's job will set (``stages.resolve``), taken as set."""
+    validate_trainer(cfg, awaiting)
     validate_dataset(cfg.dataset)
     entry = SAMPLERS.entry(cfg.dataset.get("sampler", "uniform"))
     if entry.meta.get("check"):
@@ -66,7 +67,7 @@ def _epochs(cfg) -> int | None:
     return None if cfg.trainer.get("steps") else int(cfg.trainer.epochs)
 
 
-def validate_trainer(cfg) -> None:
+def validate_trainer(cfg, awaiting=frozenset()) -> None:
     """The trainer's own keys (the other groups check theirs where they are built)."""
     t = cfg.trainer
     integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
@@ -114,7 +115,7 @@ def validate_trainer(cfg) -> None:
     per_example(t.get("loss", "cross_entropy"), float(t.get("label_smoothing", 0.0)))
     validate_averaging(cfg)
     _check_init_from(cfg)
-    _check_peft(cfg)
+    _check_peft(cfg, awaiting)
 
 
 def _check_init_from(cfg) -> None:
@@ -124,14 +125,19 @@ def _check_init_from(cfg) -> None:
     check_initial_weights(without_download(cfg.model), shape, classes, known)
 
 
-def _check_peft(cfg) -> None:
+def _check_peft(cfg, awaiting) -> None:
     """``model.peft``'s keys and targets on the model (built on the meta device)."""
+    from omegaconf import OmegaConf
+
     if method(cfg.model) == "none":
         return
+    model_cfg = cfg.model
+    if model_cfg.get("init_from") in (None, "") and "model.init_from" in awaiting:
+        # an earlier stage's job, not run yet: its weights are checked when this stage starts
+        model_cfg = OmegaConf.merge(model_cfg, {"init_from": "(an earlier stage's job)"})
     with torch.device("meta"):
-        attach_adapters(
-            cfg.model, build_model(without_download(cfg.model), *data_shape(cfg.dataset))
-        )
+        shape, classes = data_shape(cfg.dataset)
+        attach_adapters(model_cfg, build_model(without_download(model_cfg), shape, classes), shape)
 
 
 def warnings(cfg) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -43,6 +44,8 @@ STUDIES = [
     "distill_sam",
     "sam_midtraining",
     "federated_sam",
+    "optimizer_consistency",
+    "peft_flatness",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -108,6 +111,13 @@ EXPECTED = {
     # the four methods of conf/fed_method/ x Dirichlet alpha (or IID) x seed
     "federated_sam": (16, "resnet18", "cifar100", "base sam"),
     "federated_sam_mini": (16, "auto", "mnist1d", "base sam"),
+    # {adamw, muon} pretraining of an mlp and a GPT, then {adamw, muon} x {full, LoRA} x lr from
+    # each (x seeds in the full preset)
+    "optimizer_consistency": (204, "mlp gpt", "mnist1d text", "base"),
+    "optimizer_consistency_mini": (36, "mlp gpt", "mnist1d text", "base"),
+    # one pretrained mlp and GPT; LoRA on the mlp, a prompt on the GPT, by 4 variants x seeds
+    "peft_flatness": (26, "mlp gpt", "mnist1d text", "base sam flatpo sample"),
+    "peft_flatness_mini": (18, "mlp gpt", "mnist1d text", "base sam flatpo sample"),
 }
 
 
@@ -156,15 +166,16 @@ def test_every_job_of_the_sweep_builds(preset):
     composed = set()
     for job in sorted(distinct):
         cfg = compose(*job)
-        resolve(cfg, list(job), Path("sweep"), read=False)  # stage:NAME, as sam-run's checks do
+        # stage:NAME, as sam-run's checks do
+        awaiting = resolve(cfg, list(job), Path("sweep"), read=False)
         composed.add((cfg.model.arch, cfg.dataset.name, cfg.optimizer.name))
-        validate(cfg)
+        validate(cfg, awaiting)
         data.validate(cfg.dataset)
         assert cfg.model.arch in MODELS
         opt = build_optimizer(cfg, tiny, total_steps=100)
         build_scheduler(cfg.scheduler, opt, 10, 100)
     assert {a for a, _, _ in composed} == set(archs.split())
-    assert {d for _, d, _ in composed} == {dataset}
+    assert {d for _, d, _ in composed} == set(dataset.split())
     assert {v for _, _, v in composed} == set(variants.split())
 
 
@@ -269,6 +280,14 @@ def test_mini_study_runs_and_reports(preset, tmp_path):
         assert [r.split(",")[0] for r in rows[1:]] == ["base", "sam ρ=0.05", "sam ρ=0.2"]
         if preset == "lm_midtraining_mini":  # the language model's columns
             assert {"ppl_before", "ppl_after", "quant_loss_rise_4bit"} <= set(rows[0].split(","))
+    if preset in ("optimizer_consistency_mini", "peft_flatness_mini"):  # fine_tuning.csv's rows
+        with open(sweep / "fine_tuning.csv") as f:
+            table = list(csv.DictReader(f))
+        if preset == "optimizer_consistency_mini":  # model x pretraining x method x lr
+            assert len(table) == 32 and {r["n"] for r in table} == {"1"}
+        else:  # model x variant, over two seeds
+            assert len(table) == 8 and {r["n"] for r in table} == {"2"}
+        assert all(r["loss_rise"] and r["new_loss"] and r["lambda_max"] for r in table)
     if preset == "edge_of_stability_mini":  # GD's λ_max reaches 2/η and stays there
         from sam_runner.results.eos import plateau, traces
         from sam_runner.results.report import build_report

@@ -325,3 +325,16 @@ def test_preconditioned_sharpness_is_the_dense_top_eigenvalue_of_p_inverse_h():
     assert threshold == pytest.approx((2 + 2 * 0.9) / (0.1 * 0.01))
     assert out["precond_eos_ratio"] == pytest.approx(out["precond_lambda_max"] / threshold)
     assert preconditioned_sharpness(op, torch.optim.SGD(model.parameters(), lr=0.1)) == {}
+
+
+def test_train_case_recases_the_training_split_alone(tmp_path, capsys):
+    from sam_runner.data import build_data
+
+    cfg = compose(*TEXT_TINY, *GPT_TINY, "dataset.train_case=upper")
+    data = build_data(cfg.dataset, torch.device("cpu"), 0)
+    lower = lambda ids: int(((ids >= ord("a")) & (ids <= ord("z"))).sum())  # noqa: E731
+    x, y, _ = next(iter(data.train))
+    assert lower(x) == lower(y) == 0 and int((x >= ord("A")).sum()) > 0
+    assert lower(next(iter(data.test))[0]) > 0  # the first task's text, as written
+    bad = [*TEXT_TINY, "model=gpt", "dataset.train_case=title"]
+    _fails(bad, tmp_path, capsys, "upper or lower")

@@ -212,3 +212,16 @@ def test_bad_peft_input_is_one_line_exit_2_writing_nothing(
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"sam-run: error: {message}"), err
     assert not run_dir.exists()
+
+
+def test_muon_trains_the_adapters_of_hidden_layers_as_matrices():
+    from sam_runner.optim.build import parameter_groups
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    model.requires_grad_(False)
+    for i in (0, 2, 4):
+        add_lora(model[i], rank=2, alpha=2)
+    groups = parameter_groups(model)
+    muon = [p for g in groups if g["use_muon"] for p in g["params"]]
+    assert muon == [model[2].lora_A, model[2].lora_B]  # the first layer and the head: AdamW's
+    assert sum(len(g["params"]) for g in groups) == 6

@@ -9,7 +9,9 @@ classifier when ``model.reset_head=true`` (it starts afresh) and the modules mat
 ``model.lora.train_also``. The optimizer sees the trainable parameters only, so every SAM variant
 perturbs them alone (ρ's norm is over them).
 
-``model.peft=prompt`` (soft prompts) is for ``model=gpt``; until that model is here it is refused.
+``model.peft=prompt`` (prompt.py) prepends ``model.prompt.length`` learned vectors to a GPT's
+token embeddings and freezes every other tensor; the prompt's positions are left out of the
+output, so the loss and metrics are the real tokens'.
 
 Our own code: the ``peft`` library needs transformers and accelerate, more than a few adapters
 are worth; tests/test_lora.py checks our layers against it where it is installed.
@@ -26,6 +28,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import UserError, integer, number, require
 from .lora import ADAPTABLE, LoRA, adaptable, add_lora, max_rank
+from .prompt import SoftPrompt, add_prompt
 
 METHODS = ("none", "lora", "prompt")
 SHOWN = 12  # layer names an error lists at most
@@ -108,10 +111,33 @@ def _freeze_norm_statistics(module: _BatchNorm, _args) -> None:
     module.training = False
 
 
-def attach_adapters(model_cfg, model: nn.Module) -> dict | None:
+def prompt_length(model_cfg) -> int:
+    """``model.prompt.length``, checked."""
+    given = (model_cfg.get("prompt") or {}).get("length", 8)
+    return integer("model.prompt.length", given, "an integer >= 1", lambda n: n >= 1)
+
+
+def _attach_prompt(model_cfg, model: nn.Module, input_shape) -> dict:
+    """``model.peft=prompt``: a soft prompt on the GPT, every other tensor frozen."""
+    length = prompt_length(model_cfg)
+    if input_shape is not None:  # the data's windows; a rebuilt run was checked when it ran
+        tokens, context = int(input_shape[0]), int(model.context)
+        require(
+            length + tokens <= context,
+            f"model.prompt.length={length} + dataset.block_size={tokens} = {length + tokens} is "
+            f"more than the model's context model.block_size={context}; shorten the prompt or "
+            f"the windows (the pretrained model's context is fixed by its position embeddings)",
+        )
+    model.requires_grad_(False)
+    add_prompt(model, length)
+    return {"method": "prompt", "length": length, "layers": ["embed.prompt"]}
+
+
+def attach_adapters(model_cfg, model: nn.Module, input_shape=None) -> dict | None:
     """Apply ``model.peft`` to ``model`` (its pretrained weights already loaded, or about to be
     loaded over it, as a rebuilt run's are): adapters added, everything else frozen. Returns a
-    record for summary.json, or None with ``model.peft=none``."""
+    record for summary.json, or None with ``model.peft=none``. ``input_shape`` (the data's):
+    a soft prompt and the data's windows must fit the GPT's context together."""
     chosen = method(model_cfg)
     if chosen == "none":
         return None
@@ -127,7 +153,7 @@ def attach_adapters(model_cfg, model: nn.Module) -> dict | None:
                 f"model.peft=prompt prepends learned vectors to a GPT's input, and model={arch} "
                 "is not one: use model=gpt, or model.peft=lora"
             )
-        raise UserError("model.peft=prompt on model=gpt is not built yet; use model.peft=lora")
+        return _attach_prompt(model_cfg, model, input_shape)
     rank, alpha, dropout, targets = lora_options(model_cfg)
     full = _fully_trained(model_cfg, model)
     in_full = lambda name: any(name == f or name.startswith(f"{f}.") for f in full)
@@ -166,12 +192,13 @@ def attach_adapters(model_cfg, model: nn.Module) -> dict | None:
 
 
 def adapter_names(model: nn.Module) -> list[str]:
-    """The state-dict names of the adapters' tensors."""
+    """The state-dict names of the adapters' tensors (LoRA's and a soft prompt's)."""
+    tensors = lambda m: ("lora_A", "lora_B") if isinstance(m, LoRA) else ("vectors",)
     return [
         f"{n}.{k}"
         for n, m in model.named_modules()
-        if isinstance(m, LoRA)
-        for k in ("lora_A", "lora_B")
+        if isinstance(m, (LoRA, SoftPrompt))
+        for k in tensors(m)
     ]
 
 
@@ -196,5 +223,6 @@ __all__ = [
     "attach_adapters",
     "every_parameter_trainable",
     "method",
+    "prompt_length",
     "trainable_parameters",
 ]

@@ -314,10 +314,45 @@ def eval_windows(cfg, vocab: int) -> int:
     return max(1, min(EVAL_WINDOWS, EVAL_LOGITS_BYTES // per_window))
 
 
+CASES = {  # dataset.train_case: the ASCII letters' ids moved (a second task; the test split as is)
+    "upper": (ord("a"), ord("z"), ord("A") - ord("a")),
+    "lower": (ord("A"), ord("Z"), ord("a") - ord("A")),
+}
+
+
+def train_case(cfg) -> str | None:
+    """``dataset.train_case``, checked: null (the text as written), upper or lower."""
+    case = cfg.get("train_case")
+    if case in (None, "", "none"):
+        return None
+    require(
+        case in CASES,
+        f"dataset.train_case={case!r} is unknown; choose null (as written), {' or '.join(CASES)}",
+    )
+    path = cfg.get("path")
+    require(
+        path in (None, "") or not Path(str(path)).is_dir(),
+        f"dataset.train_case={case} changes the letters of byte-level text; dataset.path={path} "
+        "holds token ids (train.bin/val.bin) whose letters are not known",
+    )
+    return str(case)
+
+
+def recased(ids, case: str) -> np.ndarray:
+    """Byte-level ids with the ASCII letters in ``case`` (a second task on the same corpus:
+    fine-tuning on it, a model forgets the mixed-case text its test split still measures)."""
+    first, last, shift = CASES[case]
+    out = np.array(ids, dtype=np.int16)
+    letters = (out >= first) & (out <= last)
+    out[letters] += shift
+    return out.astype(np.uint8)
+
+
 def _text_keys(cfg) -> None:
     block_size(cfg)
     val_fraction(cfg)
     eval_windows(cfg, BYTE_VOCAB)
+    train_case(cfg)
     require(
         cfg.get("val_split", 0) in (0, None),
         f"dataset.val_split={cfg.get('val_split')} does not apply to dataset=text (its test "
@@ -351,6 +386,9 @@ def text_shape(cfg) -> tuple[tuple, int]:
 def text(cfg, seed, rank, world) -> Data:
     _text_keys(cfg)
     corpus, t = load_corpus(cfg), block_size(cfg)
+    case = train_case(cfg)
+    if case is not None:  # the training split alone: the test split stays the first task
+        corpus.train = recased(corpus.train, case)
     bs = int(cfg.batch_size)
     steps = cfg.get("steps_per_epoch") or max(1, len(corpus.train) // (bs * t))
     cap = eval_windows(cfg, corpus.vocab_size)

@@ -6,6 +6,9 @@
 - Hidden: the weights of Linear and Conv layers, except the first and the last such layer
   in module order (the input layer and the classifier head, as Muon does). Nothing else is
   hidden: embeddings, tokens, position embeddings, normalisation weights and biases.
+  A hidden layer's LoRA factors (``model.peft=lora``) are hidden too: they are that layer's
+  trainable matrices, so LoRA under ``base_optimizer=muon`` is Muon on the adapters (our choice;
+  otherwise every trained parameter of a LoRA run would fall to Muon's AdamW).
 """
 
 from __future__ import annotations
@@ -36,4 +39,5 @@ def hidden_weights(model: nn.Module) -> set[int]:
     layers = [
         m for m in model.modules() if isinstance(m, (nn.Linear, _ConvNd)) and m.weight is not None
     ]
-    return {id(m.weight) for m in layers[1:-1]}
+    factors = lambda m: [getattr(m, k) for k in ("lora_A", "lora_B") if hasattr(m, k)]
+    return {id(p) for m in layers[1:-1] for p in (m.weight, *factors(m))}

@@ -185,19 +185,22 @@ def plan(overrides: list[str], sweep_dir: Path, cfg) -> list[Stage]:
 
 
 # ---------------------------------------------------------------------------- a job's folders
-def resolve(cfg, job: list[str], root, read: bool = True) -> None:
+def resolve(cfg, job: list[str], root, read: bool = True) -> frozenset:
     """Each ``stage:`` reference of ``job`` in ``cfg`` replaced by the folder it names: a job
     of stage S runs in ``<root>/S/<number>``, the job it names in ``<root>/NAME/<n>``. Without
     ``read`` (the checks before the first stage runs), by null: the earlier stage's job is
-    checked when the referring stage starts."""
+    checked when the referring stage starts. Returns the keys left null that way (the checks
+    take them as set: ``model.peft`` needs ``model.init_from``)."""
     refs = references(job)
+    pending = frozenset() if read else frozenset(key.lstrip("+") for key, _ in refs)
     if not refs:
-        return
+        return pending
     root = Path(root).absolute()
     for key, value in refs:
         folder = _folder(key, value, job, root) if read else None
         with open_dict(cfg):
             OmegaConf.update(cfg, key.lstrip("+"), folder, merge=False)
+    return pending
 
 
 def _folder(key: str, value: str, job: list[str], root: Path) -> str:
