@@ -106,8 +106,11 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_exit_143(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
-    assert re.fullmatch(r"sam-run: SIGTERM: interrupted in epoch \d+; the checkpoint holds epoch "
-                        r"\d+ \(step \d+\); run the same command again to resume\n", err), err
+    assert re.fullmatch(
+        r"sam-run: SIGTERM: interrupted in epoch \d+; the checkpoint holds epoch "
+        r"\d+ \(step \d+\); run the same command again to resume\n",
+        err,
+    ), err
     assert ckpt.exists() and not (run_dir / "summary.json").exists()
 
 

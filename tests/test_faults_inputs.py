@@ -266,8 +266,17 @@ def test_sam_eval_without_arguments_names_the_folder_alone(capsys):
 def test_the_console_prints_lambda_max_in_one_format_and_the_averaged_weights(capsys):
     from sam_runner.progress import Progress, print_final
 
-    row = {"epoch": 3, "train_loss": 0.5, "train_acc": 0.8, "test_acc": 0.75, "test_ece": 0.05,
-           "lambda_max": 41.0, "avg_test_acc": 0.7712, "avg_test_ece": 0.0412, "time_s": 2.0}
+    row = {
+        "epoch": 3,
+        "train_loss": 0.5,
+        "train_acc": 0.8,
+        "test_acc": 0.75,
+        "test_ece": 0.05,
+        "lambda_max": 41.0,
+        "avg_test_acc": 0.7712,
+        "avg_test_ece": 0.0412,
+        "time_s": 2.0,
+    }
     Progress("lines", 5, 10).epoch_line(row)
     Progress("lines", 5, 10).epoch_line({**row, "lambda_max": 59.4567})  # fmt: skip
     err = capsys.readouterr().err.splitlines()
@@ -275,8 +284,18 @@ def test_the_console_prints_lambda_max_in_one_format_and_the_averaged_weights(ca
                       "test_ece 0.0500 | lambda_max 41.00 | avg_test_acc 0.7712 | "
                       "avg_test_ece 0.0412 | elapsed 2.0s")  # fmt: skip
     assert "lambda_max 59.46 |" in err[1]
-    print_final({"status": "completed", "test_acc": 0.75, "test_ece": 0.05, "lambda_max": 41.0,
-                 "avg_test_acc": 0.7712, "avg_test_ece": 0.0412, "avg_lambda_max": 30.0}, "R")
+    print_final(
+        {
+            "status": "completed",
+            "test_acc": 0.75,
+            "test_ece": 0.05,
+            "lambda_max": 41.0,
+            "avg_test_acc": 0.7712,
+            "avg_test_ece": 0.0412,
+            "avg_lambda_max": 30.0,
+        },
+        "R",
+    )
     print_final({"status": "completed", "test_acc": 0.75, "test_ece": 0.05, "lambda_max": 7}, "R")
     assert capsys.readouterr().out.splitlines() == [
         "completed: test_acc=0.7500 test_ece=0.0500 lambda_max=41.00 avg_test_acc=0.7712 "

@@ -102,7 +102,8 @@ def test_rows_a_query_deleted_or_a_dropped_table_come_back_on_reindexing(tmp_pat
             order = "run_dir, step" if t == "epochs" else "run_dir"
             again = rows(db, f"SELECT * FROM {t} ORDER BY {order}")
             assert [{k: r[k] for k in sorted(r) if k != "indexed_at"} for r in again] == [
-                {k: r[k] for k in sorted(r) if k != "indexed_at"} for r in full[t]], (sql, t)
+                {k: r[k] for k in sorted(r) if k != "indexed_at"} for r in full[t]
+            ], (sql, t)
     capsys.readouterr()
 
 
