@@ -373,8 +373,13 @@ class SeededProbes:
             return
         g = torch.Generator().manual_seed(self.seed)
         V = _rademachers(count, op.numel, g, op.device, op.dtype)
-        units = torch.stack([v / v.norm() for v in V[have:]])  # as _Run normalises its start
-        self._products = torch.cat([self._products, _blocks(op.hvp_batch, units)])
+        units = [v / v.norm() for v in V[have:]]  # as _Run normalises its start
+        if op.batching_pays(min(len(units), PROBE_BLOCK)):
+            products = _blocks(op.hvp_batch, torch.stack(units))
+        else:  # each from its own allocation, as a run's: a CPU GEMM's last bits can depend on
+            # where a row starts in memory
+            products = torch.stack([op(u) for u in units])
+        self._products = torch.cat([self._products, products])
         self._signs = V.to(torch.int8)
 
     def unit_products(self, count: int):
@@ -529,7 +534,7 @@ def _lockstep(op: HessianOperator, starts, steps: int, seed: int, firsts=None) -
     runs = [_Run(op.numel, v, gen, op.device, torch.float32) for v, gen in zip(starts, gens)]
     for j in range(steps):
         if j == 0 and firsts is not None:
-            W = firsts
+            W = firsts.clone()  # laid out as hvp_batch's own result (row 0 where a block starts)
         else:
             W = op.hvp_batch(torch.stack([r.q for r in runs]))
         for r, w in zip(runs, W):
