@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from .adapters import attach_adapters
 from .data.sources import data_shape
 from .errors import UserError, number, require
-from .losses import distillation_loss
+from .losses import distillation_loss_to, distillation_targets
 from .models import build_model, without_download
 from .rundir import CHECKPOINT, RunDir, check_weights, model_state
 from .weight_decay import tracked_layers
@@ -180,8 +180,8 @@ class Distiller(NoDistill):
 
     @torch.no_grad()
     def teach(self, micro) -> list:
-        """The teacher's (logits, features) of each micro-batch of a step: once, before its
-        passes."""
+        """The teacher's (soft targets, feature similarities) of each micro-batch of a step: once,
+        before its passes."""
         out = []
         for xm, *_ in micro:
             taps = self.teacher_taps.on() if self.teacher_taps else contextlib.nullcontext({})
@@ -189,7 +189,8 @@ class Distiller(NoDistill):
                 logits = self.teacher(xm)
             self.step_samples += len(xm)
             sims = {k: similarity(v) for k, v in features.items()}
-            out.append((logits.detach(), sims))
+            # its soft targets too: the teacher's half of the loss, not recomputed by each pass
+            out.append((distillation_targets(logits, self.temperature), sims))
         return out
 
     def summary_values(self) -> dict:
@@ -209,8 +210,8 @@ class Distiller(NoDistill):
 
     def add(self, objective, logits, taught, i, share):
         """``objective`` (the task's share of the step's loss) as the distillation objective."""
-        t_logits, sims = taught[i]
-        kd = distillation_loss(logits, t_logits, self.temperature)
+        targets, sims = taught[i]
+        kd = distillation_loss_to(logits, targets, self.temperature)
         out = (1 - self.weight) * objective + self.weight * share * kd
         if self.align > 0:
             out = out + self.align * share * self.alignment(sims)

@@ -106,9 +106,27 @@ def distillation_loss(student_logits, teacher_logits, temperature: float):
     """Hinton et al.'s distillation term: T²·KL(softmax(t/T) ‖ softmax(s/T)), the batch mean (in
     float32 at least: half-precision logits are promoted). The T² keeps its gradient's scale
     comparable to the task loss's as T changes."""
-    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    targets = distillation_targets(teacher_logits, temperature)
+    return distillation_loss_to(student_logits, targets, temperature)
+
+
+def distillation_targets(teacher_logits, temperature: float):
+    """The teacher's half of ``distillation_loss``: its soft targets p = softmax(t/T) (float32 at
+    least) and the batch mean of Σ p·log p (minus its entropy). A distilled step computes them
+    once and every pass of the step reuses them (``distillation_loss_to``)."""
+    dtype = torch.promote_types(teacher_logits.dtype, torch.float32)
+    log_t = F.log_softmax(teacher_logits.to(dtype) / float(temperature), dim=1)
+    p = log_t.exp()
+    return p, (p * log_t).sum(dim=1).mean()
+
+
+def distillation_loss_to(student_logits, targets, temperature: float):
+    """``distillation_loss`` against the teacher's ``distillation_targets``: T²·(the soft-target
+    cross-entropy − the teacher's entropy). One fused cross-entropy instead of the KL's separate
+    operations; its gradient in the student's logits is bit for bit the KL's (the entropy is a
+    constant), only the value's last bits differ from summing p·(log p − log q)."""
+    p, neg_entropy = targets
+    dtype = torch.promote_types(torch.promote_types(student_logits.dtype, torch.float32), p.dtype)
     t = float(temperature)
-    log_s = F.log_softmax(student_logits.to(dtype) / t, dim=1)
-    log_t = F.log_softmax(teacher_logits.to(dtype) / t, dim=1)
-    kl = (log_t.exp() * (log_t - log_s)).sum(dim=1)
-    return t * t * kl.mean()
+    soft_ce = F.cross_entropy(student_logits.to(dtype) / t, p.to(dtype))
+    return t * t * (soft_ce + neg_entropy)

@@ -8,11 +8,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import TINY, compose, run_cli, stopped_early_of
 from torch import nn
 
 from sam_runner.distill import Taps, similarity
-from sam_runner.losses import distillation_loss
+from sam_runner.losses import distillation_loss, distillation_loss_to, distillation_targets
 from sam_runner.train import train
 
 FAST = [*TINY, "metrics=off", "trainer.epochs=1"]
@@ -34,6 +35,32 @@ def test_distillation_loss_is_t_squared_kl_teacher_to_student_batch_mean(tempera
     assert distillation_loss(s, s, temperature).abs().item() < 1e-14
     half = distillation_loss(s.half(), t.half(), temperature)
     assert half.dtype == torch.float32 and half.item() == pytest.approx(want / 6, rel=1e-2)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 3.0, 4.0])
+def test_the_teacher_s_targets_computed_once_give_the_kl_s_gradient_bit_for_bit(temperature):
+    # what a step reuses across its passes (the teacher's soft targets, its entropy) against
+    # the KL summed directly: the student's gradient is the same to the last bit
+    g = torch.Generator().manual_seed(2)
+    s, t = 3 * torch.randn(64, 10, generator=g), 3 * torch.randn(64, 10, generator=g)
+
+    def direct(v):
+        log_t = F.log_softmax(t / temperature, 1)
+        kl = (log_t.exp() * (log_t - F.log_softmax(v / temperature, 1))).sum(1)
+        return temperature**2 * kl.mean()
+
+    def reused(v):
+        return distillation_loss_to(v, distillation_targets(t, temperature), temperature)
+
+    grads = []
+    for loss in (direct, reused):
+        v = s.clone().requires_grad_()
+        value = loss(v)
+        (0.3 * value).backward()
+        grads.append((value.detach(), v.grad))
+    (v_direct, g_direct), (v_reused, g_reused) = grads
+    assert torch.equal(g_direct, g_reused)
+    assert v_reused.item() == pytest.approx(v_direct.item(), rel=1e-6)
 
 
 def test_the_alignment_taps_the_middle_layer_and_the_embedding_and_is_zero_for_the_same_model():

@@ -25,7 +25,7 @@ from ..registry import MEASURES
 from . import sharpness as S
 from .hvp import HessianOperator
 from .objective import Objective
-from .solvers import hessian_trace, spectral_density
+from .solvers import SeededProbes, hessian_trace, spectral_density
 
 # metrics.trace.num_samples and metrics.density.num_samples: the first samples of the Hessian
 # subset (docs/metrics.md#trace, #density: what the smaller subset changes, measured)
@@ -68,6 +68,7 @@ class Measurement:
     _operators: dict = field(default_factory=dict, repr=False)
     _moments: tuple | None = field(default=None, repr=False)
     _slq: dict = field(default_factory=dict, repr=False)
+    _probes: dict = field(default_factory=dict, repr=False)
 
     def objective(self) -> Objective:
         """The mean loss over the sharpness batches (opened once, closed by ``close``)."""
@@ -113,11 +114,23 @@ class Measurement:
         key = (num_samples, num_runs, num_steps)
         if key not in self._slq:
             op = self.operator_on(num_samples)
-            self._slq[key] = spectral_density(op, num_runs, num_steps, seed=self.seed)
+            self._slq[key] = spectral_density(
+                op, num_runs, num_steps, seed=self.seed, probes=self.probes(op)
+            )
         return self._slq[key]
 
+    def probes(self, op: HessianOperator) -> SeededProbes:
+        """The seeded Rademacher probes on ``op`` and their HVPs, shared by every measure that
+        draws them with the measurement's seed: the trace, the quantization's diagonal and the
+        density's start vectors (docs/metrics.md#shared-probes)."""
+        if id(op) not in self._probes:
+            self._probes[id(op)] = SeededProbes(op, self.seed)
+        return self._probes[id(op)]
+
     def close_operators(self) -> None:
-        """Close the operators ``operator_on`` opened (their cached graphs go)."""
+        """Close the operators ``operator_on`` opened (their cached graphs go), and forget the
+        probes' products (θ is about to move)."""
+        self._probes.clear()
         for op in reversed(list(self._operators.values())):
             op.close()
         self._operators.clear()
@@ -141,7 +154,8 @@ def trace(
 ) -> dict:
     # deflated by the λ_1..k Ritz vectors this measurement computed (docs/metrics.md#trace)
     basis = m.eigenvectors if deflate else None
-    mean, se = hessian_trace(m.operator_on(num_samples), seed=m.seed, basis=basis, **options)
+    op = m.operator_on(num_samples)
+    mean, se = hessian_trace(op, seed=m.seed, basis=basis, probes=m.probes(op), **options)
     return {"hessian_trace": mean, "hessian_trace_se": se}
 
 
@@ -276,13 +290,15 @@ def quantization(
     if m.test is None:
         return {}
     out = quantization_values(m.operator.model, m.test, [int(b) for b in bits])
+    op = m.sharpness_operator()
     rises = predicted_rise(
-        m.sharpness_operator(),
+        op,
         m.operator.model,
         [int(b) for b in bits],
         exact_max_params,
         num_probes,
         m.seed,
+        m.probes(op),
     )
     out.update({f"quant_loss_rise_pred_{b}bit": rise for b, rise in rises.items()})
     return out

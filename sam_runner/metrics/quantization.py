@@ -66,15 +66,18 @@ def rounding_steps(model: nn.Module, params, bits: int) -> list:
     return out
 
 
-def predicted_rise(op, model, bits, exact_max_params: int, num_probes: int, seed: int) -> dict:
+def predicted_rise(
+    op, model, bits, exact_max_params: int, num_probes: int, seed: int, probes=None
+) -> dict:
     """{b: Σ_i H_ii s_i²/24} on the operator's loss for each b of ``bits`` (module docstring):
-    one diagonal (exact, or Hutchinson's z ⊙ Hz over one set of probes) for every bit width."""
+    one diagonal (exact, or Hutchinson's z ⊙ Hz over one set of probes) for every bit width.
+    ``probes``: a ``SeededProbes`` of ``op`` and ``seed`` (HVPs shared with the trace)."""
     from .solvers import hessian_diagonal, probe_products
 
     if op.numel <= exact_max_params:
         diagonal = hessian_diagonal(op)
     else:
-        V, HV = probe_products(op, num_probes, seed)
+        V, HV = probe_products(op, num_probes, seed, probes)
         diagonal = (V * HV).double().mean(0)
     out = {}
     for b in bits:

@@ -332,24 +332,67 @@ def _rademachers(count, n, generator, device, dtype) -> torch.Tensor:
 
 
 def hutchinson(
-    op: HessianOperator, num_probes: int = 100, seed: int = 0, weight=None
+    op: HessianOperator, num_probes: int = 100, seed: int = 0, weight=None, probes=None
 ) -> tuple[float, float]:
     """Hutchinson's estimate of tr(diag(w) H) (tr(H) without ``weight``) with Rademacher probes v:
     the mean of (w ⊙ v)ᵀ H v and its standard error. Probes go through ``op.hvp_batch`` in blocks;
-    the probes, and so the estimate, are those of one HVP per probe."""
+    the probes, and so the estimate, are those of one HVP per probe (``probes``: shared ones,
+    ``SeededProbes``)."""
     if not (isinstance(num_probes, int) and num_probes >= 2):
         raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
-    V, HV = probe_products(op, num_probes, seed)
+    V, HV = probe_products(op, num_probes, seed, probes)
     W = V if weight is None else weight * V
     s = torch.stack([torch.dot(w, hv) for w, hv in zip(W, HV)]).double().cpu()
     return float(s.mean()), float(s.std() / math.sqrt(num_probes))
 
 
-def probe_products(op: HessianOperator, num_probes: int, seed: int = 0):
-    """(V, HV): ``num_probes`` seeded Rademacher rows and H applied to each (in blocks)."""
-    g = torch.Generator().manual_seed(seed)
-    V = _rademachers(num_probes, op.numel, g, op.device, op.dtype)
-    return V, _blocks(op.hvp_batch, V)
+def probe_products(op: HessianOperator, num_probes: int, seed: int = 0, probes=None):
+    """(V, HV): ``num_probes`` seeded Rademacher rows and H applied to each (in blocks).
+    ``probes``: a ``SeededProbes`` of ``op`` and ``seed`` whose products are shared."""
+    return (probes or SeededProbes(op, seed)).first(num_probes)
+
+
+class SeededProbes:
+    """The seeded Rademacher probes of ``probe_products`` on one operator, and H applied to each,
+    kept and extended as more are asked for: the first c probes are the same whatever the count
+    (one generator, drawn in turn), so every estimate of a measurement that draws probes from the
+    same seed on the same operator (the trace, the quantization's diagonal, the density's start
+    vectors) shares their HVPs. H is applied to each probe scaled to unit norm, as a Lanczos run
+    from it takes its first step (``spectral_density`` reuses those products bit for bit), and
+    Hv = ‖v‖·H(v/‖v‖) for the estimates (equal to H applied to v up to float rounding). The
+    probes are kept as int8 signs (a quarter of float32's memory)."""
+
+    def __init__(self, op: HessianOperator, seed: int = 0):
+        self.op, self.seed = op, seed
+        self._signs = torch.empty(0, op.numel, dtype=torch.int8, device=op.device)
+        self._products = torch.empty(0, op.numel, dtype=op.dtype, device=op.device)
+
+    def _extend(self, count: int) -> None:
+        op, have = self.op, len(self._signs)
+        if count <= have:
+            return
+        g = torch.Generator().manual_seed(self.seed)
+        V = _rademachers(count, op.numel, g, op.device, op.dtype)
+        units = [v / v.norm() for v in V[have:]]  # as _Run normalises its start
+        if op.batching_pays(min(len(units), PROBE_BLOCK)):
+            products = _blocks(op.hvp_batch, torch.stack(units))
+        else:  # each from its own allocation, as a run's: a CPU GEMM's last bits can depend on
+            # where a row starts in memory
+            products = torch.stack([op(u) for u in units])
+        self._products = torch.cat([self._products, products])
+        self._signs = V.to(torch.int8)
+
+    def unit_products(self, count: int):
+        """(U, HU): the first ``count`` probes scaled to unit norm, and H applied to each."""
+        self._extend(count)
+        V = self._signs[:count].to(self.op.dtype)
+        return torch.stack([v / v.norm() for v in V]), self._products[:count]
+
+    def first(self, count: int):
+        """(V, HV) of the first ``count`` probes (HVPs only for those not yet applied)."""
+        self._extend(count)
+        V = self._signs[:count].to(self.op.dtype)
+        return V, self._products[:count] * V.norm(dim=1, keepdim=True)
 
 
 def hutch_plus_plus(matmat, n: int, num_matvecs: int = 60, seed: int = 0, device="cpu", dtype=None):
@@ -386,30 +429,41 @@ def hessian_diagonal(op: HessianOperator) -> torch.Tensor:
 
 
 def hessian_trace(
-    op: HessianOperator, num_probes: int = 100, seed: int = 0, basis=None
+    op: HessianOperator, num_probes: int = 100, seed: int = 0, basis=None, probes=None
 ) -> tuple[float, float]:
     """Hutchinson's estimate of tr(H): (mean of vᵀHv over Rademacher probes, its standard error).
     ``basis`` ([k, n], e.g. the top-k Ritz vectors already computed): deflated, tr(QᵀHQ) exactly
     (k more HVPs) plus Hutchinson on (I − QQᵀ)H(I − QQᵀ), Q an orthonormal basis of its rows
-    (``deflated_hutchinson``)."""
+    (``deflated_hutchinson``). ``probes``: a ``SeededProbes`` of ``op`` and ``seed`` (shared
+    HVPs)."""
     if basis is None or len(basis) == 0:
-        return hutchinson(op, num_probes, seed)
-    return deflated_hutchinson(op, basis, num_probes, seed)
+        return hutchinson(op, num_probes, seed, probes=probes)
+    return deflated_hutchinson(op, basis, num_probes, seed, probes)
 
 
-def deflated_hutchinson(op: HessianOperator, basis, num_probes: int = 100, seed: int = 0):
+def deflated_hutchinson(
+    op: HessianOperator, basis, num_probes: int = 100, seed: int = 0, probes=None
+):
     """tr(H) = tr(QᵀHQ) + tr(P HP), P = I − QQᵀ, for any Q with orthonormal columns (the cross
     terms vanish: tr(QQᵀHP) = tr(HPQQᵀ) = 0); Q = orth(basisᵀ) in float64. The first term exactly,
     the second by Hutchinson with the probes of ``hutchinson`` (the same seeded Rademacher
     vectors), each projected, Pv. Unbiased for any basis; with H's top eigenvectors it takes
     their share out of the variance (2 Σ_{i≠j} H_ij² for Rademacher probes): (estimate,
-    standard error of the Hutchinson part)."""
-    return deflated_trace(op.hvp_batch, op.numel, basis, num_probes, seed, op.device, op.dtype)
+    standard error of the Hutchinson part). H(Pv) = Hv − (HQ)(Qᵀv) by linearity, from the HQ of
+    the first term and the plain probes' Hv (``probes``, which other measures share): k HVPs
+    beyond those."""
+    V, HV = probe_products(op, num_probes, seed, probes)
+    return deflated_trace(op.hvp_batch, op.numel, basis, num_probes, seed, op.device, op.dtype,
+                          products=(V, HV))  # fmt: skip
 
 
-def deflated_trace(matmat, n: int, basis, num_probes: int, seed: int = 0, device="cpu", dtype=None):
+def deflated_trace(
+    matmat, n: int, basis, num_probes: int, seed: int = 0, device="cpu", dtype=None, products=None
+):
     """``deflated_hutchinson`` for any symmetric A given by ``matmat`` (rows of a [B, n] matrix):
-    tr(QᵀAQ) exactly (k applications) + Hutchinson on (I − QQᵀ)A(I − QQᵀ) with ``num_probes``."""
+    tr(QᵀAQ) exactly (k applications) + Hutchinson on (I − QQᵀ)A(I − QQᵀ) with ``num_probes``.
+    ``products``: (V, AV) of the seeded probes unprojected (``probe_products``), so that
+    A(PV) = AV − (VQ)(AQ) costs no application of A."""
     if not (isinstance(num_probes, int) and num_probes >= 2):
         raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
     dtype = dtype or torch.float32
@@ -419,6 +473,11 @@ def deflated_trace(matmat, n: int, basis, num_probes: int, seed: int = 0, device
     Q = torch.linalg.qr(B.to(device, torch.float64).T)[0]  # [n, k], orthonormal columns
     AQ = _blocks(matmat, Q.T.to(dtype).contiguous()).double()
     exact = float(torch.einsum("ni,in->", Q, AQ))
+    if products is not None:
+        V, AV = (t.double() for t in products)
+        coords = V @ Q  # [probes, k]
+        s = ((V - coords @ Q.T) * (AV - coords @ AQ)).sum(1).cpu()
+        return exact + float(s.mean()), float(s.std() / math.sqrt(num_probes))
     g = torch.Generator().manual_seed(seed)
     V = _rademachers(num_probes, n, g, device, torch.float64)
     V = (V - (V @ Q) @ Q.T).to(dtype)
@@ -427,7 +486,7 @@ def deflated_trace(matmat, n: int, basis, num_probes: int, seed: int = 0, device
 
 
 def spectral_density(
-    op: HessianOperator, num_runs: int = 3, num_steps: int = 25, seed: int = 0
+    op: HessianOperator, num_runs: int = 3, num_steps: int = 25, seed: int = 0, probes=None
 ) -> dict:
     """Stochastic Lanczos quadrature (Ghorbani et al. 2019): for each of ``num_runs`` Rademacher
     start vectors, the nodes (Ritz values) and weights (squared first eigenvector components)
@@ -436,18 +495,22 @@ def spectral_density(
     advance in lock-step, one ``op.hvp_batch`` per step, when one batched backward pays for
     them; else one after the other (one basis in memory at a time). Each run draws the vectors
     of its restarts (invariant subspaces) from a generator of its own, so the runs do not depend
-    on which way they go."""
+    on which way they go. The start vectors are the seeded probes of ``probe_products``: their
+    first products come from ``probes`` (a ``SeededProbes`` of ``op`` and ``seed``, shared with
+    the trace and the quantization's diagonal), bit for bit the products a run computes."""
     for name, value in (("num_runs", num_runs), ("num_steps", num_steps)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name}={value!r} must be an integer >= 1")
-    g = torch.Generator().manual_seed(seed)
-    starts = [
-        (torch.randint(0, 2, (op.numel,), generator=g) * 2 - 1).double() for _ in range(num_runs)
-    ]
+    probes = probes or SeededProbes(op, seed)
+    starts = probes.first(num_runs)[0].double()
+    # the first step's products when the probes are in the basis' float32 (the runs' own q)
+    firsts = probes.unit_products(num_runs)[1] if op.dtype == torch.float32 else None
     together = num_runs if op.batching_pays(num_runs) else 1
     results = []
     for i in range(0, num_runs, together):
-        results += _lockstep(op, starts[i : i + together], min(num_steps, op.numel), seed + 1 + i)
+        chosen = slice(i, i + together)
+        first = None if firsts is None else firsts[chosen]
+        results += _lockstep(op, starts[chosen], min(num_steps, op.numel), seed + 1 + i, first)
     return {"nodes": [r.nodes for r in results], "weights": [r.weights for r in results]}
 
 
@@ -463,13 +526,17 @@ def smoothed_density(density: dict, grid: torch.Tensor, sigma: float) -> torch.T
     return out / (len(density["nodes"]) * sigma * math.sqrt(2 * math.pi))
 
 
-def _lockstep(op: HessianOperator, starts, steps: int, seed: int) -> list:
+def _lockstep(op: HessianOperator, starts, steps: int, seed: int, firsts=None) -> list:
     """``steps``-step Lanczos runs (float32 basis, no stopping rule) from ``starts``, advanced
-    together: one ``op.hvp_batch`` of their current vectors per step."""
+    together: one ``op.hvp_batch`` of their current vectors per step (the first step's products
+    ``firsts`` when given: H of the unit start vectors)."""
     gens = [torch.Generator().manual_seed(seed + r) for r in range(len(starts))]
     runs = [_Run(op.numel, v, gen, op.device, torch.float32) for v, gen in zip(starts, gens)]
     for j in range(steps):
-        W = op.hvp_batch(torch.stack([r.q for r in runs]))
+        if j == 0 and firsts is not None:
+            W = firsts.clone()  # laid out as hvp_batch's own result (row 0 where a block starts)
+        else:
+            W = op.hvp_batch(torch.stack([r.q for r in runs]))
         for r, w in zip(runs, W):
             evals, _ = r.step(w)
             if j + 1 < steps:

@@ -17,7 +17,7 @@ from sam_runner.metrics import (
     spectral_density,
 )
 from sam_runner.metrics import sharpness as S
-from sam_runner.metrics.solvers import hessian_diagonal, lanczos
+from sam_runner.metrics.solvers import SeededProbes, deflated_trace, hessian_diagonal, lanczos
 
 
 def operator(m, batches, batching, cache_mb=1024):
@@ -177,3 +177,31 @@ def test_spectral_density_rejects_bad_sizes(kwargs):
     with operator(m, [(x, y)], "auto") as op:
         with pytest.raises(ValueError, match=f"{name}={value!r} must be an integer >= 1"):
             spectral_density(op, **kwargs)
+
+
+def test_shared_probes_give_each_estimate_its_own_value_for_fewer_hvps():
+    """The trace (plain and deflated), the diagonal's probes and the density's start vectors on
+    one ``SeededProbes``: the values each computes alone, bit for bit, the deflated
+    trace equal to projecting every probe before its HVP, and each probe applied once."""
+    m, x, y = bn_cnn()
+    g = torch.Generator().manual_seed(7)
+    with operator(m, uneven(x, y), "loop") as op:
+        basis = torch.randn(2, op.numel, generator=g, dtype=torch.float64)
+        alone = [
+            hessian_trace(op, 6, seed=3),
+            hessian_trace(op, 6, seed=3, basis=basis),
+            spectral_density(op, num_runs=2, num_steps=5, seed=3),
+        ]
+        projected = deflated_trace(op.hvp_batch, op.numel, basis, 6, 3, op.device, op.dtype)
+        start, probes = op.hvps, SeededProbes(op, 3)
+        probes.first(8)  # the quantization's diagonal, say, first
+        shared = [
+            hessian_trace(op, 6, seed=3, probes=probes),
+            hessian_trace(op, 6, seed=3, basis=basis, probes=probes),
+            spectral_density(op, num_runs=2, num_steps=5, seed=3, probes=probes),
+        ]
+        # 8 probes, the basis' 2 for the deflated trace, the density's 4 further steps × 2 runs
+        assert op.hvps - start == 8 + 2 + 2 * 4
+    assert shared == alone
+    assert shared[1][0] == pytest.approx(projected[0], rel=1e-6)
+    assert shared[1][1] == pytest.approx(projected[1], rel=1e-5)
