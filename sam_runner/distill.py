@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from .adapters import attach_adapters
 from .data.sources import data_shape
 from .errors import UserError, number, require
-from .losses import distillation_loss_to, distillation_targets
+from .losses import distillation_loss_to, distillation_targets, select_targets
 from .models import build_model, without_download
 from .rundir import CHECKPOINT, RunDir, check_weights, model_state
 from .weight_decay import tracked_layers
@@ -155,7 +155,7 @@ class NoDistill:
     def capturing(self):
         return contextlib.nullcontext()
 
-    def add(self, objective, logits, taught, i, share):  # noqa: ARG002
+    def add(self, objective, logits, taught, i, share, rows=None):  # noqa: ARG002
         return objective
 
     def summary_values(self) -> dict:
@@ -208,9 +208,14 @@ class Distiller(NoDistill):
                  if k in mine]  # fmt: skip
         return torch.stack(terms).mean()
 
-    def add(self, objective, logits, taught, i, share):
-        """``objective`` (the task's share of the step's loss) as the distillation objective."""
+    def add(self, objective, logits, taught, i, share, rows=None):
+        """``objective`` (the task's share of the step's loss) as the distillation objective;
+        ``rows``: the rows of micro-batch ``i`` this pass runs on, when not all (ESAM's descent
+        pass), whose teacher targets and similarities it takes."""
         targets, sims = taught[i]
+        if rows is not None:
+            targets = select_targets(targets, rows)
+            sims = {k: v[rows][:, rows] for k, v in sims.items()}
         kd = distillation_loss_to(logits, targets, self.temperature)
         out = (1 - self.weight) * objective + self.weight * share * kd
         if self.align > 0:

@@ -112,12 +112,19 @@ def distillation_loss(student_logits, teacher_logits, temperature: float):
 
 def distillation_targets(teacher_logits, temperature: float):
     """The teacher's half of ``distillation_loss``: its soft targets p = softmax(t/T) (float32 at
-    least) and the batch mean of Σ p·log p (minus its entropy). A distilled step computes them
-    once and every pass of the step reuses them (``distillation_loss_to``)."""
+    least) and each row's Σ p·log p (minus its entropy). A distilled step computes them once and
+    every pass of the step reuses them (``distillation_loss_to``), or the rows it runs on
+    (``select_targets``: ESAM's descent pass)."""
     dtype = torch.promote_types(teacher_logits.dtype, torch.float32)
     log_t = F.log_softmax(teacher_logits.to(dtype) / float(temperature), dim=1)
     p = log_t.exp()
-    return p, (p * log_t).sum(dim=1).mean()
+    return p, (p * log_t).sum(dim=1)
+
+
+def select_targets(targets, rows):
+    """``distillation_targets`` of the rows ``rows`` (an index or mask) alone."""
+    p, neg_entropy = targets
+    return p[rows], neg_entropy[rows]
 
 
 def distillation_loss_to(student_logits, targets, temperature: float):
@@ -129,4 +136,4 @@ def distillation_loss_to(student_logits, targets, temperature: float):
     dtype = torch.promote_types(torch.promote_types(student_logits.dtype, torch.float32), p.dtype)
     t = float(temperature)
     soft_ce = F.cross_entropy(student_logits.to(dtype) / t, p.to(dtype))
-    return t * t * (soft_ce + neg_entropy)
+    return t * t * (soft_ce + neg_entropy.mean())

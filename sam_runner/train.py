@@ -568,10 +568,9 @@ class Run:
         optimizer, net = self.optimizer, self.net
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
-        # the rows this pass runs on (all, except in ESAM's descent pass)
-        micro = [m for m in (optimizer.select_rows(*m) for m in micro) if len(m[2])]
-        batch = sum(len(ym) for _, _, ym, _ in micro)
-        for i, (xm, tm, ym, im) in enumerate(micro):
+        micro = self.selected_rows(micro)
+        batch = sum(len(ym) for _, (_, _, ym, _), _ in micro)
+        for i, (j, (xm, tm, ym, im), rows) in enumerate(micro):
             # under DDP a synced pass all-reduces once, on its last micro-batch
             quiet = optimizer.pass_syncs and i < len(micro) - 1 and hasattr(net, "no_sync")
             watch = self.weight_decay.watching(optimizer.pass_index == 0)  # OUI's hooks
@@ -582,7 +581,7 @@ class Run:
             # weighted by size: the step's mean loss even when the batch does not split evenly
             share = len(ym) / batch
             loss = optimizer.reduce_loss(per_sample, out, ym) * share
-            objective = self.distill.add(loss, out, taught, i, share)
+            objective = self.distill.add(loss, out, taught, j, share, rows)
             objective = self.regularizer.add(objective, self.model, xm, out, share)
             self.scaler.scale(objective).backward()  # the logged loss stays the task's
             total += loss.detach()
@@ -592,6 +591,18 @@ class Run:
                 counts["correct"] = counts["correct"] + (pred.argmax(1) == ym).sum()
                 counts["targets"] = counts.get("targets", 0) + len(ym)
         return total
+
+    def selected_rows(self, micro) -> list:
+        """The rows this pass runs on (all, except in ESAM's descent pass): (the micro-batch's
+        place in the step, its kept tensors, the kept rows' positions or None for all), for the
+        micro-batches with a row left (the teacher's outputs are per micro-batch of the step)."""
+        out = []
+        for j, m in enumerate(micro):
+            ys = m[2]
+            *kept, rows = self.optimizer.select_rows(*m, torch.arange(len(ys), device=ys.device))
+            if len(rows):
+                out.append((j, tuple(kept), None if len(rows) == len(m[2]) else rows))
+        return out
 
     def evaluation_due(self) -> bool:
         """The last epoch, and every ``eval_every_n_epochs``-th epoch; or, with
