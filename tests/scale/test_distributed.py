@@ -64,9 +64,18 @@ def _perturbation_probe():
         opt = SAM(m.parameters(), torch.optim.SGD, rho=0.1, lr=0.1, sync_perturbation=sync)
         net = topo.wrap(m, cfg)
         opt.bind(model=net)
+        seen, perturb = {}, opt.perturb_
+
+        def recording(params, pgrads, perturb=perturb, seen=seen):
+            # ε as applied: SAM builds it in the gradients' storage, which the next pass reuses
+            theta = [p.detach().clone() for p in params]
+            perturb(params, pgrads)
+            seen["eps"] = [p.detach() - t for p, t in zip(params, theta)]
+
+        opt.perturb_ = recording
         eps_gap, param_gap = [], []
         for _ in _steps(opt, net, topo.rank):
-            eps = torch.cat([e.flatten() for e in opt._cache["eps"]])
+            eps = torch.cat([e.flatten() for e in seen["eps"]])
             params = torch.cat([p.detach().flatten() for p in m.parameters()])
             both_eps, both_params = topo.gather(eps[None]), topo.gather(params[None])
             eps_gap.append(float((both_eps[0] - both_eps[1]).abs().max()))
