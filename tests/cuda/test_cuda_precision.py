@@ -119,8 +119,17 @@ def test_fp16_step_skipped_for_the_perturbed_pass_alone_leaves_no_trace(name):
 # ------------------------------------------------------------------ bf16, channels_last
 def _eps_after_one_step(name, model, x, y, autocast=None):
     opt = _optimizer(name, model)
+    seen, perturb = {}, opt.perturb_
+
+    def recording(params, pgrads):
+        # ε as applied: SAM builds it in the gradients' storage, which the next pass reuses
+        theta = [p.detach().clone() for p in params]
+        perturb(params, pgrads)
+        seen["eps"] = [p.detach() - t for p, t in zip(params, theta)]
+
+    opt.perturb_ = recording
     opt.step(_closure(opt, model, x, y, autocast=autocast))
-    return _flat(opt._cache["eps"]), _flat(model.parameters())
+    return _flat(seen["eps"]), _flat(model.parameters())
 
 
 @pytest.mark.usefixtures("exact_fp32")
