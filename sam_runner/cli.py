@@ -132,7 +132,7 @@ def main() -> None:
     argv = sys.argv[1:]
     if say_version(argv):
         return
-    interrupts.catch_sigterm()  # a scheduler's, docker stop's: as Ctrl-C
+    interrupts.catch_signals()  # a scheduler's, docker stop's: as Ctrl-C
     try:
         if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
             sys.argv[1:] = argv = first_job_of(argv)  # Hydra refuses -m with --cfg
@@ -160,6 +160,7 @@ def main() -> None:
 def _sweep(argv: list[str]) -> None:
     """One command (a run, a sweep, or a stage's sweep): checked, then Hydra's app."""
     sys.argv[1:] = argv = preflight(argv)
+    interrupts.raise_pending()
     _main()
 
 

@@ -28,11 +28,12 @@ COMMANDS = {  # console script -> (module, function returning its exit code)
 
 def start(prog: str) -> int | None:
     """Run console script ``prog``; its exit code (None: 0)."""
-    interrupts.catch_sigterm()
+    interrupts.catch_signals()
     module, function = COMMANDS[prog]
     started = False
     try:
         command = getattr(importlib.import_module(module), function)
+        interrupts.raise_pending()
         started = True
         return command()
     except KeyboardInterrupt:

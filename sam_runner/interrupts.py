@@ -9,20 +9,41 @@ from __future__ import annotations
 import signal
 
 TERMINATED: list[int] = []  # SIGTERM reached this process
+# a Ctrl-C or SIGTERM not yet handled by a command: a library's bare ``except:`` can swallow the
+# KeyboardInterrupt that the signal raised inside it (mpmath's ``import gmpy2`` while torch
+# loads is one), and the command then went on as if nothing had come
+PENDING: list[int] = []
+
+
+def _on_sigint(signum, _frame) -> None:
+    PENDING.append(signum)
+    raise KeyboardInterrupt
 
 
 def _on_sigterm(signum, _frame) -> None:
     """SIGTERM stops a command as Ctrl-C does: the same KeyboardInterrupt, so every command's
     Ctrl-C handling (the checkpoint kept, the jobs done so far kept) serves both."""
     TERMINATED.append(signum)
+    PENDING.append(signum)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     raise KeyboardInterrupt
 
 
-def catch_sigterm() -> None:
-    """SIGTERM raises KeyboardInterrupt from now on, unless someone else handles it already."""
+def catch_signals() -> None:
+    """SIGTERM raises KeyboardInterrupt from now on, unless someone else handles it already, and
+    Ctrl-C is recorded as well as raised (unless ignored, as in a script's background job)."""
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def raise_pending() -> None:
+    """At a command's safe points (each unit of its progress, each training step): a signal
+    whose KeyboardInterrupt something swallowed is raised again, once."""
+    if PENDING:
+        PENDING.clear()
+        raise KeyboardInterrupt
 
 
 def stopping() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 import time
 
+from . import interrupts
+
 
 def resolve_mode(mode: str) -> str:
     """``auto`` as ``bar`` on a terminal (stderr), else ``lines``; the others as they are."""
@@ -60,6 +62,7 @@ class Counter:
         self.marks = {max(1, total * k // 10) for k in range(1, 11)} | {1}
 
     def update(self, n: int = 1) -> None:
+        interrupts.raise_pending()
         self.done += n
         if self.bar is not None:
             self.bar.update(n)
@@ -87,8 +90,8 @@ class Counter:
 
 
 class _NoBar:
-    def update(self, *a):
-        pass
+    def update(self, *_stats):
+        interrupts.raise_pending()
 
     def close(self):
         pass
@@ -111,6 +114,7 @@ class _Bar:
         self.n = 0
 
     def update(self, loss_sum, correct, seen):
+        interrupts.raise_pending()
         self.n += 1
         self.bar.update(1)
         if self.n % 20 == 0:

@@ -120,8 +120,13 @@ def _model(run_dir):
 
 @pytest.mark.parametrize(
     "variant",
-    ["optimizer=base", "optimizer=sam", "optimizer=gsam", "optimizer=esam",
-     "trainer.precision=bf16"],  # fmt: skip
+    [
+        "optimizer=base",
+        "optimizer=sam",
+        "optimizer=gsam",
+        "optimizer=esam",
+        "trainer.precision=bf16",
+    ],  # fmt: skip
 )  # esam: its descent pass runs on some rows of each micro-batch, their teacher targets with them
 def test_one_teacher_forward_per_step_whatever_the_variant_and_its_folder_is_only_read(
     variant, teacher, tmp_path

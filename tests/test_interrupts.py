@@ -67,3 +67,63 @@ def test_sigterm_is_one_line_exit_143_and_nothing_half_written(prog, sweep, tmp_
     assert proc.returncode == 143 and err.count("\n") == 1, err
     assert err.startswith(f"{prog}: SIGTERM: interrupted"), err
     assert not [p for p in [*tmp_path.rglob("*"), *sweep.rglob(".*")] if ".tmp" in p.name]
+
+
+FAKE_GMPY2 = """
+import os, pathlib, time
+mark = pathlib.Path(os.environ["GMPY2_MARK"])
+if mark.exists():  # sympy's import, after mpmath's
+    raise ImportError("no gmpy2 here")
+mark.write_text("importing")
+time.sleep(30)
+"""
+
+
+def test_a_ctrl_c_that_a_library_swallows_still_stops_the_command(tmp_path):
+    """mpmath (imported with torch) imports gmpy2 inside a bare ``except:``; a Ctrl-C landing
+    there was swallowed, and a 3000-job sweep went on checking its jobs. A gmpy2 that takes its
+    time holds the window open: the signal lands in it, and the command still stops."""
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "gmpy2.py").write_text(FAKE_GMPY2)
+    mark = tmp_path / "mark"
+    env = dict(ENV, PYTHONPATH=str(tmp_path / "fake"), GMPY2_MARK=str(mark))
+    module, function = SCRIPTS["sam-run"].split(":")
+    code = f"import sys; from {module} import {function}; sys.exit({function}())"
+    argv = ["-m", "seed=range(0,30)", f"hydra.sweep.dir={tmp_path / 's'}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *argv], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert mark.exists(), "the command never imported gmpy2"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.count("\n") == 1, err
+    assert err.startswith("sam-run: interrupted"), err
+    assert not list((tmp_path / "s").glob("*/summary.json")), "a job ran after the Ctrl-C"
+
+
+def test_a_swallowed_signal_is_raised_once_at_the_next_unit_of_progress():
+    from sam_runner import interrupts
+    from sam_runner.progress import Counter, Progress
+
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupts.catch_signals()
+        counter, bar = Counter(3, "checks", "none"), Progress("none", 1, 3).epoch_bar(0)
+        for unit in (counter.update, lambda: bar.update(0.0, 0, 1)):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            except:  # noqa: E722 - as a library's bare except does
+                pass
+            with pytest.raises(KeyboardInterrupt):
+                unit()
+            unit()  # once, not again
+    finally:
+        signal.signal(signal.SIGINT, before)
+        interrupts.PENDING.clear()

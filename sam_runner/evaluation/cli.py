@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     if not argv:  # argparse would name the optional overrides as required too
         return fail("no folder given: sam-eval PATH [KEY=VALUE ...] (a run or sweep folder)")
     args = parse(argv)
-    interrupts.catch_sigterm()
+    interrupts.catch_signals()
     try:
         from .paths import job_folders
 

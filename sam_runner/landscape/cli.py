@@ -351,7 +351,7 @@ def main(argv=None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(help_text())
         return 0
-    interrupts.catch_sigterm()
+    interrupts.catch_signals()
     try:
         path, overrides, to = parse_argv(argv)
         run(path, overrides, to)

@@ -365,7 +365,7 @@ def write_csv(path: Path, cols, rows) -> None:
 def main(argv=None) -> int:
     if say_version(sys.argv[1:] if argv is None else argv):
         return 0
-    interrupts.catch_sigterm()
+    interrupts.catch_signals()
     try:
         return index_main(argv)
     except KeyboardInterrupt:  # each folder's rows go in one transaction: all of them or none

@@ -270,7 +270,7 @@ def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     if say_version(argv):
         return 0
-    interrupts.catch_sigterm()
+    interrupts.catch_signals()
     try:
         return report_main(argv)
     except KeyboardInterrupt:  # each file is written whole (atomically): old or new, never half
