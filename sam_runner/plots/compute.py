@@ -44,5 +44,8 @@ def plot_compute(points: list[dict], fronts: dict):
         ax.grid(alpha=0.3)
     axes[0, 0].set_title("test accuracy per compute", fontsize=FONT + 1)
     axes[0, 1].set_title("λ_max per compute", fontsize=FONT + 1)
-    axes[0, 1].legend(fontsize=FONT, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    if axes[0, 1].get_legend_handles_labels()[0]:  # none where no job measured λ_max
+        axes[0, 1].legend(
+            fontsize=FONT, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False
+        )
     return fig

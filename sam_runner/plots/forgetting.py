@@ -29,6 +29,7 @@ def plot_forgetting(table: list[dict]):
             edgecolor="black",
             linewidth=0.4,
             capsize=3,
+            ecolor="0.55",  # grey: seen on the base's black bar and on the variants' colours
         )
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_xticks(range(len(table)), names, rotation=30, ha="right", fontsize=FONT - 1)

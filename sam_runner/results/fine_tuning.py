@@ -34,13 +34,15 @@ COLUMNS = ("new_loss", "new_acc", "loss_rise", "acc_drop", "lambda_max", "lambda
 
 def pairs(report) -> list[tuple]:
     """(pretrained job, fine-tuned job) for each completed job that started from a completed job
-    of the report, which started from none of them."""
+    of the report, which started from none of them, and that no job started from: a chain of
+    three stages (pretrain → mid-train → post-train) is the forgetting section's, not this."""
     done = report.completed()
     by_dir = {j.path.resolve(): j for j in done}
+    sources = {id(s) for s in (_source(j, by_dir) for j in done) if s is not None}
     out = []
     for tuned in done:
         source = _source(tuned, by_dir)
-        if source is not None and _source(source, by_dir) is None:
+        if source is not None and _source(source, by_dir) is None and id(tuned) not in sources:
             out.append((source, tuned))
     return out
 
@@ -52,8 +54,11 @@ def _optimizer(job) -> str:
 
 
 def _method(job) -> str:
+    """What fine-tuned: every weight or the adapters, by which optimizer, at which ρ (two ρ are
+    two rows, never one mean)."""
     peft = str(job.run.get("model.peft") or "none")
-    return f"{'full' if peft == 'none' else peft} {_optimizer(job)}"
+    rho = f" ρ={job.rho:g}" if job.rho is not None else ""
+    return f"{'full' if peft == 'none' else peft} {_optimizer(job)}{rho}"
 
 
 def _value(job, key):
@@ -88,7 +93,8 @@ def rows(report) -> list[dict]:
             "lambda_max": [_last(t, "lambda_max") for _, t in members],
             "lambda_max_pretrained": [_last(s, "lambda_max") for s, _ in members],
         }
-        same = pretrain.split("-")[-1] == method.split(" ", 1)[1].split("-")[-1]
+        source, tuned = members[0]
+        same = source.run.get("base_optimizer.name") == tuned.run.get("base_optimizer.name")
         row = {"model": model, "pretraining": pretrain, "fine_tuning": method, "lr": lr}
         row["same_optimizer"] = same
         row.update({k: stats(v) for k, v in values.items()})

@@ -14,6 +14,7 @@ from ..plots.style import natural_key
 from ..runfiles import finite
 from .measure_ranking import kendall_tau, points_of
 from .sections import SECTIONS
+from .sweep import stats, stats_cell
 
 KEY = "sharpness_dim"
 
@@ -39,6 +40,26 @@ def lines_by_step(points) -> dict:
             cells.items(), key=lambda kv: (kv[0][0], natural_key(str(kv[0][1])))
         )
     }
+
+
+def table(points) -> list[str]:
+    """report.md's table: per (variant, batch size, η), the dimension beside the number of
+    parameters (its upper bound), the gap and λ_max, mean ± std over seeds."""
+    cells: dict = {}
+    for p in points:
+        lr = p.settings.get("base_optimizer.lr")
+        key = (p.variant, str(p.settings.get("dataset.batch_size", "—")), lr)
+        cells.setdefault(key, []).append(p)
+    order = sorted(cells, key=lambda k: (k[0], natural_key(k[1]), natural_key(str(k[2]))))
+    cols = (KEY, "parameters", "gen_gap", "lambda_max")
+    head = "| variant | batch size | η | sharpness dimension | parameters | gen. gap | λ_max | n |"
+    out = [head, "|" + "---|" * 8]
+    for variant, batch, lr in order:
+        jobs = cells[(variant, batch, lr)]
+        row = [stats_cell(stats([p.values.get(c) for p in jobs])) for c in cols]
+        out.append(f"| {variant} | {batch} | {lr if lr is not None else '—'} | ")
+        out[-1] += " | ".join(row) + f" | {len(jobs)} |"
+    return out
 
 
 def write_figure(report, out_dir: Path) -> list[Path]:
@@ -70,5 +91,10 @@ def section(report, _plots=None) -> list[str]:
         f"and batch size) and against the generalization gap. Kendall's τ with the gap: {said}.",
         "",
         f"![sharpness dimension](sharpness_dim.{report.plot_format})",
+        "",
+        *table(points),
+        "",
+        "Mean ± std over seeds; the dimension is at most the number of parameters (every "
+        "direction expanding), and the gap is train − test accuracy.",
         "",
     ]

@@ -1,5 +1,5 @@
 """sam-report's sharpness-dimension section: the lines by (variant, batch size) over η, the mean
-over seeds, the figure written, and no section without the key."""
+over seeds, the table of the points, the figure written, and no section without the key."""
 
 from __future__ import annotations
 
@@ -42,6 +42,11 @@ def test_lines_are_the_seed_means_by_step_and_batch_size(tmp_path):
     write_report(report)
     text = (tmp_path / "report.md").read_text()
     assert "## Sharpness dimension" in text and "over 8 jobs" in text
+    # the table: seed means ± std per (variant, batch size, η), rows by batch size then η
+    assert "| base | 32 | 0.1 | 17.5 ± 0.71 | — | 0.005 ± 0.0071 | — | 2 |" in text
+    assert text.index("| base | 32 | 0.2 | 27.5 ± 0.71 |") < text.index(
+        "| base | full | 0.1 | 10.5"
+    )
     assert (tmp_path / "sharpness_dim.png").stat().st_size > 10_000
 
 

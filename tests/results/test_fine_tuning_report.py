@@ -26,7 +26,9 @@ TUNED = [
 def _job(folder, config, summary, train_loss=None):
     (folder / ".hydra").mkdir(parents=True)
     overrides = [f"{k}={v}" for k, v in config.items() if k != "model"]
-    tree = {"optimizer": {"name": "base"}, "model": config["model"]}
+    tree = {"optimizer": {"name": config.get("variant", "base")}, "model": config["model"]}
+    if "rho" in config:
+        tree["optimizer"]["rho"] = config["rho"]
     tree["base_optimizer"] = {"name": config["base_optimizer"], "lr": config["lr"]}
     (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(tree))
@@ -36,18 +38,22 @@ def _job(folder, config, summary, train_loss=None):
     (folder / "metrics.jsonl").write_text(json.dumps(line) + "\n")
 
 
+def _tuned_job(folder, source, config, summary, train_loss=None):
+    model = {"arch": "mlp", "peft": config["peft"], "init_from": str(source)}
+    summary = dict(summary, trainable_parameters=7)
+    summary["init_from"] = {"path": str(source / "checkpoints" / "last.pt")}
+    _job(folder, dict(config, model=model), summary, train_loss)
+
+
 def _sweep(root, tuned=TUNED):
     for opt, (loss, acc, lam) in PRETRAINED.items():
         model = {"arch": "mlp", "peft": "none", "init_from": None}
         summary = dict(test_loss=loss, test_acc=acc, lambda_max=lam)
         _job(root / "pretrain" / opt, dict(base_optimizer=opt, lr=0.003, model=model), summary)
     for n, (pre, opt, peft, lr, seed, train_loss, loss, acc, lam) in enumerate(tuned):
-        source = root / "pretrain" / pre
-        model = {"arch": "mlp", "peft": peft, "init_from": str(source)}
-        summary = dict(test_loss=loss, test_acc=acc, lambda_max=lam, trainable_parameters=7)
-        summary["init_from"] = {"path": str(source / "checkpoints" / "last.pt")}
-        config = dict(base_optimizer=opt, lr=lr, seed=seed, peft=peft, pre=pre, model=model)
-        _job(root / "finetune" / str(n), config, summary, train_loss)
+        summary = dict(test_loss=loss, test_acc=acc, lambda_max=lam)
+        config = dict(base_optimizer=opt, lr=lr, seed=seed, peft=peft, pre=pre)
+        _tuned_job(root / "finetune" / str(n), root / "pretrain" / pre, config, summary, train_loss)
 
 
 def test_one_row_per_pair_and_lr_with_learning_and_forgetting(tmp_path):
@@ -84,3 +90,23 @@ def test_no_section_without_a_fine_tuned_job(tmp_path):
     write_report(report, tmp_path / "out")
     assert "## Fine-tuning" not in (tmp_path / "out" / "report.md").read_text()
     assert not (tmp_path / "out" / "fine_tuning.csv").exists()
+
+
+def test_a_chain_of_three_stages_is_not_fine_tuning_and_two_rhos_are_two_rows(tmp_path):
+    _sweep(tmp_path)
+    # a third stage from finetune/0 (as sam_midtraining's post-training from its mid-training):
+    # that chain is the forgetting section's, so neither of its links is a fine-tuning pair
+    summary = dict(test_loss=1.0, test_acc=0.5, lambda_max=1.0)
+    config = dict(base_optimizer="sgd", lr=0.05, seed=0, peft="none", pre="adamw")
+    _tuned_job(tmp_path / "post" / "0", tmp_path / "finetune" / "0", config, summary, 1.0)
+    # two SAM fine-tunings of one checkpoint that differ only in ρ
+    for n, rho in enumerate((0.05, 0.2)):
+        config = dict(base_optimizer="adamw", lr=0.01, seed=0, peft="none", variant="sam", rho=rho)
+        summary = dict(test_loss=0.7 + rho, test_acc=0.7, lambda_max=2.0)
+        _tuned_job(tmp_path / "sam" / str(n), tmp_path / "pretrain" / "muon", config, summary, 1.0)
+    got = {(r["pretraining"], r["fine_tuning"]): r for r in rows(build_report(tmp_path))}
+    assert got[("adamw", "full adamw")]["n"] == 1  # finetune/0 is a chain's middle, not a leaf
+    assert ("adamw", "full sgd") not in got  # the post-training stage is no fine-tuning
+    assert got[("muon", "full sam-adamw ρ=0.05")]["loss_rise"]["mean"] == pytest.approx(0.15)
+    assert got[("muon", "full sam-adamw ρ=0.2")]["loss_rise"]["mean"] == pytest.approx(0.30)
+    assert got[("muon", "full sam-adamw ρ=0.2")]["same_optimizer"] is False
