@@ -19,7 +19,8 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
   .pdf or .svg with ``plots.format=``), and the files sections write (``measures.csv``,
   ``measures.<format>``).
 
-The choices (groups, statistics, missing jobs, the bound) are sweep.py's.
+Written again into one folder, a report removes the files the last one wrote there and this one
+does not (``MANIFEST``). The choices (groups, statistics, missing jobs, the bound) are sweep.py's.
 """
 
 from __future__ import annotations
@@ -27,18 +28,24 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import sys
 from pathlib import Path
 
 from .. import interrupts
 from ..cli_words import say_version
 from ..errors import UserError, check_names, require
-from ..runfiles import atomic_write_bytes, finite
+from ..runfiles import atomic_write_bytes, finite, read_json
 from .runs_table import _job_name, counts_line
 from .sections import ordered
 from .sweep import BOUND_STATS, STATUSES, Report, build_report
 
 __all__ = ["build_report", "write_report", "render_markdown", "render_csv", "main"]
+
+# what the last report wrote into its folder, so that the next one removes the files of what no
+# longer applies (a section whose jobs are gone, ρ figures of a sweep without ρ): never a file
+# the report did not write
+MANIFEST = ".sam-report-files.json"
 
 
 def render_markdown(report: Report, plots) -> str:
@@ -127,11 +134,24 @@ def write_report(report: Report, out_dir=None) -> list[Path]:
         files = [p for e in ordered() if e.files is not None for p in e.files(report, out_dir)]
         atomic_write_bytes(out_dir / "report.csv", render_csv(report).encode())
         atomic_write_bytes(out_dir / "report.md", render_markdown(report, plots).encode())
+        written = [out_dir / "report.md", out_dir / "report.csv", *plots, *files]
+        _drop_stale(out_dir, written)
     except OSError as e:
         raise UserError(
             f"cannot write the report into {out_dir} ({e.strerror or e}); choose another with --out"
         ) from None
-    return [out_dir / "report.md", out_dir / "report.csv", *plots, *files]
+    return written
+
+
+def _drop_stale(out_dir: Path, written: list[Path]) -> None:
+    """Remove what the last report here wrote and this one did not; record what this one did."""
+    names = sorted({p.relative_to(out_dir).as_posix() for p in written})
+    before = (read_json(out_dir / MANIFEST) or {}).get("files")
+    for name in before if isinstance(before, list) else []:
+        stale = isinstance(name, str) and name not in names and ".." not in Path(name).parts
+        if stale and not Path(name).is_absolute():
+            (out_dir / name).unlink(missing_ok=True)
+    atomic_write_bytes(out_dir / MANIFEST, json.dumps({"files": names}, indent=1).encode())
 
 
 def parser() -> argparse.ArgumentParser:

@@ -164,3 +164,20 @@ def copy_sweep(dst: Path) -> Path:
     return Path(
         shutil.copytree(shared_sweep(), dst, ignore=shutil.ignore_patterns("wandb", "checkpoints"))
     )
+
+
+def train_sweep_job(folder: Path, overrides: list[str], base: list[str] = ()) -> None:
+    """One job of a sweep folder as `sam-run -m` leaves it: trained in process (real Hydra
+    composition, real training) with its ``.hydra`` files, ``overrides`` being what the job
+    varies (its label in the report) and ``base`` the settings every job shares."""
+    from conftest import compose
+    from omegaconf import OmegaConf
+
+    from sam_runner.train import train
+
+    cfg = compose(*base, *overrides)
+    hydra = Path(folder) / ".hydra"
+    hydra.mkdir(parents=True)
+    OmegaConf.save(cfg, hydra / "config.yaml")
+    OmegaConf.save(OmegaConf.create(list(overrides)), hydra / "overrides.yaml")
+    train(cfg, Path(folder), list(overrides))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from conftest import compose
-from omegaconf import OmegaConf
+from results_helpers import train_sweep_job
 
 from sam_runner.results.jsd import jsd_points
 from sam_runner.results.report import build_report
@@ -42,12 +42,7 @@ def sweep(root):
             f"regularizer.weight={weight}",
             f"regularizer.alpha={alpha}",
         ]
-        cfg = compose(*TINY, *overrides)
-        hydra = root / str(num) / ".hydra"
-        hydra.mkdir(parents=True)
-        OmegaConf.save(cfg, hydra / "config.yaml")
-        OmegaConf.save(OmegaConf.create(overrides), hydra / "overrides.yaml")
-        train(cfg, root / str(num), overrides)
+        train_sweep_job(root / str(num), overrides, TINY)
     return root
 
 

@@ -407,3 +407,21 @@ def test_the_missing_and_pruned_lists_show_the_overrides_that_vary(tmp_path, cap
     md = (tmp_path / "report.md").read_text()
     assert "- `3` base_optimizer.lr=0.2 seed=1: **failed** — boom" in md
     assert "- `2` base_optimizer.lr=0.1 seed=1: **missing**" in md
+
+
+def test_a_report_again_removes_the_files_of_what_no_longer_applies(tmp_path):
+    """The files the last report wrote and this one does not (here the fine-tuning section's,
+    once its jobs are gone) are removed; a file the report never wrote is kept."""
+    from test_fine_tuning_report import _sweep
+
+    _sweep(tmp_path / "sweep")
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "sweep"), "--out", str(out)]) == 0
+    assert (out / "fine_tuning.csv").is_file() and (out / "fine_tuning.png").is_file()
+    (out / "notes.txt").write_text("mine")
+    shutil.rmtree(tmp_path / "sweep" / "finetune")
+    assert main([str(tmp_path / "sweep"), "--out", str(out)]) == 0
+    assert not (out / "fine_tuning.csv").exists() and not (out / "fine_tuning.png").exists()
+    assert (out / "notes.txt").read_text() == "mine" and (out / "report.md").is_file()
+    recorded = json.loads((out / ".sam-report-files.json").read_text())["files"]
+    assert "report.md" in recorded and "fine_tuning.csv" not in recorded

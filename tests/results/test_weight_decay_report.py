@@ -7,12 +7,11 @@ import json
 
 import pytest
 from conftest import TINY, compose
-from omegaconf import OmegaConf
+from results_helpers import train_sweep_job
 
 from sam_runner.results.report import build_report
 from sam_runner.results.report import main as report_main
 from sam_runner.results.weight_decay import weight_decay_groups
-from sam_runner.train import train
 
 RUN = [*TINY, "metrics=off", "metrics.oui=true"]
 OUIDECAY = ["weight_decay=ouidecay", "weight_decay.every_n_steps=4"]
@@ -20,12 +19,7 @@ LABEL = " ".join(OUIDECAY)
 
 
 def _job(root, num: int, overrides: list[str]):
-    cfg = compose(*RUN, *overrides)
-    hydra = root / str(num) / ".hydra"
-    hydra.mkdir(parents=True)
-    OmegaConf.save(cfg, hydra / "config.yaml")
-    OmegaConf.save(OmegaConf.create(overrides), hydra / "overrides.yaml")
-    train(cfg, root / str(num), overrides)
+    train_sweep_job(root / str(num), overrides, RUN)
 
 
 def _oui_by_epoch(run_dir) -> dict:
