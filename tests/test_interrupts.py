@@ -19,9 +19,10 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """1500 finished-looking jobs: every command has seconds of work on them."""
+    """30,000 finished-looking jobs: every command has a second or more of work on them even on a
+    fast machine (with 1,500, sam-index and sam-landscape ended within half a second)."""
     root = tmp_path_factory.mktemp("sweep")
-    for i in range(1500):
+    for i in range(30_000):
         (root / str(i)).mkdir()
         (root / str(i) / "summary.json").write_text(json.dumps({"status": "completed"}))
     return root
