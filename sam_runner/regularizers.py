@@ -32,13 +32,16 @@ class SkewJSD:
     Gaussian direction of norm ``radius`` over all trainable parameters) or x̃ = x + radius·N(0, 1).
     The second forward runs on copies of the buffers, so BatchNorm's running statistics are
     those of the training forward alone; its noise comes from torch's generator, which the
-    checkpoint holds, so a resumed run draws alike."""
+    checkpoint holds, so a resumed run draws alike. ``detach``: the perturbed prediction is a
+    fixed target (its forward without gradients: one extra forward a pass and no backward through
+    it) instead of a second path of the gradient to θ."""
 
     extra_forwards = 1
 
-    def __init__(self, alpha: float, weight: float, space: str, radius: float, autocast=None):
+    def __init__(self, alpha: float, weight: float, space: str, radius: float, autocast=None,
+                 detach: bool = False):  # fmt: skip
         self.alpha, self.weight, self.space, self.radius = alpha, weight, space, radius
-        self.autocast = autocast
+        self.autocast, self.detach = autocast, detach
 
     def perturbed_inputs(self, model, x):
         """(parameters and buffers of the second forward, its input)."""
@@ -56,9 +59,10 @@ class SkewJSD:
 
     def divergence(self, model, x, logits):
         """The mean α-skew JSD of this micro-batch (before the weight)."""
-        state, x2 = self.perturbed_inputs(model, x)
-        with self.autocast or contextlib.nullcontext():
-            other = functional_call(model, state, (x2,))
+        with torch.no_grad() if self.detach else contextlib.nullcontext():
+            state, x2 = self.perturbed_inputs(model, x)
+            with self.autocast or contextlib.nullcontext():
+                other = functional_call(model, state, (x2,))
         dtype = torch.promote_types(logits.dtype, torch.float32)  # half precision: in float32
         p, q = torch.softmax(logits.to(dtype), 1), torch.softmax(other.to(dtype), 1)
         return skew_jsd(p, q, self.alpha).mean()
@@ -78,7 +82,9 @@ def _keys(cfg) -> tuple:
     require(space in SPACES, f"regularizer.space={space!r} is unknown; choose {', '.join(SPACES)}")
     radius = number("regularizer.radius", cfg.get("radius", 0.05), "a finite number >= 0",
                     lambda r: 0 <= r < math.inf)  # fmt: skip
-    return alpha, weight, space, radius
+    detach = cfg.get("detach", False)
+    require(isinstance(detach, bool), f"regularizer.detach={detach!r} must be true or false")
+    return alpha, weight, space, radius, detach
 
 
 @REGULARIZERS.register("none", "the training loss alone")
@@ -88,10 +94,10 @@ def none(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
 
 @REGULARIZERS.register("jsd", "+ weight·JSD_α(p(x; θ) ‖ p(x̃; θ̃)), θ or x perturbed")
 def jsd(cfg, autocast=None):
-    alpha, weight, space, radius = _keys(cfg)
+    alpha, weight, space, radius, detach = _keys(cfg)
     if weight == 0:
         return NoRegularizer()  # nothing added: the plain run exactly, without the extra forward
-    return SkewJSD(alpha, weight, space, radius, autocast)
+    return SkewJSD(alpha, weight, space, radius, autocast, detach)
 
 
 def build_regularizer(cfg, autocast=None):

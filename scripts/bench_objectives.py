@@ -1,12 +1,16 @@
 """Bench section: the cost of the training objectives beside the plain loss (python
 scripts/bench.py --only objectives).
 
-jsd_over_plain_step          one SAM step (two passes) with regularizer=jsd space=parameter
-                             over the same step without it: a 3-layer MLP of width 256 on a
-                             batch of 128 MNIST-1D-shaped inputs, on the CPU; side by side,
-                             alternating, median of the repeats (the term's cost is one more
-                             forward and its backward per pass)
+jsd_over_plain_step          one SAM step (two passes) of the runner's default model (the cnn1d
+                             of MNIST-1D, batch 128) with regularizer=jsd space=parameter over
+                             the same step without it, on the CPU; side by side, alternating,
+                             median of the repeats (the term's cost is one more forward and its
+                             backward per pass)
 jsd_input_over_plain_step    the same with space=input
+jsd_detached_over_plain_step, jsd_input_detached_over_plain_step  the same with
+                             regularizer.detach=true (one more forward per pass, no backward)
+*_mlp                        each of these on a 3-layer MLP of width 256 (40-d inputs), whose
+                             passes are so small that fixed costs per operation weigh
 ouidecay_over_constant_step  256 SAM steps (one rescale interval at the default
                              weight_decay.every_n_steps, epochs of 32 steps) of a cnn1d
                              (MNIST-1D's default model) under weight_decay=ouidecay over the same
@@ -119,14 +123,18 @@ def decay_stepper(rule, steps=256):
 
 def run(args) -> dict:
     repeats = 3 if args.quick else args.repeats
-    plain = stepper(NoRegularizer())
     out = {}
-    for key, space in (
-        ("jsd_over_plain_step", "parameter"),
-        ("jsd_input_over_plain_step", "input"),
-    ):
-        jsd = stepper(SkewJSD(alpha=0.5, weight=1.0, space=space, radius=0.05))
-        out[key] = interleaved_ratio(jsd, plain, repeats, warmup=2, inner=5)
+    for kind, suffix in (("default", ""), ("mlp", "_mlp")):
+        plain = stepper(NoRegularizer(), kind=kind)
+        for key, space, detach in (
+            ("jsd_over_plain_step", "parameter", False),
+            ("jsd_input_over_plain_step", "input", False),
+            ("jsd_detached_over_plain_step", "parameter", True),
+            ("jsd_input_detached_over_plain_step", "input", True),
+        ):
+            term = SkewJSD(alpha=0.5, weight=1.0, space=space, radius=0.05, detach=detach)
+            jsd = stepper(term, kind=kind)
+            out[key + suffix] = interleaved_ratio(jsd, plain, repeats, warmup=2, inner=5)
     for kind, suffix in (("default", ""), ("mlp", "_mlp")):
         untaught = stepper(NoRegularizer(), kind=kind)
         for key, align in (

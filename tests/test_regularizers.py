@@ -102,6 +102,31 @@ def test_its_gradient_reaches_the_parameters_and_vanishes_at_radius_zero():
     assert any(p.grad.abs().max() > 0 for p in net.parameters())
 
 
+@pytest.mark.parametrize("space", ["parameter", "input"])
+def test_detach_makes_the_perturbed_prediction_a_fixed_target(space):
+    """The same value; the gradient that of JSD(p(x; θ) ‖ q) with q held fixed: it reaches θ
+    through p alone (no backward through the second forward), and differs from both paths'."""
+    grads = {}
+    for detach in (False, True):
+        net = _net()
+        reg = SkewJSD(alpha=0.3, weight=2.0, space=space, radius=0.5, detach=detach)
+        logits = net(X)
+        torch.manual_seed(11)
+        term = reg.add(torch.zeros((), dtype=torch.float64), net, X, logits, 0.5)
+        grads[detach] = torch.autograd.grad(term, list(net.parameters()))
+        net.zero_grad()
+        torch.manual_seed(11)
+        state, x2 = reg.perturbed_inputs(net, X)
+        q = torch.func.functional_call(net, state, (x2,)).softmax(1).detach()
+        want = 2.0 * 0.5 * skew_jsd(net(X).softmax(1), q, 0.3).mean()
+        torch.testing.assert_close(term, want, rtol=1e-12, atol=0)
+        if detach:
+            manual = torch.autograd.grad(want, list(net.parameters()))
+            for got, ref in zip(grads[True], manual):
+                torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-14)
+    assert any(not torch.allclose(a, b) for a, b in zip(grads[False], grads[True]))
+
+
 def test_weight_zero_and_none_build_the_plain_loss():
     assert isinstance(build_regularizer(compose("regularizer=jsd", "regularizer.weight=0")
                                         .regularizer), NoRegularizer)  # fmt: skip
@@ -152,6 +177,7 @@ def test_esam_with_jsd_trains_and_its_selection_forward_adds_no_term(space, tmp_
         ),
         ("regularizer.radius=-1", "regularizer.radius=-1 must be a finite number >= 0"),
         ("regularizer.weight=-0.5", "regularizer.weight=-0.5 must be a finite number >= 0"),
+        ("regularizer.detach=maybe", "regularizer.detach='maybe' must be true or false"),
     ],
 )
 def test_bad_jsd_keys_are_one_line_and_exit_2(tmp_path, capsys, override, message):
