@@ -38,13 +38,15 @@ def pairs(report) -> list[tuple]:
     three stages (pretrain → mid-train → post-train) is the forgetting section's, not this."""
     done = report.completed()
     by_dir = {j.path.resolve(): j for j in done}
-    sources = {id(s) for s in (_source(j, by_dir) for j in done) if s is not None}
-    out = []
-    for tuned in done:
-        source = _source(tuned, by_dir)
-        if source is not None and _source(source, by_dir) is None and id(tuned) not in sources:
-            out.append((source, tuned))
-    return out
+    source = {id(j): _source(j, by_dir) for j in done}
+    started_from = {id(s) for s in source.values() if s is not None}
+    return [
+        (source[id(tuned)], tuned)
+        for tuned in done
+        if source[id(tuned)] is not None
+        and source[id(source[id(tuned)])] is None
+        and id(tuned) not in started_from
+    ]
 
 
 def _optimizer(job) -> str:

@@ -35,12 +35,13 @@ def _job(run) -> dict:
 def weight_decay_groups(report) -> list[dict] | None:
     """Per group (report.md's order) with a rescaled decay or a logged OUI: {"label", "layers":
     {layer: stats of the multiple}, "oui": {epoch: [OUI of each job]}, "last_oui": stats, "n"};
-    None when no job rescaled its decay."""
-    from ..rundir import RunDir
-
+    None when no job rescaled its decay (found from the summaries alone: no metrics file read)."""
+    runs = {j.path: j.run for j in report.completed()}
+    if not any((r.summary or {}).get("weight_decay_layers") for r in runs.values()):
+        return None
     out = []
     for g in report.groups:
-        jobs = [_job(RunDir(d)) for d in g["dirs"]]
+        jobs = [_job(runs[d]) for d in g["dirs"] if d in runs]
         jobs = [j for j in jobs if j["multiples"] or j["oui"]]
         if not jobs:
             continue
@@ -58,7 +59,7 @@ def weight_decay_groups(report) -> list[dict] | None:
                 "n": len(jobs),
             }
         )
-    return out if any(g["layers"] for g in out) else None
+    return out
 
 
 def write_weight_decay(report, out_dir: Path) -> list[Path]:
