@@ -84,3 +84,67 @@ def test_a_sweep_of_many_jobs_says_how_its_checks_go_once_they_take_long(capsys)
     assert lines[0].startswith(f"sam-run: checking the sweep's jobs: 1/{PROGRESS_FROM} jobs (1%)")
     assert "left" in lines[0] and len(lines) == 11  # the first job, then every tenth
     assert lines[-1].startswith(f"sam-run: checking the sweep's jobs: {PROGRESS_FROM}/")
+
+
+def _plain(cfg):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=False), OmegaConf.is_struct(cfg)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ["model=mlp", "seed={}", "optimizer.rho=0.1"],
+        # a preset, Hydra's own overrides before and after the seed, a value Hydra reads as a
+        # string, and a folder name that leaves the seed out
+        [
+            "experiment=gear_vs_sam_mini",
+            "hydra.sweep.dir=multirun/x",
+            "seed={}",
+            "hydra.job.config.override_dirname.exclude_keys=[seed]",
+            "trainer.epochs=2",
+        ],
+    ],
+)
+def test_a_sweep_of_seeds_is_composed_once_and_each_seed_gets_hydras_own_config(shape, monkeypatch):
+    from sam_runner.sweep import plan
+
+    calls = []
+
+    def counted(job, config_name="config"):  # Hydra's compose, counted
+        calls.append(job)
+        return real(job, config_name)
+
+    real = plan.compose
+    variants = plan.SeedVariants()
+    monkeypatch.setattr(plan, "compose", counted)
+    seeds = ["3", "0", "41", "null", "'7'"]
+    got = [variants([o.format(s) for o in shape]) for s in seeds]
+    assert len(calls) == 1  # the first seed's
+    monkeypatch.setattr(plan, "compose", real)
+    for seed, cfg in zip(seeds, got):
+        job = [o.format(seed) for o in shape]
+        assert _plain(cfg) == _plain(real(job)), seed
+    assert [c.seed for c in got] == [3, 0, 41, None, "7"]
+
+
+def test_a_seed_variant_is_a_copy_and_other_seed_overrides_compose_as_hydra_does(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from sam_runner.sweep import plan
+
+    variants = plan.SeedVariants()
+    first = variants(["seed=1", "model=mlp"])
+    OmegaConf.resolve(first.trainer)  # what the checks do to theirs
+    first.trainer.epochs = 99
+    second = variants(["seed=2", "model=mlp"])
+    assert second.trainer.epochs != 99 and _plain(second) == _plain(
+        plan.compose(["seed=2", "model=mlp"])
+    )
+    calls = []
+    real = plan.compose
+    monkeypatch.setattr(plan, "compose", lambda job: calls.append(job) or real(job))
+    for job in (["seed=1", "seed=2"], ["++seed=5"], ["model=mlp"]):  # not one plain seed=
+        variants(job), variants(job)
+    assert len(calls) == 6  # each composed by Hydra every time

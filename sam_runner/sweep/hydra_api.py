@@ -88,6 +88,23 @@ def compose(overrides: list[str], config_name: str = "config"):
         return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
 
 
+def task_record(cfg, overrides: list[str]) -> tuple[list[str], str]:
+    """(``hydra.overrides.task``, ``hydra.job.override_dirname``) of a config composed with
+    ``overrides``, as Hydra's compose sets them: the overrides that are not Hydra's, in order,
+    and their folder name by the config's ``kv_sep``, ``item_sep`` and ``exclude_keys``."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+
+    task = [o for o in parse_overrides(overrides) if not o.is_hydra_override()]
+    settings = cfg.hydra.job.config.override_dirname
+    dirname = get_overrides_dirname(
+        overrides=task,
+        kv_sep=settings.kv_sep,
+        item_sep=settings.item_sep,
+        exclude_keys=settings.exclude_keys,
+    )
+    return [o.input_line for o in task], dirname
+
+
 def knows_jobs(sweeper_target) -> bool:
     """Whether a sweeper's jobs are known in advance (Hydra's basic sweeper, and ours on it)."""
     return str(sweeper_target).endswith(GRID_SWEEPERS)
