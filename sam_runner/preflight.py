@@ -306,10 +306,10 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     from omegaconf.errors import OmegaConfBaseException
 
     from .sweep import stages
-    from .sweep.plan import SeedVariants
+    from .sweep.plan import ValueVariants
 
     notes, job, bound = {}, args.overrides, None
-    compose = SeedVariants()  # a sweep of seeds: each job's config but the seed composed once
+    compose = ValueVariants()  # a sweep of values: composed once per set of group choices
     if stages.current is None:  # a stage's sweep: its keys, then the user's (who may set one again)
         notes.update(dict.fromkeys(given_again(args.overrides)))
     try:

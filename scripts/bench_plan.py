@@ -10,12 +10,11 @@ plan_reads_over_listing      finding the finished jobs by reading each job's fol
                              side by side, medians
 plan_compose_one_s           composing one job's config (Hydra), seconds: sam-run composes and
                              checks every job before the first starts
-plan_seed_variant_s          the config of a job that differs from one already composed only in
-                             its seed (plan.SeedVariants: a copy of that config), seconds
-plan_compose_over_seed_variant  the two side by side
-plan_check_all_h             composing the 100,000 jobs' configs, hours: 100 composed (one per ρ),
-                             the others seed variants (why such a sweep is confirmed: the checks
-                             of each config come on top)
+plan_value_variant_s         the config of a job that differs from one already composed only in
+                             plain values (seed, ρ: plan.ValueVariants, a copy of that config)
+plan_compose_over_value_variant  the two side by side
+plan_check_all_h             the 100,000 jobs' configs, hours: one composed, the others its value
+                             variants (the checks of each config come on top)
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from pathlib import Path
 from benchutil import interleaved_ratio, median_time
 
 from sam_runner.rundir import RunDir
-from sam_runner.sweep.plan import SeedVariants, completed_jobs, compose, expand, sweep_size
+from sam_runner.sweep.plan import ValueVariants, completed_jobs, compose, expand, sweep_size
 
 ARGS = ["seed=range(0,1000)", "optimizer.rho=range(1,101)", "model=mlp"]
 
@@ -41,11 +40,10 @@ def run(args) -> dict:
 
     compose(jobs[0])
     one = median_time(lambda: compose(jobs[1]), repeats)
-    variants = SeedVariants()
-    first, other = jobs[0], next(j for j in jobs if j[1:] == jobs[0][1:] and j != jobs[0])
+    variants = ValueVariants()
+    first, other = jobs[0], jobs[1]
     variants(first)
     variant = median_time(lambda: variants(other), repeats)
-    shapes = len({tuple(j[1:]) for j in jobs})  # seed first: the jobs of one ρ share a shape
     return {
         "plan_jobs": len(jobs),
         "plan_count_s": median_time(lambda: sweep_size(ARGS), repeats),
@@ -57,9 +55,9 @@ def run(args) -> dict:
             read_each, lambda: completed_jobs(sweep, jobs), repeats, warmup=0
         ),
         "plan_compose_one_s": one,
-        "plan_seed_variant_s": variant,
-        "plan_compose_over_seed_variant": interleaved_ratio(
+        "plan_value_variant_s": variant,
+        "plan_compose_over_value_variant": interleaved_ratio(
             lambda: compose(other), lambda: variants(other), repeats
         ),
-        "plan_check_all_h": (one * shapes + variant * (len(jobs) - shapes)) / 3600,
+        "plan_check_all_h": (one + variant * (len(jobs) - 1)) / 3600,
     }

@@ -92,49 +92,59 @@ def _plain(cfg):
     return OmegaConf.to_container(cfg, resolve=False), OmegaConf.is_struct(cfg)
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        ["model=mlp", "seed={}", "optimizer.rho=0.1"],
-        # a preset, Hydra's own overrides before and after the seed, a value Hydra reads as a
-        # string, and a folder name that leaves the seed out
+def _counted(monkeypatch, plan):
+    """Hydra's compose, counted (each call still Hydra's)."""
+    calls, real = [], plan.compose
+    monkeypatch.setattr(plan, "compose", lambda job, *a: calls.append(job) or real(job, *a))
+    return calls, real
+
+
+def test_a_sweeps_values_are_composed_once_per_set_of_group_choices_as_hydra_composes_them(
+    monkeypatch,
+):
+    """A grid of seeds, ρ, lr, strings, bools and nulls over two variants and a preset with
+    Hydra's own overrides between: every job's config Hydra's own, key for key, from one
+    composition per set of group choices and other overrides."""
+    from sam_runner.sweep import plan
+
+    shapes = [
+        ["optimizer={v}", "seed={s}", "optimizer.rho={r}", "trainer.epochs=1", "seed={s}"],
         [
             "experiment=gear_vs_sam_mini",
             "hydra.sweep.dir=multirun/x",
-            "seed={}",
+            "seed={s}",
             "hydra.job.config.override_dirname.exclude_keys=[seed]",
-            "trainer.epochs=2",
+            "base_optimizer.lr={r}",
+            "plots.format={v}",
         ],
-    ],
-)
-def test_a_sweep_of_seeds_is_composed_once_and_each_seed_gets_hydras_own_config(shape, monkeypatch):
-    from sam_runner.sweep import plan
-
-    calls = []
-
-    def counted(job, config_name="config"):  # Hydra's compose, counted
-        calls.append(job)
-        return real(job, config_name)
-
-    real = plan.compose
-    variants = plan.SeedVariants()
-    monkeypatch.setattr(plan, "compose", counted)
-    seeds = ["3", "0", "41", "null", "'7'"]
-    got = [variants([o.format(s) for o in shape]) for s in seeds]
-    assert len(calls) == 1  # the first seed's
+        ["seed={s}", "hydra.job.name=j{n}"],  # a Hydra key's value is part of the shape
+    ]
+    values = [
+        {"v": v, "s": s, "r": r, "n": n}
+        for v in ("sam", "gear_sam")
+        for n, (s, r) in enumerate((("3", "0.05"), ("0", "0.1"), ("41", "null"), ("'7'", "true")))
+    ]
+    variants = plan.ValueVariants()
+    calls, real = _counted(monkeypatch, plan)
+    got = [[variants([o.format(**d) for o in shape]) for d in values] for shape in shapes]
+    # the first shape: one per variant; the second: its values are all plain; the third: one
+    # per Hydra job name
+    assert len(calls) == 2 + 1 + 4
     monkeypatch.setattr(plan, "compose", real)
-    for seed, cfg in zip(seeds, got):
-        job = [o.format(seed) for o in shape]
-        assert _plain(cfg) == _plain(real(job)), seed
-    assert [c.seed for c in got] == [3, 0, 41, None, "7"]
+    for shape, cfgs in zip(shapes, got):
+        for d, cfg in zip(values, cfgs):
+            assert _plain(cfg) == _plain(real([o.format(**d) for o in shape])), (shape, d)
+    assert [c.seed for c in got[0][:4]] == [3, 0, 41, "7"]
 
 
-def test_a_seed_variant_is_a_copy_and_other_seed_overrides_compose_as_hydra_does(monkeypatch):
+def test_a_value_variant_is_a_copy_and_other_overrides_compose_as_hydra_does(monkeypatch):
+    """A variant's config is its own (what the checks do to one leaves the next as Hydra's);
+    added, removed and forced keys, lists, dicts and groups are composed by Hydra every time."""
     from omegaconf import OmegaConf
 
     from sam_runner.sweep import plan
 
-    variants = plan.SeedVariants()
+    variants = plan.ValueVariants()
     first = variants(["seed=1", "model=mlp"])
     OmegaConf.resolve(first.trainer)  # what the checks do to theirs
     first.trainer.epochs = 99
@@ -142,9 +152,13 @@ def test_a_seed_variant_is_a_copy_and_other_seed_overrides_compose_as_hydra_does
     assert second.trainer.epochs != 99 and _plain(second) == _plain(
         plan.compose(["seed=2", "model=mlp"])
     )
-    calls = []
-    real = plan.compose
-    monkeypatch.setattr(plan, "compose", lambda job: calls.append(job) or real(job))
-    for job in (["seed=1", "seed=2"], ["++seed=5"], ["model=mlp"]):  # not one plain seed=
+    calls, _ = _counted(monkeypatch, plan)
+    for job in (
+        ["++seed=5"],
+        ["+trainer.extra=1"],
+        ["~logger"],
+        ["model=mlp"],
+        ["metrics.quantization.bits=[8,4]"],
+    ):
         variants(job), variants(job)
-    assert len(calls) == 6  # each composed by Hydra every time
+    assert len(calls) == 10

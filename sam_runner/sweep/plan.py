@@ -125,14 +125,16 @@ def compose(overrides: list[str], config_name: str = "config"):
     return hydra_api.compose(overrides, config_name)
 
 
-class SeedVariants:
-    """``compose`` for the jobs of one sweep, each set of overrides but the seed composed once:
-    a job that differs from one already composed only in its ``seed=`` value gets a copy of that
-    job's config with the seed set as Hydra's compose sets a value (``OmegaConf.update`` in
-    struct mode, the value as Hydra's parser reads it) and Hydra's record of the overrides
-    (``hydra.overrides.task``, ``hydra.job.override_dirname``) made anew. The same config,
-    key for key (tested against Hydra's own compose), at a copy's cost: a sweep of 3,000 seeds
-    composed 3,000 times took minutes to check. Our choice, not Hydra's."""
+class ValueVariants:
+    """``compose`` for the jobs of one sweep, each set of group choices and other overrides
+    composed once: a job whose overrides differ from a composed job's only in the values of plain
+    ones (``key=scalar``: a number, a string, a bool or null, on a key of the config, no ``+``,
+    ``~``, ``@``, config group or Hydra key: ``seed=3``, ``optimizer.rho=0.1``) gets a copy of
+    that job's config with each set as Hydra's compose sets a value (``OmegaConf.update`` in
+    struct mode, in the job's order, the value as Hydra's parser reads it) and Hydra's record of
+    the overrides (``hydra.overrides.task``, ``hydra.job.override_dirname``) made anew. The same
+    config, key for key (tested against Hydra's own compose), at a copy's cost: a sweep of
+    3,000 seeds composed 3,000 times took minutes to check. Our choice, not Hydra's."""
 
     def __init__(self):
         self._composed: dict = {}
@@ -140,29 +142,34 @@ class SeedVariants:
     def __call__(self, job: list[str]):
         import copy
 
-        at = _plain_seed_at(job)
-        if at is None:
+        parsed = hydra_api.parse_overrides(job)
+        plain = [_plain_value(o) for o in parsed]
+        shape = tuple(o.key_or_group + "=" if p else o.input_line for o, p in zip(parsed, plain))
+        if not any(plain):
             return compose(job)
-        shape = (*job[:at], "seed=", *job[at + 1 :])
         if shape not in self._composed:
             cfg = compose(job)
             self._composed[shape] = copy.deepcopy(cfg)  # the checks may resolve theirs
             return cfg
         cfg = copy.deepcopy(self._composed[shape])
-        (seed,) = hydra_api.parse_overrides([job[at]])
-        OmegaConf.update(cfg, "seed", seed.value(), merge=True)
+        for o in (o for o, p in zip(parsed, plain) if p):
+            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
         cfg.hydra.overrides.task, cfg.hydra.job.override_dirname = hydra_api.task_record(cfg, job)
         return cfg
 
 
-def _plain_seed_at(job: list[str]) -> int | None:
-    """Where ``seed=VALUE`` (a plain assignment of one value) is in ``job``, else None."""
-    at = [i for i, o in enumerate(job) if o.split("=", 1)[0] == "seed" and "=" in o]
-    if len(at) != 1 or any(override_key(o) == "seed" for o in job if o is not job[at[0]]):
-        return None
-    if hydra_api.parse_overrides([job[at[0]]])[0].is_sweep_override():
-        return None
-    return at[0]
+def _plain_value(o) -> bool:
+    """Whether a parsed override sets one scalar value on a key of the config (not a group)."""
+    from ..paths import config_dir
+
+    key = o.key_or_group
+    if o.package is not None or o.is_add() or o.is_force_add() or o.is_delete():
+        return False
+    if o.is_hydra_override() or "/" in key or o.is_sweep_override():
+        return False
+    if "." not in key and (Path(config_dir()) / key).is_dir():  # optimizer=sam: a group
+        return False
+    return isinstance(o.value(), (int, float, str, bool, type(None)))
 
 
 def fixed_config(arguments: list[str]):
