@@ -11,7 +11,8 @@ from scipy.spatial.distance import jensenshannon
 from torch import nn
 
 from sam_runner.losses import skew_jsd
-from sam_runner.regularizers import SkewJSD, build_regularizer
+from sam_runner.regularizers import build_regularizer
+from sam_runner.regularizers.jsd import SkewJSD
 from sam_runner.train import train
 
 
