@@ -2,7 +2,7 @@
 training package (``sam_runner.training``) holds the run, its loop and its parts."""
 
 from .training.checkpoint import fingerprint, rank_seed, read_summary, require_resumable
-from .training.loop import DTYPES
+from .training.lengths import DTYPES
 from .training.run import Run, train
 
 __all__ = [

@@ -27,7 +27,8 @@ from ..registry import FEDERATED
 from ..rundir import CLIENTS
 from ..runfiles import write_json
 from ..training.evaluation import EpochStats
-from ..training.loop import EpochLoop, Lengths
+from ..training.lengths import Lengths
+from ..training.loop import EpochLoop
 from .algorithms import FedAvg, check
 from .measures import Observer
 from .split import histograms, skew, split_clients

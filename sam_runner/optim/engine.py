@@ -526,12 +526,15 @@ class SharpnessAware(torch.optim.Optimizer):
         sd["base"] = self.base_optimizer.state_dict()
         sd["variant"] = self.variant_state()
         sd["schedule"] = {**self.schedule.state(), "grad_evals": self.grad_evals}
+        if self._grad_norm_max is not None:  # a checkpoint within an epoch: the max so far
+            sd["grad_norm_max"] = self._grad_norm_max.detach().cpu()
         return sd
 
     def load_state_dict(self, state_dict):
         sd = dict(state_dict)
         base, variant = sd.pop("base"), sd.pop("variant")
         schedule = sd.pop("schedule", None)  # absent in checkpoints older than the schedules
+        grad_norm_max = sd.pop("grad_norm_max", None)
         if schedule is not None:
             schedule = dict(schedule)
             self.grad_evals = float(schedule.pop("grad_evals"))
@@ -546,3 +549,4 @@ class SharpnessAware(torch.optim.Optimizer):
             {k: v.to(device) if torch.is_tensor(v) else v for k, v in variant.items()}
         )
         self._cache = {}
+        self._grad_norm_max = None if grad_norm_max is None else grad_norm_max.to(device)

@@ -34,4 +34,3 @@ def build_part(run) -> Part | None:
 
 def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
     build_regularizer(cfg.get("regularizer"))
-

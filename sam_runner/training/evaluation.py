@@ -31,6 +31,16 @@ class EpochStats:
         self.correct += correct
         self.seen += n
 
+    def state_dict(self) -> dict:
+        """The epoch's sums so far (a checkpoint within the epoch)."""
+        keys = ("loss_sum", "correct", "seen", "first_bad")
+        return {k: v.cpu() if torch.is_tensor(v) else v for k, v in vars(self).items() if k in keys}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = self.loss_sum.device
+        self.loss_sum, self.correct = state["loss_sum"].to(device), state["correct"].to(device)
+        self.seen, self.first_bad = int(state["seen"]), state["first_bad"].to(device)
+
     def diverged_at(self) -> int | None:
         """The first non-finite step of any process, or None (an all-reduce: every process
         agrees)."""

@@ -5,10 +5,10 @@ through the hooks of ``run.parts``."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 import time
-from typing import NamedTuple
 
 import torch
 
@@ -16,24 +16,7 @@ from ..losses import per_example, token_pairs
 from ..part import PassInputs
 from .checkpoint import rank_seed
 from .evaluation import EpochStats, TestSet, ValSet
-
-# the autocast type of each of settings.PRECISIONS
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast_for(device, precision: str):
-    dtype = DTYPES[precision]
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
-
-
-class Lengths(NamedTuple):
-    """A run's length: scheduler steps (an epoch's, the run's) and optimizer steps (the run's,
-    an epoch's)."""
-
-    steps_per_epoch: int
-    total_steps: int
-    optimizer_steps: int
-    optimizer_steps_per_epoch: int
+from .lengths import Lengths, autocast_for
 
 
 class EpochLoop:
@@ -45,6 +28,8 @@ class EpochLoop:
         self.accumulate = int(t.accumulate)
         self.eval_every_steps = int(t.get("eval_every_n_steps") or 0)
         self.eval_every_epochs = int(t.get("eval_every_n_epochs", 1))
+        self.checkpoint_every = int(t.get("checkpoint_every_n_steps") or 0)
+        self.resume_point: dict | None = None  # a checkpoint's place within an epoch
         self.criterion = per_example(t.get("loss", "cross_entropy"), float(t.label_smoothing))
         self.autocast = autocast_for(run.device, t.precision)
         self.scaler = torch.amp.GradScaler(run.device.type, enabled=t.precision == "fp16")
@@ -76,32 +61,39 @@ class EpochLoop:
 
     def run_epochs(self) -> None:
         clock = self.run.clock
-        while clock.epoch < clock.epochs:
+        while clock.epoch < clock.epochs or self.resume_point is not None:
             if not self.train_epoch():
                 break  # diverged
             self.end_epoch()
             if self.stop_requested():
                 break
 
-    def begin_epoch(self) -> float:
+    def begin_epoch(self, fresh: bool = True) -> float:
+        """An epoch starts (``fresh``), or goes on from a checkpoint within it."""
         r = self.run
-        r.clock.epoch += 1
+        if fresh:
+            r.clock.epoch += 1
+            # each process its own dropout masks; from (seed, epoch, rank): a resume draws alike
+            if r.dist.parallel:
+                torch.manual_seed(rank_seed(r.cfg.seed, r.clock.epoch, r.dist.rank))
         r.clock.within_epoch = True
-        # each process its own dropout masks; from (seed, epoch, rank): a resume draws alike
-        if r.dist.parallel:
-            torch.manual_seed(rank_seed(r.cfg.seed, r.clock.epoch, r.dist.rank))
         r.model.train()
         return time.perf_counter()
 
     def train_epoch(self) -> bool:
         """One pass over the training set; False when the loss became non-finite."""
         r, clock = self.run, self.run.clock
-        started = self.begin_epoch()
+        at, self.resume_point = self.resume_point, None
+        started = self.begin_epoch(fresh=at is None)
         r.data.train.set_epoch(clock.epoch)
-        stats = EpochStats(r.device, r.dist)
-        bar = r.record.progress.epoch_bar(clock.epoch)
-        for x, y, idx in r.data.train:
+        stats, done = EpochStats(r.device, r.dist), 0
+        if at is not None:  # the epoch's batches up to the checkpoint are drawn, not trained
+            stats.load_state_dict(at["stats"])
+            done, clock.train_time = at["batches"], at["train_time"]
+        bar = r.record.progress.epoch_bar(clock.epoch, done)
+        for x, y, idx in itertools.islice(r.data.train, done, None):
             loss = self.optimizer_step(x, y, idx, stats)
+            done += 1
             r.parts.call("after_step", clock.step)
             bar.update(stats.loss_sum, stats.correct, stats.seen)
             measured = r.parts.merged("measure_values")
@@ -111,6 +103,10 @@ class EpochLoop:
                                "step_loss": float(loss)})  # fmt: skip
             if clock.step % 50 == 0 and stats.diverged_at() is not None:
                 break  # all processes stop together
+            if self.checkpoint_every and clock.step % self.checkpoint_every == 0:
+                train_time = clock.train_time + time.perf_counter() - started
+                r.save({"batches": done, "stats": stats.state_dict(), "train_time": train_time,
+                        "evaluated_step": r.record.evaluated_step})  # fmt: skip
             if clock.step >= clock.total_steps:  # the step budget is spent
                 break
         bar.close()
@@ -194,7 +190,7 @@ class EpochLoop:
         if clock.final:
             return True
         if self.eval_every_steps:
-            return clock.step - self.run.record.saved[1] >= self.eval_every_steps
+            return clock.step - self.run.record.evaluated_step >= self.eval_every_steps
         return clock.epoch % self.eval_every_epochs == 0
 
     def end_epoch(self) -> None:

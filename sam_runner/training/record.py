@@ -30,14 +30,23 @@ class RunRecord:
         self.fingerprint: dict = {}  # what a checkpoint must match (checkpoint.fingerprint)
         self.status, self.error, self.last = "completed", None, {}
         self.saved = (0, 0)  # (epoch, step) the checkpoint holds
+        self.evaluated = (0, 0)  # (epoch, step) of the last evaluation's checkpoint
         self.started = time.perf_counter()
+
+    @property
+    def evaluated_step(self) -> int:
+        return self.evaluated[1]
+
+    def now(self) -> float:
+        """Seconds since the run started (a resumed run's earlier time included)."""
+        return time.perf_counter() - self.started
 
     def fail(self, status: str, error: str) -> None:
         self.status, self.error = status, error
 
     def line(self, row: dict) -> None:
         """A metrics.jsonl line (and the logger's), timed from the run's start."""
-        row["time_s"] = time.perf_counter() - self.started
+        row["time_s"] = self.now()
         if self.is_main:
             self.log.append(row)
             self.logger.log(row)

@@ -105,9 +105,9 @@ class Run:
         self.parts = Parts(list(early.values()))
         self.build_optimization(early)
         per_epoch = self.loop.steps_per_epoch
-        self.record.progress = Progress(
-            t.get("progress", "auto"), self.clock.epochs, per_epoch, enabled=self.dist.is_main
-        )
+        every = t.get("progress_every_s", 30)
+        mode, main = t.get("progress", "auto"), self.dist.is_main
+        self.record.progress = Progress(mode, self.clock.epochs, per_epoch, main, every)
         self.parts = Parts([p for _, p in sorted({**early, **build_parts(self, False)}.items())])
         self.scheduler = self.parts.chain("schedule", self.scheduler, self.loop.steps_per_epoch)
         self.parts.call("attach", self)
@@ -170,7 +170,10 @@ class Run:
                         f"checkpoint {path} does not fit this run's {name} "
                         f"({type(e).__name__}); use another run folder or delete it"
                     ) from None
-            record.saved = (clock.epoch, clock.step)
+            record.saved = record.evaluated = (clock.epoch, clock.step)
+            at = state.get("epoch_progress")  # a checkpoint within an epoch: it goes on there
+            if at is not None:
+                self.loop.resume_point, record.evaluated = at, (0, at["evaluated_step"])
             # the checkpoint's evaluation line: a run resumed at its end finishes from it
             lines = [r for r in record.log.rows() if r.get("step") == clock.step]
             record.last = next((r for r in reversed(lines) if "test_acc" in r), {})
@@ -183,15 +186,21 @@ class Run:
                   file=sys.stderr)  # fmt: skip
         record.started -= clock.elapsed
 
-    def save(self) -> None:
-        record = self.record
-        self.clock.elapsed = record.last["time_s"]
+    def save(self, within_epoch: dict | None = None) -> None:
+        """A checkpoint: at an evaluation, or within an epoch (``within_epoch``: the epoch's
+        place and sums so far, ``trainer.checkpoint_every_n_steps``)."""
+        record, clock = self.record, self.clock
+        clock.elapsed = record.last["time_s"] if within_epoch is None else record.now()
         if self.dist.is_main:
             state = {name: part.state_dict() for name, part in self.checkpointed().items()}
             state["fingerprint"] = record.fingerprint
+            if within_epoch is not None:
+                state["epoch_progress"] = within_epoch
             record.checkpoint.save(state)
             self.parts.call("save_files", self.run_dir)
-        record.saved = (self.clock.epoch, self.clock.step)
+        record.saved = (clock.epoch, clock.step)
+        if within_epoch is None:
+            record.evaluated = record.saved
 
     def finish(self) -> dict:
         """summary.json, the run's plots, the logger's summary, and the closing line."""

@@ -100,7 +100,15 @@ def validate_trainer(cfg) -> None:
     )
     # torch seeds are 64-bit, and runs derive further seeds from it (seed * 100003 + epoch)
     integer("seed", cfg.seed, f"an integer in [0, {MAX_SEED}]", lambda s: 0 <= s <= MAX_SEED)
-    for key in ("steps", "eval_every_n_steps"):  # null: off
+    number("trainer.progress_every_s", t.get("progress_every_s", 30), "a number >= 0",
+           lambda s: s >= 0)  # fmt: skip
+    every = t.get("checkpoint_every_n_steps")
+    require(
+        not every or cfg.dataset.get("sampler", "uniform") != "sgs",
+        f"trainer.checkpoint_every_n_steps={every} cannot resume dataset.sampler=sgs within an "
+        "epoch (its statistics of the epoch so far are not checkpointed); leave it null",
+    )
+    for key in ("steps", "eval_every_n_steps", "checkpoint_every_n_steps"):  # null: off
         if t.get(key) is not None:
             integer(f"trainer.{key}", t[key], "an integer >= 1 (or null)", lambda n: n >= 1)
     per_example(t.get("loss", "cross_entropy"), float(t.get("label_smoothing", 0.0)))
