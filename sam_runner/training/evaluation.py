@@ -7,9 +7,18 @@ from pathlib import Path
 
 import torch
 
+from ..losses import token_pairs
 from ..metrics.evaluate import evaluate, token_values
 from ..rundir import METRICS
 from ..settings import objective_keys
+
+
+def count_correct(logits, labels, counts: dict) -> None:
+    """Add a micro-batch's right predictions and targets to ``counts`` (per predicted position
+    for a sequence model), on the device."""
+    pred, labels = token_pairs(logits, labels)
+    counts["correct"] = counts["correct"] + (pred.argmax(1) == labels).sum()
+    counts["targets"] += len(labels)
 
 
 class EpochStats:

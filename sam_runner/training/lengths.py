@@ -24,3 +24,10 @@ class Lengths(NamedTuple):
     total_steps: int
     optimizer_steps: int
     optimizer_steps_per_epoch: int
+
+
+def epoch_lengths(cfg, data) -> Lengths:
+    """An epoch loop's: ``trainer.steps``, or an epoch's batches × ``trainer.epochs``."""
+    t, per_epoch = cfg.trainer, len(data.train)
+    total = int(t.steps) if t.get("steps") else per_epoch * t.epochs
+    return Lengths(per_epoch, total, total, per_epoch)

@@ -7,16 +7,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import sys
 import time
 
 import torch
 
-from ..losses import per_example, token_pairs
+from ..losses import per_example
 from ..part import PassInputs
+from .batches import micro_batches, selected_rows
 from .checkpoint import rank_seed
-from .evaluation import EpochStats, TestSet, ValSet
-from .lengths import Lengths, autocast_for
+from .evaluation import EpochStats, TestSet, ValSet, count_correct
+from .lengths import autocast_for, epoch_lengths
+from .warnings import say_if_every_epoch_is_evaluated
 
 
 class EpochLoop:
@@ -35,24 +36,12 @@ class EpochLoop:
         self.scaler = torch.amp.GradScaler(run.device.type, enabled=t.precision == "fp16")
         self.test_set = self.val_set = None  # once the model is wrapped (``evaluating``)
 
-    @staticmethod
-    def lengths(cfg, data) -> Lengths:
-        t, per_epoch = cfg.trainer, len(data.train)
-        total = int(t.steps) if t.get("steps") else per_epoch * t.epochs
-        return Lengths(per_epoch, total, total, per_epoch)
+    lengths = staticmethod(epoch_lengths)
 
     def say_notes(self) -> None:
-        """``trainer.eval_every_n_steps`` at most an epoch's steps: evaluations are made at epoch
-        ends, so every epoch is evaluated, as without it (one line; rank 0)."""
-        r, n = self.run, self.eval_every_steps
-        if n and n <= self.steps_per_epoch and r.clock.epochs > 1 and r.dist.is_main:
-            print(
-                f"sam-run: warning: trainer.eval_every_n_steps={n} is at most the "
-                f"{self.steps_per_epoch} steps of an epoch, and a run evaluates at epoch ends: "
-                "every epoch is evaluated, as without it",
-                file=sys.stderr,
-                flush=True,
-            )
+        r = self.run
+        if r.dist.is_main:
+            say_if_every_epoch_is_evaluated(self.eval_every_steps, self.steps_per_epoch, r.clock)
 
     def evaluating(self, net) -> None:
         r = self.run
@@ -117,8 +106,7 @@ class EpochLoop:
         (``schedule=False``: the learning rate's schedule is stepped by the caller)."""
         r = self.run
         x, target = r.parts.batch(x, y, r.clock.step)
-        parts = (v.tensor_split(self.accumulate) for v in (x, target, y, idx))
-        micro = [m for m in zip(*parts) if len(m[2])]
+        micro = micro_batches(self.accumulate, x, target, y, idx)
         counts = {"correct": 0, "targets": 0}
         r.parts.call("begin_step", micro)
         loss = r.optimizer.step(lambda: self.forward_backward(micro, counts))
@@ -135,7 +123,7 @@ class EpochLoop:
         r, opt, parts = self.run, self.run.optimizer, self.run.parts
         opt.zero_grad(set_to_none=True)
         total = torch.zeros((), device=r.device)
-        kept = self.selected_rows(micro)
+        kept = selected_rows(opt, micro)
         batch = sum(len(m[2]) for _, m, _ in kept)
         for i, (j, (xm, tm, ym, im), rows) in enumerate(kept):
             # under DDP a synced pass all-reduces once, on its last micro-batch
@@ -150,24 +138,9 @@ class EpochLoop:
             self.scaler.scale(objective).backward()  # the logged loss stays the task's
             total += loss.detach()
             parts.call("observe", opt.pass_index, im, ym, per_sample.detach())
-            if opt.pass_index == 0:  # per predicted token for a sequence model
-                pred, ym = token_pairs(out.detach(), ym)
-                counts["correct"] = counts["correct"] + (pred.argmax(1) == ym).sum()
-                counts["targets"] += len(ym)
+            if opt.pass_index == 0:
+                count_correct(out.detach(), ym, counts)
         return total
-
-    def selected_rows(self, micro) -> list:
-        """(the micro-batch's place in the step, its kept tensors, the kept rows or None for
-        all) for the micro-batches with a row left in this pass (ESAM's descent pass)."""
-        out = []
-        for j, m in enumerate(micro):
-            ys = m[2]
-            *kept, rows = self.run.optimizer.select_rows(
-                *m, torch.arange(len(ys), device=ys.device)
-            )
-            if len(rows):
-                out.append((j, tuple(kept), None if len(rows) == len(ys) else rows))
-        return out
 
     def end_training_pass(self, stats: EpochStats, started: float) -> bool:
         """The pass's loss and accuracy; False, the run diverged, when a loss was not finite."""

@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from .. import distributed
+
+
+def say_if_every_epoch_is_evaluated(every_n_steps: int, steps_per_epoch: int, clock) -> None:
+    """``trainer.eval_every_n_steps`` at most an epoch's steps: evaluations are made at epoch
+    ends, so every epoch is evaluated, as without it (one line)."""
+    if every_n_steps and every_n_steps <= steps_per_epoch and clock.epochs > 1:
+        print(
+            f"sam-run: warning: trainer.eval_every_n_steps={every_n_steps} is at most the "
+            f"{steps_per_epoch} steps of an epoch, and a run evaluates at epoch ends: every "
+            "epoch is evaluated, as without it",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def warnings(cfg) -> list[str]:
