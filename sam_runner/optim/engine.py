@@ -22,6 +22,7 @@ from ..module_state import frozen_running_stats, gradients_skipped
 from .schedule import PerturbSchedule, check_schedule
 
 RHO_SCHEDULES = ("constant", "lr", "cosine")
+Tensors = list[torch.Tensor]  # one tensor per parameter with a gradient, in the groups' order
 
 
 def _check(ok: bool, message: str) -> None:
@@ -296,8 +297,14 @@ class SharpnessAware(torch.optim.Optimizer):
         generator) that must not absorb a skipped step."""
         return self._found_inf is not None and bool(self._found_inf.item())
 
-    def perturbation_grads(self, params, grads):
-        """The gradient ε is built from: g, plus weight decay when asked for."""
+    def perturbation_grads(self, params: Tensors, grads: Tensors) -> Tensors:
+        """The gradient ε is built from: g, plus weight decay when asked for, then the added
+        adjusters.
+
+        Args:
+            params: the parameters with a gradient.
+            grads: their gradients at θ (fp16 scaling undone).
+        """
         out = grads
         if self.perturb_with_weight_decay:
             out = list(grads)
@@ -308,7 +315,7 @@ class SharpnessAware(torch.optim.Optimizer):
             out = adjust(params, out)
         return out
 
-    def perturbation_into(self, params, grads, eps) -> None:
+    def perturbation_into(self, params: Tensors, grads: Tensors, eps: Tensors) -> None:
         """ε from the variant's rule (``compute_perturbation``), then the added filters."""
         self.compute_perturbation(params, grads, eps)
         for edit in self._perturbation_filters:
@@ -452,31 +459,59 @@ class SharpnessAware(torch.optim.Optimizer):
         self.base_optimizer.step()
 
     # ------------------------------------------------------------------ variant hooks
-    def compute_perturbation(self, params, grads, eps) -> None:
-        """Write ε into the persistent buffers ``eps`` (one per parameter with a gradient)."""
+    def compute_perturbation(self, params: Tensors, grads: Tensors, eps: Tensors) -> None:
+        """The variant's rule: write ε into the persistent buffers ``eps``.
+
+        Args:
+            params: the parameters with a gradient, at θ.
+            grads: the gradients ε is built from (``perturbation_grads``); their global norm is
+                ``self.g_norm``.
+            eps: one buffer per parameter, to fill in place.
+        """
         raise NotImplementedError
 
-    def first_pass_skips(self) -> list:
+    def first_pass_skips(self) -> list[torch.nn.Parameter]:
         """Parameters whose gradient at θ nothing needs this step (ESAM's tensors left
         unperturbed): the first pass skips them, and they hold a zero gradient after it. Asked
         once a perturbing step, before the first pass; here none."""
         return []
 
-    def select_rows(self, *tensors):
-        """The rows of one micro-batch's tensors (inputs, targets, ...; None passes through) that
-        the current pass runs on; here all of them. A training loop calls it on each micro-batch
-        before its forward and weights the losses by the rows kept (ESAM's descent pass keeps the
-        samples whose loss rose most)."""
+    def select_rows(self, *tensors: torch.Tensor | None) -> tuple:
+        """The rows of one micro-batch's tensors that the current pass runs on; here all of
+        them. A training loop calls it on each micro-batch before its forward and weights the
+        losses by the rows kept (ESAM's descent pass keeps the samples whose loss rose most).
+
+        Args:
+            tensors: the micro-batch's inputs, targets, ... (None passes through).
+
+        Returns:
+            The same tensors, each cut to the kept rows.
+        """
         return tensors
 
-    def reduce_loss(self, per_sample_loss, logits, targets):  # noqa: ARG002 (the hook's signature)
-        """The loss a pass backpropagates, from per-sample losses and the pass's logits and
-        targets (CSAM reweights the descent pass by them); here the plain mean."""
+    def reduce_loss(
+        self,
+        per_sample_loss: torch.Tensor,
+        logits: torch.Tensor,  # noqa: ARG002 (the hook's signature)
+        targets: torch.Tensor,  # noqa: ARG002
+    ) -> torch.Tensor:
+        """The loss a pass backpropagates (CSAM reweights the descent pass); here the mean.
+
+        Args:
+            per_sample_loss: the micro-batch's losses, one per sample.
+            logits: the pass's outputs.
+            targets: the labels.
+        """
         return per_sample_loss.mean()
 
-    def after_second_pass(self, loss, perturbed_loss) -> None:
-        """Called with L(θ) and L(θ+ε) after the second pass, once the step's fp16 overflow is
-        known: adaptive variants update their state here (through ``keep_if_overflow``)."""
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """After the second pass, once the step's fp16 overflow is known: adaptive variants
+        update their state here (through ``keep_if_overflow``).
+
+        Args:
+            loss: L(θ), the first pass's loss.
+            perturbed_loss: L(θ+ε), the second's.
+        """
 
     def global_norm(self, tensors):
         """One L2 norm over a whole list of tensors, kept on the device."""
@@ -495,6 +530,7 @@ class SharpnessAware(torch.optim.Optimizer):
         return {"step_count": self.step_count}
 
     def load_variant_state(self, state: dict) -> None:
+        """Restore ``variant_state()``'s output (tensors already on the parameters' device)."""
         self.step_count = int(state["step_count"])
 
     def log_values(self) -> dict:
