@@ -93,8 +93,31 @@ def validate(cfg) -> None:
         entry.check(cfg)
 
 
+class _Plain(dict):
+    """The scheduler's keys as plain values, read like the config (``cfg.name``, ``cfg.get``)."""
+
+    __getattr__ = dict.__getitem__
+
+
+def schedule_factor(cfg, steps_per_epoch: int, total_steps: int):
+    """``lr_factor`` as a closure over plain values: the config is read once, here, never in a
+    step (LambdaLR calls it once per parameter group and step)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        cfg = _Plain(OmegaConf.to_container(cfg, resolve=True))
+    warmup = int(round(float(cfg.get("warmup_epochs", 0)) * steps_per_epoch))
+    shape = SCHEDULERS[cfg.name]
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return shape(cfg, Position(step, warmup, steps_per_epoch, total_steps))
+
+    return factor
+
+
 def build_scheduler(cfg, optimizer, steps_per_epoch: int, total_steps: int):
     validate(cfg)
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(cfg, step, steps_per_epoch, total_steps)
-    )
+    factor = schedule_factor(cfg, steps_per_epoch, total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -205,6 +205,9 @@ class CurvatureTracker:
         # a dataset this package can draw a measurement subset from (every one of data/)
         self.tensor_data = getattr(data, "measurable", data.train_tensors is not None)
         self.enabled = bool(self.h.get("enabled", True)) and self.tensor_data
+        # the periods, as plain values: log_values runs after every step
+        self.every = {k: int(self.h.get(k, 0) or 0)
+                      for k in ("every_n_steps", "every_n_epochs", "every_n_rounds")}  # fmt: skip
         self.vector = None
         self._subset = None
         if self.enabled and data.train_tensors is None:  # decode now: bad files fail up front
@@ -231,11 +234,11 @@ class CurvatureTracker:
             return {}
         clock = self.clock
         if clock.within_epoch:
-            n = self.h.get("every_n_steps", 0) or 0
+            n = self.every["every_n_steps"]
             due = n > 0 and clock.step % n == 0
         else:
             # a federated run's epochs are its rounds: its own key says how often, in rounds
-            n = self.h.get("every_n_rounds" if clock.rounds else "every_n_epochs", 0) or 0
+            n = self.every["every_n_rounds" if clock.rounds else "every_n_epochs"]
             due = clock.final or (n > 0 and clock.epoch % n == 0)
         if not due:
             return {}

@@ -77,3 +77,37 @@ def test_step_checkpoints_with_a_sampler_that_cannot_resume_mid_epoch_are_refuse
     assert code == 2 and err.count("\n") == 1
     assert "trainer.checkpoint_every_n_steps=5 cannot resume dataset.sampler=sgs" in err
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["optimizer=esam", "trainer.accumulate=2", "dataset.mixup_alpha=0.2"],
+        ["weight_decay=ouidecay", "trainer.weight_averaging=ema", "regularizer=jsd"],
+    ],
+)
+def test_an_epoch_reads_no_config_object(extra, tmp_path, monkeypatch):
+    """Everything a step reads is resolved to plain values at setup: an epoch (steps, parts'
+    hooks, the scheduler's factor) makes no access to an OmegaConf node, counted on the real
+    DictConfig's own methods."""
+    from omegaconf import DictConfig
+
+    from sam_runner.training.run import Run
+
+    cfg = compose(*QUICK, "metrics=off", "trainer.epochs=3", *extra)
+    run = Run(cfg, tmp_path / "run", [])
+    run.setup()
+    run.resume()
+    reads = []
+    for name in ("__getattr__", "__getitem__", "get"):
+        real = getattr(DictConfig, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            reads.append((_name, args[:1]))
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(DictConfig, name, counted)
+    assert run.loop.train_epoch()
+    monkeypatch.undo()
+    assert reads == []
