@@ -455,7 +455,7 @@ def test_eval_every_n_steps_within_an_epoch_is_a_notice_as_the_run_starts(every,
     cfg = compose(*TINY, f"trainer.eval_every_n_steps={every}")  # 800 examples / 128: 6 steps
     run = Run(cfg, tmp_path / "run", [])
     run.setup()  # the run's own setup: data, model, the lengths (no epoch is trained)
-    assert run.steps_per_epoch == 6
+    assert run.loop.steps_per_epoch == 6
     err = capsys.readouterr().err
     note = (
         f"sam-run: warning: trainer.eval_every_n_steps={every} is at most the 6 steps of an "
