@@ -39,22 +39,51 @@ PLACEHOLDER_STEPS = 1000  # the optimizer's schedules need a length; the data's 
 def validate_config(cfg, awaiting=frozenset()) -> None:
     """One-line UserErrors for anything a run would refuse on its own settings; ``awaiting``:
     keys an earlier stage's job will set (``stages.resolve``), taken as set."""
-    validate_trainer(cfg, awaiting)
-    validate_dataset(cfg.dataset)
-    entry = SAMPLERS.entry(cfg.dataset.get("sampler", "uniform"))
-    if entry.meta.get("check"):
-        entry.check(cfg.dataset)
-    validate_scheduler(cfg.scheduler)
-    validate_metrics(cfg.metrics)
-    validate_corruptions(cfg.metrics, cfg.dataset)
-    build_logger(cfg.logger, ".", cfg)  # checks its keys; starts nothing
-    distributed.check_devices(cfg.trainer.get("devices", 1), str(cfg.trainer.device))
-    distributed.check_threads(cfg.trainer.get("threads"))
-    with torch.device("meta"):
-        model = build_model(without_download(cfg.model), *data_shape(cfg.dataset))
-        epochs = _epochs(cfg) or PLACEHOLDER_STEPS  # perturb_from as an epoch is checked on them
-        build_optimizer(cfg, model, PLACEHOLDER_STEPS * epochs, steps_per_epoch=PLACEHOLDER_STEPS)
-    check_split(cfg)  # reads the training labels: last, after every check that reads nothing
+    for _, check in config_checks(cfg, awaiting):
+        check()
+
+
+def config_checks(cfg, awaiting=frozenset()) -> list:
+    """``validate_config``'s checks in order, as (name, check) pairs, each reading only ``cfg``:
+    a sweep's planner runs again only those that read a value its job changes
+    (``sweep/value_checks.py``)."""
+
+    def sampler():
+        entry = SAMPLERS.entry(cfg.dataset.get("sampler", "uniform"))
+        if entry.meta.get("check"):
+            entry.check(cfg.dataset)
+
+    def devices():
+        distributed.check_devices(cfg.trainer.get("devices", 1), str(cfg.trainer.device))
+        distributed.check_threads(cfg.trainer.get("threads"))
+
+    def model_and_optimizer():
+        with torch.device("meta"):
+            model = build_model(without_download(cfg.model), *data_shape(cfg.dataset))
+            epochs = _epochs(cfg) or PLACEHOLDER_STEPS  # perturb_from as an epoch: checked on them
+            steps = PLACEHOLDER_STEPS * epochs
+            build_optimizer(cfg, model, steps, steps_per_epoch=PLACEHOLDER_STEPS)
+
+    return [
+        ("trainer", lambda: validate_trainer(cfg, awaiting, seed=False)),
+        ("seed", lambda: validate_seed(cfg.seed)),
+        ("dataset", lambda: validate_dataset(cfg.dataset)),
+        ("sampler", sampler),
+        ("scheduler", lambda: validate_scheduler(cfg.scheduler)),
+        ("metrics", lambda: validate_metrics(cfg.metrics)),
+        ("corruptions", lambda: validate_corruptions(cfg.metrics, cfg.dataset)),
+        ("logger", lambda: build_logger(cfg.logger, ".", cfg)),  # checks its keys; starts nothing
+        ("devices", devices),
+        ("model_and_optimizer", model_and_optimizer),
+        # reads the training labels: last, after every check that reads nothing
+        ("split", lambda: check_split(cfg)),
+    ]
+
+
+def validate_seed(seed) -> None:
+    """``seed``: torch seeds are 64-bit, and runs derive further seeds from it (seed * 100003 +
+    epoch)."""
+    integer("seed", seed, f"an integer in [0, {MAX_SEED}]", lambda s: 0 <= s <= MAX_SEED)
 
 
 def _epochs(cfg) -> int | None:
@@ -67,8 +96,9 @@ def _epochs(cfg) -> int | None:
     return None if cfg.trainer.get("steps") else int(cfg.trainer.epochs)
 
 
-def validate_trainer(cfg, awaiting=frozenset()) -> None:
-    """The trainer's own keys (the other groups check theirs where they are built)."""
+def validate_trainer(cfg, awaiting=frozenset(), seed: bool = True) -> None:
+    """The trainer's own keys (the other groups check theirs where they are built), and the
+    seed (``seed=False``: checked on its own, ``config_checks``)."""
     t = cfg.trainer
     integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
     build_regularizer(cfg.get("regularizer"))  # its keys, before anything is written
@@ -107,8 +137,8 @@ def validate_trainer(cfg, awaiting=frozenset()) -> None:
         "an integer >= 1",
         lambda n: n >= 1,
     )
-    # torch seeds are 64-bit, and runs derive further seeds from it (seed * 100003 + epoch)
-    integer("seed", cfg.seed, f"an integer in [0, {MAX_SEED}]", lambda s: 0 <= s <= MAX_SEED)
+    if seed:
+        validate_seed(cfg.seed)
     for key in ("steps", "eval_every_n_steps"):  # null: off
         if t.get(key) is not None:
             integer(f"trainer.{key}", t[key], "an integer >= 1 (or null)", lambda n: n >= 1)
