@@ -360,7 +360,8 @@ def _check_job(args, job: list[str], checks, notes: dict) -> str | None:
     value it reads changes): a bad input's message, or None with the job's notices added to
     ``notes``; Hydra's and OmegaConf's errors raised."""
     from .sweep import objective, stages
-    from .validate import config_checks, warnings  # imports torch: only for a job to run
+    from .training.validate import config_checks  # imports torch: only for a job to run
+    from .training.warnings import warnings
 
     # a stage's references: read once their stage has run (a job of stage S runs in
     # <root>/S/<n>; a single run has no stages, and is told so)

@@ -54,7 +54,7 @@ def test_each_check_runs_once_per_shape_and_again_only_for_what_it_reads(tmp_pat
     checks, notes = ValueChecks(), {}
     jobs = expand(args.overrides)
     assert all(_check_job(args, job, checks, notes) is None for job in jobs)
-    assert checks.ran["metrics"] == 2  # once per variant: it reads neither ρ nor the seed
+    assert checks.ran["scheduler"] == 2  # once per variant: it reads neither ρ nor the seed
     assert checks.ran["model_and_optimizer"] == 4  # per variant and ρ
     assert len(jobs) == 24 and checks.ran["seed"] == 12  # per variant and seed, not per ρ
     assert checks.ran["resolve"] == 2  # no interpolation calls a resolver on ρ or the seed
