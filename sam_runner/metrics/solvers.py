@@ -290,16 +290,19 @@ def lanczos(
     """Top-k eigenpairs of the symmetric operator ``matvec`` (flat vectors of length ``n``).
 
     ``stop=False`` runs exactly ``max_iter`` steps (stochastic Lanczos quadrature), keeping
-    every vector. ``max_vectors``: the most vectors kept (thick restart beyond; None: all).
+    every vector. ``max_vectors``: the most vectors kept (thick restart beyond; None: all), at
+    least 2(k + 1) + 2 for k > 1.
     """
     _check_lanczos(k, tol, max_iter)
     dtype = dtype or (torch.float32 if tol >= 1e-5 else torch.float64)
     capacity = None
     if stop and max_vectors is not None:
+        if not (isinstance(max_vectors, int) and max_vectors >= 4):
+            raise ValueError(f"max_vectors={max_vectors!r} must be an integer >= 4 (or None)")
+        # room for the wanted pairs and the guard twice over, whatever k (k = 10 keeps 24)
         want = k if k == 1 else k + GUARD
-        if not (isinstance(max_vectors, int) and max_vectors >= 2 * want + 2):
-            raise ValueError(f"max_vectors={max_vectors!r} must be an integer >= {2 * want + 2}")
-        capacity = max_vectors if max_vectors < min(max_iter, n) else None
+        capacity = max(max_vectors, 2 * want + 2)
+        capacity = capacity if capacity < min(max_iter, n) else None
     keep = _keep(k, capacity) if capacity is not None else 0
     steps = min(max_iter, n) if capacity is None else max_iter
     run = _Run(n, init, generator, device, dtype, capacity, keep)

@@ -385,9 +385,17 @@ def test_lanczos_that_fits_its_vectors_is_the_unbounded_run_bit_for_bit():
     assert runs[0].values == runs[1].values and torch.equal(runs[0].vectors, runs[1].vectors)
 
 
-def test_lanczos_refuses_too_few_vectors():
-    with pytest.raises(ValueError, match="max_vectors=5 must be an integer >= 10"):
-        lanczos(lambda v: v, 50, k=3, max_vectors=5)
+def test_lanczos_keeps_room_for_many_wanted_pairs_and_refuses_too_few_vectors():
+    """k = 10 under the default bound keeps 24 vectors (the pairs and the guard twice over) and
+    meets the dense values; a bound under 4 is refused."""
+    A, exact = close_spectrum(0, tuple(1.0 - 0.02 * i for i in range(11)), n=300)
+    r = lanczos(lambda v: (A @ v.double()).to(v.dtype), len(A), k=10, max_iter=600,
+                generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert r.converged and r.stored == 24
+    for i in range(10):
+        assert abs(r.values[i] - float(exact[i])) <= 1e-3 * float(exact[i]), i
+    with pytest.raises(ValueError, match="max_vectors=3 must be an integer >= 4"):
+        lanczos(lambda v: v, 50, k=1, max_vectors=3)
 
 
 def test_graph_cache_budget_is_capped_by_free_memory():
