@@ -307,9 +307,11 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
 
     from .sweep import stages
     from .sweep.plan import ValueVariants
+    from .sweep.value_checks import ValueChecks
 
     notes, job, bound = {}, args.overrides, None
     compose = ValueVariants()  # a sweep of values: composed once per set of group choices
+    checks = ValueChecks()  # and checked once per shape, per job where a changed value is read
     if stages.current is None:  # a stage's sweep: its keys, then the user's (who may set one again)
         notes.update(dict.fromkeys(given_again(args.overrides)))
     try:
@@ -320,9 +322,12 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
         counter = checks_counter(len(jobs))
         try:
             for job, bound in jobs:
-                cfg = compose(job)
+                message = None
+                if validate:
+                    message = _check_job(args, job, checks, notes)
+                else:
+                    compose(job)  # whether it composes
                 counter.update()
-                message = _check_composed(args, job, cfg, notes) if validate else None
                 if message:
                     return message, []
         finally:
@@ -349,25 +354,44 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     return None, list(notes)
 
 
-def _check_composed(args, job: list[str], cfg, notes: dict) -> str | None:
-    """The checks of one composed job (the values a run accepts): a bad input's message, or
-    None with the job's notices added to ``notes``; Hydra's and OmegaConf's errors raised."""
+def _check_job(args, job: list[str], checks, notes: dict) -> str | None:
+    """The checks of one job (the values a run accepts), through ``checks``
+    (``sweep.value_checks.ValueChecks``: each check once per shape of job, again only where a
+    value it reads changes): a bad input's message, or None with the job's notices added to
+    ``notes``; Hydra's and OmegaConf's errors raised."""
     from .sweep import objective, stages
-    from .validate import validate_config, warnings  # imports torch: only for a job to run
+    from .training.validate import config_checks  # imports torch: only for a job to run
+    from .training.warnings import warnings
 
-    message = _added_keys(job) or _removed_keys(job, cfg) or _two_budgets(job)
-    if message:
-        return message
-    _resolve(cfg)
     # a stage's references: read once their stage has run (a job of stage S runs in
     # <root>/S/<n>; a single run has no stages, and is told so)
     root = sweep_folder(args).parent if args.multirun else run_folder(args).parent.parent
     read = stages.current is not None or not args.multirun
-    validate_config(cfg, stages.resolve(cfg, job, root, read))
-    objective.validate(cfg)
-    notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
-    notes.update(dict.fromkeys(idle_settings(job, cfg, args.multirun)))
-    return None
+
+    def job_checks(job, cfg):
+        message = _added_keys(job) or _removed_keys(job, cfg) or _two_budgets(job)
+        if message:
+            return message, []
+        return None, ignored_options(job, cfg) + idle_settings(job, cfg, args.multirun)
+
+    def cfg_checks(job, cfg):
+        awaiting = stages.resolve(cfg, job, root, read)
+        return [
+            (checks.RESOLVE, lambda: _resolve(cfg)),
+            *((name, _no_notices(check)) for name, check in config_checks(cfg, awaiting)),
+            ("objective", lambda: objective.validate(cfg)),
+            ("warnings", lambda: warnings(cfg)),
+        ]
+
+    # a job naming a stage's job has its config changed by the checks: checked whole
+    message, found = checks(job, job_checks, cfg_checks, full=bool(stages.references(job)))
+    notes.update(dict.fromkeys(found))
+    return message
+
+
+def _no_notices(check):
+    """A check whose return value is no notice (a logger built to check its keys)."""
+    return lambda: check() and None
 
 
 def checks_counter(total: int):

@@ -103,9 +103,9 @@ def _hvp_counts(model, batches, seeds, power_cap):
             oracle = None
             for tol in ([1e-3] if ref is not None else []) + [1e-5]:
                 if oracle is None:
-                    r = lanczos(
-                        op, op.numel, 1, tol, 150, generator=torch.Generator().manual_seed(seed)
-                    )
+                    # every vector kept: the prefixes of one tridiagonal are the shorter runs
+                    g = torch.Generator().manual_seed(seed)
+                    r = lanczos(op, op.numel, 1, tol, 150, generator=g, max_vectors=None)
                     ref = r.values[0] if ref is None else ref
                     oracle, rule = _prefix_counts(r, ref)
             _, p = power_iteration(

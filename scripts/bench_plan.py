@@ -15,19 +15,41 @@ plan_value_variant_s         the config of a job that differs from one already c
 plan_compose_over_value_variant  the two side by side
 plan_check_all_h             the 100,000 jobs' configs, hours: one composed, the others its value
                              variants (the checks of each config come on top)
+plan_s_per_1000_jobs         sam-run's checks of every job of a sweep of 3,000 (optimizer=sam,asam,
+                             gear_sam × 5 ρ × seed=range(0,200); 300 with --quick), composing and
+                             checking included (preflight.check_jobs, a fresh sweep folder), wall
+                             seconds per 1,000 jobs
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 from benchutil import interleaved_ratio, median_time
 
+from sam_runner.preflight import check_jobs
 from sam_runner.rundir import RunDir
+from sam_runner.sweep import hydra_api
 from sam_runner.sweep.plan import ValueVariants, completed_jobs, compose, expand, sweep_size
 
 ARGS = ["seed=range(0,1000)", "optimizer.rho=range(1,101)", "model=mlp"]
+
+
+def checks_s_per_1000_jobs(seeds: int) -> float:
+    """Wall seconds of checking a 3 variants × 5 ρ × ``seeds`` sweep, per 1,000 jobs."""
+    argv = [
+        "-m",
+        "optimizer=sam,asam,gear_sam",
+        "optimizer.rho=0.01,0.02,0.05,0.1,0.2",
+        f"seed=range(0,{seeds})",
+        f"hydra.sweep.dir={tempfile.mkdtemp(prefix='bench-plan-checks-')}",
+    ]
+    began = time.perf_counter()
+    message, _ = check_jobs(hydra_api.args_parser().parse_args(argv))
+    assert message is None, message
+    return (time.perf_counter() - began) / (15 * seeds) * 1000
 
 
 def run(args) -> dict:
@@ -60,4 +82,5 @@ def run(args) -> dict:
             lambda: compose(other), lambda: variants(other), repeats
         ),
         "plan_check_all_h": (one + variant * (len(jobs) - 1)) / 3600,
+        "plan_s_per_1000_jobs": checks_s_per_1000_jobs(20 if args.quick else 200),
     }

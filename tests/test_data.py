@@ -334,3 +334,95 @@ def test_cifar_policy_batches_and_the_plain_training_pass(tmp_path, monkeypatch)
     assert x.shape == (10, 3, 32, 32) and x.dtype == torch.float32
     plain = next(iter(d.train_plain))[0]
     assert torch.equal(plain, d.prepare(d.train_tensors[0][:50], None))  # un-augmented, in order
+
+
+def test_crop_flip_equals_padding_slicing_and_flipping_each_sample():
+    """The row-copy crop (a padded buffer kept between batches) against the definition, sample by
+    sample, on uint8 and float images, odd sizes, and the same buffer used again."""
+    from sam_runner.data.loaders import crop_flip
+
+    g = torch.Generator().manual_seed(0)
+    for dtype, shape, pad in ((torch.uint8, (6, 3, 7, 5), 2), (torch.float32, (4, 1, 8, 8), 3)):
+        for _ in range(3):
+            x = torch.randint(0, 256, shape, generator=g).to(dtype)
+            n, _, h, w = shape
+            draws = torch.stack(
+                [
+                    torch.randint(0, 2 * pad + 1, (n,), generator=g),
+                    torch.randint(0, 2 * pad + 1, (n,), generator=g),
+                    torch.randint(0, 2, (n,), generator=g),
+                ]
+            )
+            padded = torch.nn.functional.pad(x, (pad,) * 4)
+            for i, (oy, ox, flip) in enumerate(draws.T.tolist()):
+                want = padded[i, :, oy : oy + h, ox : ox + w]
+                want = want.flip(2) if flip else want
+                assert torch.equal(crop_flip(x, pad, draws)[i], want)
+
+
+def test_an_epochs_draws_made_at_once_are_the_batch_by_batch_draws():
+    """The loader draws an epoch's crops, flips and policy seeds before its first batch: the
+    batches are, bit for bit, those of drawing from the same generator batch by batch after the
+    shuffle (as the loader did before), for one process and for each of two."""
+    from sam_runner.data.augment import tensor_policy
+    from sam_runner.data.loaders import Normalize
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (40, 3, 10, 10), generator=g, dtype=torch.uint8)
+    y = torch.arange(40) % 10
+    for policy in ("basic", "cutout"):
+        crop, op = tensor_policy(policy, 10)
+        tf = Normalize((0.5, 0.4, 0.3), (0.2, 0.25, 0.3), augment=crop, policy=op)
+        for rank, world in ((0, 1), (0, 2), (1, 2)):
+            ld = TensorLoader(x, y, 16, shuffle=True, seed=5, drop_last=False, transform=tf,
+                              rank=rank, world=world)  # fmt: skip
+            ld.set_epoch(2)
+            gen = ld.generator()
+            order = torch.randperm(40, generator=gen)
+            batches = list(ld)
+            assert len(batches) == 3
+            for i, (xb, yb, ib) in enumerate(batches):
+                idx = order[i * 16 : (i + 1) * 16]
+                share = (len(idx), slice(rank, None, world))
+                want = tf(x[idx[share[1]]], gen, share if world > 1 else None)
+                assert torch.equal(ib, idx[share[1]]) and torch.equal(yb, y[ib])
+                assert torch.equal(xb, want)
+
+
+class _Transfers(torch.overrides.TorchFunctionMode):
+    """Counts the calls that move a tensor between devices or read it on the host: ``.to`` given
+    a device, ``.cuda``, ``.cpu``, ``.pin_memory``, ``.item``, ``.tolist``, ``bool()``."""
+
+    READS = {"cuda", "cpu", "pin_memory", "item", "tolist", "__bool__"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_device = name == "to" and (
+            "device" in kwargs or any(isinstance(a, (torch.device, str)) for a in args[1:])
+        )
+        if to_device or name in self.READS:
+            self.calls.append(name)
+        return func(*args, **kwargs)
+
+
+def test_a_cifar_batch_makes_no_device_copy_nor_host_read():
+    """Crops, flips and the normalisation constants reach the batch's device once per epoch (a
+    non-blocking copy from pinned memory on CUDA), not per batch: the loader made five such
+    copies a batch, each a stream synchronisation on CUDA."""
+    from sam_runner.data.loaders import Normalize
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (64, 3, 8, 8), generator=g, dtype=torch.uint8)
+    tf = Normalize((0.5,) * 3, (0.25,) * 3, augment=True, pad=2)
+    ld = TensorLoader(x, torch.arange(64), 16, shuffle=True, seed=0, drop_last=True, transform=tf)
+    list(ld)  # the constants' one copy
+    batches = iter(ld)
+    next(batches)  # the epoch's draws, made with its first batch
+    with _Transfers() as counter:
+        rest = list(batches)
+    assert len(rest) == 3 and counter.calls == []

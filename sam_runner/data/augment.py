@@ -130,14 +130,21 @@ class TensorPolicy:
         # Cutout fills the mean colour: it runs on the normalised floats, the rest on uint8
         self.after_normalisation = getattr(op, "after_normalisation", False)
 
+    def draw(self, g, size: int) -> torch.Tensor:
+        """The per-sample seeds of a global batch of ``size`` (on the CPU), drawn from ``g``."""
+        return torch.randint(0, 2**62, (size,), generator=g)
+
     def __call__(self, x, g, batch=None):
         size, share = batch if batch is not None else (len(x), slice(None))
-        seeds = torch.randint(0, 2**62, (size,), generator=g)[share].tolist()
+        return self.apply(x, self.draw(g, size)[share])
+
+    def apply(self, x, seeds: torch.Tensor):
+        """Each sample of ``x`` under its own seed of ``seeds`` (CPU, one per sample)."""
         out = torch.empty_like(x)
         # v2 draws from the global CPU RNG: forked, so training's own draws (dropout) are
         # untouched; its generator reseeded directly (torch.manual_seed costs ~500x more)
         with torch.random.fork_rng(devices=[]):
-            for i, seed in enumerate(seeds):
+            for i, seed in enumerate(seeds.tolist()):
                 torch.default_generator.manual_seed(seed)
                 out[i] = self.op(x[i])
         return out

@@ -62,44 +62,110 @@ class TensorLoader:
             order = torch.randperm(n, generator=g)
         else:
             order = torch.arange(n)
-        order = order.to(self.y.device)
+        device = self.y.device
+        order = to_device(order, device)
+        # the epoch's augmentation drawn now, batch after batch in the order the batches would
+        # draw it, and moved once: no host-to-device copy (a stream synchronisation on CUDA) per
+        # batch, and the same draws as batch-by-batch drawing
+        draw_epoch = getattr(self.transform, "draw_epoch", None)
+        sizes = [min(self.batch_size, n - i * self.batch_size) for i in range(len(self))]
+        draws = draw_epoch(g, sizes, device) if draw_epoch is not None else None
         for i in range(len(self)):
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             batch = None
             if self.world > 1:
                 # strided: equal shares of a full batch, and a short last batch (test set) loses
                 # nothing
-                batch = (len(idx), slice(self.rank, None, self.world))
+                batch = (sizes[i], slice(self.rank, None, self.world))
                 idx = idx[batch[1]]
-            x = self.x[idx]
-            if self.transform is not None:
+            # index_select: the same rows as x[idx], ~30x sooner on uint8 images on the CPU
+            x = self.x.index_select(0, idx)
+            if draws is not None:
+                x = self.transform.apply(x, draws[i], batch)
+            elif self.transform is not None:
                 x = self.transform(x, g, batch)
             yield x, self.y[idx], idx
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` (on the CPU) on ``device``: on CUDA from pinned memory without blocking the host (the
+    caching host allocator keeps the pinned copy until the transfer has run)."""
+    if t.device == device:
+        return t
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 class Normalize:
     """uint8 (or float) images → float, optional crop-and-flip and a per-sample policy operation
-    (augment.py), per-channel normalisation."""
+    (augment.py), per-channel normalisation.
+
+    Called as ``tf(x, g, batch)`` it draws a batch's crops, flips and policy seeds from ``g``;
+    a loader draws a whole epoch's at once instead (``draw_epoch``, the same draws in the same
+    order) and applies them batch by batch (``apply``), so that no batch waits on a copy."""
 
     def __init__(self, mean, std, augment=False, pad=4, scale=255.0, policy=None):
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
         self.augment, self.pad, self.scale, self.policy = augment, pad, scale, policy
+        self._constants = {}  # device -> (mean, std) there, copied once
+
+    def draw(self, g, size: int):
+        """One batch's draws from ``g``: (crop offsets and flips ``[3, size]`` or None, the
+        policy's per-sample seeds or None)."""
+        crops = crop_flip_draws(g, size, self.pad) if self.augment else None
+        seeds = self.policy.draw(g, size) if self.policy is not None else None
+        return crops, seeds
+
+    def draw_epoch(self, g, sizes, device) -> list:
+        """The draws of batches of global sizes ``sizes``, in order, the crops moved to
+        ``device`` in one non-blocking copy."""
+        draws = [self.draw(g, size) for size in sizes]
+        if not self.augment or not draws:
+            return draws
+        crops = to_device(torch.cat([c for c, _ in draws], 1), device).split(sizes, 1)
+        return [(c, seeds) for c, (_, seeds) in zip(crops, draws)]
 
     def __call__(self, x, g, batch=None):
         """``batch`` = (size, share): ``x`` is the ``share`` (a slice) of a global batch of
         ``size``.
         """
-        if self.augment:
-            x = random_crop_flip(x, self.pad, g, batch)
+        size = batch[0] if batch is not None else len(x)
+        crops, seeds = self.draw(g, size)
+        if crops is not None:
+            crops = crops.to(x.device)
+        return self.apply(x, (crops, seeds), batch)
+
+    def apply(self, x, draws, batch=None):
+        """``x`` augmented by ``draws`` (``draw``'s, on ``x``'s device) and normalised."""
+        crops, seeds = draws
+        share = batch[1] if batch is not None else slice(None)
+        if crops is not None:
+            x = crop_flip(x, self.pad, crops[:, share])
         late = self.policy is not None and self.policy.after_normalisation
         if self.policy is not None and not late:  # on the stored images (uint8: their range)
-            x = self.policy(x, g, batch)
+            x = self.policy.apply(x, seeds[share])
+        mean, std = self.constants(x.device)
         # one float32 copy, normalised in place: a whole measurement subset passes here, and
         # temporaries would hold it three more times
-        x = x.to(torch.float32, copy=True).div_(self.scale)
-        x = x.sub_(self.mean.to(x.device)).div_(self.std.to(x.device))
-        return self.policy(x, g, batch) if late else x
+        x = x.to(torch.float32, copy=True).div_(self.scale).sub_(mean).div_(std)
+        return self.policy.apply(x, seeds[share]) if late else x
+
+    def constants(self, device):
+        """(mean, std) on ``device``, copied there once."""
+        if device not in self._constants:
+            self._constants[device] = (to_device(self.mean, device), to_device(self.std, device))
+        return self._constants[device]
+
+
+def crop_flip_draws(g, size: int, pad: int) -> torch.Tensor:
+    """A batch's crop offsets (rows, columns, in [0, 2·pad]) and flips (0/1), ``[3, size]``, drawn
+    from ``g`` in this order."""
+    oy = torch.randint(0, 2 * pad + 1, (size,), generator=g)
+    ox = torch.randint(0, 2 * pad + 1, (size,), generator=g)
+    flip = torch.rand(size, generator=g) < 0.5
+    return torch.stack([oy, ox, flip.long()])
 
 
 def random_crop_flip(x, pad, g, batch=None):
@@ -107,18 +173,38 @@ def random_crop_flip(x, pad, g, batch=None):
 
     With ``batch`` = (size, share), ``x`` is one process's share of a global batch: the crops
     and flips are drawn for all ``size`` samples and this share's are kept."""
+    size, share = batch if batch is not None else (len(x), slice(None))
+    return crop_flip(x, pad, crop_flip_draws(g, size, pad)[:, share].to(x.device))
+
+
+_CROP_BUFFERS = {}  # (shape, pad, dtype, device) -> crop_flip's padded buffer and row starts
+
+
+def crop_flip(x, pad: int, draws: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[n, c, h, w]`` zero-padded by ``pad`` and cropped back to ``h × w`` at the offsets
+    ``draws[0]`` (rows) and ``draws[1]`` (columns), flipped left-right where ``draws[2]`` is 1.
+
+    Row copies instead of a gather per pixel (7x sooner on the CPU, no index per pixel): the
+    batch and its left-right mirror are written into a zero-padded buffer kept between batches
+    (its border stays zero), and each output row is one window of ``w`` values of that buffer,
+    read from the mirror for a flipped sample."""
     n, c, h, w = x.shape
-    size, share = batch if batch is not None else (n, slice(None))
-    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-    oy = torch.randint(0, 2 * pad + 1, (size,), generator=g)[share].to(x.device)
-    ox = torch.randint(0, 2 * pad + 1, (size,), generator=g)[share].to(x.device)
-    flip = (torch.rand(size, generator=g)[share] < 0.5).to(x.device)
-    rows = (oy[:, None] + torch.arange(h, device=x.device))[:, :, None]
-    cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, :]
-    cols = torch.where(flip[:, None, None], cols.flip(2), cols)
-    return padded.permute(0, 2, 3, 1)[
-        torch.arange(n, device=x.device)[:, None, None], rows, cols
-    ].permute(0, 3, 1, 2)
+    hp, wp = h + 2 * pad, w + 2 * pad
+    key = (x.shape, pad, x.dtype, x.device)
+    if key not in _CROP_BUFFERS:
+        if len(_CROP_BUFFERS) > 16:
+            _CROP_BUFFERS.clear()
+        plane = torch.arange(n * c, device=x.device).view(n, c, 1)
+        rows = ((plane * hp + torch.arange(h, device=x.device)) * wp).view(n, c * h)
+        _CROP_BUFFERS[key] = (x.new_zeros(2, n, c, hp, wp), rows)
+    padded, row_starts = _CROP_BUFFERS[key]
+    padded[0, :, :, pad : pad + h, pad : pad + w] = x
+    padded[1, :, :, pad : pad + h, pad : pad + w] = x.flip(3)
+    # columns [ox, ox + w) mirrored are columns [wp − w − ox, wp − ox) of the mirror
+    mirror = padded[0].numel() + wp - w - draws[1]
+    offset = draws[0] * wp + torch.where(draws[2].bool(), mirror, draws[1])
+    starts = (row_starts + offset[:, None]).view(-1)
+    return padded.view(-1).unfold(0, w, 1).index_select(0, starts).view(n, c, h, w)
 
 
 class Indexed(torch.utils.data.Dataset):

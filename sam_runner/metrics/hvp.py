@@ -2,10 +2,10 @@
 
 Two methods:
 - ``double_backward``: g = ∂L/∂θ with ``create_graph``, then Hv = ∂(g·v)/∂θ. When the graphs of
-  all batches fit in ``graph_cache_mb`` (measured on the first batch from the tensors autograd
-  saves), they are built once and reused by every HVP, so an HVP is one extra backward instead
-  of forward + backward + backward. Otherwise batches are processed one at a time (memory
-  bounded by one batch's graph).
+  all batches fit in ``graph_cache_mb`` and in half the device's free memory (measured on the
+  first batch from the tensors autograd saves), they are built once and reused by every HVP,
+  so an HVP is one extra backward instead of forward + backward + backward. Otherwise batches
+  are processed one at a time (memory bounded by one batch's graph).
 - ``forward_over_reverse``: ``torch.func.jvp`` of ``torch.func.grad``.
 ``auto`` takes ``double_backward`` when the graphs are cached; otherwise it times both on the
 first batch once per (model, device, batch shape) and keeps the faster.
@@ -87,6 +87,33 @@ def _sum_lists(lists):
     return out
 
 
+GRAPH_CACHE_FREE_SHARE = 0.5  # of the device's free memory, at most, for the cached graphs
+
+
+def free_memory_bytes(device) -> int | None:
+    """The memory free on ``device`` now: CUDA's free memory, or the host's available memory
+    (``MemAvailable``, Linux); None where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def graph_cache_budget(graph_cache_mb: float, device) -> float:
+    """Bytes the gradient graphs may take: ``graph_cache_mb`` MiB, and no more than
+    ``GRAPH_CACHE_FREE_SHARE`` of the memory free on ``device`` (the rest is the HVPs' own
+    and the solver's)."""
+    free = free_memory_bytes(device)
+    budget = graph_cache_mb * 2**20
+    return budget if free is None else min(budget, GRAPH_CACHE_FREE_SHARE * free)
+
+
 class _SavedBytes:
     """Counts the bytes autograd saves for backward (an estimate of a graph's memory)."""
 
@@ -138,7 +165,7 @@ class HessianOperator(Objective):
         counter = _SavedBytes()
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
             g = grad_or_zero(self.batch_loss(0), self.params, create_graph=True)
-        fits = counter.bytes * len(self.batches) <= budget_mb * 2**20
+        fits = counter.bytes * len(self.batches) <= graph_cache_budget(budget_mb, self.device)
         self._first_graph = g if fits else None
         return fits
 

@@ -10,6 +10,15 @@ to ~1e-6, far below the tolerance) and float64 otherwise; the tridiagonal proble
 float64. On an invariant subspace (β ≈ 0) it restarts from a fresh random vector orthogonal
 to the basis. For k > 1 the stop also waits for a guard pair (``_certified``).
 
+Storage is bounded: at most ``max_vectors`` (default ``LANCZOS_VECTORS`` = 20) Lanczos vectors
+are kept. A run that fills them restarts thickly (Wu & Simon 2000): the basis becomes the top
+Ritz vectors (about half of it, at least the k wanted and the guard) and the current residual
+direction, the projected matrix diag(θ) bordered by the couplings β·s_{m,i}, and the iteration
+goes on from there, reorthogonalised against every kept vector. The relation H Q = Q T + β q eᵀ
+holds across restarts, so the residual rule above certifies the pairs as before; a run that
+converges before the basis is full (most λ_max runs) is the unrestarted run, bit for bit.
+``max_vectors=None`` keeps every vector (the whole tridiagonal; quadrature runs always do).
+
 Also the weighted traces of the Fisher measures: ``hutch_plus_plus`` (Hutch++, Meyer et al.
 2021) and the exact ``hessian_diagonal``.
 """
@@ -36,6 +45,8 @@ class LanczosResult:
     alphas: list = field(default_factory=list)  # the tridiagonal: its diagonal ...
     # ... and off-diagonal (its leading j×j block is step j's)
     betas: list = field(default_factory=list)
+    restarts: int = 0  # thick restarts taken
+    stored: int = 0  # the most vectors the basis held (its memory, in vectors)
 
 
 def _random_unit(n, generator, device, dtype):
@@ -44,22 +55,25 @@ def _random_unit(n, generator, device, dtype):
 
 
 class _Basis:
-    """Lanczos vectors as rows, in blocks of ``BLOCK`` allocated as needed: memory follows the
-    iterations taken, not ``max_iter`` (100 vectors of a 36M-parameter WRN are 14 GB)."""
+    """Lanczos vectors as rows, in blocks of ``BLOCK`` allocated as needed up to ``capacity``
+    rows: memory follows the iterations taken, not ``max_iter`` (100 vectors of a 36M-parameter
+    WRN are 14 GB), and never exceeds ``capacity`` vectors."""
 
     BLOCK = 16
 
-    def __init__(self, n, device, dtype):
+    def __init__(self, n, device, dtype, capacity=None):
         self.n, self.device, self.dtype, self.blocks = n, device, dtype, []
+        self.capacity = capacity
 
     def __getitem__(self, i):
         return self.blocks[i // self.BLOCK][i % self.BLOCK]
 
     def __setitem__(self, i, v):
         while i >= len(self.blocks) * self.BLOCK:
-            self.blocks.append(
-                torch.zeros(self.BLOCK, self.n, device=self.device, dtype=self.dtype)
-            )
+            rows = self.BLOCK
+            if self.capacity is not None:
+                rows = min(rows, self.capacity - len(self.blocks) * self.BLOCK)
+            self.blocks.append(torch.zeros(rows, self.n, device=self.device, dtype=self.dtype))
         self.blocks[i // self.BLOCK][i % self.BLOCK] = v
 
     def _rows(self, count):
@@ -69,20 +83,40 @@ class _Basis:
                 break
             yield block[:rows]
 
-    def orthogonalize(self, w, count):
+    def orthogonalize(self, w, count, in_place=False):
         """w minus its projection on the first ``count`` vectors, Gram–Schmidt applied twice
-        ("twice is enough", Kahan–Parlett), block by block."""
+        ("twice is enough", Kahan–Parlett), block by block; ``in_place``: in w's own storage
+        (the same values, one vector of memory fewer)."""
         for _ in range(2):
             for rows in self._rows(count):
-                w = w - rows.T @ (rows @ w)
+                w = w.sub_(rows.T @ (rows @ w)) if in_place else w - rows.T @ (rows @ w)
         return w
+
+    def holds(self, t) -> bool:
+        """Whether ``t`` lives in the basis' own storage."""
+        ptr = t.untyped_storage().data_ptr()
+        return any(block.untyped_storage().data_ptr() == ptr for block in self.blocks)
 
     def combine(self, coeffs, count):
         """Rows Σ_i coeffs[i, c] q_i, one per column of ``coeffs`` [count, m]."""
-        out = torch.zeros(coeffs.shape[1], self.n, device=self.device, dtype=self.dtype)
+        out = None  # the first block's product itself: one vector fewer than zeros + product
         for b, rows in enumerate(self._rows(count)):
-            out += coeffs[b * self.BLOCK : b * self.BLOCK + len(rows)].T @ rows
+            part = coeffs[b * self.BLOCK : b * self.BLOCK + len(rows)].T @ rows
+            out = part if out is None else out.add_(part)
         return out
+
+    COLUMNS = 1 << 14  # columns recombined at a time (the restart's only extra memory)
+
+    def recombine(self, coeffs, count):
+        """The first ``coeffs.shape[1]`` rows replaced, in place, by ``combine(coeffs, count)``:
+        column slice by column slice, so that no second basis is held."""
+        kept = coeffs.shape[1]
+        for start in range(0, self.n, self.COLUMNS):
+            cols = slice(start, start + self.COLUMNS)
+            old = torch.cat([rows[:, cols] for rows in self._rows(count)])
+            new = coeffs.T @ old
+            for i in range(kept):
+                self[i][cols] = new[i]
 
 
 def tridiagonal(alphas, betas) -> torch.Tensor:
@@ -133,47 +167,111 @@ def _certified(evals, res, k, tol) -> bool:
     return gap > float(res[k - 1] + res[k]) or gap <= tol * abs(float(evals[k - 1]))
 
 
+LANCZOS_VECTORS = 20  # the vectors a certified run keeps (thick restart beyond)
+
+
 class _Run:
     """One Lanczos run, advanced a step at a time by the caller's w = H q_j (so that several runs
-    can share one batched HVP, ``spectral_density``)."""
+    can share one batched HVP, ``spectral_density``). ``capacity``: the most vectors kept (None:
+    all); ``keep``: the Ritz vectors a thick restart keeps."""
 
-    def __init__(self, n, init, generator, device, dtype):
-        self.n, self.generator, self.Q = n, generator, _Basis(n, device, dtype)
+    def __init__(self, n, init, generator, device, dtype, capacity=None, keep=0):
+        self.n, self.generator = n, generator
+        self.capacity, self.keep = capacity, keep
+        self.Q = _Basis(n, device, dtype, capacity)
         if init is not None and float(init.norm()) > 0:
             q = init.to(device=device, dtype=dtype).reshape(-1)
             self.Q[0] = q / q.norm()
         else:
             self.Q[0] = _random_unit(n, generator, device, dtype)
         self.alphas, self.betas, self.beta, self._w = [], [], 0.0, None
+        # after a thick restart: the kept Ritz values and their couplings to the next vector
+        self.head, self.coupling, self.steps, self.restarts = [], [], 0, 0
+
+    @property
+    def size(self) -> int:
+        """Vectors in the basis whose products are in T."""
+        return len(self.head) + len(self.alphas)
 
     @property
     def q(self) -> torch.Tensor:
         """The vector whose H q the next step needs."""
-        return self.Q[len(self.alphas)]
+        return self.Q[self.size]
+
+    def projected(self) -> torch.Tensor:
+        """T = QᵀHQ (float64): the tridiagonal, after a restart bordered by diag(θ) and the
+        couplings of the kept Ritz vectors to the first vector after them."""
+        T = tridiagonal(self.alphas, self.betas)
+        if not self.head:
+            return T
+        h = len(self.head)
+        out = torch.zeros(self.size, self.size, dtype=torch.float64)
+        out[:h, :h] = torch.diag(torch.tensor(self.head, dtype=torch.float64))
+        out[h:, h:] = T
+        out[:h, h] = out[h, :h] = torch.tensor(self.coupling, dtype=torch.float64)
+        return out
+
+    def ritz(self):
+        """Eigenvalues (largest first) and eigenvectors of T."""
+        if not self.head:
+            return _ritz(self.alphas, self.betas)
+        evals, evecs = torch.linalg.eigh(self.projected())
+        return evals.flip(0), evecs.flip(1)
 
     def step(self, w):
         """α_j, w orthogonalised against every vector so far, β_j = ‖w‖; T_j's Ritz pairs."""
-        j = len(self.alphas)
+        j = self.size
+        self.steps += 1
         self.alphas.append(float(torch.dot(w, self.Q[j])))
-        self._w = self.Q.orthogonalize(w, j + 1)
+        # w is the step's own (H q_j, used nowhere else) unless it is a basis vector itself
+        self._w = self.Q.orthogonalize(w, j + 1, in_place=not self.Q.holds(w))
         self.beta = float(self._w.norm())
-        return _ritz(self.alphas, self.betas)
+        return self.ritz()
 
     def advance(self, evals) -> None:
-        """The next Lanczos vector; on an invariant subspace a fresh orthogonal direction."""
-        j, Q = len(self.alphas) - 1, self.Q
+        """The next Lanczos vector; on an invariant subspace a fresh orthogonal direction; with
+        the basis full, a thick restart first."""
+        Q = self.Q
         scale = max(abs(float(evals[0])), abs(float(evals[-1])), 1e-30)
-        if self.beta <= 1e-7 * scale:
-            w = Q.orthogonalize(_random_unit(self.n, self.generator, Q.device, Q.dtype), j + 1)
-            self.betas.append(0.0)
-            Q[j + 1] = w / w.norm()
+        invariant = self.beta <= 1e-7 * scale
+        if invariant:
+            w = Q.orthogonalize(_random_unit(self.n, self.generator, Q.device, Q.dtype), self.size)
+            beta, norm = 0.0, w.norm()
         else:
-            self.betas.append(self.beta)
-            Q[j + 1] = self._w / self.beta
+            beta, w, norm = self.beta, self._w, self.beta
+        self._w = None
+        if self.capacity is not None and self.size >= self.capacity:
+            self._restart(beta)
+        else:
+            self.betas.append(beta)
+        Q[self.size] = w
+        Q[self.size].div_(norm)  # w / ‖w‖ in the basis' row: no second copy of w
+
+    def _restart(self, beta) -> None:
+        """The basis replaced by T's top ``keep`` Ritz vectors (in place), T by diag(θ) with
+        their couplings β·s_{m,i} to the next vector."""
+        evals, evecs = self.ritz()
+        kept = evecs[:, : self.keep]
+        self.Q.recombine(kept.to(device=self.Q.device, dtype=self.Q.dtype), self.size)
+        self.head = [float(v) for v in evals[: self.keep]]
+        self.coupling = [beta * float(s) for s in kept[-1]]
+        self.alphas, self.betas = [], []
+        self.restarts += 1
 
     def result(self, k, converged) -> LanczosResult:
-        exact = len(self.alphas) == self.n
-        return _result(self.Q, self.alphas, self.betas, self.beta, k, converged or exact, exact)
+        self._w = None  # not needed for the Ritz vectors: its memory back first
+        exact = self.size == self.n
+        evals, evecs = self.ritz()
+        out = _result(self.Q, evals, evecs, self.steps, self.alphas, self.betas, self.beta, k,
+                      converged or exact, exact)  # fmt: skip
+        out.restarts, out.stored = self.restarts, sum(len(b) for b in self.Q.blocks)
+        return out
+
+
+def _keep(k: int, capacity: int) -> int:
+    """Ritz vectors a thick restart keeps: the wanted and the guard and half the rest."""
+    want = k if k == 1 else k + GUARD
+    return min(capacity - 2, want + (capacity - want) // 2)
 
 
 def lanczos(
@@ -187,14 +285,27 @@ def lanczos(
     device="cpu",
     dtype=None,
     stop: bool = True,
+    max_vectors: int | None = LANCZOS_VECTORS,
 ) -> LanczosResult:
     """Top-k eigenpairs of the symmetric operator ``matvec`` (flat vectors of length ``n``).
 
-    ``stop=False`` runs exactly ``max_iter`` steps (stochastic Lanczos quadrature).
+    ``stop=False`` runs exactly ``max_iter`` steps (stochastic Lanczos quadrature), keeping
+    every vector. ``max_vectors``: the most vectors kept (thick restart beyond; None: all), at
+    least 2(k + 1) + 2 for k > 1.
     """
     _check_lanczos(k, tol, max_iter)
     dtype = dtype or (torch.float32 if tol >= 1e-5 else torch.float64)
-    steps, run = min(max_iter, n), _Run(n, init, generator, device, dtype)
+    capacity = None
+    if stop and max_vectors is not None:
+        if not (isinstance(max_vectors, int) and max_vectors >= 4):
+            raise ValueError(f"max_vectors={max_vectors!r} must be an integer >= 4 (or None)")
+        # room for the wanted pairs and the guard twice over, whatever k (k = 10 keeps 24)
+        want = k if k == 1 else k + GUARD
+        capacity = max(max_vectors, 2 * want + 2)
+        capacity = capacity if capacity < min(max_iter, n) else None
+    keep = _keep(k, capacity) if capacity is not None else 0
+    steps = min(max_iter, n) if capacity is None else max_iter
+    run = _Run(n, init, generator, device, dtype, capacity, keep)
     converged = False
     for j in range(steps):
         evals, evecs = run.step(matvec(run.q))
@@ -207,17 +318,18 @@ def lanczos(
     return run.result(k, converged)
 
 
-def _result(Q, alphas, betas, beta, k, converged, exact) -> LanczosResult:
-    """The top-k Ritz pairs of a finished run (``exact``: the Krylov space is the whole space)."""
-    evals, evecs = _ritz(alphas, betas)
-    m = min(k, len(alphas))
-    vectors = Q.combine(evecs[:, :m].to(device=Q.device, dtype=Q.dtype), len(alphas))
-    vectors = vectors / vectors.norm(dim=1, keepdim=True)
+def _result(Q, evals, evecs, steps, alphas, betas, beta, k, converged, exact) -> LanczosResult:
+    """The top-k Ritz pairs of a finished run (``exact``: the Krylov space is the whole space).
+    After a thick restart ``alphas``, ``betas``, the nodes and weights are those of the last
+    cycle's T."""
+    m = min(k, len(evals))
+    vectors = Q.combine(evecs[:, :m].to(device=Q.device, dtype=Q.dtype), len(evals))
+    vectors = vectors.div_(vectors.norm(dim=1, keepdim=True))
     res = torch.zeros(m, dtype=torch.float64) if exact else (beta * evecs[-1, :m]).abs()
     return LanczosResult(
         [float(v) for v in evals[:m]],
         vectors,
-        len(alphas),
+        steps,
         [float(r) for r in res],
         converged,
         [float(v) for v in evals],

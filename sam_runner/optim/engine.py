@@ -72,6 +72,20 @@ def _reuse_first(closure, loss):
     return again
 
 
+class _Buffers(dict):
+    """``_lists``' cache; its per-parameter buffers ``theta`` (θ saved) and ``eps`` (ε, zeros)
+    made on first use, so that a variant that never reads one holds none (``base``: neither,
+    ``SAM``: no ε, which it builds in the gradients)."""
+
+    MAKE = {"theta": torch.empty_like, "eps": torch.zeros_like}
+
+    def __missing__(self, key):
+        if key not in self.MAKE:
+            raise KeyError(key)
+        self[key] = [self.MAKE[key](p) for p in self["params"]]
+        return self[key]
+
+
 class SharpnessAware(torch.optim.Optimizer):
     """Base class of every variant: ``Variant(params, base_optimizer, rho=..., **base_kwargs)``.
 
@@ -198,13 +212,7 @@ class SharpnessAware(torch.optim.Optimizer):
                 n = sum(p.grad is not None for p in g["params"])
                 slices.append((start, start + n))
                 start += n
-            self._cache = dict(
-                key=key,
-                params=params,
-                slices=slices,
-                theta=[torch.empty_like(p) for p in params],
-                eps=[torch.zeros_like(p) for p in params],
-            )
+            self._cache = _Buffers(key=key, params=params, slices=slices)
         c = self._cache
         return c["params"], [p.grad for p in c["params"]], c["slices"]
 
@@ -380,6 +388,9 @@ class SharpnessAware(torch.optim.Optimizer):
         """First pass at θ, perturb to θ+ε, second pass, restore θ (the descent gradient stays)."""
         loss, params, pgrads = self.first_pass(closure)
         self.perturb_(params, pgrads)
+        # the first pass's gradients (SAM's ε) let go: the second pass's closure frees them
+        # before its backward allocates its own (set_to_none), not after
+        del pgrads
         self.descend(closure, 1, loss)
         return loss
 

@@ -35,11 +35,13 @@ def plot_sharpness_dim(lines: dict, points: list, key: str):
     left.set_ylabel("sharpness dimension", fontsize=FONT)
     if lines:
         left.legend(fontsize=FONT - 1, frameon=False)
+    groups: dict = {}  # one scatter per (variant, batch), not one per job
     for p in points:
         if finite(p.gen_gap):
-            right.scatter(
-                p.values[key], p.gen_gap, edgecolor="black", s=30, **style(p.variant, _batch(p))
-            )
+            groups.setdefault((p.variant, _batch(p)), []).append((p.values[key], p.gen_gap))
+    for (variant, batch), xy in groups.items():
+        x, y = zip(*xy)
+        right.scatter(x, y, edgecolor="black", s=30, **style(variant, batch))
     right.set_xlabel("sharpness dimension (colours as on the left)", fontsize=FONT)
     right.set_ylabel("gen. gap (train − test acc.)", fontsize=FONT)
     fig.suptitle(

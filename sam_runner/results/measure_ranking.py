@@ -162,6 +162,11 @@ def _settings(overrides) -> dict:
 
 
 def points_of(report) -> list[Point]:
+    """Every completed job's Point, read once per report (the sections share the pass)."""
+    return report.once("points", lambda: _read_points(report))
+
+
+def _read_points(report) -> list[Point]:
     out = []
     for job in report.completed():
         values, source, why = job_values(job.run)
@@ -231,15 +236,11 @@ def granulated_tau(points: list[Point], key: str, axes: list[str]) -> tuple[floa
     return (statistics.fmean(defined) if defined else math.nan), per_axis
 
 
-_last: list = [None, None]  # (report, its table): report.md and the files share one computation
-
-
 def measures_table(report) -> Table | None:
     """Every measure's τ, Ψ and n, ranked by |τ| with gen_gap; None with fewer than
-    ``MIN_JOBS`` completed jobs that have gen_gap and a measure."""
-    if _last[0] is not report:
-        _last[:] = [report, _measures_table(report)]
-    return _last[1]
+    ``MIN_JOBS`` completed jobs that have gen_gap and a measure. Once per report: report.md and
+    the files share it."""
+    return report.once("measures_table", lambda: _measures_table(report))
 
 
 def _measures_table(report) -> Table | None:

@@ -144,6 +144,7 @@ class Report:
     sources: list = field(default_factory=list)  # every source folder, as given
     plot_format: str = "png"  # plots.format: the figures' file format (png, pdf, svg)
     _shared: set | None = field(default=None, repr=False)  # the overrides every job has
+    _once: dict = field(default_factory=dict, repr=False)  # what the sections share (``once``)
 
     @property
     def title(self) -> str:
@@ -151,6 +152,13 @@ class Report:
 
     def counts(self) -> Counter:
         return Counter(j.status for j in self.jobs)
+
+    def once(self, key: str, make):
+        """``make()``, made once per report and shared by every section that asks for ``key``
+        (the jobs' measures: one pass over the jobs' files, not one per section)."""
+        if key not in self._once:
+            self._once[key] = make()
+        return self._once[key]
 
     def completed(self) -> list:
         """The completed jobs that have a folder (what the analyses read files from)."""

@@ -50,3 +50,19 @@ def test_cifar_lives_on_the_gpu_and_its_batches_are_the_cpu_ones(tmp_path, monke
     xc, yc = cpu.data.train_subset(64, 0)
     assert xs.device.type == "cuda" and torch.equal(ys.cpu(), yc)
     torch.testing.assert_close(xs.cpu(), xc, rtol=0, atol=1e-6)
+
+
+def test_cifar_batches_never_synchronise_the_host(tmp_path, monkeypatch):
+    """After the epoch's first batch (its draws moved once, non-blocking from pinned memory), no
+    batch makes a synchronising CUDA call: torch's sync debug mode raises on any."""
+    install(monkeypatch, tmp_path / "data", "cifar10", n_train=200, n_test=64)
+    loader = _setup(tmp_path, "cuda").data.train
+    loader.set_epoch(1)
+    batches = iter(loader)
+    next(batches)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rest = list(batches)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(rest) == len(loader) - 1 > 0

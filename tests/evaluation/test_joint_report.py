@@ -84,3 +84,32 @@ def test_few_jobs_are_cautioned(tmp_path):
     jobs(tmp_path, 4)
     write_report(build_report(tmp_path))
     assert "not to be trusted" in (tmp_path / "report.md").read_text()
+
+
+def test_pareto_agreement_in_blocks_equals_the_pairs_counted_one_by_one(monkeypatch):
+    """Ties included, over several blocks of rows (ROWS made small): the counts of the loop over
+    pairs by the definition."""
+    import sam_runner.results.joint as joint
+
+    rng = random.Random(1)
+    s, c, g = ([rng.choice(range(8)) for _ in range(40)] for _ in range(3))
+    pairs = agree = 0
+    for i, j in itertools.permutations(range(40), 2):
+        if s[i] < s[j] and c[i] < c[j]:
+            pairs += 1
+            agree += g[i] < g[j]
+    monkeypatch.setattr(joint, "ROWS", 7)
+    assert pareto_agreement(s, c, g) == (pairs, agree / pairs)
+
+
+def test_the_sections_share_one_read_of_the_jobs_measures(tmp_path):
+    from sam_runner.results.measure_ranking import points_of
+
+    jobs(tmp_path, 5)
+    report = build_report(tmp_path)
+    write_report(report)  # the measures, joint and sharpness-dimension sections all read them
+    first = report._once["points"]
+    assert len(first) == 5 and points_of(report) is first
+    for path in tmp_path.glob("*/eval.json"):
+        path.unlink()  # read again, the jobs would have no measures
+    assert points_of(report)[0].values["lambda_max"] == first[0].values["lambda_max"]

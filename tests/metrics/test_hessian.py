@@ -341,3 +341,68 @@ def test_choosing_the_hvp_method_leaves_the_global_rng_alone():
         assert op.method in ("double_backward", "forward_over_reverse") and not op._cache_ok
     top_hessian_eigenvalues(m, F.cross_entropy, uneven(x, y), graph_cache_mb=0)
     assert torch.equal(state, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("k,top", [(1, (1.0, 0.99, 0.98)), (3, (1.0, 0.99, 0.98, 0.97))])
+def test_lanczos_bounded_storage_restarts_and_keeps_its_certificate(k, top):
+    """With fewer vectors than the run needs, thick restarts: the basis never holds more than
+    ``max_vectors``, the values meet the dense ones within tol, and each returned residual is
+    the true ‖A y − θ y‖ (the certificate holds across restarts)."""
+    restarts = 0
+    for seed in range(5):
+        A, exact = close_spectrum(seed, top, n=300)
+        r = lanczos(
+            lambda v: (A @ v.double()).to(v.dtype),
+            len(A),
+            k=k,
+            max_iter=400,
+            generator=torch.Generator().manual_seed(seed),
+            max_vectors=10,
+        )
+        assert r.converged and r.stored <= 10, seed
+        restarts += r.restarts
+        for i in range(k):
+            assert abs(r.values[i] - float(exact[i])) <= 1e-3 * float(exact[i]), (seed, i)
+            y = r.vectors[i].double()
+            true = float((A @ y - r.values[i] * y).norm())
+            assert true == pytest.approx(r.residuals[i], rel=1e-2, abs=1e-6), (seed, i)
+    assert restarts >= 3  # most runs needed more than the 10 vectors
+
+
+def test_lanczos_that_fits_its_vectors_is_the_unbounded_run_bit_for_bit():
+    A, _ = close_spectrum(0, (1.0, 0.8, 0.66, 0.655), n=200)
+    runs = [
+        lanczos(
+            lambda v: (A @ v.double()).to(v.dtype),
+            len(A),
+            k=3,
+            generator=torch.Generator().manual_seed(0),
+            max_vectors=m,
+        )  # fmt: skip
+        for m in (None, 40)
+    ]
+    assert runs[1].restarts == 0 and runs[0].hvps == runs[1].hvps
+    assert runs[0].values == runs[1].values and torch.equal(runs[0].vectors, runs[1].vectors)
+
+
+def test_lanczos_keeps_room_for_many_wanted_pairs_and_refuses_too_few_vectors():
+    """k = 10 under the default bound keeps 24 vectors (the pairs and the guard twice over) and
+    meets the dense values; a bound under 4 is refused."""
+    A, exact = close_spectrum(0, tuple(1.0 - 0.02 * i for i in range(11)), n=300)
+    r = lanczos(lambda v: (A @ v.double()).to(v.dtype), len(A), k=10, max_iter=600,
+                generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert r.converged and r.stored == 24
+    for i in range(10):
+        assert abs(r.values[i] - float(exact[i])) <= 1e-3 * float(exact[i]), i
+    with pytest.raises(ValueError, match="max_vectors=3 must be an integer >= 4"):
+        lanczos(lambda v: v, 50, k=1, max_vectors=3)
+
+
+def test_graph_cache_budget_is_capped_by_free_memory():
+    """The gradient graphs are cached only within half the memory free now (and the setting)."""
+    from sam_runner.metrics.hvp import free_memory_bytes, graph_cache_budget
+
+    free = free_memory_bytes("cpu")
+    assert free is not None and free > 0
+    assert graph_cache_budget(1, "cpu") == 2**20
+    assert graph_cache_budget(10**9, "cpu") <= 0.5 * free * 1.1  # free memory moves a little

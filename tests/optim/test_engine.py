@@ -353,3 +353,41 @@ def test_grad_evals_per_step_is_the_counted_passes_exactly(name, kw, want):
     for _ in range(10):
         opt.step(closure_for(opt, model))
     assert opt.summary_values()["grad_evals_per_step"] == pytest.approx(want, rel=1e-14)
+
+
+def test_buffers_are_made_only_by_the_variants_that_use_them():
+    """base holds no θ nor ε buffer, SAM θ alone (ε is built in the gradients); a variant that
+    writes ε into its buffers (ESAM) holds both."""
+    held = {}
+    for name in ("base", "sam", "esam"):
+        model = mlp()
+        opt = build(name, model, lr=0.1)
+        for _ in range(2):
+            opt.step(closure_for(opt, model))
+        held[name] = {k for k in ("theta", "eps") if k in opt._cache}
+    assert held == {"base": set(), "sam": {"theta"}, "esam": {"theta", "eps"}}
+
+
+def test_the_first_pass_gradients_are_let_go_before_the_second_pass():
+    """When the second pass's closure sets the gradients to None, nothing holds the first pass's
+    any more: its backward does not allocate beside them."""
+    import weakref
+
+    model = mlp()
+    opt = build("sam", model, lr=0.1)
+    first, alive = [], []
+
+    def closure():
+        if first:  # the second pass, its gradients just let go
+            opt.zero_grad(set_to_none=True)
+            alive.append(sum(r() is not None for r in first))
+        else:
+            opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(X), Y)
+        loss.backward()
+        if not first:
+            first.extend(weakref.ref(p.grad) for p in model.parameters())
+        return loss
+
+    opt.step(closure)
+    assert alive == [0] and len(first) == len(list(model.parameters()))
