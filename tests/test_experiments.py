@@ -24,7 +24,7 @@ from sam_runner.registry import MODELS
 from sam_runner.schedulers import build_scheduler
 from sam_runner.sweep.plan import expand
 from sam_runner.sweep.stages import plan, resolve
-from sam_runner.validate import validate_trainer as validate
+from sam_runner.training.validate import validate_run
 
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 STUDIES = [
@@ -169,7 +169,7 @@ def test_every_job_of_the_sweep_builds(preset):
         # stage:NAME, as sam-run's checks do
         awaiting = resolve(cfg, list(job), Path("sweep"), read=False)
         composed.add((cfg.model.arch, cfg.dataset.name, cfg.optimizer.name))
-        validate(cfg, awaiting)
+        validate_run(cfg, awaiting=awaiting)
         data.validate(cfg.dataset)
         assert cfg.model.arch in MODELS
         opt = build_optimizer(cfg, tiny, total_steps=100)

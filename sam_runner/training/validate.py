@@ -63,10 +63,11 @@ def config_checks(cfg, awaiting=frozenset()) -> list:
     ]
 
 
-def validate_run(cfg, run_dir: Path | None = None) -> None:
-    """What a run checks itself before it writes anything: its trainer and its features."""
+def validate_run(cfg, run_dir: Path | None = None, awaiting=frozenset()) -> None:
+    """What a run checks itself before it writes anything: its trainer and its features (no
+    data read); ``awaiting``: keys an earlier stage's job will set."""
     validate_trainer(cfg)
-    check_features(cfg, Where(run_dir=run_dir))
+    check_features(cfg, Where(run_dir=run_dir, awaiting=frozenset(awaiting)))
 
 
 def _epochs(cfg) -> int | None:
