@@ -1,0 +1,192 @@
+"""A smooth, decomposable probabilistic circuit over discrete variables (``model=pc``).
+
+Structure: a RAT-SPN (Peharz et al. 2020) random binary region graph. Each of ``repetitions``
+repetitions permutes the D variables at random and cuts the permutation into 2**depth contiguous,
+near-equal parts (the leaf regions); the regions above form the balanced binary tree over them
+(region g at level t has the children 2g and 2g+1 at level t + 1), so every internal region splits
+its scope in two halves of a random order. A leaf region holds ``sum_units`` fully factorised
+categorical distributions over its variables; an internal region at level t >= 1 holds
+``sum_units`` sum nodes over the cross products of its two children's units; the root (level 0)
+is one sum node over the cross products of every repetition's two top regions. Products join
+disjoint scopes (decomposable) and every sum's children share its scope (smooth), so the circuit
+is normalised and any marginal is one pass with the marginalised leaves set to 1.
+
+Why this structure: it is built from D alone (no structure learning from the data, so a run's
+circuit depends on its seed only), its layers are dense tensors (one einsum per level), and its
+depth is a key, which the trace-by-depth study needs.
+
+Everything is evaluated in log space: a sum layer is ``log(exp(c - m) @ w) + m``, m the children's
+maximum. The parameters are logits (sum weights ``softmax(sum_logits[t])``, leaf probabilities
+``softmax(leaf_logits)``); EM (em.py) sets them to the log of its new weights.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import integer
+
+MAX_UNITS = 256  # sum_units: a level holds R·2^t·S·U² weights
+MAX_REPETITIONS = 256
+
+
+@dataclass
+class Pass:
+    """One evaluation's log-values. Per sum level t (0 is the root): ``left[t]``, ``right[t]``
+    the two child regions' unit log-values ``[B, R, 2^t, U]`` and ``sums[t]`` the sum nodes'
+    ``[B, R, 2^t, S]`` (the root's: ``[B]``, equal to ``ll``)."""
+
+    ll: torch.Tensor
+    left: list
+    right: list
+    sums: list
+
+
+def region_assignment(num_vars: int, depth: int, repetitions: int) -> torch.Tensor:
+    """``[R, D]``: each variable's leaf region in each repetition (a random permutation cut into
+    2**depth contiguous near-equal parts; torch's global generator draws the permutations)."""
+    parts = 2**depth
+    out = torch.empty(repetitions, num_vars, dtype=torch.long)
+    place = torch.arange(num_vars) * parts // num_vars  # position in the order -> its part
+    for r in range(repetitions):
+        out[r, torch.randperm(num_vars)] = place
+    return out
+
+
+def check_structure(num_vars: int, categories: int, depth, sum_units, repetitions) -> None:
+    """One-line errors for structure keys out of range (2**depth leaf regions need that many
+    variables at least)."""
+    integer("model.categories", categories, "an integer >= 2", lambda k: k >= 2)
+    top = max(1, num_vars.bit_length() - 1)
+    integer(
+        "model.depth",
+        depth,
+        f"an integer in [1, {top}] (2**depth leaf regions of the data's {num_vars} variables)",
+        lambda d: 1 <= d <= top and 2**d <= num_vars,
+    )
+    integer("model.sum_units", sum_units, f"an integer in [1, {MAX_UNITS}]",
+            lambda s: 1 <= s <= MAX_UNITS)  # fmt: skip
+    integer("model.repetitions", repetitions, f"an integer in [1, {MAX_REPETITIONS}]",
+            lambda r: 1 <= r <= MAX_REPETITIONS)  # fmt: skip
+
+
+def _record(param: nn.Parameter, grad: torch.Tensor) -> None:
+    """EM's statistic: the gradient of the objective with respect to the normalised log-weights
+    (minus the mean expected flows, for the mean negative log-likelihood), summed over passes."""
+    held = getattr(param, "em_grad", None)
+    param.em_grad = grad.detach() if held is None else held + grad.detach()
+
+
+def _log_normalised(param: nn.Parameter) -> torch.Tensor:
+    """log softmax of a logits parameter; under EM (``param.em_driven``), with the hook that
+    records EM's statistic on the backward pass."""
+    logw = torch.log_softmax(param, dim=-1)
+    if getattr(param, "em_driven", False) and logw.requires_grad:
+        logw.register_hook(functools.partial(_record, param))
+    return logw
+
+
+def _log_mix(children: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """log Σ_k w[r, g, s, k]·exp(children[b, r, g, k]) -> ``[B, R, G, S]``, stably."""
+    m = children.amax(dim=-1, keepdim=True)
+    mixed = torch.einsum("brgk,rgsk->brgs", torch.exp(children - m), weights)
+    return torch.log(mixed) + m
+
+
+class ProbabilisticCircuit(nn.Module):
+    """``forward(x)`` -> log p(x), ``[B]``, for x ``[B, ...]`` of integer-valued categories in
+    ``[0, categories)`` (any shape per example: flattened to its D variables).
+
+    Args:
+        num_vars: D, the number of variables.
+        categories: the values a variable takes (2: Bernoulli leaves).
+        depth: levels of sum nodes (the root is depth 0); 2**depth leaf regions.
+        sum_units: sum nodes per internal region, and distributions per leaf region.
+        repetitions: random region trees under the root.
+    """
+
+    def __init__(self, num_vars: int, categories: int = 2, depth: int = 2, sum_units: int = 4,
+                 repetitions: int = 2):  # fmt: skip
+        super().__init__()
+        check_structure(num_vars, categories, depth, sum_units, repetitions)
+        self.num_vars, self.categories, self.depth = num_vars, categories, depth
+        self.sum_units, self.repetitions = sum_units, repetitions
+        regions = region_assignment(num_vars, depth, repetitions)
+        offsets = torch.arange(repetitions)[:, None] * 2**depth
+        self.register_buffer("leaf_index", (regions + offsets).flatten())
+        self.register_buffer("var_index", torch.arange(num_vars)[None, :], persistent=False)
+        self.leaf_logits = nn.Parameter(torch.randn(repetitions, num_vars, sum_units, categories))
+        self.sum_logits = nn.ParameterList(
+            nn.Parameter(0.5 * torch.randn(self.weight_shape(t))) for t in range(depth)
+        )
+
+    def weight_shape(self, level: int) -> tuple:
+        """The weights of the sum nodes at ``level``: ``[R·U²]`` at the root, else
+        ``[R, 2^t, S, U²]`` (U: the child regions' units)."""
+        k = self.sum_units**2
+        if level == 0:
+            return (self.repetitions * k,)
+        return (self.repetitions, 2**level, self.sum_units, k)
+
+    def weights(self) -> list[torch.Tensor]:
+        """The sum weights of each level (0 = the root), normalised over each node's children."""
+        return [torch.exp(_log_normalised(p)) for p in self.sum_logits]
+
+    def leaf_log_probs(self) -> torch.Tensor:
+        """``[R, D, U, K]``: each leaf distribution's log-probabilities."""
+        return _log_normalised(self.leaf_logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.evaluate(x).ll
+
+    def marginal(self, x: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
+        """log p(x_O): the variables where ``observed`` ([B, D] bool) is false are summed out
+        (their values in x are ignored)."""
+        return self.evaluate(x, observed=observed).ll
+
+    def leaves(self, x: torch.Tensor, observed=None, grad: bool = True) -> torch.Tensor:
+        """``[B, R, 2^depth, U]``: each leaf region's units' log-values (sums of its variables'
+        log-probabilities). ``grad=False``: without a graph to the leaf parameters."""
+        xi = x.reshape(len(x), -1).long()
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+            table = self.leaf_log_probs().permute(1, 3, 0, 2)  # [D, K, R, U]
+            lp = table[self.var_index, xi]  # [B, D, R, U]
+            if observed is not None:  # a summed-out variable's leaf is 1
+                lp = lp * observed.reshape(len(x), -1, 1, 1).to(lp.dtype)
+            lp = lp.permute(0, 2, 1, 3).reshape(len(x), -1, self.sum_units)
+            out = lp.new_zeros(len(x), self.repetitions * 2**self.depth, self.sum_units)
+            out = out.index_add(1, self.leaf_index, lp)
+        return out.view(len(x), self.repetitions, 2**self.depth, self.sum_units)
+
+    def evaluate(self, x, weights=None, observed=None, leaf_grad: bool = True,
+                 track: bool = False) -> Pass:  # fmt: skip
+        """Every level's log-values (``Pass``). ``weights``: the sum weights to use, as given
+        (the circuit's own, normalised, by default); ``track``: the leaf values as a leaf of the
+        graph, so that gradients reach every sum node's value without the leaf parameters."""
+        weights = self.weights() if weights is None else weights
+        v = self.leaves(x, observed, grad=leaf_grad and not track)
+        if track:
+            v = v.detach().requires_grad_()
+        lefts, rights, sums = [None] * self.depth, [None] * self.depth, [None] * self.depth
+        for t in reversed(range(self.depth)):
+            left, right = v[:, :, 0::2], v[:, :, 1::2]
+            lefts[t], rights[t] = left, right
+            prod = (left.unsqueeze(-1) + right.unsqueeze(-2)).flatten(-2)  # [B, R, 2^t, U²]
+            if t > 0:
+                v = sums[t] = _log_mix(prod, weights[t])
+            else:
+                flat = prod.reshape(len(x), 1, 1, -1)
+                sums[0] = _log_mix(flat, weights[0].view(1, 1, 1, -1)).view(len(x))
+        return Pass(sums[0], lefts, rights, sums)
+
+
+def circuit_of(model) -> ProbabilisticCircuit | None:
+    """The circuit behind ``model`` (itself, or DDP's/compile's wrapped module), or None."""
+    for m in (model, getattr(model, "module", None), getattr(model, "_orig_mod", None)):
+        if isinstance(m, ProbabilisticCircuit):
+            return m
+    return None

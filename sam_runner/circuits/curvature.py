@@ -1,0 +1,131 @@
+"""The exact trace of the Hessian of a circuit's mean log-likelihood with respect to its sum
+weights, and its per-node decomposition (docs/circuits.md derives both).
+
+The Hessian is taken in the sum weights themselves, each weight w_ij one coordinate (the
+ambient coordinates of the simplices: the circuit evaluated at the given weights, without
+renormalisation), not in the logits the gradient-trained parameters are. p(x) is linear in each
+node's weight vector (an induced tree passes a sum node at most once), so the diagonal entry is
+∂²log p/∂w_ij² = −(∂log p/∂w_ij)², and with the node flow f_i(x) = ∂log p(x)/∂log p_i(x) and the
+children's values c_j(x):
+
+    tr H = −(1/N) Σ_x Σ_i f_i(x)² · s_i(x),    s_i(x) = Σ_j (c_j(x) / p_i(x))²
+
+node i's term is its (squared) flow times a local term of its own children's values. Flows come
+from one backward pass from log p(x) to the sum nodes' values (never into the leaves), so the
+trace costs about a forward and a backward of the sum layers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .circuit import Pass, ProbabilisticCircuit, circuit_of
+
+
+def _inputs(batch) -> torch.Tensor:
+    """The inputs of a batch given as x or as (x, y[, ...])."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+def flows(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = False):
+    """(the ``Pass`` of x, each sum level's per-example node flows ∂log p(x)/∂log p_i(x), the
+    root's being 1). ``weights``: as ``evaluate``'s (default: the circuit's own, detached unless
+    ``create_graph``: then the flows are differentiable in the circuit's parameters)."""
+    with torch.enable_grad():
+        if weights is None:
+            weights = circuit.weights()
+            weights = weights if create_graph else [w.detach() for w in weights]
+        p = circuit.evaluate(x, weights, leaf_grad=create_graph, track=not create_graph)
+        inner = p.sums[1:]
+        f = torch.autograd.grad(p.ll.sum(), inner, create_graph=create_graph) if inner else ()
+    return p, [torch.ones_like(p.ll), *f]
+
+
+def _local_log(p: Pass, t: int) -> torch.Tensor:
+    """log s_i(x) of the sum nodes at level t: log Σ_j c_j² − 2 log p_i, a child being the
+    product of a left and a right unit (so Σ_j c_j² = Σ_a l_a² · Σ_b r_b²)."""
+    squares = torch.logsumexp(2 * p.left[t], -1) + torch.logsumexp(2 * p.right[t], -1)
+    if t == 0:  # the root's children: every repetition's products
+        return torch.logsumexp(squares.flatten(1), -1) - 2 * p.ll
+    return squares.unsqueeze(-1) - 2 * p.sums[t]
+
+
+def node_sums(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = False):
+    """Per sum level t: (Σ_x f_i(x)², Σ_x f_i(x)²·s_i(x)) of each node, summed over the batch
+    (shapes ``[]`` at the root, ``[R, 2^t, S]`` below)."""
+    p, f = flows(circuit, x, weights, create_graph)
+    out = []
+    for t in range(circuit.depth):
+        f2 = f[t].square()
+        pair = (f2.sum(0), (f2 * torch.exp(_local_log(p, t))).sum(0))
+        out.append(pair if create_graph else tuple(v.detach() for v in pair))
+    return out
+
+
+def node_curvature(model, batches, weights=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sum level t (0 = the root): (φ_i, T_i) of each node over all examples in
+    ``batches``: φ_i = mean f_i(x)² (the flow) and T_i = mean f_i(x)²·s_i(x), its share of
+    −tr H; T_i / φ_i is the flow-weighted mean local term."""
+    circuit, total, n = circuit_of(model), None, 0
+    for batch in batches:
+        x = _inputs(batch)
+        part = node_sums(circuit, x, weights)
+        total = part if total is None else [(a + c, b + d) for (a, b), (c, d) in zip(total, part)]
+        n += len(x)
+    return [(a / n, b / n) for a, b in total]
+
+
+def trace_by_depth(model, batches, weights=None) -> list[float]:
+    """tr H's share of the sum nodes at each depth (0 = the root); they sum to the trace."""
+    return [-float(t.sum()) for _, t in node_curvature(model, batches, weights)]
+
+
+def hessian_trace(model, batches, weights=None) -> float:
+    """The exact trace of the Hessian of the mean log-likelihood over ``batches`` (x, or
+    (x, y) pairs) with respect to the circuit's sum weights (≤ 0; −trace is the sharpness)."""
+    return float(sum(trace_by_depth(model, batches, weights)))
+
+
+def edge_curvature(circuit: ProbabilisticCircuit, x, weights=None) -> list[torch.Tensor]:
+    """Per level, shaped like its weights: h_ij = Σ_x (∂log p(x)/∂w_ij)², summed over the batch
+    (−H's diagonal times the batch size; f_i(x)² (c_j(x)/p_i(x))² per example)."""
+    p, f = flows(circuit, x, weights)
+    out = []
+    for t in range(circuit.depth):
+        prod = (p.left[t].unsqueeze(-1) + p.right[t].unsqueeze(-2)).flatten(-2)
+        if t == 0:
+            prod, parent, f2 = prod.reshape(len(x), -1), p.ll, f[0].square()
+            top = 2 * prod.amax(-1, keepdim=True)
+            scale = f2.unsqueeze(-1) * torch.exp(top - 2 * parent.unsqueeze(-1))
+            out.append((scale * torch.exp(2 * prod - top)).sum(0))
+            continue
+        top = 2 * prod.amax(-1, keepdim=True)  # [B, R, G, 1]: exp(2c − top) <= 1
+        scale = f[t].square() * torch.exp(top - 2 * p.sums[t])
+        out.append(torch.einsum("brgs,brgk->rgsk", scale, torch.exp(2 * prod - top)))
+    return [e.detach() for e in out]
+
+
+class WeightView(nn.Module):
+    """The circuit as a function of its sum weights: this module's parameters are the weights
+    themselves (the coordinates ``hessian_trace`` differentiates in; the leaves held fixed), so
+    that the generic estimators (Lanczos λ_max, Hutchinson's trace) measure the same Hessian.
+    ``train()``/``eval()`` copy the circuit's current weights in (a measurement switches the
+    mode first), so one view follows a training run."""
+
+    def __init__(self, circuit: ProbabilisticCircuit):
+        super().__init__()
+        object.__setattr__(self, "circuit", circuit)  # not a submodule: not this view's parameters
+        self.weights = nn.ParameterList(nn.Parameter(w.detach().clone()) for w in circuit.weights())
+
+    def sync(self) -> None:
+        with torch.no_grad():
+            for mine, w in zip(self.weights, self.circuit.weights()):
+                mine.copy_(w)
+
+    def train(self, mode: bool = True):
+        self.sync()
+        return super().train(mode)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.circuit.evaluate(x, list(self.weights), leaf_grad=False).ll
