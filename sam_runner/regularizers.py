@@ -12,6 +12,7 @@ import math
 import torch
 from torch.func import functional_call
 
+from .circuits.regularizers import CircuitRegularizer
 from .errors import number, require
 from .losses import skew_jsd
 from .module_state import is_trainable
@@ -98,6 +99,23 @@ def jsd(cfg, autocast=None):
     if weight == 0:
         return NoRegularizer()  # nothing added: the plain run exactly, without the extra forward
     return SkewJSD(alpha, weight, space, radius, autocast, detach)
+
+
+def _circuit_weight(cfg) -> float:
+    return number("regularizer.weight", cfg.get("weight", 0.01), "a finite number >= 0",
+                  lambda w: 0 <= w < math.inf)  # fmt: skip
+
+
+@REGULARIZERS.register("pc_trace", "+ weight·(−tr H) of a circuit (model=pc), H in the sum weights")
+def pc_trace(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
+    weight = _circuit_weight(cfg)
+    return CircuitRegularizer(weight, adaptive=False) if weight else NoRegularizer()
+
+
+@REGULARIZERS.register("pc_adaptive", "+ weight·Σ each sum node's local curvature (model=pc)")
+def pc_adaptive(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
+    weight = _circuit_weight(cfg)
+    return CircuitRegularizer(weight, adaptive=True) if weight else NoRegularizer()
 
 
 def build_regularizer(cfg, autocast=None):

@@ -22,6 +22,7 @@ import torch
 from . import distributed
 from .adapters import attach_adapters
 from .averaging import build_averaging
+from .circuits.task import curvature_model, density_task
 from .clock import Clock
 from .data import build_data
 from .data.augment import Mixing
@@ -224,6 +225,8 @@ class TestSet:
 
     def log_values(self) -> dict:
         r = self.run
+        if r.density is not None:  # a density model: log-likelihoods in place of accuracy
+            return r.density.log_values()
         row = evaluate(
             r.net, r.data.test, r.criterion, r.autocast, r.dist, r.cfg.metrics, r.data.class_counts
         )
@@ -306,6 +309,7 @@ class Run:
         self.model = model = build_model(cfg.model, data.input_shape, data.num_classes).to(device)
         self.init_from = load_initial_weights(cfg.model, model)  # given weights, if any
         self.peft = attach_adapters(cfg.model, model, data.input_shape)  # model.peft (adapters)
+        self.density = density_task(cfg, data, model)  # model=pc: log-likelihoods, exact trace
         if t.channels_last and device.type == "cuda" and len(data.input_shape) == 3:
             model.to(memory_format=torch.channels_last)
         self.federation = build_federation(cfg, data)
@@ -326,8 +330,14 @@ class Run:
         self.regularizer = build_regularizer(cfg.get("regularizer"), self.autocast)
         self.distill = build_distiller(cfg, model, data, device, self.autocast, self.run_dir)
         self.sampler = build_sampler(cfg.dataset, data)
-        self.tracker = CurvatureTracker(
-            cfg.metrics, model, data, self.optimizer, cfg.seed, self.clock, mean_loss(loss)
+        self.tracker = CurvatureTracker(  # a circuit: the Hessian in its sum weights
+            cfg.metrics,
+            curvature_model(model),
+            data,
+            self.optimizer,
+            cfg.seed,
+            self.clock,
+            mean_loss(loss),
         )
         self.test_set = TestSet(self)
         self.build_recipe(model, data)
@@ -461,7 +471,8 @@ class Run:
             self.saved = (self.clock.epoch, self.clock.step)
             # the checkpoint's evaluation line: a run resumed at its end finishes from it
             lines = [r for r in self.log.rows() if r.get("step") == self.clock.step]
-            self.last = next((r for r in reversed(lines) if "test_acc" in r), {})
+            evaluated = ("test_acc", "test_ll")  # a classifier's line, a density model's
+            self.last = next((r for r in reversed(lines) if any(k in r for k in evaluated)), {})
         if self.dist.is_main:
             # lines past the checkpoint are redone, never repeated
             self.log.truncate_after(self.clock.step)
@@ -586,7 +597,9 @@ class Run:
             self.scaler.scale(objective).backward()  # the logged loss stays the task's
             total += loss.detach()
             self.sampler.observe(optimizer.pass_index, im, ym, per_sample.detach())
-            if optimizer.pass_index == 0:  # per predicted token for a sequence model
+            if optimizer.pass_index == 0 and self.density is not None:  # no labels to predict
+                counts["targets"] = counts.get("targets", 0) + len(ym)
+            elif optimizer.pass_index == 0:  # per predicted token for a sequence model
                 pred, ym = token_pairs(out.detach(), ym)
                 counts["correct"] = counts["correct"] + (pred.argmax(1) == ym).sum()
                 counts["targets"] = counts.get("targets", 0) + len(ym)
@@ -645,6 +658,8 @@ class Run:
         federation = (self.federation,) if self.federation.enabled else ()
         for part in (*parts, self.weight_decay, *federation):
             row.update(part.log_values())
+        if self.density is not None:
+            row.pop("train_acc")  # nothing predicted
         self.log_line(row)
         self.last = row
         self.save()
@@ -706,7 +721,11 @@ class Run:
         summary.update(self.weight_decay.summary_values())
         summary.update(self.distill.summary_values())
         summary.update(self.tracker.summary_extras())
-        summary.update(self.data.corpus or {})  # token corpora: corpus_bytes, corpus_sha256
+        summary.update(self.data.corpus or {})
+        if self.density is not None:
+            summary.update(
+                self.density.summary_values(last)
+            )  # token corpora: corpus_bytes, corpus_sha256
         summary.update(self.averaging.summary_values(last, self.lambda_max_of))
         if self.federation.enabled:
             summary.update(self.federation.summary_values())

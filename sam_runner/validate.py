@@ -14,6 +14,7 @@ import torch
 from . import distributed
 from .adapters import attach_adapters, method
 from .averaging import validate as validate_averaging
+from .circuits.task import check_config as check_circuit_config
 from .cli_words import PROGRESS, check_format
 from .data import validate as validate_dataset
 from .data.sources import data_shape
@@ -72,6 +73,7 @@ def validate_trainer(cfg, awaiting=frozenset()) -> None:
     t = cfg.trainer
     integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
     build_regularizer(cfg.get("regularizer"))  # its keys, before anything is written
+    check_circuit_config(cfg)  # model=pc and what only a circuit takes (em, pc_* regularizers)
     check_federated(cfg)  # the federated group's keys and what it cannot be combined with
     check_teacher(cfg)  # trainer.distill: its keys and the teacher's folder
     require(

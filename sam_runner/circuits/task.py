@@ -1,0 +1,129 @@
+"""Density estimation as a run's task (``model=pc``, ``trainer.loss=nll``): the settings it
+takes (``check_config``, one-line errors), the data it accepts, and what its evaluation lines
+carry in place of accuracy and ECE: ``train_ll``, ``test_ll`` (mean log-likelihood per example,
+nats), ``test_bpd`` (bits per dimension, −test_ll / (D ln 2)), ``test_loss`` = ``test_nll`` =
+−test_ll, and the exact curvature: ``hessian_trace_exact`` (of the mean log-likelihood in the
+sum weights, over the curvature subset) and ``hessian_trace_depth_<t>``, its share at depth t."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import UserError, require
+from .circuit import circuit_of
+from .curvature import WeightView, trace_by_depth
+
+BINARIZABLE = ("digits", "mnist1d", "arrays")
+CIRCUIT_REGULARIZERS = ("pc_trace", "pc_adaptive")
+EVAL_BATCH = 1024
+
+
+def is_circuit(cfg) -> bool:
+    return str(cfg.model.get("arch")) == "pc"
+
+
+def check_config(cfg) -> None:
+    """A circuit's settings, and a circuit's options on other models: one-line errors."""
+    d = cfg.dataset
+    binarize, reg = d.get("binarize", False), (cfg.get("regularizer") or {}).get("name", "none")
+    require(isinstance(binarize, bool), f"dataset.binarize={binarize!r} must be true or false")
+    require(
+        not binarize or d.name in BINARIZABLE,
+        f"dataset.binarize applies to {', '.join(BINARIZABLE)}, not dataset={d.name}",
+    )
+    arch, loss = cfg.model.get("arch"), cfg.trainer.get("loss", "cross_entropy")
+    if cfg.base_optimizer.name == "em":
+        require(is_circuit(cfg), f"base_optimizer=em trains a probabilistic circuit's weights "
+                f"and model={arch} is not one: use model=pc, or a gradient base such as "
+                "base_optimizer=sgd")  # fmt: skip
+        require(cfg.optimizer.name == "base", f"base_optimizer=em takes optimizer=base, not "
+                f"optimizer={cfg.optimizer.name}: the SAM variants apply to gradient training of "
+                "a circuit (base_optimizer=sgd, adamw, ...)")  # fmt: skip
+    if reg in CIRCUIT_REGULARIZERS:
+        require(is_circuit(cfg), f"regularizer={reg} regularizes a probabilistic circuit's "
+                f"Hessian trace and model={arch} is not one: use model=pc, or "
+                "regularizer=none or jsd")  # fmt: skip
+    if loss == "nll":
+        require(is_circuit(cfg), f"trainer.loss=nll is a density model's loss and model={arch} "
+                "is a classifier: use model=pc, or trainer.loss=cross_entropy")  # fmt: skip
+    if is_circuit(cfg):
+        _check_circuit_run(cfg, loss, reg, binarize)
+
+
+def _check_circuit_run(cfg, loss, reg, binarize) -> None:
+    d = cfg.dataset
+    require(loss == "nll", f"model=pc is a density model: set trainer.loss=nll, not {loss}")
+    require(binarize or d.name == "arrays", f"model=pc needs discrete data and dataset={d.name} "
+            "is continuous: set dataset.binarize=true")  # fmt: skip
+    require(reg == "none" or reg in CIRCUIT_REGULARIZERS, f"regularizer={reg} does not apply "
+            f"to model=pc; use {', '.join(CIRCUIT_REGULARIZERS)} or none")  # fmt: skip
+    for key in ("mixup_alpha", "cutmix_alpha", "label_noise", "val_split"):
+        require(not d.get(key), f"dataset.{key}={d.get(key)} does not apply to model=pc "
+                "(density estimation); set it to 0")  # fmt: skip
+
+
+def check_data(data, categories: int) -> None:
+    """A circuit's data: every value an integer category in [0, categories)."""
+    for name, x in (("training", data.train_tensors[0]), ("test", _test_inputs(data))):
+        ok = bool(((x == x.round()) & (x >= 0) & (x < categories)).all())
+        if not ok:
+            raise UserError(
+                f"model=pc needs discrete data: the {name} inputs are not all integers in "
+                f"[0, {categories}) (model.categories); set dataset.binarize=true"
+            )
+
+
+def _test_inputs(data) -> torch.Tensor:
+    return torch.cat([x for x, *_ in data.test])
+
+
+class DensityTask:
+    """The evaluation keys of a circuit's run (train and test log-likelihood, bits per
+    dimension, the exact trace and its split by depth)."""
+
+    def __init__(self, cfg, data, model):
+        self.cfg, self.data, self.circuit = cfg, data, circuit_of(model)
+        check_data(data, self.circuit.categories)
+        n = int(cfg.metrics.get("hessian", {}).get("num_samples", 4096))
+        self.subset = data.train_subset(n, int(cfg.seed))[0]  # the curvature subset's inputs
+
+    @torch.no_grad()
+    def mean_ll(self, x: torch.Tensor) -> float:
+        self.circuit.eval()
+        return float(sum(self.circuit(c).sum() for c in x.split(EVAL_BATCH)) / len(x))
+
+    def log_values(self) -> dict:
+        train = self.mean_ll(self.data.train_tensors[0])
+        test = self.mean_ll(_test_inputs(self.data))
+        depth = trace_by_depth(self.circuit, self.subset.split(EVAL_BATCH))
+        self.circuit.train()
+        return {
+            "train_ll": train,
+            "test_ll": test,
+            "test_loss": -test,
+            "test_nll": -test,
+            "test_bpd": -test / (self.circuit.num_vars * math.log(2)),
+            "hessian_trace_exact": sum(depth),
+            **{f"hessian_trace_depth_{t}": v for t, v in enumerate(depth)},
+        }
+
+    @staticmethod
+    def summary_values(last: dict) -> dict:
+        keys = ("train_ll", "hessian_trace_exact")
+        out = {k: last[k] for k in keys if k in last}
+        out.update({k: v for k, v in last.items() if k.startswith("hessian_trace_depth_")})
+        return out
+
+
+def density_task(cfg, data, model) -> DensityTask | None:
+    """The run's density task (None unless ``model=pc``)."""
+    return DensityTask(cfg, data, model) if circuit_of(model) is not None else None
+
+
+def curvature_model(model):
+    """What the run's curvature tracker measures: a circuit's weight view (the Hessian in the
+    sum weights, as ``hessian_trace_exact``), any other model itself."""
+    circuit = circuit_of(model)
+    return WeightView(circuit) if circuit is not None else model
