@@ -35,6 +35,7 @@ SECTIONS = [
     "federated",
     "lm",
     "plan",
+    "circuits",
 ]
 
 

@@ -92,7 +92,7 @@ def _log_normalised(param: nn.Parameter) -> torch.Tensor:
 
 def _log_mix(children: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """log Σ_k w[r, g, s, k]·exp(children[b, r, g, k]) -> ``[B, R, G, S]``, stably."""
-    m = children.amax(dim=-1, keepdim=True)
+    m = children.amax(dim=-1, keepdim=True).detach()  # the shift cancels: no gradient needed
     mixed = torch.einsum("brgk,rgsk->brgs", torch.exp(children - m), weights)
     return torch.log(mixed) + m
 
@@ -118,7 +118,6 @@ class ProbabilisticCircuit(nn.Module):
         regions = region_assignment(num_vars, depth, repetitions)
         offsets = torch.arange(repetitions)[:, None] * 2**depth
         self.register_buffer("leaf_index", (regions + offsets).flatten())
-        self.register_buffer("var_index", torch.arange(num_vars)[None, :], persistent=False)
         self.leaf_logits = nn.Parameter(torch.randn(repetitions, num_vars, sum_units, categories))
         self.sum_logits = nn.ParameterList(
             nn.Parameter(0.5 * torch.randn(self.weight_shape(t))) for t in range(depth)
@@ -150,17 +149,23 @@ class ProbabilisticCircuit(nn.Module):
 
     def leaves(self, x: torch.Tensor, observed=None, grad: bool = True) -> torch.Tensor:
         """``[B, R, 2^depth, U]``: each leaf region's units' log-values (sums of its variables'
-        log-probabilities). ``grad=False``: without a graph to the leaf parameters."""
-        xi = x.reshape(len(x), -1).long()
+        log-probabilities). ``grad=False``: without a graph to the leaf parameters.
+
+        One matrix product: the one-hot inputs ``[B, D·K]`` times the table ``[D·K, R·L·U]``
+        whose entry ((d, k), (r, l, u)) is log θ_{r,d,u}(k) where variable d lies in leaf region
+        l of repetition r, else 0 (a summed-out variable's one-hot row is 0: its leaf is 1)."""
+        n, k = len(x), self.categories
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-            table = self.leaf_log_probs().permute(1, 3, 0, 2)  # [D, K, R, U]
-            lp = table[self.var_index, xi]  # [B, D, R, U]
-            if observed is not None:  # a summed-out variable's leaf is 1
-                lp = lp * observed.reshape(len(x), -1, 1, 1).to(lp.dtype)
-            lp = lp.permute(0, 2, 1, 3).reshape(len(x), -1, self.sum_units)
-            out = lp.new_zeros(len(x), self.repetitions * 2**self.depth, self.sum_units)
-            out = out.index_add(1, self.leaf_index, lp)
-        return out.view(len(x), self.repetitions, 2**self.depth, self.sum_units)
+            log_leaf = self.leaf_log_probs()  # [R, D, U, K]
+            parts = 2**self.depth  # each variable's leaf region, from the saved structure
+            regions = self.leaf_index.view(self.repetitions, self.num_vars) % parts
+            where = torch.nn.functional.one_hot(regions, parts).to(log_leaf.dtype)  # [R, D, L]
+            table = torch.einsum("rdl,rduk->dkrlu", where, log_leaf)
+            onehot = torch.nn.functional.one_hot(x.reshape(n, -1).long(), k).to(log_leaf.dtype)
+            if observed is not None:
+                onehot = onehot * observed.reshape(n, -1, 1).to(onehot.dtype)
+            out = onehot.reshape(n, -1) @ table.reshape(self.num_vars * k, -1)
+        return out.view(n, self.repetitions, 2**self.depth, self.sum_units)
 
     def evaluate(self, x, weights=None, observed=None, leaf_grad: bool = True,
                  track: bool = False) -> Pass:  # fmt: skip

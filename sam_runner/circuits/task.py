@@ -60,8 +60,8 @@ def _check_circuit_run(cfg, loss, reg, binarize) -> None:
         if d.name in BINARIZABLE
         else f"use dataset.binarize=true on one of {', '.join(BINARIZABLE)}"
     )
-    require(binarize or d.name == "arrays",
-            f"model=pc needs discrete data and dataset={d.name} is continuous: {fix}")  # fmt: skip
+    require(binarize, f"model=pc needs discrete data and dataset={d.name} is continuous "
+            f"(arrays are standardised too): {fix}")  # fmt: skip
     require(reg == "none" or reg in CIRCUIT_REGULARIZERS, f"regularizer={reg} does not apply "
             f"to model=pc; use {', '.join(CIRCUIT_REGULARIZERS)} or none")  # fmt: skip
     for key in ("mixup_alpha", "cutmix_alpha", "label_noise", "val_split"):

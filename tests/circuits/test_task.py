@@ -79,7 +79,7 @@ def test_a_circuits_em_run_stopped_and_resumed_ends_like_an_uninterrupted_one(tm
     "overrides,message",
     [
         (["model=pc", "trainer.loss=nll"], "model=pc needs discrete data and dataset=mnist1d "
-         "is continuous: set dataset.binarize=true"),
+         "is continuous (arrays are standardised too): set dataset.binarize=true"),
         (["base_optimizer=em", "optimizer=base"], "base_optimizer=em trains a probabilistic "
          "circuit's weights and model=auto is not one"),
         (["regularizer=pc_trace"], "regularizer=pc_trace regularizes a probabilistic circuit's "
@@ -96,8 +96,8 @@ def test_a_circuits_em_run_stopped_and_resumed_ends_like_an_uninterrupted_one(tm
          "base_optimizer=em takes optimizer=base, not optimizer=sam"),
         (["dataset=cifar10", "dataset.binarize=true"], "dataset.binarize is not a key of "
          "dataset=cifar10"),
-        (["dataset=cifar10", "model=pc", "trainer.loss=nll"], "model=pc needs discrete data and "
-         "dataset=cifar10 is continuous: use dataset.binarize=true on one of digits, mnist1d, "
+        (["dataset=cifar10", "model=pc", "trainer.loss=nll"], "dataset=cifar10 is continuous "
+         "(arrays are standardised too): use dataset.binarize=true on one of digits, mnist1d, "
          "arrays"),
     ],
 )  # fmt: skip
