@@ -38,12 +38,15 @@ MAX_REPETITIONS = 256
 class Pass:
     """One evaluation's log-values. Per sum level t (0 is the root): ``left[t]``, ``right[t]``
     the two child regions' unit log-values ``[B, R, 2^t, U]`` and ``sums[t]`` the sum nodes'
-    ``[B, R, 2^t, S]`` (the root's: ``[B]``, equal to ``ll``)."""
+    ``[B, R, 2^t, S]`` (the root's: ``[B]``, equal to ``ll``); ``local[t]`` the sum nodes'
+    local terms s_i(x) = Σ_j c_j(x)²/p_i(x)² when asked for (curvature.py), shaped as
+    ``sums[t]``."""
 
     ll: torch.Tensor
     left: list
     right: list
     sums: list
+    local: list
 
 
 def region_assignment(num_vars: int, depth: int, repetitions: int) -> torch.Tensor:
@@ -82,19 +85,49 @@ def _record(param: nn.Parameter, grad: torch.Tensor) -> None:
 
 
 def _log_normalised(param: nn.Parameter) -> torch.Tensor:
-    """log softmax of a logits parameter; under EM (``param.em_driven``), with the hook that
-    records EM's statistic on the backward pass."""
-    logw = torch.log_softmax(param, dim=-1)
-    if getattr(param, "em_driven", False) and logw.requires_grad:
+    """log softmax of a logits parameter. Under EM (``param.em_driven``) the log-weights are a
+    leaf of the graph with the hook that records EM's statistic: the backward pass stops there
+    (EM reads no gradient of the logits)."""
+    if getattr(param, "em_driven", False) and torch.is_grad_enabled() and param.requires_grad:
+        logw = torch.log_softmax(param.detach(), dim=-1).requires_grad_()
         logw.register_hook(functools.partial(_record, param))
-    return logw
+        return logw
+    return torch.log_softmax(param, dim=-1)
 
 
-def _log_mix(children: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """log Σ_k w[r, g, s, k]·exp(children[b, r, g, k]) -> ``[B, R, G, S]``, stably."""
-    m = children.amax(dim=-1, keepdim=True).detach()  # the shift cancels: no gradient needed
-    mixed = torch.einsum("brgk,rgsk->brgs", torch.exp(children - m), weights)
-    return torch.log(mixed) + m
+def _scaled(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exp(v − m), m) with m the maximum over the units (detached: the shift cancels)."""
+    m = v.amax(dim=-1, keepdim=True).detach()
+    return torch.exp(v - m), m
+
+
+def _log_mix(left, right, weights, local: bool = False):
+    """log Σ_{a,b} w[r, g, s, (a, b)]·exp(left[..., a] + right[..., b]) -> ``[B, R, G, S]``:
+    each sum node over the products of its region's two children, stably (the products are
+    the outer product of the children's shifted values: U² multiplications, no U² exps).
+    ``local``: also each node's local term Σ_j c_j²/p_i² (curvature.py), else None."""
+    (a, ma), (b, mb) = _scaled(left), _scaled(right)
+    products = (a.unsqueeze(-1) * b.unsqueeze(-2)).flatten(-2)  # [B, R, G, U²]
+    mixed = torch.einsum("brgk,rgsk->brgs", products, weights)
+    out = torch.log(mixed) + (ma + mb)
+    if not local:
+        return out, None
+    squares = a.square().sum(-1, keepdim=True) * b.square().sum(-1, keepdim=True)
+    return out, squares / mixed.square()  # the shifts cancel: (Σ c²/e^{2m}) / (p/e^m)²
+
+
+def _log_root(left, right, weights, local: bool = False):
+    """The root over every repetition's products -> ``[B]`` (``weights``: ``[R·U²]``), and with
+    ``local`` its local term (else None)."""
+    (a, ma), (b, mb) = _scaled(left[:, :, 0]), _scaled(right[:, :, 0])  # [B, R, U]
+    products = (a.unsqueeze(-1) * b.unsqueeze(-2)).flatten(-2)  # [B, R, U²]
+    inner = torch.einsum("brk,rk->br", products, weights.view(products.shape[1], -1))
+    shift = (ma + mb).squeeze(-1)
+    out = torch.logsumexp(torch.log(inner) + shift, dim=-1)
+    if not local:
+        return out, None
+    squares = torch.log(a.square().sum(-1) * b.square().sum(-1)) + 2 * shift
+    return out, torch.exp(torch.logsumexp(squares, dim=-1) - 2 * out)
 
 
 class ProbabilisticCircuit(nn.Module):
@@ -168,25 +201,23 @@ class ProbabilisticCircuit(nn.Module):
         return out.view(n, self.repetitions, 2**self.depth, self.sum_units)
 
     def evaluate(self, x, weights=None, observed=None, leaf_grad: bool = True,
-                 track: bool = False) -> Pass:  # fmt: skip
+                 track: bool = False, local: bool = False) -> Pass:  # fmt: skip
         """Every level's log-values (``Pass``). ``weights``: the sum weights to use, as given
         (the circuit's own, normalised, by default); ``track``: the leaf values as a leaf of the
-        graph, so that gradients reach every sum node's value without the leaf parameters."""
+        graph, so that gradients reach every sum node's value without the leaf parameters;
+        ``local``: the sum nodes' local terms too."""
         weights = self.weights() if weights is None else weights
         v = self.leaves(x, observed, grad=leaf_grad and not track)
         if track:
             v = v.detach().requires_grad_()
-        lefts, rights, sums = [None] * self.depth, [None] * self.depth, [None] * self.depth
+        lefts, rights, sums, locals_ = ([None] * self.depth for _ in range(4))
         for t in reversed(range(self.depth)):
             left, right = v[:, :, 0::2], v[:, :, 1::2]
             lefts[t], rights[t] = left, right
-            prod = (left.unsqueeze(-1) + right.unsqueeze(-2)).flatten(-2)  # [B, R, 2^t, U²]
-            if t > 0:
-                v = sums[t] = _log_mix(prod, weights[t])
-            else:
-                flat = prod.reshape(len(x), 1, 1, -1)
-                sums[0] = _log_mix(flat, weights[0].view(1, 1, 1, -1)).view(len(x))
-        return Pass(sums[0], lefts, rights, sums)
+            mix = _log_mix if t > 0 else _log_root
+            v, locals_[t] = mix(left, right, weights[t], local)
+            sums[t] = v
+        return Pass(sums[0], lefts, rights, sums, locals_)
 
 
 def circuit_of(model) -> ProbabilisticCircuit | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .circuit import Pass, ProbabilisticCircuit, circuit_of
+from .circuit import ProbabilisticCircuit, circuit_of
 
 
 def _inputs(batch) -> torch.Tensor:
@@ -36,19 +36,12 @@ def flows(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = F
         if weights is None:
             weights = circuit.weights()
             weights = weights if create_graph else [w.detach() for w in weights]
-        p = circuit.evaluate(x, weights, leaf_grad=create_graph, track=not create_graph)
+        p = circuit.evaluate(
+            x, weights, leaf_grad=create_graph, track=not create_graph, local=True
+        )
         inner = p.sums[1:]
         f = torch.autograd.grad(p.ll.sum(), inner, create_graph=create_graph) if inner else ()
     return p, [torch.ones_like(p.ll), *f]
-
-
-def _local_log(p: Pass, t: int) -> torch.Tensor:
-    """log s_i(x) of the sum nodes at level t: log Σ_j c_j² − 2 log p_i, a child being the
-    product of a left and a right unit (so Σ_j c_j² = Σ_a l_a² · Σ_b r_b²)."""
-    squares = torch.logsumexp(2 * p.left[t], -1) + torch.logsumexp(2 * p.right[t], -1)
-    if t == 0:  # the root's children: every repetition's products
-        return torch.logsumexp(squares.flatten(1), -1) - 2 * p.ll
-    return squares.unsqueeze(-1) - 2 * p.sums[t]
 
 
 def node_sums(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = False):
@@ -58,7 +51,7 @@ def node_sums(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool
     out = []
     for t in range(circuit.depth):
         f2 = f[t].square()
-        pair = (f2.sum(0), (f2 * torch.exp(_local_log(p, t))).sum(0))
+        pair = (f2.sum(0), (f2 * p.local[t]).sum(0))
         out.append(pair if create_graph else tuple(v.detach() for v in pair))
     return out
 
