@@ -47,6 +47,7 @@ class Pass:
     right: list
     sums: list
     local: list
+    parts: list
 
 
 def region_assignment(num_vars: int, depth: int, repetitions: int) -> torch.Tensor:
@@ -79,9 +80,14 @@ def check_structure(num_vars: int, categories: int, depth, sum_units, repetition
 
 def _record(param: nn.Parameter, grad: torch.Tensor) -> None:
     """EM's statistic: the gradient of the objective with respect to the normalised log-weights
-    (minus the mean expected flows, for the mean negative log-likelihood), summed over passes."""
+    (minus the mean expected flows, for the mean negative log-likelihood), summed over passes;
+    and the logits' own gradient from it (through log-softmax: g − softmax(θ)·Σ g), so that
+    ``param.grad`` is what autograd would give (gradient norms, clipping)."""
+    grad = grad.detach()
     held = getattr(param, "em_grad", None)
-    param.em_grad = grad.detach() if held is None else held + grad.detach()
+    param.em_grad = grad if held is None else held + grad
+    logits = grad - torch.softmax(param.detach(), -1) * grad.sum(-1, keepdim=True)
+    param.grad = logits if param.grad is None else param.grad + logits
 
 
 def _log_normalised(param: nn.Parameter) -> torch.Tensor:
@@ -105,29 +111,31 @@ def _log_mix(left, right, weights, local: bool = False):
     """log Σ_{a,b} w[r, g, s, (a, b)]·exp(left[..., a] + right[..., b]) -> ``[B, R, G, S]``:
     each sum node over the products of its region's two children, stably (the products are
     the outer product of the children's shifted values: U² multiplications, no U² exps).
-    ``local``: also each node's local term Σ_j c_j²/p_i² (curvature.py), else None."""
+    Returns (log-values, the local terms Σ_j c_j²/p_i² with ``local`` else None, the
+    intermediates (products, their mixture) the top-down pass reads: flows.py)."""
     (a, ma), (b, mb) = _scaled(left), _scaled(right)
     products = (a.unsqueeze(-1) * b.unsqueeze(-2)).flatten(-2)  # [B, R, G, U²]
     mixed = torch.einsum("brgk,rgsk->brgs", products, weights)
     out = torch.log(mixed) + (ma + mb)
     if not local:
-        return out, None
+        return out, None, (products, mixed)
     squares = a.square().sum(-1, keepdim=True) * b.square().sum(-1, keepdim=True)
-    return out, squares / mixed.square()  # the shifts cancel: (Σ c²/e^{2m}) / (p/e^m)²
+    # the shifts cancel: (Σ c²/e^{2m}) / (p/e^m)²
+    return out, squares / mixed.square(), (products, mixed)
 
 
 def _log_root(left, right, weights, local: bool = False):
-    """The root over every repetition's products -> ``[B]`` (``weights``: ``[R·U²]``), and with
-    ``local`` its local term (else None)."""
+    """The root over every repetition's products -> ``[B]`` (``weights``: ``[R·U²]``), as
+    ``_log_mix`` (intermediates: the products and each repetition's shift)."""
     (a, ma), (b, mb) = _scaled(left[:, :, 0]), _scaled(right[:, :, 0])  # [B, R, U]
     products = (a.unsqueeze(-1) * b.unsqueeze(-2)).flatten(-2)  # [B, R, U²]
     inner = torch.einsum("brk,rk->br", products, weights.view(products.shape[1], -1))
     shift = (ma + mb).squeeze(-1)
     out = torch.logsumexp(torch.log(inner) + shift, dim=-1)
     if not local:
-        return out, None
+        return out, None, (products, shift)
     squares = torch.log(a.square().sum(-1) * b.square().sum(-1)) + 2 * shift
-    return out, torch.exp(torch.logsumexp(squares, dim=-1) - 2 * out)
+    return out, torch.exp(torch.logsumexp(squares, dim=-1) - 2 * out), (products, shift)
 
 
 class ProbabilisticCircuit(nn.Module):
@@ -173,6 +181,11 @@ class ProbabilisticCircuit(nn.Module):
         return _log_normalised(self.leaf_logits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        em = getattr(self.sum_logits[0], "em_driven", False)
+        if em and torch.is_grad_enabled() and self.sum_logits[0].requires_grad:
+            # EM's statistics by the circuit's own top-down pass (flows.py), not autograd's
+            log_leaf, logws = self.leaf_log_probs(), [_log_normalised(p) for p in self.sum_logits]
+            return _EMLogLikelihood.apply(self, x, log_leaf, *logws)
         return self.evaluate(x).ll
 
     def marginal(self, x: torch.Tensor, observed: torch.Tensor) -> torch.Tensor:
@@ -180,7 +193,8 @@ class ProbabilisticCircuit(nn.Module):
         (their values in x are ignored)."""
         return self.evaluate(x, observed=observed).ll
 
-    def leaves(self, x: torch.Tensor, observed=None, grad: bool = True) -> torch.Tensor:
+    def leaves(self, x: torch.Tensor, observed=None, grad: bool = True,
+               log_leaf=None) -> torch.Tensor:  # fmt: skip
         """``[B, R, 2^depth, U]``: each leaf region's units' log-values (sums of its variables'
         log-probabilities). ``grad=False``: without a graph to the leaf parameters.
 
@@ -189,7 +203,7 @@ class ProbabilisticCircuit(nn.Module):
         l of repetition r, else 0 (a summed-out variable's one-hot row is 0: its leaf is 1)."""
         n, k = len(x), self.categories
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-            log_leaf = self.leaf_log_probs()  # [R, D, U, K]
+            log_leaf = self.leaf_log_probs() if log_leaf is None else log_leaf  # [R, D, U, K]
             parts = 2**self.depth  # each variable's leaf region, from the saved structure
             regions = self.leaf_index.view(self.repetitions, self.num_vars) % parts
             where = torch.nn.functional.one_hot(regions, parts).to(log_leaf.dtype)  # [R, D, L]
@@ -201,23 +215,44 @@ class ProbabilisticCircuit(nn.Module):
         return out.view(n, self.repetitions, 2**self.depth, self.sum_units)
 
     def evaluate(self, x, weights=None, observed=None, leaf_grad: bool = True,
-                 track: bool = False, local: bool = False) -> Pass:  # fmt: skip
+                 track: bool = False, local: bool = False, log_leaf=None) -> Pass:  # fmt: skip
         """Every level's log-values (``Pass``). ``weights``: the sum weights to use, as given
         (the circuit's own, normalised, by default); ``track``: the leaf values as a leaf of the
         graph, so that gradients reach every sum node's value without the leaf parameters;
         ``local``: the sum nodes' local terms too."""
         weights = self.weights() if weights is None else weights
-        v = self.leaves(x, observed, grad=leaf_grad and not track)
+        v = self.leaves(x, observed, grad=leaf_grad and not track, log_leaf=log_leaf)
         if track:
             v = v.detach().requires_grad_()
-        lefts, rights, sums, locals_ = ([None] * self.depth for _ in range(4))
+        lefts, rights, sums, locals_, parts = ([None] * self.depth for _ in range(5))
         for t in reversed(range(self.depth)):
             left, right = v[:, :, 0::2], v[:, :, 1::2]
             lefts[t], rights[t] = left, right
             mix = _log_mix if t > 0 else _log_root
-            v, locals_[t] = mix(left, right, weights[t], local)
+            v, locals_[t], parts[t] = mix(left, right, weights[t], local)
             sums[t] = v
-        return Pass(sums[0], lefts, rights, sums, locals_)
+        return Pass(sums[0], lefts, rights, sums, locals_, parts)
+
+
+class _EMLogLikelihood(torch.autograd.Function):
+    """log p(x) whose backward is the top-down pass: the gradient of Σ_b g_b log p(x_b) at the
+    normalised log-weights and leaf log-probabilities is Σ_b g_b n(x_b), the expected flows."""
+
+    @staticmethod
+    def forward(ctx, circuit, x, log_leaf, *logws):
+        weights = [lw.exp() for lw in logws]
+        ctx.circuit, ctx.x, ctx.weights = circuit, x, weights
+        ctx.p = circuit.evaluate(x, weights, leaf_grad=False, log_leaf=log_leaf)
+        return ctx.p.ll
+
+    @staticmethod
+    def backward(ctx, grad):
+        from .flows import downward, leaf_statistics
+
+        _, stats, leaf_flows = downward(ctx.circuit, ctx.p, ctx.weights, grad)
+        leaf = leaf_statistics(ctx.circuit, ctx.x, leaf_flows)
+        ctx.p = ctx.weights = None
+        return None, None, leaf, *stats
 
 
 def circuit_of(model) -> ProbabilisticCircuit | None:

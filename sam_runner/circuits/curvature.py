@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .circuit import ProbabilisticCircuit, circuit_of
+from .flows import downward
 
 
 def _inputs(batch) -> torch.Tensor:
@@ -29,25 +30,28 @@ def _inputs(batch) -> torch.Tensor:
 
 
 def flows(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = False):
-    """(the ``Pass`` of x, each sum level's per-example node flows ∂log p(x)/∂log p_i(x), the
-    root's being 1). ``weights``: as ``evaluate``'s (default: the circuit's own, detached unless
-    ``create_graph``: then the flows are differentiable in the circuit's parameters)."""
+    """(the ``Pass`` of x with its local terms, each sum level's per-example node flows
+    ∂log p(x)/∂log p_i(x), the root's being 1). ``weights``: as ``evaluate``'s (default: the
+    circuit's own). Without ``create_graph`` by the top-down pass (flows.py); with it by
+    autograd, the flows then differentiable in the circuit's parameters."""
+    if not create_graph:
+        with torch.no_grad():
+            weights = [w.detach() for w in (circuit.weights() if weights is None else weights)]
+            p = circuit.evaluate(x, weights, leaf_grad=False, local=True)
+            return p, downward(circuit, p, weights, torch.ones_like(p.ll))[0]
     with torch.enable_grad():
-        if weights is None:
-            weights = circuit.weights()
-            weights = weights if create_graph else [w.detach() for w in weights]
-        p = circuit.evaluate(
-            x, weights, leaf_grad=create_graph, track=not create_graph, local=True
-        )
+        weights = circuit.weights() if weights is None else weights
+        p = circuit.evaluate(x, weights, local=True)
         inner = p.sums[1:]
-        f = torch.autograd.grad(p.ll.sum(), inner, create_graph=create_graph) if inner else ()
+        f = torch.autograd.grad(p.ll.sum(), inner, create_graph=True) if inner else ()
     return p, [torch.ones_like(p.ll), *f]
 
 
-def node_sums(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = False):
+def node_sums(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = False,
+              done=None):  # fmt: skip
     """Per sum level t: (Σ_x f_i(x)², Σ_x f_i(x)²·s_i(x)) of each node, summed over the batch
-    (shapes ``[]`` at the root, ``[R, 2^t, S]`` below)."""
-    p, f = flows(circuit, x, weights, create_graph)
+    (shapes ``[]`` at the root, ``[R, 2^t, S]`` below). ``done``: ``flows``' result, if made."""
+    p, f = done if done is not None else flows(circuit, x, weights, create_graph)
     out = []
     for t in range(circuit.depth):
         f2 = f[t].square()
@@ -80,22 +84,17 @@ def hessian_trace(model, batches, weights=None) -> float:
     return float(sum(trace_by_depth(model, batches, weights)))
 
 
-def edge_curvature(circuit: ProbabilisticCircuit, x, weights=None) -> list[torch.Tensor]:
+def edge_curvature(circuit: ProbabilisticCircuit, x, weights=None, done=None) -> list:
     """Per level, shaped like its weights: h_ij = Σ_x (∂log p(x)/∂w_ij)², summed over the batch
-    (−H's diagonal times the batch size; f_i(x)² (c_j(x)/p_i(x))² per example)."""
-    p, f = flows(circuit, x, weights)
-    out = []
-    for t in range(circuit.depth):
-        prod = (p.left[t].unsqueeze(-1) + p.right[t].unsqueeze(-2)).flatten(-2)
-        if t == 0:
-            prod, parent, f2 = prod.reshape(len(x), -1), p.ll, f[0].square()
-            top = 2 * prod.amax(-1, keepdim=True)
-            scale = f2.unsqueeze(-1) * torch.exp(top - 2 * parent.unsqueeze(-1))
-            out.append((scale * torch.exp(2 * prod - top)).sum(0))
-            continue
-        top = 2 * prod.amax(-1, keepdim=True)  # [B, R, G, 1]: exp(2c − top) <= 1
-        scale = f[t].square() * torch.exp(top - 2 * p.sums[t])
-        out.append(torch.einsum("brgs,brgk->rgsk", scale, torch.exp(2 * prod - top)))
+    (−H's diagonal times the batch size; f_i(x)² (c_j(x)/p_i(x))² per example). ``done``:
+    ``flows``' result, if made."""
+    p, f = done if done is not None else flows(circuit, x, weights)
+    products, shift = p.parts[0]  # shifted values: c/p = P·e^shift / e^ll at the root
+    root = (f[0].unsqueeze(-1) * torch.exp(shift - p.ll.unsqueeze(-1))).square()  # [B, R]
+    out = [torch.einsum("br,brk->rk", root, products.square()).reshape(-1)]
+    for t in range(1, circuit.depth):
+        products, mixed = p.parts[t]  # c/p = P/mixed below the root
+        out.append(torch.einsum("brgs,brgk->rgsk", (f[t] / mixed).square(), products.square()))
     return [e.detach() for e in out]
 
 

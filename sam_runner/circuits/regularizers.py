@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .circuit import circuit_of
-from .curvature import edge_curvature, node_sums
+from .curvature import edge_curvature, flows, node_sums
 
 FLOW_FLOOR = 1e-12  # φ_i below this (a node no example reaches) is taken as this
 
@@ -56,13 +56,14 @@ class CircuitRegularizer:
     def pseudo_counts(self, model, x) -> list[torch.Tensor]:
         """β of each sum level on the batch x (shaped like its weights): 2λκ_i h_ij."""
         circuit = circuit_of(model)
-        edges = edge_curvature(circuit, x)
+        done = flows(circuit, x)  # one forward and top-down pass for both
+        edges = edge_curvature(circuit, x, done=done)
         if not self.adaptive:
             return [2 * self.weight * h / len(x) for h in edges]
-        flows = [f for f, _ in node_sums(circuit, x)]
+        node_flows = [f for f, _ in node_sums(circuit, x, done=done)]
         return [
             2 * self.weight * h / f.clamp_min(FLOW_FLOOR * len(x)).unsqueeze(-1)
-            for h, f in zip(edges, flows)
+            for h, f in zip(edges, node_flows)
         ]
 
     def add(self, loss, model, x, out, share):

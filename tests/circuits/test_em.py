@@ -150,3 +150,14 @@ def test_the_adaptive_penalty_is_the_sum_of_the_nodes_local_terms():
     nodes = node_curvature(pc, [x])
     want = sum(float((t / f).sum()) for f, t in nodes)
     assert CircuitRegularizer(1.0, True).penalty(pc, x).item() == pytest.approx(want, rel=1e-12)
+
+
+def test_under_em_the_logits_gradient_is_still_autograds():
+    pc, x = circuit_and_data(3)
+    loss = -pc(x).mean()
+    want = torch.autograd.grad(loss, list(pc.parameters()))
+    EM(pc.parameters(), lr=0.5)  # the circuit's statistics now come from its top-down pass
+    (-pc(x).mean()).backward()
+    for p, g in zip(pc.parameters(), want):
+        assert torch.allclose(p.grad, g, rtol=1e-10, atol=1e-14)
+        assert p.em_grad is not None
