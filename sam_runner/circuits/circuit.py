@@ -180,6 +180,13 @@ class ProbabilisticCircuit(nn.Module):
         """``[R, D, U, K]``: each leaf distribution's log-probabilities."""
         return _log_normalised(self.leaf_logits)
 
+    def curvature_view(self) -> nn.Module:
+        """What the runner's curvature measurements differentiate: the sum weights themselves
+        (``curvature.WeightView``), the coordinates of the exact trace."""
+        from .curvature import WeightView
+
+        return WeightView(self)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         em = getattr(self.sum_logits[0], "em_driven", False)
         if em and torch.is_grad_enabled() and self.sum_logits[0].requires_grad:

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import torch
 
+from ..part import Part, PassInputs
 from .circuit import circuit_of
 from .curvature import edge_curvature, flows, node_sums
 
 FLOW_FLOOR = 1e-12  # φ_i below this (a node no example reaches) is taken as this
 
 
-class CircuitRegularizer:
+class CircuitRegularizer(Part):
     """weight·R(w) on a circuit; ``adaptive``: each node's term divided by its flow.
 
     Args:
@@ -66,7 +67,12 @@ class CircuitRegularizer:
             for h, f in zip(edges, node_flows)
         ]
 
+    def loss_term(self, objective, inputs: PassInputs):
+        return self.add(objective, inputs.model, inputs.inputs, inputs.logits, inputs.share)
+
     def add(self, loss, model, x, out, share):
+        """``loss`` with the term of the micro-batch x (a share ``share`` of the step's batch;
+        ``out`` its log-likelihoods): under EM the pseudo-counts are recorded instead."""
         circuit = circuit_of(model)
         if not out.requires_grad:  # a forward no gradient flows from
             return loss

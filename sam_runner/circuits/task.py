@@ -12,8 +12,7 @@ import math
 import torch
 
 from ..errors import UserError, require
-from .circuit import circuit_of
-from .curvature import WeightView, trace_by_depth
+from .curvature import trace_by_depth
 
 BINARIZABLE = ("digits", "mnist1d", "arrays")
 CIRCUIT_REGULARIZERS = ("pc_trace", "pc_adaptive")
@@ -64,6 +63,11 @@ def _check_circuit_run(cfg, loss, reg, binarize) -> None:
             f"(arrays are standardised too): {fix}")  # fmt: skip
     require(reg == "none" or reg in CIRCUIT_REGULARIZERS, f"regularizer={reg} does not apply "
             f"to model=pc; use {', '.join(CIRCUIT_REGULARIZERS)} or none")  # fmt: skip
+    averaging = cfg.trainer.get("weight_averaging", "none")
+    require(averaging in (None, "none"), f"trainer.weight_averaging={averaging} does not apply "
+            "to model=pc yet; set it to none")  # fmt: skip
+    fed = (cfg.get("federated") or {}).get("name", "none")
+    require(fed == "none", f"federated={fed} does not apply to model=pc; set it to none")
     for key in ("mixup_alpha", "cutmix_alpha", "label_noise", "val_split"):
         require(not d.get(key), f"dataset.{key}={d.get(key)} does not apply to model=pc "
                 "(density estimation); set it to 0")  # fmt: skip
@@ -71,7 +75,7 @@ def _check_circuit_run(cfg, loss, reg, binarize) -> None:
 
 def check_data(data, categories: int) -> None:
     """A circuit's data: every value an integer category in [0, categories)."""
-    for name, x in (("training", data.train_tensors[0]), ("test", _test_inputs(data))):
+    for name, x in (("training", data.train_tensors[0]), ("test", test_inputs(data))):
         ok = bool(((x == x.round()) & (x >= 0) & (x < categories)).all())
         if not ok:
             raise UserError(
@@ -80,55 +84,30 @@ def check_data(data, categories: int) -> None:
             )
 
 
-def _test_inputs(data) -> torch.Tensor:
+@torch.no_grad()
+def mean_log_likelihood(model, x: torch.Tensor) -> float:
+    """The mean log p(x) per example over the rows of x (in chunks)."""
+    return float(sum(model(c).sum() for c in x.split(EVAL_BATCH)) / len(x))
+
+
+def test_inputs(data) -> torch.Tensor:
+    """Every test input, in one tensor."""
     return torch.cat([x for x, *_ in data.test])
 
 
-class DensityTask:
-    """The evaluation keys of a circuit's run (train and test log-likelihood, bits per
-    dimension, the exact trace and its split by depth)."""
-
-    def __init__(self, cfg, data, model):
-        self.cfg, self.data, self.circuit = cfg, data, circuit_of(model)
-        check_data(data, self.circuit.categories)
-        n = int(cfg.metrics.get("hessian", {}).get("num_samples", 4096))
-        self.subset = data.train_subset(n, int(cfg.seed))[0]  # the curvature subset's inputs
-
-    @torch.no_grad()
-    def mean_ll(self, x: torch.Tensor) -> float:
-        self.circuit.eval()
-        return float(sum(self.circuit(c).sum() for c in x.split(EVAL_BATCH)) / len(x))
-
-    def log_values(self) -> dict:
-        train = self.mean_ll(self.data.train_tensors[0])
-        test = self.mean_ll(_test_inputs(self.data))
-        depth = trace_by_depth(self.circuit, self.subset.split(EVAL_BATCH))
-        self.circuit.train()
-        return {
-            "train_ll": train,
-            "test_ll": test,
-            "test_loss": -test,
-            "test_nll": -test,
-            "test_bpd": -test / (self.circuit.num_vars * math.log(2)),
-            "hessian_trace_exact": sum(depth),
-            **{f"hessian_trace_depth_{t}": v for t, v in enumerate(depth)},
-        }
-
-    @staticmethod
-    def summary_values(last: dict) -> dict:
-        keys = ("train_ll", "hessian_trace_exact")
-        out = {k: last[k] for k in keys if k in last}
-        out.update({k: v for k, v in last.items() if k.startswith("hessian_trace_depth_")})
-        return out
+def test_values(model, data, num_vars: int) -> dict:
+    """A density model's test keys: ``test_ll``, ``test_bpd``, ``test_loss`` = ``test_nll``."""
+    ll = mean_log_likelihood(model, test_inputs(data))
+    return {"test_ll": ll, "test_loss": -ll, "test_nll": -ll,
+            "test_bpd": -ll / (num_vars * math.log(2))}  # fmt: skip
 
 
-def density_task(cfg, data, model) -> DensityTask | None:
-    """The run's density task (None unless ``model=pc``)."""
-    return DensityTask(cfg, data, model) if circuit_of(model) is not None else None
-
-
-def curvature_model(model):
-    """What the run's curvature tracker measures: a circuit's weight view (the Hessian in the
-    sum weights, as ``hessian_trace_exact``), any other model itself."""
-    circuit = circuit_of(model)
-    return WeightView(circuit) if circuit is not None else model
+def train_values(circuit, data, subset: torch.Tensor) -> dict:
+    """``train_ll`` (the whole training split), the exact trace on ``subset`` and its shares by
+    depth."""
+    depth = trace_by_depth(circuit, subset.split(EVAL_BATCH))
+    return {
+        "train_ll": mean_log_likelihood(circuit, data.train_tensors[0]),
+        "hessian_trace_exact": sum(depth),
+        **{f"hessian_trace_depth_{t}": v for t, v in enumerate(depth)},
+    }
