@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import integer
+from .flows import downward, leaf_statistics
 
 MAX_UNITS = 256  # sum_units: a level holds R·2^t·S·U² weights
 MAX_REPETITIONS = 256
@@ -183,8 +184,6 @@ class ProbabilisticCircuit(nn.Module):
     def curvature_view(self) -> nn.Module:
         """What the runner's curvature measurements differentiate: the sum weights themselves
         (``curvature.WeightView``), the coordinates of the exact trace."""
-        from .curvature import WeightView
-
         return WeightView(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -241,6 +240,31 @@ class ProbabilisticCircuit(nn.Module):
         return Pass(sums[0], lefts, rights, sums, locals_, parts)
 
 
+class WeightView(nn.Module):
+    """The circuit as a function of its sum weights: this module's parameters are the weights
+    themselves (the coordinates ``hessian_trace`` differentiates in; the leaves held fixed), so
+    that the generic estimators (Lanczos λ_max, Hutchinson's trace) measure the same Hessian.
+    ``train()``/``eval()`` copy the circuit's current weights in (a measurement switches the
+    mode first), so one view follows a training run."""
+
+    def __init__(self, circuit: "ProbabilisticCircuit"):
+        super().__init__()
+        object.__setattr__(self, "circuit", circuit)  # not a submodule: not this view's parameters
+        self.weights = nn.ParameterList(nn.Parameter(w.detach().clone()) for w in circuit.weights())
+
+    def sync(self) -> None:
+        with torch.no_grad():
+            for mine, w in zip(self.weights, self.circuit.weights()):
+                mine.copy_(w)
+
+    def train(self, mode: bool = True):
+        self.sync()
+        return super().train(mode)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.circuit.evaluate(x, list(self.weights), leaf_grad=False).ll
+
+
 class _EMLogLikelihood(torch.autograd.Function):
     """log p(x) whose backward is the top-down pass: the gradient of Σ_b g_b log p(x_b) at the
     normalised log-weights and leaf log-probabilities is Σ_b g_b n(x_b), the expected flows."""
@@ -254,8 +278,6 @@ class _EMLogLikelihood(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from .flows import downward, leaf_statistics
-
         _, stats, leaf_flows = downward(ctx.circuit, ctx.p, ctx.weights, grad)
         leaf = leaf_statistics(ctx.circuit, ctx.x, leaf_flows)
         ctx.p = ctx.weights = None

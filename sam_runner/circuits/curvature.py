@@ -18,10 +18,19 @@ trace costs about a forward and a backward of the sum layers.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from .circuit import ProbabilisticCircuit, circuit_of
+from .circuit import ProbabilisticCircuit, WeightView, circuit_of
 from .flows import downward
+
+__all__ = [
+    "WeightView",
+    "edge_curvature",
+    "flows",
+    "hessian_trace",
+    "node_curvature",
+    "node_sums",
+    "trace_by_depth",
+]
 
 
 def _inputs(batch) -> torch.Tensor:
@@ -96,28 +105,3 @@ def edge_curvature(circuit: ProbabilisticCircuit, x, weights=None, done=None) ->
         products, mixed = p.parts[t]  # c/p = P/mixed below the root
         out.append(torch.einsum("brgs,brgk->rgsk", (f[t] / mixed).square(), products.square()))
     return [e.detach() for e in out]
-
-
-class WeightView(nn.Module):
-    """The circuit as a function of its sum weights: this module's parameters are the weights
-    themselves (the coordinates ``hessian_trace`` differentiates in; the leaves held fixed), so
-    that the generic estimators (Lanczos λ_max, Hutchinson's trace) measure the same Hessian.
-    ``train()``/``eval()`` copy the circuit's current weights in (a measurement switches the
-    mode first), so one view follows a training run."""
-
-    def __init__(self, circuit: ProbabilisticCircuit):
-        super().__init__()
-        object.__setattr__(self, "circuit", circuit)  # not a submodule: not this view's parameters
-        self.weights = nn.ParameterList(nn.Parameter(w.detach().clone()) for w in circuit.weights())
-
-    def sync(self) -> None:
-        with torch.no_grad():
-            for mine, w in zip(self.weights, self.circuit.weights()):
-                mine.copy_(w)
-
-    def train(self, mode: bool = True):
-        self.sync()
-        return super().train(mode)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.circuit.evaluate(x, list(self.weights), leaf_grad=False).ll

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from .circuit import Pass, ProbabilisticCircuit
-
 
 def _children(t: torch.Tensor, products: torch.Tensor, units: int, dim: int) -> torch.Tensor:
     """The two child regions' unit flows from the product flows ``t ⊙ products`` [..., U²]."""
@@ -20,8 +18,9 @@ def _children(t: torch.Tensor, products: torch.Tensor, units: int, dim: int) -> 
     return torch.stack((tp.sum(-1), tp.sum(-2)), dim=dim)
 
 
-def downward(circuit: ProbabilisticCircuit, p: Pass, weights, root: torch.Tensor):
-    """(flows: the root's ``root`` and each level's ``[B, R, 2^t, S]``; edge statistics
+def downward(circuit, p, weights, root: torch.Tensor):
+    """A ``ProbabilisticCircuit``'s top-down pass over its ``Pass`` p at ``weights``: (flows:
+    the root's ``root`` and each level's ``[B, R, 2^t, S]``; edge statistics
     Σ_b root_b·n_ij(x_b) shaped as each level's weights; the leaf units' flows
     ``[B, R, 2^depth, U]``)."""
     n, reps, units = len(root), circuit.repetitions, circuit.sum_units
@@ -41,7 +40,7 @@ def downward(circuit: ProbabilisticCircuit, p: Pass, weights, root: torch.Tensor
     return flows, stats, child
 
 
-def leaf_statistics(circuit: ProbabilisticCircuit, x, leaf_flows) -> torch.Tensor:
+def leaf_statistics(circuit, x, leaf_flows) -> torch.Tensor:
     """``[R, D, U, K]``: Σ_b flow of leaf unit u of x_d's region · [x_d = k], the expected
     counts of each leaf distribution's categories."""
     n, k, parts = len(x), circuit.categories, 2**circuit.depth
