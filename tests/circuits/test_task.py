@@ -107,3 +107,19 @@ def test_what_a_circuit_cannot_take_is_one_line_and_exit_2(tmp_path, capsys, ove
     assert code == 2 and err.count("\n") == 1, err
     assert message in err
     assert not run.exists()
+
+
+def test_sam_eval_and_sam_landscape_say_in_one_line_that_a_circuit_is_not_theirs(tmp_path, capsys):
+    from sam_runner.evaluation.cli import main as eval_main
+    from sam_runner.landscape.cli import main as landscape_main
+
+    train(compose(*PC, *EM, "trainer.epochs=1", "metrics.hessian.enabled=false"), tmp_path)
+    capsys.readouterr()
+    assert landscape_main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a probabilistic circuit's run (model=pc)" in err
+    assert not (tmp_path / "landscape").exists()
+    eval_main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "sam-eval measures classifiers" in err
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
