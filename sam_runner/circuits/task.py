@@ -63,6 +63,13 @@ def _check_circuit_run(cfg, loss, reg, binarize) -> None:
             f"(arrays are standardised too): {fix}")  # fmt: skip
     require(reg == "none" or reg in CIRCUIT_REGULARIZERS, f"regularizer={reg} does not apply "
             f"to model=pc; use {', '.join(CIRCUIT_REGULARIZERS)} or none")  # fmt: skip
+    precision = cfg.trainer.get("precision", "fp32")
+    require(precision == "fp32", f"trainer.precision={precision} does not apply to model=pc "
+            "(its log-space sums need float32); set trainer.precision=fp32")  # fmt: skip
+    devices = cfg.trainer.get("devices", 1)
+    require(cfg.base_optimizer.name != "em" or devices in (1, None), f"trainer.devices={devices} "
+            "does not apply to base_optimizer=em yet (its statistics are not all-reduced); "
+            "train on one process")  # fmt: skip
     averaging = cfg.trainer.get("weight_averaging", "none")
     require(averaging in (None, "none"), f"trainer.weight_averaging={averaging} does not apply "
             "to model=pc yet; set it to none")  # fmt: skip

@@ -94,6 +94,10 @@ def test_a_circuits_em_run_stopped_and_resumed_ends_like_an_uninterrupted_one(tm
          "trainer.loss=nll"),
         (["model=pc", "trainer.loss=nll", "dataset.binarize=true", "base_optimizer=em"],
          "base_optimizer=em takes optimizer=base, not optimizer=sam"),
+        ([*PC[:9], "trainer.precision=bf16"], "trainer.precision=bf16 does not apply to "
+         "model=pc"),
+        ([*PC[:9], *EM, "trainer.devices=2"], "trainer.devices=2 does not apply to "
+         "base_optimizer=em yet"),
         (["dataset=cifar10", "dataset.binarize=true"], "dataset.binarize is not a key of "
          "dataset=cifar10"),
         (["dataset=cifar10", "model=pc", "trainer.loss=nll"], "dataset=cifar10 is continuous "
