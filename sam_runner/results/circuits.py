@@ -6,7 +6,9 @@ run: those jobs are one row, ``none``. Present when a job holds ``hessian_trace_
 
 from __future__ import annotations
 
-from .sections import SECTIONS
+from pathlib import Path
+
+from .sections import SECTIONS, figure
 from .sweep import stats, stats_cell
 
 KEYS = ("test_bpd", "gap", "hessian_trace_exact", "lambda_max")
@@ -43,7 +45,25 @@ def circuit_rows(report) -> tuple[dict, int]:
     return dict(sorted(out.items())), depth
 
 
-@SECTIONS.register("circuits", "density, train–test gap and exact curvature by depth", order=46)
+STEM = "circuits"
+
+
+def write_circuits(report, out_dir: Path) -> list[Path]:
+    rows, depth = circuit_rows(report)
+    if not rows:
+        return []
+    from ..plots.circuits import plot_circuits
+    from ..plots.style import save_figure
+
+    return [save_figure(plot_circuits(rows, depth), out_dir, STEM, report.plot_format)]
+
+
+@SECTIONS.register(
+    "circuits",
+    "density, train–test gap and exact curvature by depth",
+    order=46,
+    files=write_circuits,
+)
 def circuits_section(report, _plots=None) -> list[str]:
     rows, depth = circuit_rows(report)
     if not rows:
@@ -61,6 +81,8 @@ def circuits_section(report, _plots=None) -> list[str]:
         cells += [stats_cell(r[f"hessian_trace_depth_{t}"]) for t in range(depth)]
         out.append("| " + " | ".join(cells) + " |")
     return out + [
+        "",
+        figure(f"{STEM}.{report.plot_format}"),
         "",
         "Mean ± std over seeds. test bpd: bits per dimension on the test set; train − test ll: "
         "the gap in mean log-likelihood per example (nats); tr H: the exact trace of the Hessian "

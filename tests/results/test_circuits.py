@@ -8,7 +8,7 @@ import json
 import pytest
 from results_helpers import train_sweep_job
 
-from sam_runner.results.circuits import circuit_rows, circuits_section
+from sam_runner.results.circuits import circuit_rows, circuits_section, write_circuits
 from sam_runner.results.report import build_report
 
 BASE = [
@@ -40,3 +40,6 @@ def test_the_section_has_a_row_per_setting_with_the_plain_run_once_a_seed(tmp_pa
     assert rows[("em", "pc_adaptive", 0.01)]["gap"]["mean"] == pytest.approx(gap, rel=1e-12)
     text = "\n".join(circuits_section(build_report(tmp_path)))
     assert "## Probabilistic circuits" in text and "| em | pc_adaptive | 0.01 | 1 |" in text
+    assert "![circuits](circuits.png)" in text
+    (path,) = write_circuits(build_report(tmp_path), tmp_path)
+    assert path.name == "circuits.png" and path.stat().st_size > 1000
