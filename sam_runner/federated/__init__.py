@@ -5,20 +5,8 @@ aggregates them (docs/federated.md). ``build_federation`` gives the run its ``fe
 
 from __future__ import annotations
 
-from ..registry import FEDERATED
 from .algorithms import Centralized, check
-
-
-def build_federation(cfg, data):
-    """The run's federation (None without one), its keys checked."""
-    check(cfg)
-    f = cfg.get("federated")
-    algorithm = FEDERATED.build("none" if f is None else f.get("name", "none"), f)
-    if not algorithm.enabled:
-        return None
-    from .rounds import Federation
-
-    return Federation(cfg, algorithm, data, cfg.seed)
+from .rounds import build_federation
 
 
 def check_part(cfg, where=None) -> None:

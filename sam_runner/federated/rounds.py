@@ -23,11 +23,12 @@ from ..data.loaders import FolderLoader, Shard, TensorLoader
 from ..errors import require
 from ..module_state import frozen_running_stats
 from ..part import Part
+from ..registry import FEDERATED
 from ..rundir import CLIENTS
 from ..runfiles import write_json
 from ..training.evaluation import EpochStats
 from ..training.loop import EpochLoop, Lengths
-from .algorithms import FedAvg
+from .algorithms import FedAvg, check
 from .measures import Observer
 from .split import histograms, skew, split_clients
 
@@ -235,10 +236,15 @@ class FederatedLoop(EpochLoop):
 Federation.loop_class = FederatedLoop
 
 
-def build_part(run) -> Federation | None:
-    """The run's federation (None without one)."""
-    from . import build_federation
+def build_federation(cfg, data) -> Federation | None:
+    """The run's federation (None without one), its keys checked."""
+    check(cfg)
+    f = cfg.get("federated")
+    algorithm = FEDERATED.build("none" if f is None else f.get("name", "none"), f)
+    return Federation(cfg, algorithm, data, cfg.seed) if algorithm.enabled else None
 
+
+def build_part(run) -> Federation | None:
     return build_federation(run.cfg, run.data)
 
 

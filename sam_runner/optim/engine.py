@@ -151,13 +151,10 @@ class SharpnessAware(torch.optim.Optimizer):
         self.descent_loss = None
         # running max of the first-pass ‖g‖ since the last log_values() (device tensor)
         self._grad_norm_max = None
-        self.model: torch.nn.Module | None = None
-        self.grad_scaler, self.clip_grad_norm = None, None
+        self.model, self.grad_scaler, self.clip_grad_norm, self._cache = None, None, None, {}
         self._bn: list[_BatchNorm] = []
-        self._cache: dict = {}
-        # hooks a training feature adds (federated algorithms): see add_perturbation_filter
-        self._perturbation_filters: list[Callable[[list, list], None]] = []
-        self._gradient_adjusters: list[Callable[[list, list], list]] = []
+        # a training feature's hooks (federated algorithms): add_perturbation_filter/_adjuster
+        self._perturbation_filters, self._gradient_adjusters = [], []
         if model is not None:
             self.bind(model=model)
 

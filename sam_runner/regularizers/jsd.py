@@ -1,9 +1,5 @@
-"""Training-objective regularizers (``regularizer=<name>``): a term added to each pass's loss.
-
-A regularizer is a run part (``sam_runner.part.Part``) whose ``loss_term`` adds its term to each
-micro-batch's objective, once per pass; ``none`` builds no part, so a run without a regularizer
-is unchanged bit for bit.
-"""
+"""``regularizer=jsd``: the α-skew Jensen–Shannon divergence between the predictions at θ and at a
+perturbed point (docs/regularizers.md)."""
 
 from __future__ import annotations
 
@@ -13,12 +9,11 @@ import math
 import torch
 from torch.func import functional_call
 
-from .circuits.regularizers import CircuitRegularizer
-from .errors import number, require
-from .losses import skew_jsd
-from .module_state import is_trainable
-from .part import Part, PassInputs
-from .registry import REGULARIZERS
+from ..errors import number, require
+from ..losses import skew_jsd
+from ..module_state import is_trainable
+from ..part import Part, PassInputs
+from ..registry import REGULARIZERS
 
 SPACES = ("parameter", "input")
 
@@ -86,47 +81,9 @@ def _keys(cfg) -> tuple:
     return alpha, weight, space, radius, detach
 
 
-@REGULARIZERS.register("none", "the training loss alone")
-def none(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
-    return None  # no term, no part
-
-
 @REGULARIZERS.register("jsd", "+ weight·JSD_α(p(x; θ) ‖ p(x̃; θ̃)), θ or x perturbed")
 def jsd(cfg, autocast=None):
     alpha, weight, space, radius, detach = _keys(cfg)
     if weight == 0:
         return None  # nothing added: the plain run exactly, without the extra forward
     return SkewJSD(alpha, weight, space, radius, autocast, detach)
-
-
-def _circuit_weight(cfg) -> float:
-    return number("regularizer.weight", cfg.get("weight", 0.01), "a finite number >= 0",
-                  lambda w: 0 <= w < math.inf)  # fmt: skip
-
-
-@REGULARIZERS.register("pc_trace", "+ weight·(−tr H) of a circuit (model=pc), H in the sum weights")
-def pc_trace(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
-    weight = _circuit_weight(cfg)
-    return CircuitRegularizer(weight, adaptive=False) if weight else None
-
-
-@REGULARIZERS.register("pc_adaptive", "+ weight·Σ each sum node's local curvature (model=pc)")
-def pc_adaptive(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
-    weight = _circuit_weight(cfg)
-    return CircuitRegularizer(weight, adaptive=True) if weight else None
-
-
-def build_regularizer(cfg, autocast=None) -> Part | None:
-    """The regularizer ``cfg`` (the ``regularizer`` group; absent: none) names, keys checked;
-    None when it adds nothing."""
-    if cfg is None:
-        return None
-    return REGULARIZERS.build(cfg.get("name", "none"), cfg, autocast)
-
-
-def build_part(run) -> Part | None:
-    return build_regularizer(run.cfg.get("regularizer"), run.loop.autocast)
-
-
-def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
-    build_regularizer(cfg.get("regularizer"))
