@@ -68,6 +68,22 @@ def mse(label_smoothing: float = 0.0):
     return per_sequence(loss)
 
 
+@LOSSES.register(
+    "nll", "−log p(x) per example of a density model (model=pc; the labels are not read)"
+)
+def nll(label_smoothing: float = 0.0):
+    require(
+        label_smoothing == 0,
+        f"trainer.label_smoothing={label_smoothing} does not apply to trainer.loss=nll "
+        "(no labels); set it to 0",
+    )
+
+    def loss(log_likelihood, _targets):
+        return -log_likelihood.float()
+
+    return loss
+
+
 def target_vectors(targets, logits):
     """One-hot vectors of integer labels; soft targets (N, classes) as they are."""
     if targets.is_floating_point():

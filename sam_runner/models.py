@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .circuits.circuit import ProbabilisticCircuit
 from .errors import UserError, integer, number, one_line, require
 from .registry import MODELS
 from .rundir import AVERAGED, CHECKPOINT
@@ -248,6 +249,25 @@ def mlp(cfg, input_shape, num_classes):
         f"model.hidden={list(hidden)} must be a list of layer widths >= 1, e.g. [256,256]",
     )
     return MLP(n, num_classes, hidden, _activation(cfg))
+
+
+@MODELS.register(
+    "pc",
+    "a probabilistic circuit over discrete variables (model.depth, model.sum_units, "
+    "model.repetitions): log p(x) per example, trainer.loss=nll",
+    inputs=None,
+)
+def pc(cfg, input_shape, num_classes):  # noqa: ARG001 (a density model has no classes)
+    n = 1
+    for d in input_shape:
+        n *= d
+    return ProbabilisticCircuit(
+        n,
+        categories=cfg.get("categories", 2),
+        depth=cfg.get("depth", 3),
+        sum_units=cfg.get("sum_units", 8),
+        repetitions=cfg.get("repetitions", 4),
+    )
 
 
 def _activation(cfg) -> str:

@@ -181,10 +181,11 @@ class Progress:
         parts = [
             f"epoch {row['epoch']}/{self.epochs}",
             f"train_loss {row['train_loss']:.4f}",
-            f"train_acc {row['train_acc']:.4f}",
-            f"test_acc {row['test_acc']:.4f}",
-            f"test_ece {row['test_ece']:.4f}",
         ]
+        # a classifier's accuracy and ECE; a density model's log-likelihoods (model=pc)
+        for key in ("train_acc", "test_acc", "test_ece", "train_ll", "test_ll", "test_bpd"):
+            if isinstance(row.get(key), (int, float)):
+                parts.append(f"{key} {row[key]:.4f}")
         if row.get("lambda_max") is not None:
             parts.append(f"lambda_max {row['lambda_max']:{LAMBDA}}")
         for key in ("avg_test_acc", "avg_test_ece"):  # the averaged weights (SWA, EMA)
@@ -209,11 +210,19 @@ def _fmt(v, spec):
 def print_final(summary: dict, run_dir, already: bool = False) -> None:
     status = summary.get("status", "?")
     head = f"already {status}" if already else status  # completed, or pruned in a search
-    line = (
-        f"{head}: test_acc={_fmt(summary.get('test_acc'), '.4f')} "
-        f"test_ece={_fmt(summary.get('test_ece'), '.4f')} "
-        f"lambda_max={_fmt(summary.get('lambda_max'), LAMBDA)}"
-    )
+    if summary.get("test_bpd") is not None:  # a density model (model=pc)
+        line = (
+            f"{head}: test_ll={_fmt(summary.get('test_ll'), '.4f')} "
+            f"test_bpd={_fmt(summary.get('test_bpd'), '.4f')} "
+            f"hessian_trace_exact={_fmt(summary.get('hessian_trace_exact'), LAMBDA)} "
+            f"lambda_max={_fmt(summary.get('lambda_max'), LAMBDA)}"
+        )
+    else:
+        line = (
+            f"{head}: test_acc={_fmt(summary.get('test_acc'), '.4f')} "
+            f"test_ece={_fmt(summary.get('test_ece'), '.4f')} "
+            f"lambda_max={_fmt(summary.get('lambda_max'), LAMBDA)}"
+        )
     if summary.get("avg_test_acc") is not None:  # the averaged weights (SWA, EMA)
         line += (
             f" avg_test_acc={_fmt(summary.get('avg_test_acc'), '.4f')} "

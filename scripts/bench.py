@@ -36,6 +36,7 @@ SECTIONS = [
     "lm",
     "plan",
     "memory",
+    "circuits",
 ]
 
 

@@ -75,3 +75,20 @@ def test_bad_arrays_are_one_line_exit_2(tmp_path, capsys, arrays, word):
 def test_a_missing_label_column_is_named(tmp_path, capsys):
     (tmp_path / "d.csv").write_text("a,b\n1,2\n3,4\n")
     _fails(tmp_path, capsys, tmp_path / "d.csv", "dataset.label_column=cls", word="'cls'")
+
+
+def test_binary_arrays_come_back_exactly_when_binarized_and_a_circuit_trains_on_them(tmp_path):
+    rng = np.random.default_rng(1)
+    x = (rng.random((60, 12)) < np.linspace(0.2, 0.8, 12)).astype(np.float32)
+    x_test = (rng.random((20, 12)) < 0.5).astype(np.float32)
+    y, y_test = np.arange(60) % 2, np.arange(20) % 2
+    np.savez(tmp_path / "bits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
+    pc = [f"dataset.path={tmp_path / 'bits.npz'}", "dataset.binarize=true", "model=pc",
+          "model.depth=2", "model.sum_units=2", "model.repetitions=1", "trainer.loss=nll",
+          "dataset.batch_size=20", "trainer.epochs=1", "trainer.progress=none"]  # fmt: skip
+    data = build_data(compose("dataset=arrays", *pc).dataset, torch.device("cpu"), 0)
+    train_x, test_x = data.train_tensors[0], torch.cat([b for b, *_ in data.test])
+    assert torch.equal(train_x.reshape(60, 12), torch.as_tensor(x))  # 0/1 back exactly
+    assert torch.equal(test_x.reshape(20, 12), torch.as_tensor(x_test))
+    summary = train(compose("dataset=arrays", *pc), tmp_path / "run")
+    assert summary["status"] == "completed" and 0 < summary["test_bpd"] < 2

@@ -46,6 +46,7 @@ STUDIES = [
     "federated_sam",
     "optimizer_consistency",
     "peft_flatness",
+    "pc_sharpness",
 ]
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
@@ -118,6 +119,9 @@ EXPECTED = {
     # one pretrained mlp and GPT; LoRA on the mlp, a prompt on the GPT, by 4 variants x seeds
     "peft_flatness": (26, "mlp gpt", "mnist1d text", "base sam flatpo sample"),
     "peft_flatness_mini": (18, "mlp gpt", "mnist1d text", "base sam flatpo sample"),
+    # dataset x train_subset x {em, adamw} x {pc_trace, pc_adaptive} x weight x seed
+    "pc_sharpness": (192, "pc", "digits mnist1d", "base"),
+    "pc_sharpness_mini": (24, "pc", "digits", "base"),
 }
 
 

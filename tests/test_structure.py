@@ -119,7 +119,7 @@ FLOORS = (
     {"errors", "settings", "rundir", "runfiles", "registry", "clock", "paths", "lock", "progress"}
     | {"module_state", "distributed", "cli_words", "help", "interrupts", "part"},
     {"data", "models", "optim", "metrics", "losses", "samplers", "schedulers", "averaging"}
-    | {"regularizers", "weight_decay", "distill", "adapters"}
+    | {"regularizers", "weight_decay", "distill", "adapters", "circuits"}
     | {"loggers", "provenance", "plots"},
     {"validate", "train", "training", "rebuild", "federated"},
     {"sweep", "preflight", "jobarray", "command_config"},

@@ -7,11 +7,11 @@ through a ``TensorLoader``; image folders go through a torchvision DataLoader wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..errors import integer, number
+from ..errors import integer, number, require
 from ..registry import DATASETS
 from .augment import tensor_policy
 from .augment import validate as validate_augment
@@ -129,9 +129,22 @@ def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
     return tensor_data(entry.target(cfg), cfg, device, seed, rank, world)
 
 
+def binarized(a: Arrays) -> Arrays:
+    """``dataset.binarize``: each feature 1 where it exceeds its mean over the training split,
+    else 0 (floats 0/1, both splits by the training means; discrete data for ``model=pc``)."""
+    require(
+        a.stats is None,
+        "dataset.binarize applies to sets of float features (digits, mnist1d, arrays)",
+    )
+    mean = a.x.float().mean(0, keepdim=True)
+    return replace(a, x=(a.x > mean).float(), x_test=(a.x_test > mean).float())
+
+
 def tensor_data(a: Arrays, cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
     """In-memory loaders over a source's arrays: the training labels as the study sets them, the
     tensors on the training device (no host-to-device copy per batch on a GPU)."""
+    if cfg.get("binarize", False):
+        a = binarized(a)
     pool, held = validation_split(a.y, a.num_classes, cfg.get("val_split", 0), seed)
     keep, y, counts = training_labels(cfg, a.y, a.num_classes, seed, world, pool)
     x, n = a.x[keep], len(y)

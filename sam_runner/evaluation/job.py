@@ -35,7 +35,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from torch import nn
 
-from ..errors import one_line
+from ..errors import one_line, require
 from ..lock import held_by, job_lock
 from ..metrics.sharpness_dim import step_for
 from ..rebuild import load
@@ -89,6 +89,11 @@ def measure(job_dir: Path, settings: dict) -> dict:
     metrics = OmegaConf.create(settings["metrics"])
     device = distributed.resolve_device(str(settings["trainer"]["device"]))
     say = phase_lines(job_dir, settings)
+    require(  # a density model has no accuracy: its measures are logged in training
+        RunDir(job_dir).get("model.arch") != "pc",
+        "a probabilistic circuit's run (model=pc): sam-eval measures classifiers; its "
+        "train_ll, test_ll, test_bpd and hessian_trace_exact are in summary.json",
+    )
     run = load(RunDir(job_dir), device, weights_of(settings), "sam-eval", strict=True)
     cfg, data, model = run.cfg, run.data, run.model
     say("the training and test sets")

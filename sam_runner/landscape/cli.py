@@ -25,7 +25,7 @@ from .. import cli_words, command_config, interrupts
 from ..cli_words import say_version
 from ..errors import UserError, check_names, integer, number, require
 from ..jobarray import TasksFailed
-from ..rundir import CHECKPOINT, has_checkpoint, is_run
+from ..rundir import CHECKPOINT, RunDir, has_checkpoint, is_run
 from ..runfiles import read_json
 from .figures import draw_pair, draw_slices, slice_figures
 from .files import SUMMARY, connectivity_done, folder, pair_folder, slices_done
@@ -193,6 +193,13 @@ def run(path: Path, overrides: list[str], to: str | None = None, say=print) -> d
         "folder sam-run wrote",
     )
     cfg, given = compose(path, overrides, to)
+    for run_dir in (path, *([Path(to)] if to else [])):  # a density model has no accuracy
+        require(
+            RunDir(run_dir).get("model.arch") != "pc",
+            f"{run_dir} is a probabilistic circuit's run (model=pc): sam-landscape draws a "
+            "classifier's loss and accuracy; its curvature is in metrics.jsonl "
+            "(hessian_trace_exact)",
+        )
     opt = options(cfg, given, path)
     array = command_config.array_launcher(cfg)
     if array is not None:

@@ -1,6 +1,7 @@
 """Metrics: calibration, curvature and activation statistics (the public functions of the Python
 API live here)."""
 
+from ..circuits.curvature import hessian_trace as pc_hessian_trace
 from .calibration import (
     adaptive_calibration_error,
     brier_score,
@@ -39,4 +40,5 @@ __all__ = [
     "quantize_weights",
     "complexity_measures",
     "input_grad_norm",
+    "pc_hessian_trace",
 ]

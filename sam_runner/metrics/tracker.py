@@ -430,8 +430,10 @@ class CurvaturePart(Part):
     def __init__(self, run):
         self.run = run
         loss = mean_loss(run.cfg.trainer.get("loss", "cross_entropy"))
+        # a model may name what its Hessian is of (a circuit: its sum weights, a WeightView)
+        model = getattr(run.model, "curvature_view", lambda: run.model)()
         self.tracker = CurvatureTracker(
-            run.cfg.metrics, run.model, run.data, run.optimizer, run.cfg.seed, run.clock, loss
+            run.cfg.metrics, model, run.data, run.optimizer, run.cfg.seed, run.clock, loss
         )
 
     def start(self, resumed: bool) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..circuits.em import EM
 from ..errors import number, require
 from ..registry import BASE_OPTIMIZERS
 from .lion import KS, Lion, LionK
@@ -80,3 +81,17 @@ def lion_k(cfg):
         lambda d: 0 < d < math.inf,
     )  # fmt: skip
     return LionK, dict(**common_kwargs(cfg), betas=_betas(cfg, (0.9, 0.99)), k=k, delta=delta)
+
+
+@BASE_OPTIMIZERS.register(
+    "em", "mini-batch EM on a circuit's weights (model=pc; lr: the step size)"
+)
+def em(cfg):
+    lr = number("base_optimizer.lr", cfg.lr, "a step size in (0, 1]", lambda v: 0 < v <= 1)
+    alpha = number(
+        "base_optimizer.pseudocount",
+        cfg.get("pseudocount", 0.0),
+        "a number >= 0",
+        lambda v: 0 <= v < math.inf,
+    )
+    return EM, dict(lr=lr, pseudocount=alpha)

@@ -63,9 +63,10 @@ def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
         holder = held_by(d, "train") if status == "incomplete" else None
         if holder:  # another process (an identical sweep) is training it: not a failure here
             status, summary = "running", {**summary, "error": f"trained by {holder}"}
-        acc = summary.get("test_acc")
+        key = "test_bpd" if "test_bpd" in summary else "test_acc"  # a density model's bits
+        acc = summary.get(key)
         acc = f"{acc:.4f}" if isinstance(acc, (int, float)) else "-"
-        line = f"#{num:<3} {status:<10} test_acc={acc:<7} {varying or f'({label})'}"
+        line = f"#{num:<3} {status:<10} {key}={acc:<7} {varying or f'({label})'}"
         if summary.get("error"):
             line += f"  [{summary['error']}]"
         lines.append(line)

@@ -39,9 +39,10 @@ class EpochLoop:
     lengths = staticmethod(epoch_lengths)
 
     def say_notes(self) -> None:
-        r = self.run
-        if r.dist.is_main:
-            say_if_every_epoch_is_evaluated(self.eval_every_steps, self.steps_per_epoch, r.clock)
+        if self.run.dist.is_main:
+            say_if_every_epoch_is_evaluated(
+                self.eval_every_steps, self.steps_per_epoch, self.run.clock
+            )
 
     def evaluating(self, net) -> None:
         r = self.run
@@ -102,8 +103,7 @@ class EpochLoop:
         return self.end_training_pass(stats, started)
 
     def optimizer_step(self, x, y, idx, stats: EpochStats, schedule: bool = True):
-        """One optimizer step on a batch, counted on the clock and in ``stats``; returns its loss
-        (``schedule=False``: the learning rate's schedule is stepped by the caller)."""
+        """One optimizer step, counted in ``stats``; its loss (``schedule``: step the lr too)."""
         r = self.run
         x, target = r.parts.batch(x, y, r.clock.step)
         micro = micro_batches(self.accumulate, x, target, y, idx)
@@ -118,8 +118,7 @@ class EpochLoop:
         return loss
 
     def forward_backward(self, micro, counts: dict):
-        """The optimizer's closure: zero the gradients, forward and backward over the step's
-        micro-batches (the rows the pass keeps); returns the step's loss."""
+        """The closure: zero the grads, forward and backward over the micro-batches' kept rows."""
         r, opt, parts = self.run, self.run.optimizer, self.run.parts
         opt.zero_grad(set_to_none=True)
         total = torch.zeros((), device=r.device)
@@ -139,8 +138,12 @@ class EpochLoop:
             total += loss.detach()
             parts.call("observe", opt.pass_index, im, ym, per_sample.detach())
             if opt.pass_index == 0:
-                count_correct(out.detach(), ym, counts)
+                self.count(out.detach(), ym, counts)
         return total
+
+    def count(self, out, labels, counts: dict) -> None:
+        """The first pass's right predictions and targets (a density loop counts none)."""
+        count_correct(out, labels, counts)
 
     def end_training_pass(self, stats: EpochStats, started: float) -> bool:
         """The pass's loss and accuracy; False, the run diverged, when a loss was not finite."""
@@ -157,8 +160,8 @@ class EpochLoop:
         return True
 
     def evaluation_due(self) -> bool:
-        """The last epoch, and every ``eval_every_n_epochs``-th; or, with
-        ``eval_every_n_steps``, the first epoch end that many steps after the last evaluation."""
+        """The last epoch and every ``eval_every_n_epochs``-th, or the first epoch end
+        ``eval_every_n_steps`` after the last evaluation."""
         clock = self.run.clock
         if clock.final:
             return True
@@ -183,8 +186,7 @@ class EpochLoop:
         r.save()
         r.record.progress.epoch_line(row)
 
-    def epoch_keys(self) -> dict:
-        """Keys that say where a line stands beside epoch and step (a round, in a sibling)."""
+    def epoch_keys(self) -> dict:  # where a line stands beside epoch and step (a round)
         return {}
 
     def stop_requested(self) -> bool:

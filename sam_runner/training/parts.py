@@ -19,7 +19,7 @@ from ..data import augment
 from ..federated import rounds
 from ..metrics import robustness, tracker
 from ..part import Part, PartBuilder, PartCheck
-from . import pruning
+from . import density, pruning
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class Where:
 
 
 FEATURES: tuple[Feature, ...] = (
+    Feature("model=pc (density estimation)", density.build_part, density.check, early=True),
     Feature("model.init_from", adapters.build_pretrained, adapters.check_pretrained, early=True),
     Feature("model.peft", adapters.build_part, adapters.check, early=True),
     Feature("trainer.distill", distill.build_part, distill.check),

@@ -176,7 +176,8 @@ class Run:
                 self.loop.resume_point, record.evaluated = at, (0, at["evaluated_step"])
             # the checkpoint's evaluation line: a run resumed at its end finishes from it
             lines = [r for r in record.log.rows() if r.get("step") == clock.step]
-            record.last = next((r for r in reversed(lines) if "test_acc" in r), {})
+            # an evaluation line (a classifier's or a density model's): it has the test loss
+            record.last = next((r for r in reversed(lines) if "test_loss" in r), {})
         if self.dist.is_main:
             record.log.truncate_after(clock.step)  # lines past the checkpoint are redone
         record.logger.start()

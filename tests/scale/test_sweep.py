@@ -352,3 +352,12 @@ def test_sweep_lines_report_and_sam_report_count_the_same_jobs(tmp_path, capsys)
     lines, failed = report(tmp_path)
     assert len(lines) == 3 and len(failed) == 2
     assert len(build_report(tmp_path).jobs) == 3
+
+
+def test_a_density_models_report_line_gives_its_bits_per_dimension(tmp_path):
+    write_json(
+        tmp_path / "0" / "summary.json",
+        {"status": "completed", "test_bpd": 0.6755, "test_ll": -29.9, "overrides": ["s=0"]},
+    )
+    lines, _ = report(tmp_path, n_jobs=1)
+    assert lines[0].split() == ["#0", "completed", "test_bpd=0.6755", "s=0"]
