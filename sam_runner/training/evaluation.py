@@ -29,7 +29,7 @@ class EpochStats:
         self.dist = dist
         self.loss_sum = torch.zeros((), device=device)
         self.correct = torch.zeros((), device=device)
-        self.seen = 0
+        self.seen, self.batches = 0, 0  # samples and batches of the epoch so far
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
 
     def add(self, loss, correct, n: int, step: int) -> None:
@@ -39,16 +39,18 @@ class EpochStats:
         self.loss_sum += loss.detach() * n
         self.correct += correct
         self.seen += n
+        self.batches += 1
 
     def state_dict(self) -> dict:
         """The epoch's sums so far (a checkpoint within the epoch)."""
-        keys = ("loss_sum", "correct", "seen", "first_bad")
+        keys = ("loss_sum", "correct", "seen", "first_bad", "batches")
         return {k: v.cpu() if torch.is_tensor(v) else v for k, v in vars(self).items() if k in keys}
 
     def load_state_dict(self, state: dict) -> None:
         device = self.loss_sum.device
         self.loss_sum, self.correct = state["loss_sum"].to(device), state["correct"].to(device)
         self.seen, self.first_bad = int(state["seen"]), state["first_bad"].to(device)
+        self.batches = int(state["batches"])
 
     def diverged_at(self) -> int | None:
         """The first non-finite step of any process, or None (an all-reduce: every process

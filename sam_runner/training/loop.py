@@ -76,14 +76,13 @@ class EpochLoop:
         at, self.resume_point = self.resume_point, None
         started = self.begin_epoch(fresh=at is None)
         r.data.train.set_epoch(clock.epoch)
-        stats, done = EpochStats(r.device, r.dist), 0
+        stats = EpochStats(r.device, r.dist)
         if at is not None:  # the epoch's batches up to the checkpoint are drawn, not trained
             stats.load_state_dict(at["stats"])
-            done, clock.train_time = at["batches"], at["train_time"]
-        bar = r.record.progress.epoch_bar(clock.epoch, done)
-        for x, y, idx in itertools.islice(r.data.train, done, None):
+            clock.train_time = at["train_time"]
+        bar = r.record.progress.epoch_bar(clock.epoch, stats.batches)
+        for x, y, idx in itertools.islice(r.data.train, stats.batches, None):
             loss = self.optimizer_step(x, y, idx, stats)
-            done += 1
             r.parts.call("after_step", clock.step)
             bar.update(stats.loss_sum, stats.correct, stats.seen)
             measured = r.parts.merged("measure_values")
@@ -95,7 +94,7 @@ class EpochLoop:
                 break  # all processes stop together
             if self.checkpoint_every and clock.step % self.checkpoint_every == 0:
                 train_time = clock.train_time + time.perf_counter() - started
-                r.save({"batches": done, "stats": stats.state_dict(), "train_time": train_time,
+                r.save({"stats": stats.state_dict(), "train_time": train_time,
                         "evaluated_step": r.record.evaluated_step})  # fmt: skip
             if clock.step >= clock.total_steps:  # the step budget is spent
                 break

@@ -59,7 +59,7 @@ def test_a_run_stopped_mid_epoch_resumes_from_its_step_checkpoint_exactly(
         train(compose(*steps), tmp_path / "run", [])
     assert "the checkpoint holds epoch 2 (step 8)" in str(stop.value)
     saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
-    assert saved["clock"]["step"] == 8 and saved["epoch_progress"]["batches"] == 2
+    assert saved["clock"]["step"] == 8 and saved["epoch_progress"]["stats"]["batches"] == 2
     monkeypatch.setattr(EpochLoop, "optimizer_step", step)
     summary = train(compose(*steps), tmp_path / "run", [])
     assert summary["status"] == "completed"
