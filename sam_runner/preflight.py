@@ -365,6 +365,7 @@ def _check_composed(args, job: list[str], cfg, notes: dict) -> str | None:
     read = stages.current is not None or not args.multirun
     validate_config(cfg, stages.resolve(cfg, job, root, read))
     objective.validate(cfg)
+    objective.require_logged(cfg)  # a key no run of it logs: before it trains
     notes.update(dict.fromkeys(warnings(cfg) + ignored_options(job, cfg)))
     notes.update(dict.fromkeys(idle_settings(job, cfg, args.multirun)))
     return None
