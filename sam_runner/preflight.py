@@ -421,7 +421,13 @@ def _sweep_values(overrides: list[str]) -> str | None:
     for o in hydra_api.overrides_parser().parse_overrides(list(overrides)):
         if not (o.is_sweep_override() and o.is_discrete_sweep()):
             continue
-        values = list(o.sweep_string_iterator())
+        try:
+            values = list(o.sweep_string_iterator())
+        except ValueError as e:  # range(0,3,0): Python's range refuses a zero step
+            return (
+                f"{o.input_line} is not a sweep ({first_line(str(e))}); give "
+                "range(start,stop,step) with a step other than 0"
+            )
         if not values:
             return f"{o.input_line} sweeps no value; give at least one ({o.get_key_element()}=a,b)"
         seen: set[str] = set()  # a set: a sweep of 100,000 values is checked in a blink
@@ -570,6 +576,11 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
             f"{given['experiment']} is a sweep ({swept}): without -m one run trains, with the "
             "preset's other settings; add -m to run the sweep"
         )
+    if not multirun and "hparams_search" in given:
+        out.append(
+            f"{given['hparams_search']} is a search: without -m one run trains with the settings "
+            "as given and nothing is searched; add -m to run the search"
+        )
     return out
 
 
@@ -637,7 +648,15 @@ def _composition_error(e, job) -> str:
     bad = re.match(r"Could not override '([^']+)'", str(e))
     if bad and isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)):
         return _unknown_key(bad.group(1), job)
-    return first_line(str(e.__cause__ or e))
+    text = str(e.__cause__ or e)
+    ambiguous = re.match(r"Ambiguous value for argument '(([^'=]+)=[^']*)'", text)
+    if ambiguous:  # Hydra's hint to add --multirun is on its later lines: kept in the one
+        line, key = ambiguous.groups()
+        return (
+            f"{line} lists several values: to sweep over them, add -m (--multirun); for a list, "
+            f"{key}=[...]; for a string, quote it"
+        )
+    return first_line(text)
 
 
 def _added_keys(job: list[str]) -> str | None:

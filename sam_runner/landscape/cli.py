@@ -144,6 +144,13 @@ def _check_values(ls) -> dict:
         "a finite number > 0",
         lambda r: math.isfinite(r) and r > 0,
     )
+    reach = max(-out["span"][0], out["span"][1])
+    require(
+        out["fit_radius"] < reach,
+        f"landscape.fit_radius={ls.fit_radius} reaches the slice's ends (landscape.span="
+        f"[{out['span'][0]:g}, {out['span'][1]:g}]), so the fit would take the whole slice; give "
+        f"a radius below {reach:g}",
+    )
     require(
         isinstance(ls.include_bias_bn, bool),
         f"landscape.include_bias_bn={ls.include_bias_bn!r} must be true or false",

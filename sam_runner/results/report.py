@@ -29,6 +29,7 @@ import argparse
 import csv
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -207,6 +208,11 @@ def build(args) -> Report:
     )
     require(args.where is None or args.db, "--where filters a database: add --db FILE")
     require(
+        args.db is None or args.db.is_file(),
+        f"--db {args.db} does not exist; index folders into it first: sam-index PATH --db "
+        f"{args.db}",
+    )
+    require(
         args.out is not None or (len(args.folders) == 1 and not args.db),
         "a report of several folders or of a database needs --out FOLDER (where to write it)",
     )
@@ -270,15 +276,31 @@ def _name(run_dir: Path, source: Path) -> str:
 
 
 SETTINGS = ("plots.format",)  # key=value words among the folders: the figures' file format
+VALUE_OPTIONS = ("--metric", "--ignore", "--db", "--where", "--out")
+EVAL_SETTINGS = ("metrics", "eval", "weights")  # sam-eval's words, given to sam-report by mistake
 
 
 def split_settings(argv: list[str]) -> tuple[list[str], dict]:
     """(the other words, {key: value} of the ``plots.KEY=VALUE`` words), the one grammar of the
     analysis commands (cli_words.py); an unknown ``plots.`` key is a one-line error."""
     rest, given = [], {}
-    for word in argv:
+    for i, word in enumerate(argv):
         key, _, value = word.partition("=")
         if not (key.startswith("plots.") and value):
+            # a setting of another command (sam-eval's metrics=full), not a folder, nor the value
+            # of an option (--where "status = 'completed'")
+            setting = re.fullmatch(r"[A-Za-z_][\w.]*=\S+", word) is not None
+            after_option = i > 0 and argv[i - 1] in VALUE_OPTIONS
+            other = setting and not after_option and not Path(word).exists()
+            require(
+                not other,
+                f"{word} is not a setting of sam-report, which takes {', '.join(SETTINGS)}"
+                + (
+                    f"; {key}= is sam-eval's: run sam-eval FOLDER {word}, then sam-report FOLDER"
+                    if key.split(".")[0] in EVAL_SETTINGS
+                    else ""
+                ),
+            )
             rest.append(word)
             continue
         require(key in SETTINGS, f"{key} is not a setting; sam-report takes {', '.join(SETTINGS)}")
