@@ -323,6 +323,14 @@ def _pair_line(run_a: Path, s: dict) -> str:
     return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']), weights)}/"
 
 
+def shown_default(value) -> str:
+    """A default as it is typed on the command line: ``[-1.0, 1.0]`` for a list (block YAML
+    printed ``- -1.0``), ``null``, ``51``."""
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True).splitlines()[0]
+
+
 def help_text() -> str:
     """The usage and every key of conf/landscape.yaml with the comment beside it."""
     import yaml
@@ -336,7 +344,7 @@ def help_text() -> str:
     for key, text in yaml_comments(conf).items():
         if not key.startswith("hydra."):
             section, leaf = key.split(".", 1)
-            keys[f"{key}={yaml.safe_dump(tree[section][leaf]).splitlines()[0]}"] = text
+            keys[f"{key}={shown_default(tree[section][leaf])}"] = text
     width = max(len(k) for k in keys) + 2
     lines = [__doc__.split("\n\n")[0], "", *__doc__.split("\n\n")[1].splitlines(), ""]
     lines += ["Overrides (KEY=VALUE after the folder; the defaults shown):"]
