@@ -569,6 +569,7 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
         out.append(f"{given['model.reset_head']} does nothing without model.init_from=RUN_DIR")
     out += _idle_augment(given.get("dataset.augment"), cfg) + _idle_eval_period(given, cfg)
     out += _idle_curvature_period(given, cfg)
+    out += never_acting(cfg)  # periods longer than the run (idle_periods.py)
     params = OmegaConf.select(cfg, "hydra.sweeper.params")
     if not multirun and params and "experiment" in given:
         swept = " ".join(f"{k}={v}" for k, v in params.items())
@@ -582,6 +583,12 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
             "as given and nothing is searched; add -m to run the search"
         )
     return out
+
+
+def never_acting(cfg) -> list[str]:
+    from .idle_periods import never_acting as periods
+
+    return periods(cfg)
 
 
 def _idle_augment(given: str | None, cfg) -> list[str]:
