@@ -6,16 +6,19 @@ missing. FOLDER is a sweep folder or a run folder; several make one report whose
 them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a results database
 (``sam-index``). Writes, into the (first) folder or ``--out``:
 
-- ``report.md``: the registered sections (``sections.py``), in order: the head, the measures
-  (measure_ranking.py), the corruption mCE (corruption.py), the runs table (runs_table.py), the edge
-  of stability (eos.py), the loss landscape (landscape.py), the jobs not completed, the figures,
+- ``report.md``: the registered sections (``sections.py``), in order: the head, the runs table
+  (runs_table.py: the sweep's own table leads), the measures (measure_ranking.py; a ranking of
+  fewer than 10 jobs after the analyses), the corruption mCE (corruption.py), the edge of
+  stability (eos.py), the loss landscape (landscape.py), the jobs not completed, the figures,
   one row per job, the notes; with several folders, the runs table says where each group came
-  from;
+  from; TLC-SAM's stability bound is shown (and explained under the table) where the sweep has
+  TLC-SAM jobs;
 - ``report.csv``: the runs table, one row per group, one column per statistic (and the columns
   sections add: the landscape's; ``from`` with several folders);
-- ``acc_vs_rho``, ``lambda_max_vs_rho`` (log scale, with the TLC-SAM stability bound where the
-  jobs logged what it needs), ``ece_vs_rho``, ``acc_vs_lambda_max``, ``compute`` (accuracy and
-  λ_max per gradient evaluation, compute.py), ``eos`` (each a .png, or
+- ``acc_vs_rho``, ``lambda_max_vs_rho`` (log scale, with TLC-SAM's stability bound where the
+  sweep has TLC-SAM jobs that logged what it needs), ``ece_vs_rho`` (variants at one ρ set apart
+  sideways), ``acc_vs_lambda_max``, ``compute`` (accuracy and λ_max per gradient evaluation,
+  where the groups' costs differ, compute.py), ``eos`` (each a .png, or
   .pdf or .svg with ``plots.format=``), and the files sections write (``measures.csv``,
   ``measures.<format>``).
 
@@ -90,7 +93,7 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
     from ..plots.compute import PANELS, plot_compute
     from ..plots.style import save_figure
     from ..plots.sweep import plot_acc_vs_lambda, plot_eos_traces, plot_metric_vs_rho
-    from .compute import compute_points, pareto_front
+    from .compute import compute_points, costs_differ, pareto_front
     from .eos import traces
 
     g = report.groups
@@ -110,7 +113,7 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
                     "lambda_max",
                     "λ_max (log scale)",
                     logy=True,
-                    bounds=True,
+                    bounds=report.bound_shown,
                     title="λ_max against ρ",
                 ),
             ),
@@ -118,7 +121,7 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
         ]
     figures.append(("acc_vs_lambda_max", plot_acc_vs_lambda(points)))
     cost = compute_points(report)
-    if len(cost) > 1:  # accuracy per compute: groups that counted their passes
+    if costs_differ(cost):  # accuracy per compute: groups that counted different passes
         fronts = {key: pareto_front(cost, key, up) for key, _, up in PANELS}
         figures.append(("compute", plot_compute(cost, fronts)))
     eos = traces(report)
