@@ -195,3 +195,17 @@ def test_the_readme_is_a_users_page_of_at_most_250_lines():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 250
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "a dated measurement in the README"
+
+
+def test_running_md_names_every_search_preset_and_every_checkpoint_file():
+    """#58 item 11: running.md left out hparams_search=sam_acc_vs_sharpness and
+    checkpoints/init.pt."""
+    from sam_runner import rundir
+
+    page = (ROOT / "docs" / "running.md").read_text()
+    groups_row = next(x for x in page.splitlines() if x.startswith("| `hparams_search` |"))
+    for preset in sorted((ROOT / "conf" / "hparams_search").glob("*.yaml")):
+        assert f"`{preset.stem}`" in groups_row, preset.stem
+    folder_rows = [x for x in page.splitlines() if x.startswith("| `checkpoints/")]
+    for path in (rundir.CHECKPOINT, rundir.AVERAGED, rundir.INIT_WEIGHTS):
+        assert any(x.startswith(f"| `{path}` |") for x in folder_rows), path
