@@ -1,7 +1,9 @@
 """Progress output, one rule for every command (``trainer.progress``): ``auto`` is a tqdm bar on
 a terminal and lines otherwise (a log file, nohup, SLURM), ``bar``, ``lines`` or ``none``. sam-run:
-a bar per epoch, or one line per epoch; ``Counter`` (sam-landscape's points and curve steps): a
-bar, or a line at the first unit and at every tenth."""
+a bar per epoch, or one line per epoch and, within a long epoch, a line every
+``trainer.progress_every_s`` seconds (steps/s and the epoch's time left); ``Counter``
+(sam-landscape's points and curve steps): a bar, or a line at the first unit and at every
+tenth."""
 
 from __future__ import annotations
 
@@ -97,14 +99,45 @@ class _NoBar:
         pass
 
 
+class _Lines:
+    """Within an epoch, a line on stderr every ``every`` seconds: the step, the loss and accuracy
+    so far (read then: one device sync a line, none between), steps/s and the time left."""
+
+    def __init__(self, epoch, epochs, steps, every: float, done: int = 0):
+        self.head, self.steps, self.every = f"epoch {epoch}/{epochs}", steps, every
+        self.n = self.first = done
+        self.start = self.said = time.monotonic()
+
+    def update(self, loss_sum, correct, seen):
+        interrupts.raise_pending()
+        self.n += 1
+        now = time.monotonic()
+        if now - self.said < self.every or self.n >= self.steps:
+            return
+        self.said = now
+        rate = (self.n - self.first) / max(now - self.start, 1e-9)
+        left = (self.steps - self.n) / rate
+        print(
+            f"{self.head}: step {self.n}/{self.steps} ({100 * self.n // self.steps}%), "
+            f"train_loss {float(loss_sum) / seen:.4f}, train_acc {float(correct) / seen:.4f}, "
+            f"{rate:.3g} steps/s, about {_duration(left)} left",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def close(self):
+        pass
+
+
 class _Bar:
     """tqdm over the steps of an epoch; the loss/accuracy postfix is refreshed every 20 steps
     (reading them costs a device sync)."""
 
-    def __init__(self, epoch, epochs, steps):
+    def __init__(self, epoch, epochs, steps, done: int = 0):
         from tqdm import tqdm
 
         self.bar = tqdm(
+            initial=done,
             total=steps,
             desc=f"epoch {epoch}/{epochs}",
             leave=False,
@@ -127,12 +160,20 @@ class _Bar:
 
 
 class Progress:
-    def __init__(self, mode: str, epochs: int, steps: int, enabled: bool = True):
-        self.mode = resolve_mode(mode) if enabled else "none"
-        self.epochs, self.steps = epochs, steps
+    """A run's progress: ``mode`` (``trainer.progress``), its epochs and an epoch's steps; in
+    ``lines`` mode a line within an epoch every ``every_s`` seconds (0: none)."""
 
-    def epoch_bar(self, epoch):
-        return _Bar(epoch, self.epochs, self.steps) if self.mode == "bar" else _NoBar()
+    def __init__(self, mode: str, epochs: int, steps: int, enabled: bool = True, every_s=30.0):
+        self.mode = resolve_mode(mode) if enabled else "none"
+        self.epochs, self.steps, self.every_s = epochs, steps, float(every_s or 0)
+
+    def epoch_bar(self, epoch, done: int = 0):
+        """The epoch's progress, ``done`` of its steps already taken (a resumed epoch)."""
+        if self.mode == "bar":
+            return _Bar(epoch, self.epochs, self.steps, done)
+        if self.mode == "lines" and self.every_s > 0:
+            return _Lines(epoch, self.epochs, self.steps, self.every_s, done)
+        return _NoBar()
 
     def epoch_line(self, row: dict) -> None:
         if self.mode == "none":

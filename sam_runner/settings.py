@@ -47,6 +47,8 @@ RUN_ONLY_KEYS = (
     "hydra",
     "trainer.device",
     "trainer.progress",
+    "trainer.progress_every_s",
+    "trainer.checkpoint_every_n_steps",  # where a run can be resumed from, not what it computes
     "trainer.on_locked",
     "trainer.threads",  # how many CPU threads, not what a run computes
     "trainer.compile",

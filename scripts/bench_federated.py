@@ -3,7 +3,8 @@
 ``federated_round_over_steps``: one round of K = 5 clients × s = 10 local steps (FedSAM: the
 global weights copied in, the clients' state reset, the size-weighted running mean, the server
 step) over K·s = 50 centralized steps of the same variant on batches of the same size, both
-through the runner's own ``Run`` (``Run.optimizer_step``, the shared engine), taken alternately,
+through the runner's own ``Run`` (``EpochLoop.optimizer_step``, the shared engine), taken
+alternately,
 the median ratio (``benchutil.interleaved_ratio``). The default model on MNIST-1D at batch 32,
 one CPU thread; rounds that evaluate (and so measure ε) are not timed: evaluation is not
 training.
@@ -48,24 +49,24 @@ def _endless(loader):
 
 @single_threaded
 def run(args) -> dict:
-    from sam_runner.federated.rounds import train_round
+    from sam_runner.training.evaluation import EpochStats
 
     out = {}
     repeats = 3 if args.quick else max(args.repeats, 5)
     for method, key in (("fedavg", "federated_round_over_steps"), ("fedfft", "fedfft_round")):
         with tempfile.TemporaryDirectory() as folder:
             r = _run(method, folder)
-            fed = r.federation
+            fed = r.loop.fed
             steps = fed.per_round * fed.local_steps
             batches = _endless(r.data.train)
 
-            def round_(r=r, fed=fed):
-                train_round(r, fed)
+            def round_(r=r):
+                r.loop.train_epoch()
 
             def centralized(r=r, steps=steps, batches=batches):
-                stats = r.epoch_stats()
+                stats = EpochStats(r.device, r.dist)
                 for _ in range(steps):
-                    r.optimizer_step(*next(batches), stats)
+                    r.loop.optimizer_step(*next(batches), stats)
                 stats.log_values()
 
             out[key if key.endswith("steps") else f"{key}_over_steps"] = interleaved_ratio(

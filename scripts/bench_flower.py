@@ -6,9 +6,11 @@ sides run the same FedSAM setup: MNIST-1D (4000 samples), the default model, K c
 them every round (participation 1: Flower samples clients with its own generator, so only full
 participation gives both the same clients), s local steps of SAM at batch 32, one CPU thread.
 
-- in process: ``train_round`` (sam_runner/federated/rounds.py) on a ``Run`` in this process;
-- Flower: a ``ClientApp`` whose train handler is ``rounds.client_update`` on a ``Run`` built once
-  per Ray actor (the same config and seed, so the same shards and batches per (client, round)),
+- in process: ``FederatedLoop.train_epoch`` (sam_runner/federated/rounds.py) on a ``Run`` in
+  this process;
+- Flower: a ``ClientApp`` whose train handler is ``FederatedLoop.client_update`` on a ``Run``
+  built once per Ray actor (the same config and seed, so the same shards and batches per
+  (client, round)),
   the global weights going out and back as ``ArrayRecord`` messages, and Flower's ``FedAvg``
   strategy (weighted by ``num-examples``: the shard sizes) on the server, or with ``--ordered``
   a subclass that sums the mean in client order as the runner does; Ray given one CPU, so one
@@ -77,7 +79,8 @@ def client_app(over: list[str]):
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
-    from sam_runner.federated.rounds import client_update, float_state
+    from sam_runner.federated.rounds import float_state
+    from sam_runner.training.evaluation import EpochStats
 
     app = ClientApp()
 
@@ -94,8 +97,8 @@ def client_app(over: list[str]):
         state = msg.content["arrays"].to_torch_state_dict()
         floats, _, _ = float_state(run.model)
         global_ = [state[n].to(floats[0].dtype) for n in float_keys(run.model)]
-        client_update(run, run.federation, k, r, floats, global_, run.epoch_stats())
-        metrics = {"num-examples": run.federation.sizes[k], "partition-id": k}
+        run.loop.client_update(k, r, floats, global_, EpochStats(run.device, run.dist))
+        metrics = {"num-examples": run.loop.fed.sizes[k], "partition-id": k}
         content = RecordDict({
             "arrays": ArrayRecord(run.model.state_dict()), "metrics": MetricRecord(metrics),
         })  # fmt: skip
@@ -168,8 +171,6 @@ def compare(clients: int, rounds: int, local_steps: int, ordered: bool = False) 
     import torch
     from flwr.simulation import run_simulation
 
-    from sam_runner.federated.rounds import train_round
-
     over = overrides(clients, local_steps)
     run = build_run(over)  # the in-process side, in this process (Flower's server thread)
     initial = {k: v.clone() for k, v in run.model.state_dict().items()}
@@ -177,7 +178,7 @@ def compare(clients: int, rounds: int, local_steps: int, ordered: bool = False) 
 
     def between(_):
         started = time.perf_counter()
-        train_round(run, run.federation)
+        run.loop.train_epoch()
         ours.append(time.perf_counter() - started)
 
     out = Path(tempfile.mkdtemp(prefix="bench-flower-out-"))

@@ -1,7 +1,7 @@
 """Bench section ``lm``: the trainer's GPT step against a bare nanoGPT-style loop.
 
 ``gpt_step_over_bare_loop``: a block of training steps of ``dataset=text model=gpt`` with AdamW
-and no perturbation (``Run.train_epoch`` of the real trainer: its random windows, the
+and no perturbation (``EpochLoop.train_epoch`` of the real trainer: its random windows, the
 optimizer engine's closure, the scheduler, the statistics) over as many steps of a bare loop in
 the same process on a copy of the same model: draw a batch of windows the nanoGPT way (numpy
 offsets, a gather), forward, cross-entropy over the flattened logits, ``zero_grad``, backward,
@@ -48,7 +48,7 @@ def _trainer_block(optimizer: str, folder: str):
     run = Run(compose(*MODEL, f"optimizer={optimizer}"), Path(folder), [])
     run.setup()
     run.resume()
-    return run, run.train_epoch
+    return run, run.loop.train_epoch
 
 
 def _bare_block(model, ids, lr, t=64, b=32):

@@ -33,12 +33,13 @@ from torch import nn
 
 from sam_runner import distributed
 from sam_runner.clock import Clock
-from sam_runner.distill import Distiller, NoDistill
+from sam_runner.distill import Distiller
 from sam_runner.models import build_model
 from sam_runner.optim import SAM
 from sam_runner.optim.build import parameter_groups
-from sam_runner.regularizers import NoRegularizer, SkewJSD
-from sam_runner.weight_decay import ConstantDecay, OUIDecay
+from sam_runner.part import Parts, PassInputs
+from sam_runner.regularizers.jsd import SkewJSD
+from sam_runner.weight_decay import OUIDecay
 
 
 def mlp():
@@ -56,7 +57,9 @@ def default_model():
 MODELS = {"mlp": (mlp, (40,)), "default": (default_model, (1, 40))}
 
 
-def stepper(regularizer, distill=None, kind="mlp"):
+def stepper(regularizer=None, distill=None, kind="mlp"):
+    """SAM steps of a model with the run's parts (a distillation, a regularizer: None, none)
+    hooked as the training loop hooks them."""
     build, shape = MODELS[kind]
     torch.manual_seed(0)
     net = build()
@@ -64,20 +67,19 @@ def stepper(regularizer, distill=None, kind="mlp"):
     opt.bind(model=net)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(128, *shape, generator=g), torch.randint(0, 10, (128,), generator=g)
-    distill = distill(net) if distill else NoDistill()
+    parts = Parts([p for p in (distill(net) if distill else None, regularizer) if p is not None])
 
-    def closure(taught):
+    def closure():
         opt.zero_grad(set_to_none=True)
-        with distill.capturing():
+        with parts.forward_context(opt.pass_index):
             out = net(x)
         loss = opt.reduce_loss(F.cross_entropy(out, y, reduction="none"), out, y)
-        loss = distill.add(loss, out, taught, 0, 1.0)
-        regularizer.add(loss, net, x, out, 1.0).backward()
+        parts.loss(loss, PassInputs(net, x, out, 0, 1.0, None)).backward()
         return loss.detach()
 
     def step():
-        taught = distill.teach([(x,)])
-        return opt.step(lambda: closure(taught))
+        parts.call("begin_step", [(x,)])
+        return opt.step(closure)
 
     return step
 
@@ -94,19 +96,21 @@ def decay_stepper(rule, steps=256):
 
     torch.manual_seed(0)
     net = build_model(OmegaConf.create({"arch": "cnn1d", "channels": 32}), (1, 40), 10)
-    groups = rule.split(parameter_groups(net), net)
+    groups = rule.param_groups(parameter_groups(net), net) if rule else parameter_groups(net)
     opt = SAM(groups, torch.optim.SGD, lr=0.01, momentum=0.9, weight_decay=5e-4, rho=0.05,
               total_steps=10**9)  # fmt: skip
     opt.bind(model=net)
     clock = Clock()
     clock.total_steps = 10**9
-    rule.bind(net, opt, distributed.current(), 0, clock, 32)
+    if rule:
+        rule.bind(net, opt, distributed.current(), 0, clock, 32)
+    parts = Parts([rule] if rule else [])
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(128, 1, 40, generator=g), torch.randint(0, 10, (128,), generator=g)
 
     def closure():
         opt.zero_grad(set_to_none=True)
-        with rule.watching(opt.pass_index == 0):
+        with parts.forward_context(opt.pass_index):
             out = net(x)
         loss = F.cross_entropy(out, y)
         loss.backward()
@@ -116,7 +120,7 @@ def decay_stepper(rule, steps=256):
         for _ in range(steps):
             opt.step(closure)
             clock.step += 1
-            rule.after_step(clock.step)
+            parts.call("after_step", clock.step)
 
     return run_steps
 
@@ -125,7 +129,7 @@ def run(args) -> dict:
     repeats = 3 if args.quick else args.repeats
     out = {}
     for kind, suffix in (("default", ""), ("mlp", "_mlp")):
-        plain = stepper(NoRegularizer(), kind=kind)
+        plain = stepper(kind=kind)
         for key, space, detach in (
             ("jsd_over_plain_step", "parameter", False),
             ("jsd_input_over_plain_step", "input", False),
@@ -136,15 +140,15 @@ def run(args) -> dict:
             jsd = stepper(term, kind=kind)
             out[key + suffix] = interleaved_ratio(jsd, plain, repeats, warmup=2, inner=5)
     for kind, suffix in (("default", ""), ("mlp", "_mlp")):
-        untaught = stepper(NoRegularizer(), kind=kind)
+        untaught = stepper(kind=kind)
         for key, align in (
             ("distill_over_plain_step", 0.0),
             ("distill_align_over_plain_step", 1.0),
         ):
-            taught = stepper(NoRegularizer(), teacher_of(align, kind), kind)
+            taught = stepper(None, teacher_of(align, kind), kind)
             out[key + suffix] = interleaved_ratio(taught, untaught, repeats, warmup=2, inner=5)
     steps = 64 if args.quick else 256
     out["ouidecay_over_constant_step"] = interleaved_ratio(
-        decay_stepper(OUIDecay(), steps), decay_stepper(ConstantDecay(), steps), repeats, warmup=1
+        decay_stepper(OUIDecay(), steps), decay_stepper(None, steps), repeats, warmup=1
     )
     return out

@@ -10,8 +10,8 @@ and records an error in one sub-measurement without giving up the others.
 Training goes through the runner itself: ``Run.setup()`` builds data (CIFAR-100 written in
 torchvision's on-disk format, held on the device), model, optimizer, scaler, autocast,
 channels_last and torch.compile exactly as ``sam-run`` does, and ``Stepper.step`` is the body of
-``Run.train_epoch``'s loop. Configurations are timed alternately, a few steps at a time, with the
-device synchronised around each timing; figures are medians over rounds.
+``EpochLoop.train_epoch``'s loop. Configurations are timed alternately, a few steps at a time,
+with the device synchronised around each timing; figures are medians over rounds.
 """
 
 from __future__ import annotations
@@ -207,7 +207,8 @@ def make_run(part: Part, model: tuple, config: str, optimizer: str):
 
 class Stepper:
     """A run's training steps outside its epoch loop: each ``step`` is the body of
-    ``Run.train_epoch``'s loop (one micro-batch: trainer.accumulate=1), epochs following on."""
+    ``EpochLoop.train_epoch``'s loop (one micro-batch: trainer.accumulate=1), epochs following
+    on."""
 
     def __init__(self, run, part: Part):
         self.run, self.part, self.epoch, self.batches = run, part, 0, iter(())
@@ -225,10 +226,11 @@ class Stepper:
     def step(self):
         r = self.run
         x, y, idx = self._batch()
-        micro = [(x, y, y, idx)]  # Run.forward_backward's (inputs, targets, labels, indices)
-        loss = r.optimizer.step(functools.partial(r.forward_backward, micro, {"correct": 0}))
+        micro = [(x, y, y, idx)]  # EpochLoop.forward_backward's (inputs, targets, labels, indices)
+        counts = {"correct": 0, "targets": 0}
+        loss = r.optimizer.step(functools.partial(r.loop.forward_backward, micro, counts))
         r.scheduler.step()
-        r.scaler.update()
+        r.loop.scaler.update()
         return loss
 
     def seconds_per_step(self, steps: int) -> float:
@@ -403,7 +405,8 @@ def hvp_over_grad(part: Part, run) -> None:
 def lambda_max(part: Part, run) -> None:
     part.sync()
     t0 = time.perf_counter()
-    out = run.tracker.measure(final=True)
+    tracker = run.parts.stateful()["curvature"].tracker
+    out = tracker.measure(final=True)
     part.sync()
     part.result.update(
         lambda_max_s=time.perf_counter() - t0,
@@ -412,7 +415,7 @@ def lambda_max(part: Part, run) -> None:
         lambda_max_presolve_hvps=out.get("hessian_presolve_hvps", 0),
         hessian_method=out.get("hessian_method"),
         hessian_converged=out.get("hessian_converged", True),
-        hessian_num_samples=len(run.tracker._subset[1]),
+        hessian_num_samples=len(tracker._subset[1]),
     )
 
 

@@ -110,7 +110,7 @@ def first_step_share(*overrides: str, steps: int) -> float:
     for step in range(steps):
         with torch.no_grad():
             model.weight.fill_(1.0 if step == 0 else 0.0)
-        ema.after_step()
+        ema.after_step(step + 1)
     return float(ema.averaged.module.weight.detach())
 
 

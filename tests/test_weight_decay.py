@@ -16,7 +16,7 @@ from sam_runner.errors import UserError
 from sam_runner.metrics import oui
 from sam_runner.optim.build import parameter_groups
 from sam_runner.train import train
-from sam_runner.weight_decay import ConstantDecay, OUIDecay, build_weight_decay, tracked_layers
+from sam_runner.weight_decay import OUIDecay, build_weight_decay, tracked_layers
 
 
 def _net():
@@ -25,7 +25,7 @@ def _net():
 
 
 def _bound(rule, net, wd=1e-3, steps_per_epoch=1000):
-    groups = rule.split(parameter_groups(net), net)
+    groups = rule.param_groups(parameter_groups(net), net)
     opt = torch.optim.SGD(groups, lr=0.0, weight_decay=wd)
     clock = Clock()
     clock.total_steps = 10_000
@@ -50,7 +50,7 @@ def _trace(net, x):
 def test_layers_get_their_own_groups_and_the_rest_keeps_the_runners():
     net = _net()
     rule = OUIDecay()
-    groups = rule.split(parameter_groups(net), net)
+    groups = rule.param_groups(parameter_groups(net), net)
     layered = [g for g in groups if "layer" in g]
     assert [g["layer"] for g in layered] == ["0", "2", "4"] == list(tracked_layers(net))
     assert all(g["params"] == [net[int(g["layer"])].weight] for g in layered)
@@ -72,9 +72,9 @@ def test_the_coefficients_follow_the_hand_computed_recurrence_and_the_window_suf
         x = torch.randn(16, 5, generator=g)
         with torch.no_grad():
             history.append({n: oui(a) for n, a in _outputs(net, x).items()})  # every step
-            with rule.watching(first_pass=True):
+            with rule.forward_context(pass_index=0):
                 net(x)
-            with rule.watching(first_pass=False):  # a second SAM pass: not counted
+            with rule.forward_context(pass_index=1):  # a second SAM pass: not counted
                 net(torch.randn(16, 5, generator=g))
         if rule.counts:
             collected.append(step)
@@ -99,13 +99,13 @@ def test_a_convolutions_oui_reads_one_position_per_sample_and_micro_batches_sum_
     rule = OUIDecay(every=1, window=1, positions="first")
     _bound(rule, conv)
     x = torch.randn(10, 2, 8, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), rule.watching(True):
+    with torch.no_grad(), rule.forward_context(0):
         conv(x)
     rule.after_step(1)
     whole = rule.latest.clone()
     assert whole[0].item() == pytest.approx(oui(conv[0](x)[:, :, 0]))  # position 0 of each
     for half in x.tensor_split(2):  # accumulation: the step's counts over its micro-batches
-        with torch.no_grad(), rule.watching(True):
+        with torch.no_grad(), rule.forward_context(0):
             conv(half)
     rule.after_step(2)
     assert torch.equal(rule.latest, whole)
@@ -170,13 +170,13 @@ def test_metrics_oui_logs_oui_and_leaves_the_run_as_it_was(tmp_path):
     assert plain == logged
     summary = json.loads((tmp_path / "logged" / "summary.json").read_text())
     assert "weight_decay_layers" not in summary
-    assert isinstance(build_weight_decay(compose()), ConstantDecay)
+    assert build_weight_decay(compose()) is None  # the base optimizer's own decay: no part
 
 
 def test_a_model_without_conv_or_linear_layers_is_refused():
     net = nn.Sequential(nn.BatchNorm1d(3))
     with pytest.raises(UserError, match="needs a model with conv or linear layers"):
-        OUIDecay().split(parameter_groups(net), net)
+        OUIDecay().param_groups(parameter_groups(net), net)
 
 
 @pytest.mark.parametrize(

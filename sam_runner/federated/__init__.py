@@ -1,24 +1,22 @@
 """Federated SAM (``federated=fedavg|fedfft|fedvssam``): simulated clients over disjoint shards
 of the training set, each running the run's optimizer from the global weights, and a server that
-aggregates them (docs/federated.md). ``build_federation`` gives the run its ``federation`` part;
-``rounds.run_rounds`` is its loop."""
+aggregates them (docs/federated.md). ``build_federation`` gives the run its ``federated`` part
+(None without one); ``rounds.FederatedLoop`` is its loop."""
 
 from __future__ import annotations
 
-from ..registry import FEDERATED
 from .algorithms import Centralized, check
+from .rounds import build_federation
 
 
-def build_federation(cfg, data):
-    """The run's federation (``Centralized``, disabled, without one), its keys checked."""
+def check_part(cfg, where=None) -> None:
+    """The federated group's keys and what it cannot be combined with; before a run (not when
+    it builds the split itself), the split the data can make (it reads the training labels)."""
     check(cfg)
-    f = cfg.get("federated")
-    algorithm = FEDERATED.build("none" if f is None else f.get("name", "none"), f)
-    if not algorithm.enabled:
-        return algorithm
-    from .rounds import Federation
+    if getattr(where, "preflight", False):
+        from .split import check_split
 
-    return Federation(cfg, algorithm, data, cfg.seed)
+        check_split(cfg)
 
 
-__all__ = ["Centralized", "build_federation", "check"]
+__all__ = ["Centralized", "build_federation", "check", "check_part"]

@@ -107,7 +107,10 @@ class ESAM(SAM):
         self._keep = (trained, keep)
         if keep.device.type == "meta":  # shapes only: nothing to decide on
             return []
-        return [p for p, k in zip(trained, keep.tolist()) if not k]
+        skipped = [p for p, k in zip(trained, keep.tolist()) if not k]
+        # every tensor drawn out: ε is 0, and a pass that skips every parameter has nothing to
+        # backpropagate, so the first pass runs in full (the step is then a plain one at θ)
+        return [] if len(skipped) == len(trained) else skipped
 
     def _kept_tensors(self, params, dtype):
         """The mask drawn before the first pass, over ``params`` (the tensors with a gradient)."""
@@ -200,7 +203,7 @@ class ESAM(SAM):
             return super().sharpness_step(closure)
         loss, params, pgrads = self.first_pass(closure)
         c = self._cache
-        self.compute_perturbation(params, pgrads, c["eps"])
+        self.perturbation_into(params, pgrads, c["eps"])
         torch._foreach_copy_(c["theta"], params)
         torch._foreach_add_(params, c["eps"])
         if not self._before:  # the closure does not call reduce_loss: nothing to rank by

@@ -176,3 +176,20 @@ def test_a_skipped_parameter_is_still_trained():
     with gradients_skipped([p]):
         assert not p.requires_grad and is_trainable(p)
     assert p.requires_grad and is_trainable(p) and not hasattr(p, "_gradient_skipped")
+
+
+def test_a_step_that_draws_every_tensor_out_is_a_plain_step_not_a_crash():
+    """``faithful`` with a tiny β: some steps keep no tensor (chance (1 − β)^tensors). The first
+    pass then runs in full (a pass skipping every parameter had nothing to backpropagate and
+    raised), ε is 0, and the step equals SGD's at θ."""
+    a, b = mlp(), mlp()
+    b.load_state_dict(a.state_dict())
+    opt = build("esam", a, lr=0.1, beta=1e-6, gamma=1.0, faithful=True, perturb_seed=0)
+    sgd = torch.optim.SGD(b.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.step(closure_for(opt, a))
+        sgd.zero_grad()
+        F.cross_entropy(b(X), Y).backward()
+        sgd.step()
+    for x, y in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(x, y)

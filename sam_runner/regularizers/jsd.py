@@ -1,8 +1,5 @@
-"""Training-objective regularizers (``regularizer=<name>``): a term added to each pass's loss.
-
-The trainer calls ``regularizer.add(loss, model, x, logits, share)`` once per micro-batch and
-pass; ``none`` returns the loss itself, so a run without a regularizer is unchanged bit for bit.
-"""
+"""``regularizer=jsd``: the α-skew Jensen–Shannon divergence between the predictions at θ and at a
+perturbed point (docs/regularizers.md)."""
 
 from __future__ import annotations
 
@@ -12,22 +9,16 @@ import math
 import torch
 from torch.func import functional_call
 
-from .errors import number, require
-from .losses import skew_jsd
-from .module_state import is_trainable
-from .registry import REGULARIZERS
+from ..errors import number, require
+from ..losses import skew_jsd
+from ..module_state import is_trainable
+from ..part import Part, PassInputs
+from ..registry import REGULARIZERS
 
 SPACES = ("parameter", "input")
 
 
-class NoRegularizer:
-    extra_forwards = 0
-
-    def add(self, loss, model, x, logits, share):  # noqa: ARG002 (the hook's signature)
-        return loss
-
-
-class SkewJSD:
+class SkewJSD(Part):
     """weight·mean JSD_α(p(x; θ) ‖ p(x̃; θ̃)) with a perturbed second forward: θ̃ = θ + δ (a fresh
     Gaussian direction of norm ``radius`` over all trainable parameters) or x̃ = x + radius·N(0, 1).
     The second forward runs on copies of the buffers, so BatchNorm's running statistics are
@@ -67,6 +58,9 @@ class SkewJSD:
         p, q = torch.softmax(logits.to(dtype), 1), torch.softmax(other.to(dtype), 1)
         return skew_jsd(p, q, self.alpha).mean()
 
+    def loss_term(self, objective, inputs: PassInputs):
+        return self.add(objective, inputs.model, inputs.inputs, inputs.logits, inputs.share)
+
     def add(self, loss, model, x, logits, share):
         if not logits.requires_grad:  # a forward no gradient flows from (ESAM's selection pass)
             return loss
@@ -87,21 +81,9 @@ def _keys(cfg) -> tuple:
     return alpha, weight, space, radius, detach
 
 
-@REGULARIZERS.register("none", "the training loss alone")
-def none(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
-    return NoRegularizer()
-
-
 @REGULARIZERS.register("jsd", "+ weight·JSD_α(p(x; θ) ‖ p(x̃; θ̃)), θ or x perturbed")
 def jsd(cfg, autocast=None):
     alpha, weight, space, radius, detach = _keys(cfg)
     if weight == 0:
-        return NoRegularizer()  # nothing added: the plain run exactly, without the extra forward
+        return None  # nothing added: the plain run exactly, without the extra forward
     return SkewJSD(alpha, weight, space, radius, autocast, detach)
-
-
-def build_regularizer(cfg, autocast=None):
-    """The regularizer ``cfg`` (the ``regularizer`` group; absent: none) names, keys checked."""
-    if cfg is None:
-        return NoRegularizer()
-    return REGULARIZERS.build(cfg.get("name", "none"), cfg, autocast)
