@@ -1,8 +1,8 @@
 """Periodic settings that can never act within a run's length: one notice each, before it runs.
 
 A period longer than the run (OUIDecay's ``weight_decay.every_n_steps``, a step-level curvature
-period, an evaluation period), EMA's decay ramp longer than the run (the learning rate's
-warm-up is said by ``validate.warnings``), or a late phase that starts at the end
+period, an evaluation or checkpoint period), EMA's decay ramp longer than the run (the learning
+rate's warm-up is said by ``validate.warnings``), or a late phase that starts at the end
 (``perturb_from``) leaves the run as if the setting were absent, and used to say nothing.
 The run's length in steps follows from its epochs (or
 ``trainer.steps``) and its steps per epoch: the training examples (read up front as the checks
@@ -60,7 +60,7 @@ def never_acting(cfg) -> list[str]:
         return known["epochs"], known["steps"]
 
     out = []
-    for check in (_ouidecay, _curvature, _evaluation, _ema, _late):
+    for check in (_ouidecay, _curvature, _evaluation, _checkpoints, _ema, _late):
         line = check(cfg, length)
         if line:
             out.append(line)
@@ -112,6 +112,19 @@ def _evaluation(cfg, length) -> str | None:
     return (
         f"trainer.eval_every_n_steps={every} is more than this run's {steps} steps: only the "
         "last epoch is evaluated (and checkpointed)"
+    )
+
+
+def _checkpoints(cfg, length) -> str | None:
+    every = cfg.trainer.get("checkpoint_every_n_steps")
+    if not every:
+        return None
+    _, steps = length()
+    if steps is None or int(every) < steps:
+        return None
+    return (
+        f"trainer.checkpoint_every_n_steps={every} is at least this run's {steps} steps: no "
+        "checkpoint is written within an epoch, only those of its evaluations"
     )
 
 

@@ -32,6 +32,10 @@ def notes_of(*argv: str) -> list[str]:
          "trainer.epochs=2: lambda_max is measured at the run's end only"),
         (["trainer.eval_every_n_steps=13"], "trainer.eval_every_n_steps=13 is more than this "
          "run's 12 steps: only the last epoch is evaluated (and checkpointed)"),
+        (["trainer.checkpoint_every_n_steps=12"], "trainer.checkpoint_every_n_steps=12 is at "
+         "least this run's 12 steps: no checkpoint is written within an epoch, only those of its "
+         "evaluations"),
+        (["trainer.checkpoint_every_n_steps=11"], None),
         (["trainer.weight_averaging=ema", "trainer.ema_decay=0.5"], None),
         (["trainer.weight_averaging=ema"], "trainer.ema_decay=0.999 is never reached: with "
          "trainer.ema_warmup the t-th update uses (1 + t)/(10 + t), which reaches 0.999 at update "
