@@ -133,6 +133,9 @@ def main() -> None:
     if say_version(argv):
         return
     interrupts.catch_signals()  # a scheduler's, docker stop's: as Ctrl-C
+    quick = bool(QUICK & set(argv))  # prints and ends: a signal waits for its end
+    if quick:
+        interrupts.defer_signals()
     try:
         if {"-m", "--multirun"} & set(argv) and {"-c", "--cfg"} & set(argv):
             sys.argv[1:] = argv = first_job_of(argv)  # Hydra refuses -m with --cfg
@@ -142,19 +145,26 @@ def main() -> None:
         if stages is not None:
             staged.run(stages, _sweep)
             return
-        _sweep(argv)
+        try:
+            _sweep(argv)
+        except SystemExit:  # Hydra ends --help with sys.exit: a signal that came is said
+            if not (quick and interrupts.PENDING):
+                raise
+        interrupts.raise_pending()
     except KeyboardInterrupt as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         # train() leaves its last checkpoint and metrics resumable (errors.Interrupted says where it
-        # was)
+        # was); --help and --cfg have nothing to resume
         interrupts.stopping()
         said = str(e) or "interrupted"
-        print(
-            interrupts.said("sam-run", f"{said}; run the same command again to resume"),
-            file=sys.stderr,
-        )
+        then = "" if quick else "; run the same command again to resume"
+        print(interrupts.said("sam-run", f"{said}{then}"), file=sys.stderr)
         sys.exit(interrupts.exit_code())  # 128 + the signal's number, as the shell says
+
+
+# Hydra's flags that print and end (help, config, info): nothing runs
+QUICK = {"-h", "--help", "-hh", "--hydra-help", "-c", "--cfg", "-i", "--info", "-p", "--package"}
 
 
 def _sweep(argv: list[str]) -> None:

@@ -102,7 +102,10 @@ def _unknown_key(config: str, key: str, overrides: list[str], folder: list[str])
         hint = f" (did you mean hydra.launcher.{near[0]}?)" if near else ""
         return f"{key} is not a key of this launcher{hint}; its keys are {', '.join(keys)}"
     tree = {k: v for k, v in OmegaConf.to_container(cfg).items() if k != "hydra"}
-    near = difflib.get_close_matches(key, config_paths(tree), n=1)
+    paths = config_paths(tree)
+    # a key without its section (points=11): the section's key of that name, not a look-alike
+    within = [p for p in paths if p.rsplit(".", 1)[-1] == key] if "." not in key else []
+    near = within or difflib.get_close_matches(key, paths, n=1)
     if near:
         return f"{key} is not a key; did you mean {near[0]}?"
     return f"{key} is not a key; sam-{config}'s keys are {', '.join(f'{k}.*' for k in tree)}"

@@ -103,6 +103,14 @@ def similarity(features: torch.Tensor) -> torch.Tensor:
     return f @ f.T
 
 
+def middle_index(n: int) -> int:
+    """The middle of ``n`` layers, one rule for teacher and student: the ⌈n/2⌉-th (0-based
+    (n − 1) // 2), the lower middle when n is even, so that half of the body lies at or below
+    it in both models (Python's round() halves to even: it took the lower middle of 2 and 6
+    layers and the upper of 4 and 8)."""
+    return (n - 1) // 2
+
+
 class Taps:
     """Forward hooks keeping the output of the middle conv/linear layer and the head's input."""
 
@@ -112,7 +120,7 @@ class Taps:
         body, head = layers[:-1], layers[-1]
         self.active, self.features = False, {}
         if body:
-            middle = body[round(0.5 * (len(body) - 1))]
+            middle = body[middle_index(len(body))]
             linear = isinstance(middle, torch.nn.Linear)
             middle.register_forward_hook(lambda _m, _i, out: self._keep("middle", out, linear))
         head_linear = isinstance(head, torch.nn.Linear)

@@ -37,10 +37,19 @@ def start(prog: str) -> int | None:
         started = True
         return command()
     except KeyboardInterrupt:
-        interrupts.stopping()
-        what = "interrupted" if started else "interrupted while starting; nothing was written"
-        print(interrupts.said(prog, what), file=sys.stderr)
-        return interrupts.exit_code()
+        return _interrupted(prog, started)
+    except Exception:
+        # a library that caught the KeyboardInterrupt and raised its own error: the signal's
+        if interrupts.PENDING:
+            return _interrupted(prog, started)
+        raise
+
+
+def _interrupted(prog: str, started: bool) -> int:
+    interrupts.stopping()
+    what = "interrupted" if started else "interrupted while starting; nothing was written"
+    print(interrupts.said(prog, what), file=sys.stderr)
+    return interrupts.exit_code()
 
 
 def sam_run() -> int | None:

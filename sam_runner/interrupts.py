@@ -38,6 +38,22 @@ def catch_signals() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
+def _record(signum, _frame) -> None:
+    if signum == signal.SIGTERM:
+        TERMINATED.append(signum)
+    PENDING.append(signum)
+
+
+def defer_signals() -> None:
+    """Ctrl-C and SIGTERM recorded, not raised, for a command of no lasting work (``sam-run
+    --help``, ``--cfg``): raised inside a library, a KeyboardInterrupt can come out as that
+    library's own error (Hydra printed a ConfigCompositionException's traceback);
+    ``raise_pending()`` raises it once the command is done."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) in (_on_sigint, _on_sigterm, signal.default_int_handler):
+            signal.signal(sig, _record)
+
+
 def raise_pending() -> None:
     """At a command's safe points (each unit of its progress, each training step): a signal
     whose KeyboardInterrupt something swallowed is raised again, once."""

@@ -380,6 +380,8 @@ def _check_job(args, job: list[str], checks, notes: dict) -> str | None:
             (checks.RESOLVE, lambda: _resolve(cfg)),
             *((name, _no_notices(check)) for name, check in config_checks(cfg, awaiting)),
             ("objective", lambda: objective.validate(cfg)),
+            # a key no run of it logs: before it trains
+            ("objective_logged", _no_notices(lambda: objective.require_logged(cfg))),
             ("warnings", lambda: warnings(cfg)),
         ]
 
@@ -444,7 +446,13 @@ def _sweep_values(overrides: list[str]) -> str | None:
     for o in hydra_api.overrides_parser().parse_overrides(list(overrides)):
         if not (o.is_sweep_override() and o.is_discrete_sweep()):
             continue
-        values = list(o.sweep_string_iterator())
+        try:
+            values = list(o.sweep_string_iterator())
+        except ValueError as e:  # range(0,3,0): Python's range refuses a zero step
+            return (
+                f"{o.input_line} is not a sweep ({first_line(str(e))}); give "
+                "range(start,stop,step) with a step other than 0"
+            )
         if not values:
             return f"{o.input_line} sweeps no value; give at least one ({o.get_key_element()}=a,b)"
         seen: set[str] = set()  # a set: a sweep of 100,000 values is checked in a blink
@@ -586,6 +594,7 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
         out.append(f"{given['model.reset_head']} does nothing without model.init_from=RUN_DIR")
     out += _idle_augment(given.get("dataset.augment"), cfg) + _idle_eval_period(given, cfg)
     out += _idle_curvature_period(given, cfg)
+    out += never_acting(cfg)  # periods longer than the run (idle_periods.py)
     params = OmegaConf.select(cfg, "hydra.sweeper.params")
     if not multirun and params and "experiment" in given:
         swept = " ".join(f"{k}={v}" for k, v in params.items())
@@ -593,7 +602,18 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
             f"{given['experiment']} is a sweep ({swept}): without -m one run trains, with the "
             "preset's other settings; add -m to run the sweep"
         )
+    if not multirun and "hparams_search" in given:
+        out.append(
+            f"{given['hparams_search']} is a search: without -m one run trains with the settings "
+            "as given and nothing is searched; add -m to run the search"
+        )
     return out
+
+
+def never_acting(cfg) -> list[str]:
+    from .idle_periods import never_acting as periods
+
+    return periods(cfg)
 
 
 def _idle_augment(given: str | None, cfg) -> list[str]:
@@ -660,7 +680,15 @@ def _composition_error(e, job) -> str:
     bad = re.match(r"Could not override '([^']+)'", str(e))
     if bad and isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)):
         return _unknown_key(bad.group(1), job)
-    return first_line(str(e.__cause__ or e))
+    text = str(e.__cause__ or e)
+    ambiguous = re.match(r"Ambiguous value for argument '(([^'=]+)=[^']*)'", text)
+    if ambiguous:  # Hydra's hint to add --multirun is on its later lines: kept in the one
+        line, key = ambiguous.groups()
+        return (
+            f"{line} lists several values: to sweep over them, add -m (--multirun); for a list, "
+            f"{key}=[...]; for a string, quote it"
+        )
+    return first_line(text)
 
 
 def _added_keys(job: list[str]) -> str | None:

@@ -207,6 +207,14 @@ def _fmt(v, spec):
     return "n/a" if v is None else format(v, spec)
 
 
+# the closing line's figures: the digits a run reproduces. A 1,000-sample test set resolves
+# accuracy to 0.001; beyond that, another CPU, thread count or torch build computes each sum in
+# another order (its own SIMD kernels), training amplifies the last bits over the epochs, and
+# the run ends a test sample or two apart (accuracy ±0.001-0.002, ECE ±0.001, λ_max ±2%):
+# three digits, and summary.json keeps every digit
+FINAL, FINAL_LAMBDA = ".3f", "#.3g"
+
+
 def print_final(summary: dict, run_dir, already: bool = False) -> None:
     status = summary.get("status", "?")
     head = f"already {status}" if already else status  # completed, or pruned in a search
@@ -215,19 +223,19 @@ def print_final(summary: dict, run_dir, already: bool = False) -> None:
             f"{head}: test_ll={_fmt(summary.get('test_ll'), '.4f')} "
             f"test_bpd={_fmt(summary.get('test_bpd'), '.4f')} "
             f"hessian_trace_exact={_fmt(summary.get('hessian_trace_exact'), LAMBDA)} "
-            f"lambda_max={_fmt(summary.get('lambda_max'), LAMBDA)}"
+            f"lambda_max={_fmt(summary.get('lambda_max'), FINAL_LAMBDA)}"
         )
     else:
         line = (
-            f"{head}: test_acc={_fmt(summary.get('test_acc'), '.4f')} "
-            f"test_ece={_fmt(summary.get('test_ece'), '.4f')} "
-            f"lambda_max={_fmt(summary.get('lambda_max'), LAMBDA)}"
+            f"{head}: test_acc={_fmt(summary.get('test_acc'), FINAL)} "
+            f"test_ece={_fmt(summary.get('test_ece'), FINAL)} "
+            f"lambda_max={_fmt(summary.get('lambda_max'), FINAL_LAMBDA)}"
         )
     if summary.get("avg_test_acc") is not None:  # the averaged weights (SWA, EMA)
         line += (
-            f" avg_test_acc={_fmt(summary.get('avg_test_acc'), '.4f')} "
-            f"avg_test_ece={_fmt(summary.get('avg_test_ece'), '.4f')} "
-            f"avg_lambda_max={_fmt(summary.get('avg_lambda_max'), LAMBDA)}"
+            f" avg_test_acc={_fmt(summary.get('avg_test_acc'), FINAL)} "
+            f"avg_test_ece={_fmt(summary.get('avg_test_ece'), FINAL)} "
+            f"avg_lambda_max={_fmt(summary.get('avg_lambda_max'), FINAL_LAMBDA)}"
         )
     line += f"  ({run_dir})"
     if summary.get("error"):

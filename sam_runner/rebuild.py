@@ -37,6 +37,7 @@ def load(run: RunDir, device, weights: str = "last", purpose: str = "sam-landsca
     import torch
 
     state = state_dict(run, weights)
+    say_unfinished(run, purpose)
     cfg = run.omega_config(purpose)
     if strict:
         saved = (run.checkpoint().get("fingerprint") or {}).get("config")
@@ -57,6 +58,22 @@ def load(run: RunDir, device, weights: str = "last", purpose: str = "sam-landsca
         ) from None
     model.to(device).eval()
     return LoadedRun(run.path.resolve(), cfg, state, model, data, device, weights)
+
+
+def say_unfinished(run: RunDir, purpose: str) -> None:
+    """A run that did not complete (killed, failed, running) is measured at the checkpoint it
+    left: one line says so, with that checkpoint's epoch, rather than draw it without a word."""
+    import sys
+
+    if run.status == "completed":
+        return
+    clock = run.checkpoint().get("clock") or {}
+    why = run.missing_reason if run.status == "missing" else f"it {run.status}"
+    print(
+        f"{purpose}: note: {run.path} did not complete ({why}); its checkpoint of epoch "
+        f"{clock.get('epoch', '?')} (step {clock.get('step', '?')}) is used",
+        file=sys.stderr,
+    )
 
 
 @dataclass

@@ -89,6 +89,41 @@ def job_dirs(sweep_dir) -> list[Path]:
     )
 
 
+# the top-level keys every sam-run config has: another program's Hydra jobs lack them
+RUNNER_KEYS = ("trainer:", "optimizer:")
+
+
+def made_by_sam_run(path) -> bool:
+    """Whether a job folder is sam-run's: its summary.json holds a status, it holds
+    metrics.jsonl, or its ``.hydra/config.yaml`` sets ``trainer`` or ``optimizer`` (read as
+    text: no YAML parse); another program's Hydra job has none of these. A job killed before
+    Hydra wrote its config counts as sam-run's (nothing says otherwise)."""
+    path = Path(path)
+    summary = read_json(path / SUMMARY)
+    if isinstance(summary, dict) and summary.get("status") is not None:
+        return True
+    if (path / METRICS).is_file():
+        return True
+    try:
+        lines = (path / CONFIG).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return not (path / SUMMARY).is_file()  # a summary without a status: not sam-run's
+    return any(x.startswith(RUNNER_KEYS) for x in lines)
+
+
+def require_sam_run_jobs(path, dirs: list[Path], what: str = "PATH", shown=None) -> None:
+    """UserError when job folders were found under ``path`` and none is sam-run's (another
+    program's sweep, or folders whose summary.json holds no status)."""
+    if dirs and not any(made_by_sam_run(d) for d in dirs):
+        names = ", ".join(str(d.relative_to(path)) if d != path else "." for d in dirs[:3])
+        more = f" and {len(dirs) - 3} more" if len(dirs) > 3 else ""
+        raise UserError(
+            f"{what}={str(shown or path)!r} holds no job of sam-run: its job folder(s) {names}"
+            f"{more} were written by another program (no summary.json status, and no trainer or "
+            "optimizer in .hydra/config.yaml); pass a run folder or a sweep folder of sam-run"
+        )
+
+
 def check_weights(weights: str, spelling: str = "weights") -> str:
     require(
         weights in WEIGHTS,
@@ -171,6 +206,10 @@ class RunDir:
         problem = json_problem(self.path / SUMMARY)
         if problem not in (None, "missing"):
             return f"summary.json is {problem}"
+        if problem is None:  # valid JSON, and no status: {} or another program's file
+            return "its summary.json holds no status (sam-run writes one in every summary)"
+        if not made_by_sam_run(self.path):
+            return "not a job of sam-run (its .hydra/config.yaml has no trainer or optimizer)"
         holder = held_by(self.path, "train")
         if holder:
             return f"no summary.json: being trained by {holder}"

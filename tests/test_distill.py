@@ -231,3 +231,18 @@ def test_the_run_itself_is_refused_as_its_own_teacher(teacher):
 
     with pytest.raises(UserError, match="is this run's own folder"):
         check_teacher(compose(*FAST, f"trainer.distill.teacher={teacher}"), teacher)
+
+
+def test_the_middle_layer_is_one_rule_for_both_models_half_way_up():
+    """#58 item 3: round() halved to even, taking the upper middle of 4 and 8 layers."""
+    from sam_runner.distill import middle_index
+
+    assert [middle_index(n) for n in range(1, 9)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    for n in (2, 4, 6, 8):  # even bodies: exactly half the layers at or below it
+        assert (middle_index(n) + 1) / n == 0.5
+    layers = [nn.Linear(3, 3) for _ in range(5)]  # a body of 4 linear layers, then the head
+    net = nn.Sequential(*[m for layer in layers[:-1] for m in (layer, nn.ReLU())], layers[-1])
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    with Taps(net).on() as features:
+        net(x)
+    torch.testing.assert_close(features["middle"], net[:3](x))  # the 2nd of 4, not the 3rd

@@ -195,3 +195,43 @@ def test_the_readme_is_a_users_page_of_at_most_250_lines():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 250
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "a dated measurement in the README"
+
+
+def test_running_md_names_every_search_preset_and_every_checkpoint_file():
+    """#58 item 11: running.md left out hparams_search=sam_acc_vs_sharpness and
+    checkpoints/init.pt."""
+    from sam_runner import rundir
+
+    page = (ROOT / "docs" / "running.md").read_text()
+    groups_row = next(x for x in page.splitlines() if x.startswith("| `hparams_search` |"))
+    for preset in sorted((ROOT / "conf" / "hparams_search").glob("*.yaml")):
+        assert f"`{preset.stem}`" in groups_row, preset.stem
+    folder_rows = [x for x in page.splitlines() if x.startswith("| `checkpoints/")]
+    for path in (rundir.CHECKPOINT, rundir.AVERAGED, rundir.INIT_WEIGHTS):
+        assert any(x.startswith(f"| `{path}` |") for x in folder_rows), path
+
+
+def test_the_readmes_default_run_prints_its_figures_as_print_final_does(capsys):
+    """#58 item 8: the closing line prints the digits a run reproduces across CPUs (three), and
+    the README shows it as printed, with what varies said beside it."""
+    from sam_runner.progress import print_final
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("completed: test_acc="))
+    values = dict(re.findall(r"(\w+)=([0-9.]+)", line))
+    summary = {"status": "completed", **{k: float(v) for k, v in values.items()}}
+    print_final(summary, "/path/to/outputs/default")
+    assert capsys.readouterr().out.strip() == line
+    assert values["test_acc"] == "0.982" and values["lambda_max"] == "12.2"
+    assert "The last digits differ between machines" in readme
+
+
+def test_the_readme_says_how_a_cpu_only_machine_installs():
+    """#58 item 7: PyTorch's CPU wheels first (its documented index), and how long it takes."""
+    readme = (ROOT / "README.md").read_text()
+    top = readme.split("```")[1]
+    cpu = next(x for x in top.splitlines() if "download.pytorch.org/whl/cpu" in x)
+    assert cpu.startswith("pip install torch torchvision --index-url https://download.pytorch.org")
+    assert top.index(cpu) < top.index("pip install -e .")
+    said = " ".join(readme.split("```")[2].strip().split("\n\n")[0].split())
+    assert said.startswith("The install takes minutes") and "6 GB" in said and "2.4 GB" in said

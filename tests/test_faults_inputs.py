@@ -298,9 +298,9 @@ def test_the_console_prints_lambda_max_in_one_format_and_the_averaged_weights(ca
     )
     print_final({"status": "completed", "test_acc": 0.75, "test_ece": 0.05, "lambda_max": 7}, "R")
     assert capsys.readouterr().out.splitlines() == [
-        "completed: test_acc=0.7500 test_ece=0.0500 lambda_max=41.00 avg_test_acc=0.7712 "
-        "avg_test_ece=0.0412 avg_lambda_max=30.00  (R)",
-        "completed: test_acc=0.7500 test_ece=0.0500 lambda_max=7.000  (R)",
+        "completed: test_acc=0.750 test_ece=0.050 lambda_max=41.0 avg_test_acc=0.771 "
+        "avg_test_ece=0.041 avg_lambda_max=30.0  (R)",
+        "completed: test_acc=0.750 test_ece=0.050 lambda_max=7.00  (R)",
     ]
 
 

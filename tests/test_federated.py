@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import compose, run_cli
+from conftest import ROOT, compose, run_cli
 from folder_files import CLASSES, write_tree
 
 from sam_runner.data import build_data
@@ -65,6 +65,21 @@ def test_fedavg_with_one_client_is_centralized_training_bit_for_bit(tmp_path, mo
     )
     assert _same(w_central, w_one)
     assert one["test_acc"] == central["test_acc"] and one["step"] == central["step"]
+
+
+def test_one_client_is_not_centralized_training_under_a_schedule_that_moves(tmp_path):
+    """#58 item 4: the exactness needs scheduler=constant; the default cosine steps once a
+    round in a federated run and every step in a centralized one, and the weights part."""
+    common = ["optimizer=sam", "base_optimizer.momentum=0", "dataset.batch_size=100"]
+    common += ["scheduler=cosine", "trainer.epochs=2"]
+    central, w_central = _train(tmp_path, "c", *common)
+    fed = ["federated=fedavg", "federated.clients=1", "federated.participation=1"]
+    fed += ["federated.rounds=2", f"federated.local_steps={central['step'] // 2}"]
+    _, w_one = _train(tmp_path, "f", *common, *fed)
+    assert not _same(w_central, w_one)
+    page = (ROOT / "docs" / "federated.md").read_text()
+    said = " ".join(page[page.index("**Exactness.**") :].split("\n\n")[0].split())
+    assert "`scheduler=constant`" in said and "once a round" in said
 
 
 def _full_batch_step(run_dir, cfg):

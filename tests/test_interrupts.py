@@ -128,3 +128,35 @@ def test_a_swallowed_signal_is_raised_once_at_the_next_unit_of_progress():
     finally:
         signal.signal(signal.SIGINT, before)
         interrupts.PENDING.clear()
+
+
+CONVERTING = """
+import os, signal, sys, time
+from omegaconf import OmegaConf
+from sam_runner import cli
+from sam_runner.help import config_groups
+
+def groups(*args):  # Hydra's help resolves it: Ctrl-C lands inside the composition
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1.0)
+    except KeyboardInterrupt as e:  # as a library may: the signal turned into its own error
+        raise ValueError("a library's own error") from e
+    return config_groups(*args)
+
+OmegaConf.register_new_resolver("sam_runner_groups", groups, replace=True)
+sys.argv = ["sam-run", "--help"]
+from sam_runner.entry_points import sam_run
+sys.exit(sam_run())
+"""
+
+
+def test_ctrl_c_during_help_is_one_line_even_where_a_library_converts_it(tmp_path):
+    """#58 item 10: Ctrl-C while `sam-run --help` composed came out as Hydra's traceback of a
+    ConfigCompositionException; --help and --cfg now take the signal once they are done."""
+    proc = subprocess.run(
+        [sys.executable, "-c", CONVERTING], cwd=tmp_path, env=ENV, text=True,
+        capture_output=True, timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (130, "sam-run: interrupted\n"), proc.stderr[-2000:]

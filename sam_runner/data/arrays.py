@@ -14,12 +14,13 @@ standardised with the mean and standard deviation of the training split.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..errors import UserError, number, require
+from ..errors import UserError, first_line, number, require
 from ..registry import DATASETS
 from . import Arrays
 
@@ -68,11 +69,14 @@ def _read(cfg) -> dict:
             f"dataset.path={path}: a folder of arrays holds x.npy and y.npy",
         )
         names = [n for n in ("x", "y", "x_test", "y_test") if (p / f"{n}.npy").is_file()]
-        d = {n: np.load(p / f"{n}.npy", allow_pickle=False) for n in names}
+        d = {n: _load_npy(p / f"{n}.npy", path) for n in names}
     elif p.suffix == ".npz":
-        with np.load(p, allow_pickle=False) as z:
-            require("x" in z and "y" in z, f"dataset.path={path} has no arrays named x and y")
-            d = {n: z[n] for n in ("x", "y", "x_test", "y_test") if n in z}
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                require("x" in z and "y" in z, f"dataset.path={path} has no arrays named x and y")
+                d = {n: z[n] for n in ("x", "y", "x_test", "y_test") if n in z}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+            raise UserError(_unreadable(path, "an .npz file", e)) from None
     elif p.suffix == ".csv":
         d = _read_csv(p, column)
     else:
@@ -102,6 +106,25 @@ def _check(d: dict, path: str) -> None:
     require(
         len(classes) >= 2,
         f"dataset.path={path}: y has a single class ({classes[0]!r}); a classifier needs two",
+    )
+
+
+def _load_npy(file: Path, path) -> np.ndarray:
+    try:
+        return np.load(file, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise UserError(_unreadable(f"{path} ({file.name})", "a .npy file", e)) from None
+
+
+def _unreadable(path, what: str, e: Exception) -> str:
+    """numpy's refusal of a file that is not what its name says (a text file named .npz reads as
+    pickled data, which is never loaded), in one line."""
+    why = first_line(str(e)) or type(e).__name__
+    if "pickled" in why:  # numpy's reading of any file without its header
+        why = "numpy reads it as pickled Python objects, which are never loaded"
+    return (
+        f"dataset.path={path} cannot be read as {what} ({why}); give arrays written by "
+        "numpy.savez or numpy.save (numbers, no Python objects), or a .csv"
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import require
-from ..rundir import is_run, job_dirs
+from ..rundir import is_run, job_dirs, require_sam_run_jobs
 
 
 def job_folders(path: Path) -> list[Path]:
@@ -16,6 +16,7 @@ def job_folders(path: Path) -> list[Path]:
         f"PATH={str(path)!r} is not a folder; pass a run folder or a sweep folder of sam-run",
     )
     if is_run(path):
+        require_sam_run_jobs(path, [path])
         return [path]
     dirs = job_dirs(path)
     require(
@@ -23,4 +24,5 @@ def job_folders(path: Path) -> list[Path]:
         f"PATH={str(path)!r} holds no run: no .hydra/ or summary.json in it or in a folder under "
         "it; pass a run folder or a sweep folder of sam-run",
     )
+    require_sam_run_jobs(path, dirs)
     return dirs

@@ -144,6 +144,13 @@ def _check_values(ls) -> dict:
         "a finite number > 0",
         lambda r: math.isfinite(r) and r > 0,
     )
+    reach = max(-out["span"][0], out["span"][1])
+    require(
+        out["fit_radius"] < reach,
+        f"landscape.fit_radius={ls.fit_radius} reaches the slice's ends (landscape.span="
+        f"[{out['span'][0]:g}, {out['span'][1]:g}]), so the fit would take the whole slice; give "
+        f"a radius below {reach:g}",
+    )
     require(
         isinstance(ls.include_bias_bn, bool),
         f"landscape.include_bias_bn={ls.include_bias_bn!r} must be true or false",
@@ -323,6 +330,14 @@ def _pair_line(run_a: Path, s: dict) -> str:
     return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']), weights)}/"
 
 
+def shown_default(value) -> str:
+    """A default as it is typed on the command line: ``[-1.0, 1.0]`` for a list (block YAML
+    printed ``- -1.0``), ``null``, ``51``."""
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True).splitlines()[0]
+
+
 def help_text() -> str:
     """The usage and every key of conf/landscape.yaml with the comment beside it."""
     import yaml
@@ -336,7 +351,7 @@ def help_text() -> str:
     for key, text in yaml_comments(conf).items():
         if not key.startswith("hydra."):
             section, leaf = key.split(".", 1)
-            keys[f"{key}={yaml.safe_dump(tree[section][leaf]).splitlines()[0]}"] = text
+            keys[f"{key}={shown_default(tree[section][leaf])}"] = text
     width = max(len(k) for k in keys) + 2
     lines = [__doc__.split("\n\n")[0], "", *__doc__.split("\n\n")[1].splitlines(), ""]
     lines += ["Overrides (KEY=VALUE after the folder; the defaults shown):"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import require
 from ..rebuild import load_run
 from ..results.sweep import group_overrides
-from ..rundir import CHECKPOINT, RunDir, job_dirs
+from ..rundir import CHECKPOINT, RunDir, job_dirs, require_sam_run_jobs
 from ..sweep.plan import saved_overrides
 from .figures import draw_pair, draw_slices, drawn, slice_figures
 from .files import connectivity_done, folder, pair_folder, slices_done
@@ -33,6 +33,7 @@ def completed_jobs(sweep_dir: Path) -> list[Path]:
         f"{sweep_dir} holds no run: no checkpoint, and no job folders (folders with .hydra/ "
         "or summary.json) below it; pass a run folder or a sweep folder sam-run wrote",
     )
+    require_sam_run_jobs(sweep_dir, dirs, "RUN_DIR")
     return [d for d in dirs if RunDir(d).status == "completed" and (d / CHECKPOINT).is_file()]
 
 

@@ -69,10 +69,19 @@ def run_title(summary: dict) -> str:
 
 
 def plot_curves(rows: list[dict], title: str = ""):
-    """2×2: loss, accuracy, ECE, λ_max over epochs (train and test where both are logged)."""
-    fig, axes = figure(2, 2, size=(10.0, 7.0))
+    """2×2: loss, accuracy, ECE, λ_max over epochs (train and test where both are logged); a
+    λ_max measured once or never is no curve: 1×3 then, the one value in the title."""
     xs = _epoch_axis(rows)
-    for ax, (name, keys, logy) in zip(axes.flat, PANELS):
+    lam_x, lam_y = _points(rows, xs, "lambda_max")
+    panels = PANELS
+    if len(lam_x) < 2:
+        panels = PANELS[:3]
+        if lam_y:
+            said = f"λ_max = {lam_y[0]:.4g} (measured once, at epoch {lam_x[0]:g})"
+            title = f"{title}\n{said}" if title else said
+    fig, axes = figure(*((2, 2) if len(panels) == 4 else (1, 3)),
+                       size=(10.0, 7.0) if len(panels) == 4 else (13.0, 4.2))  # fmt: skip
+    for ax, (name, keys, logy) in zip(axes.flat, panels):
         ax.set_title(name, fontsize=FONT + 1)
         lines = [(label, *_points(rows, xs, key)) for key, label in keys]
         lines = [line for line in lines if line[1]]

@@ -19,6 +19,7 @@ from .style import FONT, figure, log_scale, natural_key, variant_color
 
 MAX_PANELS = 12  # more combinations than this: one panel, the combination in the legend
 MAX_RHO_TICKS = 8  # up to this many ρ values: a tick at each, none between
+DODGE_POINTS = 5.0  # the sideways gap between two variants' points at one ρ (typographic points)
 BOUND_LABEL = "stability bound (bΓ/(2ρη²))^(1/3)"
 SPREAD = "points: mean over seeds; bars, bands: ± 1 sample std (n in report.md)"
 
@@ -82,14 +83,20 @@ def _draw_panel(ax, members: list[dict], metric: str, logy: bool, bounds: bool) 
     for g in members:
         by_line.setdefault(g.get("line", g["variant"]), []).append(g)
     drawn = []
-    for label, gs in sorted(by_line.items(), key=lambda kv: (kv[0] != "base", natural_key(kv[0]))):
+    lines = sorted(by_line.items(), key=lambda kv: (kv[0] != "base", natural_key(kv[0])))
+    # lines at the same ρ are set apart sideways by a few points, so that no error bar hides
+    # another (the ρ ticks stay at the values)
+    with_rho = [label for label, gs in lines if any(finite(g.get("rho")) for g in gs)]
+    for label, gs in lines:
         stats = [(g.get("rho"), g["stats"].get(metric)) for g in gs]
         stats = [
             (r, s) for r, s in stats if s and finite(s["mean"]) and (not logy or s["mean"] > 0)
         ]
         if stats:
             drawn += [s["mean"] for _, s in stats]
-            _draw_line(ax, label, stats, variant_color(gs[0]["variant"]))
+            k = with_rho.index(label) if label in with_rho else 0
+            dodge = (k - (len(with_rho) - 1) / 2) * DODGE_POINTS
+            _draw_line(ax, label, stats, variant_color(gs[0]["variant"]), dodge)
         if bounds:
             drawn += _draw_bounds(
                 ax, [p for g in gs for p in g.get("bounds", [])], variant_color(gs[0]["variant"])
@@ -97,12 +104,16 @@ def _draw_panel(ax, members: list[dict], metric: str, logy: bool, bounds: bool) 
     return drawn
 
 
-def _draw_line(ax, label: str, stats: list, color) -> None:
-    """Mean ± std against ρ, or a level across the panel when the variant has no ρ."""
+def _draw_line(ax, label: str, stats: list, color, dodge: float = 0.0) -> None:
+    """Mean ± std against ρ (``dodge``: shifted that many points sideways), or a level across
+    the panel when the variant has no ρ."""
+    from matplotlib.transforms import offset_copy
+
     with_rho = sorted(
         ((r, s) for r, s in stats if finite(r)), key=lambda t: t[0]
     )  # never compare dicts
     if with_rho:
+        shifted = offset_copy(ax.transData, fig=ax.figure, x=dodge, y=0, units="points")
         ax.errorbar(
             [r for r, _ in with_rho],
             [s["mean"] for _, s in with_rho],
@@ -111,6 +122,7 @@ def _draw_line(ax, label: str, stats: list, color) -> None:
             capsize=3,
             color=color,
             label=label,
+            transform=shifted,
         )
         return
     mean = sum(s["mean"] for _, s in stats) / len(stats)

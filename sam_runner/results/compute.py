@@ -53,6 +53,14 @@ def compute_points(report) -> list[dict]:
     return out
 
 
+def costs_differ(points: list[dict]) -> bool:
+    """Whether the groups' costs differ (by more than a thousandth): with one cost for all (a ρ
+    sweep of one variant, seeds) accuracy per compute says nothing, and its figure spans one
+    value."""
+    evals = [p["evals"] for p in points if finite(p["evals"])]
+    return len(evals) > 1 and max(evals) > min(evals) * 1.001
+
+
 def pareto_front(points: list[dict], key: str, maximize: bool) -> list[bool]:
     """Whether each point is on the front of (``evals`` down, ``key`` up or down); points without
     the value are off it."""
@@ -107,7 +115,7 @@ def _fmt(v, spec=".4g"):
 @SECTIONS.register("compute", "accuracy and λ_max against the gradient evaluations", order=33)
 def section(report, _plots=None) -> list[str]:
     points = compute_points(report)
-    if len(points) < 2:
+    if not costs_differ(points):
         return []
     acc_front = pareto_front(points, "test_acc", maximize=True)
     lam_front = pareto_front(points, "lambda_max", maximize=False)

@@ -49,6 +49,7 @@ from ..rundir import (
     is_run,
     job_dirs,
     landscape_folder,
+    require_sam_run_jobs,
 )
 from ..runfiles import atomic_write_bytes
 from ..settings import flatten
@@ -77,6 +78,42 @@ TABLES = {
 
 def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def require_database_file(db: Path) -> None:
+    """``--db`` names an SQLite file, or nothing yet: another file is refused before anything
+    is written beside it (the indexer's lock file)."""
+    db = Path(db)
+    require(not db.is_dir(), f"--db {db} is a folder; give a database file (--db results.sqlite)")
+    try:
+        with db.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f"--db {db} cannot be read ({e.strerror or e})") from None
+    require(
+        head in (b"", SQLITE_HEADER),
+        f"--db {db} is not an SQLite database (it holds other data); choose another file",
+    )
+
+
+def require_query_parses(sql: str) -> None:
+    """A query's syntax, checked on an empty database of the same tables before any folder is
+    indexed (a typo wrote the database, then failed); columns are the folders', not checked."""
+    con = sqlite3.connect(":memory:")
+    try:
+        for t, cols in TABLES.items():
+            con.execute(f"CREATE TABLE {t} ({cols})")
+        con.execute(f"EXPLAIN {sql}")
+    except sqlite3.Error as e:
+        if "syntax error" in str(e) or "incomplete input" in str(e):
+            raise UserError(f"--query failed: {e} (tables: runs, epochs)") from None
+    finally:
+        con.close()
 
 
 def connect(db: Path) -> sqlite3.Connection:
@@ -241,14 +278,23 @@ def folders(path: Path) -> list[tuple[Path, Path]]:
 
 def index(paths, db: Path) -> dict:
     """Index every run folder under ``paths`` into ``db``; the counts of what was done."""
+    require_database_file(db)
+    found_in = {}
     for p in paths:
         require(Path(p).is_dir(), f"PATH={str(p)!r} is not a folder; pass run or sweep folders")
+        found_in[p] = found = folders(Path(p))
+        require(
+            bool(found),
+            f"PATH={str(p)!r} holds no run: no .hydra/ or summary.json in it or in a folder "
+            "under it; pass a run folder or a sweep folder of sam-run",
+        )
+        require_sam_run_jobs(Path(p).resolve(), [d for d, _ in found], shown=p)
     with indexer_lock(Path(db)):
         con = connect(db)
         counts = {"read": 0, "unchanged": 0, "unreadable": 0, "removed": 0}
         try:
             for p in paths:
-                found = folders(Path(p))
+                found = found_in[p]
                 for run_dir, sweep_dir in found:
                     counts[index_folder(con, run_dir, sweep_dir)] += 1
                 present = {str(d) for d, _ in found}
@@ -301,6 +347,7 @@ def _like_prefix(root: Path) -> str:
 
 def query(db: Path, sql: str) -> tuple[list[str], list[tuple]]:
     require(Path(db).is_file(), f"--db {db} does not exist; index folders first: sam-index PATH")
+    require_database_file(db)
     con = connect(db)
     try:
         cur = con.execute(sql)
@@ -387,6 +434,8 @@ def index_main(argv) -> int:
         require(args.paths or args.query, "give PATH... to index, or --query SQL (or both)")
         require(args.csv is None or args.query, "--csv writes a query's result: add --query SQL")
         check_names(*args.paths, args.db, args.csv)
+        if args.query:
+            require_query_parses(args.query)
         if args.paths:
             c = index(args.paths, args.db)
             print(

@@ -304,10 +304,33 @@ def write_measures(report, out_dir: Path) -> list[Path]:
     "measures", "which measure tracks generalization (Kendall τ, Ψ)", order=10, files=write_measures
 )
 def measures_section(report, _plots=None) -> list[str]:
-    """The report.md section: the ranking table and measures.png."""
+    """The report.md section: the ranking table and measures.png, after the sweep's own table;
+    a ranking on fewer than ``FEW_JOBS`` jobs goes further down (``measures_on_few_jobs``)."""
     table = measures_table(report)
-    if table is None:
+    if table is None or few_jobs(table):
         return []
+    return ranking_lines(report, table)
+
+
+@SECTIONS.register(
+    "measures_few", "the measures' ranking when it rests on few jobs, after the analyses", order=65
+)
+def measures_on_few_jobs(report, _plots=None) -> list[str]:
+    """A ranking of fewer than ``FEW_JOBS`` jobs describes those jobs, not the measures: it
+    follows the sweep's table and analyses rather than open the report (with its caution)."""
+    table = measures_table(report)
+    if table is None or not few_jobs(table):
+        return []
+    return ranking_lines(report, table)
+
+
+def few_jobs(table) -> bool:
+    """Whether some measure's ranking rests on fewer than ``FEW_JOBS`` jobs."""
+    counts = [r["n"] for r in table.rows if r["n"] >= 2]
+    return bool(counts) and min(counts) < FEW_JOBS
+
+
+def ranking_lines(report, table) -> list[str]:
     axes = ", ".join(f"`{a}`" for a in table.axes) or "none: Ψ is undefined"
     head = ["rank", "measure", "τ with gen gap", "p", "τ with test error", "Ψ"]
     head += [f"ψ {a}" for a in table.axes] + ["n"]

@@ -6,16 +6,19 @@ missing. FOLDER is a sweep folder or a run folder; several make one report whose
 them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a results database
 (``sam-index``). Writes, into the (first) folder or ``--out``:
 
-- ``report.md``: the registered sections (``sections.py``), in order: the head, the measures
-  (measure_ranking.py), the corruption mCE (corruption.py), the runs table (runs_table.py), the edge
-  of stability (eos.py), the loss landscape (landscape.py), the jobs not completed, the figures,
+- ``report.md``: the registered sections (``sections.py``), in order: the head, the runs table
+  (runs_table.py: the sweep's own table leads), the measures (measure_ranking.py; a ranking of
+  fewer than 10 jobs after the analyses), the corruption mCE (corruption.py), the edge of
+  stability (eos.py), the loss landscape (landscape.py), the jobs not completed, the figures,
   one row per job, the notes; with several folders, the runs table says where each group came
-  from;
+  from; TLC-SAM's stability bound is shown (and explained under the table) where the sweep has
+  TLC-SAM jobs;
 - ``report.csv``: the runs table, one row per group, one column per statistic (and the columns
   sections add: the landscape's; ``from`` with several folders);
-- ``acc_vs_rho``, ``lambda_max_vs_rho`` (log scale, with the TLC-SAM stability bound where the
-  jobs logged what it needs), ``ece_vs_rho``, ``acc_vs_lambda_max``, ``compute`` (accuracy and
-  λ_max per gradient evaluation, compute.py), ``eos`` (each a .png, or
+- ``acc_vs_rho``, ``lambda_max_vs_rho`` (log scale, with TLC-SAM's stability bound where the
+  sweep has TLC-SAM jobs that logged what it needs), ``ece_vs_rho`` (variants at one ρ set apart
+  sideways), ``acc_vs_lambda_max``, ``compute`` (accuracy and λ_max per gradient evaluation,
+  where the groups' costs differ, compute.py), ``eos`` (each a .png, or
   .pdf or .svg with ``plots.format=``), and the files sections write (``measures.csv``,
   ``measures.<format>``).
 
@@ -29,6 +32,7 @@ import argparse
 import csv
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -89,7 +93,7 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
     from ..plots.compute import PANELS, plot_compute
     from ..plots.style import save_figure
     from ..plots.sweep import plot_acc_vs_lambda, plot_eos_traces, plot_metric_vs_rho
-    from .compute import compute_points, pareto_front
+    from .compute import compute_points, costs_differ, pareto_front
     from .eos import traces
 
     g = report.groups
@@ -109,7 +113,7 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
                     "lambda_max",
                     "λ_max (log scale)",
                     logy=True,
-                    bounds=True,
+                    bounds=report.bound_shown,
                     title="λ_max against ρ",
                 ),
             ),
@@ -117,7 +121,7 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
         ]
     figures.append(("acc_vs_lambda_max", plot_acc_vs_lambda(points)))
     cost = compute_points(report)
-    if len(cost) > 1:  # accuracy per compute: groups that counted their passes
+    if costs_differ(cost):  # accuracy per compute: groups that counted different passes
         fronts = {key: pareto_front(cost, key, up) for key, _, up in PANELS}
         figures.append(("compute", plot_compute(cost, fronts)))
     eos = traces(report)
@@ -207,6 +211,11 @@ def build(args) -> Report:
     )
     require(args.where is None or args.db, "--where filters a database: add --db FILE")
     require(
+        args.db is None or args.db.is_file(),
+        f"--db {args.db} does not exist; index folders into it first: sam-index PATH --db "
+        f"{args.db}",
+    )
+    require(
         args.out is not None or (len(args.folders) == 1 and not args.db),
         "a report of several folders or of a database needs --out FOLDER (where to write it)",
     )
@@ -270,15 +279,31 @@ def _name(run_dir: Path, source: Path) -> str:
 
 
 SETTINGS = ("plots.format",)  # key=value words among the folders: the figures' file format
+VALUE_OPTIONS = ("--metric", "--ignore", "--db", "--where", "--out")
+EVAL_SETTINGS = ("metrics", "eval", "weights")  # sam-eval's words, given to sam-report by mistake
 
 
 def split_settings(argv: list[str]) -> tuple[list[str], dict]:
     """(the other words, {key: value} of the ``plots.KEY=VALUE`` words), the one grammar of the
     analysis commands (cli_words.py); an unknown ``plots.`` key is a one-line error."""
     rest, given = [], {}
-    for word in argv:
+    for i, word in enumerate(argv):
         key, _, value = word.partition("=")
         if not (key.startswith("plots.") and value):
+            # a setting of another command (sam-eval's metrics=full), not a folder, nor the value
+            # of an option (--where "status = 'completed'")
+            setting = re.fullmatch(r"[A-Za-z_][\w.]*=\S+", word) is not None
+            after_option = i > 0 and argv[i - 1] in VALUE_OPTIONS
+            other = setting and not after_option and not Path(word).exists()
+            require(
+                not other,
+                f"{word} is not a setting of sam-report, which takes {', '.join(SETTINGS)}"
+                + (
+                    f"; {key}= is sam-eval's: run sam-eval FOLDER {word}, then sam-report FOLDER"
+                    if key.split(".")[0] in EVAL_SETTINGS
+                    else ""
+                ),
+            )
             rest.append(word)
             continue
         require(key in SETTINGS, f"{key} is not a setting; sam-report takes {', '.join(SETTINGS)}")

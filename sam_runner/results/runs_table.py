@@ -61,11 +61,9 @@ def _several(report: Report) -> bool:
     return len(report.sources) > 1
 
 
-@SECTIONS.register("runs", "one row per group: mean ± std of each metric", order=30)
+@SECTIONS.register("runs", "one row per group: mean ± std of each metric", order=5)
 def group_table(report: Report, _plots) -> list[str]:
-    bounded = any(
-        g["stats"]["bound"]["n"] for g in report.groups
-    )  # the bound's columns where it applies
+    bounded = report.bound_shown  # the bound's columns where TLC-SAM's jobs make it relevant
     cols = report.metrics + BOUND_STATS if bounded else report.metrics
     head = ["group", "variant", "ρ", "n"] + [LABELS.get(k, k) for k in cols]
     head += ["λ_max > bound"] * bounded + list(STATUSES) + ["from"] * _several(report)
@@ -78,13 +76,23 @@ def group_table(report: Report, _plots) -> list[str]:
         cells += [str(g[s]) for s in STATUSES]
         cells += [", ".join(g["sources"])] * _several(report)
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return out + [
+    out += [
         "",
         "Mean ± sample std (n − 1) over the completed jobs of each group; n = completed "
         'jobs ("(n=k)" where fewer logged the metric). A group is the jobs\' overrides '
         "without `seed`.",
         "",
     ]
+    if bounded:
+        out += [
+            "`bound`: TLC-SAM's stability bound λ_max ≤ (bΓ/(2ρη²))^(1/3), the sharpness above "
+            "which a SAM step of radius ρ and learning rate η is no longer stable (b the batch "
+            "size, Γ the largest gradient norm logged near the end); TLC-SAM's controller steers "
+            "ρ by it. `λ_max > bound` counts the jobs above theirs; the Notes say which Γ, ρ "
+            "and η.",
+            "",
+        ]
+    return out
 
 
 @SECTIONS.register("unfinished", "the jobs not completed and why", order=60)
@@ -126,6 +134,8 @@ def job_table(report: Report, _plots) -> list[str]:
 
 @SECTIONS.register("notes", "the notes and the bound's definition", order=90)
 def notes(report: Report, _plots) -> list[str]:
+    if not report.bound_shown:
+        return ["", "## Notes", "", *(f"- {n}" for n in report.notes), ""]
     bound = (
         "- Stability bound: b = dataset.batch_size; Γ = the largest grad_norm_max logged in "
         f"the last {NEAR_END:.0%} of the epochs; ρ = the mean ρ the job logged over that "

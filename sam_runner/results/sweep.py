@@ -160,6 +160,13 @@ class Report:
             self._once[key] = make()
         return self._once[key]
 
+    @property
+    def bound_shown(self) -> bool:
+        """Whether the report shows TLC-SAM's stability bound (table columns, dashed curves):
+        where the sweep has TLC-SAM jobs, whose controller steers ρ by it, and some job has one;
+        a sweep of SAM or GEAR-SAM alone keeps it in report.csv only."""
+        return has_tlc_sam(self.groups)
+
     def completed(self) -> list:
         """The completed jobs that have a folder (what the analyses read files from)."""
         return [j for j in self.jobs if j.status == "completed" and j.path is not None]
@@ -171,6 +178,15 @@ class Report:
             sets = [set(experiment_overrides(j.overrides)) for j in self.jobs]
             self._shared = set.intersection(*sets) if len(sets) > 1 else set()
         return " ".join(o for o in experiment_overrides(job.overrides) if o not in self._shared)
+
+
+TLC_SAM = "tlc_sam"  # the variant whose bound the report shows
+
+
+def has_tlc_sam(groups: list) -> bool:
+    """Whether some group is TLC-SAM's and some group has a stability bound."""
+    tlc = any(g["variant"] == TLC_SAM for g in groups)
+    return tlc and any(g["stats"]["bound"]["n"] for g in groups)
 
 
 def load_job(path: Path, metrics, name: str = "", source: str = "") -> Job:
@@ -338,11 +354,12 @@ def build_from_dirs(paths: list[Path], dirs: list[Path], metrics=(), ignore=(), 
     if common:
         notes.insert(0, "Overrides common to all groups: " + " ".join(common))
     n_bound = sum(len(g["bounds"]) for g in rows)
-    notes.append(
-        f"Stability bound λ_max ≤ (bΓ/(2ρη²))^(1/3) drawn for {n_bound} job(s)"
-        if n_bound
-        else "Stability bound not drawn: no completed job with ρ > 0 logged grad_norm_max."
-    )
+    if has_tlc_sam(rows):  # the bound is TLC-SAM's: said where its jobs are, not elsewhere
+        notes.append(
+            f"Stability bound λ_max ≤ (bΓ/(2ρη²))^(1/3) drawn for {n_bound} job(s)"
+            if n_bound
+            else "Stability bound not drawn: no completed job with ρ > 0 logged grad_norm_max."
+        )
     study = next((j.study for j in jobs if isinstance(j.study, dict)), None)
     return Report(paths[0], jobs, rows, metrics, notes, study, [str(p) for p in paths])
 

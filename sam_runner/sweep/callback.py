@@ -140,11 +140,19 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = str(config.hydra.sweep.dir)
         lines, failed = report(sweep_dir, len(self.jobs) if self.jobs is not None else None)
-        pruned = sum(1 for line in lines if line.split()[1:2] == ["pruned"])
-        done = f"{len(lines) - len(failed) - pruned} completed"
-        done += f", {pruned} pruned" if pruned else ""
-        print(f"sweep {sweep_dir}: {len(lines)} job(s), {done}", flush=True)
+        print(closing_line(sweep_dir, lines, failed), flush=True)
         print_report(lines, failed, "  ")
+
+
+def closing_line(sweep_dir: str, lines: list[str], failed: list[str]) -> str:
+    """``sweep DIR: N job(s), C completed[, P pruned][, R running ...]`` above the job lines: a
+    job another process (an identical sweep) still trains is counted as running, not done."""
+    count = lambda status: sum(1 for line in lines if line.split()[1:2] == [status])  # noqa: E731
+    pruned, running = count("pruned"), count("running")
+    done = f"{len(lines) - len(failed) - pruned - running} completed"
+    done += f", {pruned} pruned" if pruned else ""
+    done += f", {running} running in another process" if running else ""
+    return f"sweep {sweep_dir}: {len(lines)} job(s), {done}"
 
 
 def _exclude(config) -> tuple:

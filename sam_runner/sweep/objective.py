@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from pathlib import Path
 
 from ..errors import UserError, require
@@ -78,7 +79,7 @@ def require_for_search(cfg) -> None:
 
 # the keys every run logs (its evaluation lines and summary.json), and those some settings add
 ALWAYS_LOGGED = ("test_acc", "test_loss", "test_ece", "test_nll", "train_acc", "train_loss")
-ALWAYS_LOGGED += ("lr", "epochs", "step", "train_time_s", "grad_evals_per_step")
+ALWAYS_LOGGED += ("lr", "epoch", "epochs", "step", "time_s", "train_time_s", "grad_evals_per_step")
 VAL_LOGGED = ("val_acc", "val_loss", "val_ece", "val_nll", "best_val_acc", "best_val_epoch")
 HESSIAN_LOGGED = ("lambda_max",)
 
@@ -96,28 +97,52 @@ def logged_keys(cfg) -> list[str]:
     return keys
 
 
+# keys that parts of a run add to its lines or its summary (variants, weight decay, samplers,
+# federation, distillation, curvature tracking, corruptions, measures): a name, or a family of
+# names by its start (``test_acc_c_fog``, ``avg_test_acc``, ``lambda_3``, ``hessian_trace``)
+PART_KEYS = ("rho", "sigma", "oui", "round", "rounds", "clients", "label_skew", "epoch", "time_s")
+PART_KEYS += ("grad_evals", "perturbed_fraction", "teacher_forwards_per_step", "step_loss")
+PART_KEYS += ("sps_step", "tau_bar", "sgs_weight_ratio", "parameters", "trainable_parameters")
+PART_KEYS += ("corpus_bytes", "mce", "pruned_value", "flip_prob", "dist_from_init")
+PART_KEYS += ("clients_sampled",)
+PART_FAMILIES = ("test_", "val_", "train_", "avg_", "lambda_max_", "hessian_", "eos_", "grad_")
+PART_FAMILIES += ("armijo_", "sharpness_", "fisher_", "quant_", "sample_", "precond_", "param_")
+PART_FAMILIES += ("path_", "spectral_", "input_", "best_", "eps_")
+TOP_K = re.compile(r"lambda_\d+")  # metrics.hessian.k's eigenvalues past the first
+
+
+def may_be_logged(key: str) -> bool:
+    """Whether some setting's run logs ``key`` (a part's key, or one of a part's families)."""
+    return key in PART_KEYS or key.startswith(PART_FAMILIES) or bool(TOP_K.fullmatch(key))
+
+
 def require_logged(cfg) -> None:
-    """UserError naming an objective key this run does not log (checked before a search's
-    first job): a key the settings switch off (``val_acc`` without a validation split,
-    ``lambda_max`` without the Hessian), or one a letter or two off a logged key (a typo). Other
-    keys are accepted: measures and parts of a run add keys this check does not list (the job
-    then says at its end if its key is not there)."""
+    """UserError naming an objective key this run does not log (checked before anything runs):
+    a key the settings switch off (``val_acc`` without a validation split, ``lambda_max``
+    without the Hessian), one a letter or two off a logged key (a typo), or one no run logs
+    (``no_such_key``). A key some part adds (``may_be_logged``) is accepted: the job then says
+    at its end if its key is not there."""
     known = logged_keys(cfg)
     switched_off = (*VAL_LOGGED, *HESSIAN_LOGGED, "lambda_2", "lambda_3")
     for key in objective_keys(cfg):
         if key in known:
             continue
-        # a measure's test_* keys are many (test_acc_few, test_mce, ...): a near one is not a typo
-        near = [] if key.startswith("test_") else difflib.get_close_matches(key, known, n=1)
+        # a part's keys are many (test_acc_few, hessian_time_s, ...): a near one is not a typo
+        near = [] if may_be_logged(key) else difflib.get_close_matches(key, known, n=1)
         if key in switched_off or near:
             hint = f" (did you mean {near[0]}?)" if near and key not in switched_off else ""
             why = ""
             if key in VAL_LOGGED:
                 why = " without dataset.val_split"
-            elif key.startswith("lambda_"):
+            elif key in switched_off and key.startswith("lambda_"):
                 why = " with these metrics.hessian settings"
             raise UserError(
                 f"trainer.objective={key} is never logged by this run{why}{hint}; it logs "
+                f"{', '.join(known)}"
+            )
+        if not may_be_logged(key):
+            raise UserError(
+                f"trainer.objective={key} is not a key any run logs; this run logs "
                 f"{', '.join(known)}"
             )
 

@@ -73,11 +73,14 @@ def test_psi_is_the_mean_tau_over_groups_differing_only_in_the_axis(reported):
         assert row["psi"] == row["psi_optimizer"]  # one axis: Ψ is its ψ
 
 
-def test_the_ranking_is_the_reports_first_table_and_the_figure_is_written(reported):
+def test_the_sweeps_table_comes_first_and_a_ranking_of_few_jobs_after_it(reported):
+    """#58 item 9: report.md opened with a ranking of 4 jobs; the sweep's own table leads, and
+    a ranking on fewer than FEW_JOBS jobs follows the analyses, with its caution."""
     md = (reported / "report.md").read_text()
     first_table = md[md.index("\n|") :].split("\n\n")[0]
     assert "| rank | measure | τ with gen gap | p | τ with test error | Ψ | ψ optimizer | n |" in md
-    assert first_table.lstrip().startswith("| rank | measure")
+    assert first_table.lstrip().startswith("| group | variant | ρ | n |")
+    assert md.index("**Caution: few jobs.**") < md.index("| rank | measure") < md.index("## Plots")
     assert "Measured by sam-eval (eval.json): 4 job(s); from the training logs: 0." in md
     assert "![measures](measures.png)" in md
     rows = list(rows_of(reported / "measures.csv").values())

@@ -209,3 +209,14 @@ def test_a_done_landscape_is_said_from_its_folder_before_torch_loads(run, tmp_pa
     before = csv.stat().st_mtime_ns
     assert main([str(run), *words]) == 0
     assert csv.stat().st_mtime_ns > before
+
+
+def test_help_shows_list_defaults_as_they_are_typed():
+    """#58 item 6: block YAML printed ``landscape.span=- -1.0``."""
+    from sam_runner.landscape.cli import help_text
+
+    text = help_text()
+    assert "landscape.span=[-1.0, 1.0] " in text
+    assert "landscape.alpha_range=[-0.25, 1.25] " in text
+    assert "landscape.points=51 " in text and "landscape.to=null " in text
+    assert "=- " not in text

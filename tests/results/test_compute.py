@@ -87,3 +87,12 @@ def test_the_cost_column_and_the_cheapest_match(tmp_path):
     assert "![compute](compute.png)" in md
     # every2 is within 0.3 points (0.848 vs 0.850) and 10% of λ_max (10.5 vs 10): the cheapest
     assert "`optimizer=sam optimizer.interval=2`, 1.5 passes/step" in md
+
+
+def test_a_sweep_whose_groups_cost_the_same_has_no_compute_figure_or_section(tmp_path):
+    """#58 item 9: a ρ sweep of one variant drew compute.png over one x value."""
+    for n, rho_acc in enumerate((0.80, 0.82, 0.81)):
+        _job(tmp_path, n, "sam", [f"optimizer.rho=0.0{n + 1}"], 0, 2.0, rho_acc, 10.0 + n)
+    written = write_report(build_report(tmp_path))
+    assert not (tmp_path / "compute.png").exists() and tmp_path / "compute.png" not in written
+    assert "## Accuracy per compute" not in (tmp_path / "report.md").read_text()

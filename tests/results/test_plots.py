@@ -206,8 +206,11 @@ def test_curves_have_integer_epochs_a_descriptive_title_and_a_single_lambda_as_t
     fig = plot_curves(rows, "t")
     ticks = [t for t in fig.axes[0].get_xticks() if 1 <= t <= 3]
     assert ticks and all(float(t).is_integer() for t in ticks)
-    lam = fig.axes[3]
-    assert not lam.get_lines() and "39.85" in " ".join(t.get_text() for t in lam.texts)
+    # one λ_max is no curve: three panels, the value in the title (#58 item 9)
+    assert len(fig.axes) == 3 and [a.get_title() for a in fig.axes][2].startswith("calibration")
+    assert "λ_max = 39.85 (measured once, at epoch 3)" in fig.get_suptitle()
+    rows[1]["lambda_max"] = 41.0
+    assert len(plot_curves(rows, "t").axes) == 4  # measured twice: its curve
     from sam_runner.plots.run import run_title
 
     assert run_title(summary) == "mnist1d · cnn1d · sam (ρ = 0.05) · 3 epochs"
@@ -372,3 +375,18 @@ def test_a_log_axis_has_a_tick_below_the_lowest_point_and_above_the_highest(mean
     assert 2 <= len(ticks) <= 9 and ax.get_yscale() == "log"
     labels = [t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high]
     assert all(label and "×" not in label and "^" not in label for label in labels), labels
+
+
+def test_variants_at_the_same_rho_are_set_apart_so_their_bars_do_not_hide_each_other():
+    """#58 item 9: sam and gear_sam at one ρ sat at one x, one error bar over the other."""
+    groups = [group("sam", r, 4.0) for r in (0.05, 0.1)]
+    groups += [group("gear_sam", r, 4.0) for r in (0.05, 0.1)]
+    fig = plot_metric_vs_rho(groups, "lambda_max", "λ_max")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    lines = [c.lines[0] for c in ax.containers if c.get_label() in ("sam", "gear_sam")]
+    assert len(lines) == 2
+    x = [line.get_transform().transform(line.get_xydata())[:, 0] for line in lines]
+    gap = abs(x[0] - x[1])  # display pixels, at each ρ
+    assert (gap > 5).all()
+    assert [float(t) for t in ax.get_xticks()] == [0.05, 0.1]  # the ticks stay at the values

@@ -203,7 +203,8 @@ def test_the_stability_bound_is_drawn_from_the_logged_gradient_norms(tmp_path):
         assert job.bound == pytest.approx(
             (job.batch_size * gamma / (2 * job.rho * job.lr**2)) ** (1 / 3)
         )
-    assert "drawn for 2 job(s)" in " ".join(report.notes)
+    # a sweep without TLC-SAM: the bound is computed (report.csv) but not shown or said
+    assert not report.bound_shown and "Stability bound" not in " ".join(report.notes)
     from sam_runner.plots.sweep import plot_metric_vs_rho
 
     fig = plot_metric_vs_rho(report.groups, "lambda_max", "λ_max", logy=True, bounds=True)
@@ -316,6 +317,9 @@ def test_the_table_compares_lambda_max_with_the_bound_in_numbers(tlc_sweep, tmp_
     assert "| bound | λ_max/bound | λ_max > bound |" in md
     assert "| optimizer=base | base | — |" in md and f"| {int(lam > tlc.bound)}/1 |" in md
     assert "the schedule's peak" in md  # which η the bound uses is said
+    # what the bound is, said under the table where it appears
+    table_end = md.index("`bound`: TLC-SAM's stability bound λ_max ≤ (bΓ/(2ρη²))^(1/3)")
+    assert md.index("| bound | λ_max/bound |") < table_end < md.index("## Notes")
 
 
 def test_a_job_rerun_with_how_it_runs_settings_still_answers_for_its_sweep_job(tmp_path):
