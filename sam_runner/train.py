@@ -392,6 +392,9 @@ class Run:
         self.optimizer = build_optimizer(
             cfg, model, optimizer_steps, self.weight_decay, per_epoch or self.steps_per_epoch
         )
+        # Focal-SAM weighs classes by the training set's counts (a variant that asks for them)
+        if getattr(self.optimizer, "class_counts", 0) is None and self.data.class_counts:
+            self.optimizer.set_class_counts(self.data.class_counts)
         self.weight_decay.bind(
             model, self.optimizer, self.dist, cfg.seed, self.clock, self.steps_per_epoch
         )

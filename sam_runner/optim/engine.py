@@ -88,6 +88,8 @@ class SharpnessAware(torch.optim.Optimizer):
 
     # What a variant is (also the registry's metadata, read off the class): ...
     passes = 2  # forward-backward passes on a perturbing step
+    # True where a perturbing step is a single pass at θ+ε (MSAM): schedules apply all the same
+    single_pass_perturbation = False
     has_rho = True  # whether ``rho`` is a perturbation radius (logged as ``rho``)
     # without a fixed radius: why ``rho`` is refused, what to set instead
     rho_refused: str | None = None
@@ -300,13 +302,14 @@ class SharpnessAware(torch.optim.Optimizer):
         self.step_count += 1
         closure = self._counted(closure)
         first = None
-        if self.passes > 1 and self.schedule.needs_grad_norm:
+        perturbs = self.passes > 1 or self.single_pass_perturbation
+        if perturbs and self.schedule.needs_grad_norm:
             # AE-SAM decides on this step's ‖g‖²: the first pass runs (synchronised, so that every
             # process decides alike) before the decision, and a perturbing step reuses it
             first = self.run_pass(closure, 0, sync=True)
             perturb = self.schedule.decide(self.step_count, self._raw_sq_norm())
         else:
-            perturb = self.passes > 1 and self.schedule.decide(self.step_count)
+            perturb = perturbs and self.schedule.decide(self.step_count)
         self.last_perturbed = perturb  # a variant may clear it (LookSAM's reuse steps)
         if perturb:
             loss = self.sharpness_step(closure if first is None else _reuse_first(closure, first))
