@@ -37,7 +37,7 @@ from .metrics.robustness import Robustness
 from .metrics.sharpness_dim import step_for
 from .metrics.tracker import CurvatureTracker
 from .models import build_model, load_initial_weights
-from .optim.build import build_optimizer
+from .optim.build import bind_dataset, build_optimizer
 from .plots.run import write_run_plots
 from .progress import Progress, print_final
 from .provenance import provenance
@@ -392,9 +392,7 @@ class Run:
         self.optimizer = build_optimizer(
             cfg, model, optimizer_steps, self.weight_decay, per_epoch or self.steps_per_epoch
         )
-        # Focal-SAM weighs classes by the training set's counts (a variant that asks for them)
-        if getattr(self.optimizer, "class_counts", 0) is None and self.data.class_counts:
-            self.optimizer.set_class_counts(self.data.class_counts)
+        bind_dataset(self.optimizer, self.data)  # Focal-SAM's class counts, bSAM's N
         self.weight_decay.bind(
             model, self.optimizer, self.dist, cfg.seed, self.clock, self.steps_per_epoch
         )

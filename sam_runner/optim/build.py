@@ -73,3 +73,12 @@ def build_optimizer(
         )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise UserError(f"optimizer={cfg.optimizer.name}: {e}") from None
+
+
+def bind_dataset(optimizer, data) -> None:
+    """What a variant needs of the training set and its config left unset: Focal-SAM's class
+    counts, bSAM's number of examples N."""
+    if getattr(optimizer, "class_counts", 0) is None and data.class_counts:
+        optimizer.set_class_counts(data.class_counts)
+    if getattr(optimizer, "num_data", 0) is None and data.train_size:
+        optimizer.set_num_data(data.train_size)
