@@ -3,7 +3,7 @@ budget, one process for all jobs (real Hydra multirun); every job completes with
 The full sweep is marked slow (about 45 s of CPU, minutes on a busy machine); the default
 suite sweeps the variants whose runner wiring differs from SAM's (three passes, the
 reweighted loss, the Polyak step and its global-package preset, the class counts of
-Focal-SAM, bSAM's N, MSAM's single pass)."""
+Focal-SAM, bSAM's N, Functional-SAM's logits, MSAM's single pass)."""
 
 import json
 import math
@@ -22,7 +22,7 @@ def test_every_variant_completes_a_tiny_sweep(tmp_path):
 
 
 def test_variants_with_their_own_wiring_complete_a_tiny_sweep(tmp_path):
-    _sweep(tmp_path, ["bsam", "csam", "eisam", "focal_sam", "msam", "sam_sps"])
+    _sweep(tmp_path, ["bsam", "csam", "eisam", "focal_sam", "functional_sam", "msam", "sam_sps"])
 
 
 def _sweep(tmp_path, names):
