@@ -121,7 +121,7 @@ FLOORS = (
     {"data", "models", "optim", "metrics", "losses", "samplers", "schedulers", "averaging"}
     | {"regularizers", "weight_decay", "distill", "adapters"}
     | {"loggers", "provenance", "plots"},
-    {"validate", "train", "rebuild", "federated"},
+    {"validate", "train", "rebuild", "federated", "integrations"},
     {"sweep", "preflight", "jobarray", "command_config"},
     {"evaluation", "landscape", "results"},
     {"cli", "entry_points"},
