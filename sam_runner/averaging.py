@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .errors import integer, number, require
+from .part import Part
 from .registry import WEIGHT_AVERAGING as AVERAGING
 from .rundir import AVERAGED
 from .runfiles import atomic_write
@@ -89,44 +90,41 @@ def swa_start(trainer_cfg) -> int:
     return int(start) if start is not None else math.floor(0.75 * int(trainer_cfg.epochs)) + 1
 
 
-def build_averaging(cfg, model, optimizer, clock, plain_batches, measure):
-    """The run's averaging; ``measure(model)`` evaluates a model on the test set (a metrics row),
-    ``plain_batches`` are the un-augmented training batches (BatchNorm statistics)."""
+def build_averaging(cfg, model, optimizer, clock, plain_batches, measure, lambda_max_of=None):
+    """The run's averaging, or None; ``measure(model)`` evaluates a model on the test set (a
+    metrics row), ``plain_batches`` are the un-augmented training batches (BatchNorm
+    statistics), ``lambda_max_of(model)`` the run's curvature measurement on other weights."""
     validate(cfg)
     entry = AVERAGING.entry(cfg.trainer.get("weight_averaging", "none"))
-    return entry.target(cfg.trainer, model, optimizer, clock, plain_batches, measure)
+    part = entry.target(cfg.trainer, model, optimizer, clock, plain_batches, measure)
+    if part is None:
+        return None
+    part.lambda_max_of = lambda_max_of or (lambda _model: None)
+    return part
 
 
 @AVERAGING.register("none", "the last weights only")
-class NoAveraging:
-    enabled = False
-
-    def __init__(self, *_args):
-        pass
-
-    def schedule(self, scheduler, steps_per_epoch: int):  # noqa: ARG002
-        return scheduler
-
-    def after_step(self) -> None:
-        pass
-
-    def end_epoch(self) -> None:
-        pass
-
-    def log_values(self) -> dict:
-        return {}
-
-    def save(self, run_dir: Path) -> None:
-        pass
-
-    def summary_values(self, last: dict, lambda_max_of) -> dict:  # noqa: ARG002
-        return {}
+def no_averaging(*_args) -> None:
+    return None  # no part
 
 
-class Averaged(NoAveraging):
+def build_part(run) -> Averaged | None:
+    """The run's averaging (None for ``none``)."""
+    measure = run.loop.test_set.measure
+    return build_averaging(
+        run.cfg, run.model, run.optimizer, run.clock, run.data.train_plain, measure,
+        run.lambda_max_of,
+    )  # fmt: skip
+
+
+def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+    validate(cfg)
+
+
+class Averaged(Part):
     """An ``AveragedModel`` of the run's model, its evaluation and its files."""
 
-    enabled = True
+    name = "averaging"
     kind = ""
 
     def __init__(self, model, clock, plain_batches, measure, **average):
@@ -171,17 +169,18 @@ class Averaged(NoAveraging):
             "step": int(self.clock.step),
         }
 
-    def save(self, run_dir: Path) -> None:
+    def save_files(self, run_dir: Path) -> None:
         """checkpoints/averaged.pt, atomically, once something is averaged."""
         if self.n_averaged:
             weights = self.weights()
             atomic_write(Path(run_dir) / AVERAGED, lambda f: torch.save(weights, f))
 
-    def summary_values(self, last: dict, lambda_max_of) -> dict:
+    def summary_values(self, last: dict) -> dict:
         """avg_test_acc, avg_test_ece, avg_lambda_max (the run's curvature measurement on the
         averaged weights, as the last evaluation left their BatchNorm statistics)."""
         out = {k: last.get(k) for k in ("avg_test_acc", "avg_test_ece", "avg_test_loss")}
-        out["avg_lambda_max"] = lambda_max_of(self.averaged.module) if self.n_averaged else None
+        measured = self.lambda_max_of(self.averaged.module) if self.n_averaged else None
+        out["avg_lambda_max"] = measured
         out["weight_averaging"] = {"kind": self.kind, "n_averaged": self.n_averaged}
         return out
 
@@ -310,7 +309,7 @@ class EMA(Averaged):
         if note and distributed_main():
             print(note, file=sys.stderr)
 
-    def after_step(self) -> None:
+    def after_step(self, step: int) -> None:  # noqa: ARG002 (the hook's signature)
         self.update()
 
 

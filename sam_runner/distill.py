@@ -30,6 +30,7 @@ from .data.sources import data_shape
 from .errors import UserError, number, require
 from .losses import distillation_loss_to, distillation_targets, select_targets
 from .models import build_model, without_download
+from .part import Part, PassInputs
 from .rundir import CHECKPOINT, RunDir, check_weights, model_state
 from .weight_decay import tracked_layers
 
@@ -146,24 +147,8 @@ def load_teacher(run: RunDir, weights: str, input_shape, num_classes, device):
     return model.to(device).eval().requires_grad_(False)
 
 
-class NoDistill:
-    enabled = False
-
-    def teach(self, micro):  # noqa: ARG002 (the hook's signature)
-        return None
-
-    def capturing(self):
-        return contextlib.nullcontext()
-
-    def add(self, objective, logits, taught, i, share, rows=None):  # noqa: ARG002
-        return objective
-
-    def summary_values(self) -> dict:
-        return {}
-
-
-class Distiller(NoDistill):
-    enabled = True
+class Distiller(Part):
+    """The distillation objective of a student run (stateless: the teacher's files are read)."""
 
     def __init__(self, teacher, student, temperature, weight, align, autocast=None):
         self.teacher, self.temperature = teacher, temperature
@@ -173,10 +158,14 @@ class Distiller(NoDistill):
         self.student_taps = Taps(student) if align > 0 else None
         # counted by a hook on the teacher: the samples it saw, and the steps' samples
         self.teacher_samples, self.step_samples = 0, 0
+        self.taught: list = []  # the current step's teacher outputs, per micro-batch
         teacher.register_forward_hook(lambda _m, i, _o: self._count(i[0]))
 
     def _count(self, x) -> None:
         self.teacher_samples += len(x)
+
+    def begin_step(self, micro) -> None:
+        self.taught = self.teach(micro)
 
     @torch.no_grad()
     def teach(self, micro) -> list:
@@ -193,12 +182,12 @@ class Distiller(NoDistill):
             out.append((distillation_targets(logits, self.temperature), sims))
         return out
 
-    def summary_values(self) -> dict:
+    def summary_values(self, last: dict) -> dict:  # noqa: ARG002 (the hook's signature)
         """``teacher_forwards_per_step``: the teacher's forwards over the batch per step, counted
         (1 whatever the variant)."""
         return {"teacher_forwards_per_step": self.teacher_samples / max(self.step_samples, 1)}
 
-    def capturing(self):
+    def forward_context(self, pass_index: int):  # noqa: ARG002 (the hook's signature)
         """Around the student's training forward: its features for the alignment."""
         return self.student_taps.on() if self.student_taps else contextlib.nullcontext()
 
@@ -208,10 +197,15 @@ class Distiller(NoDistill):
                  if k in mine]  # fmt: skip
         return torch.stack(terms).mean()
 
-    def add(self, objective, logits, taught, i, share, rows=None):
+    def loss_term(self, objective, inputs: PassInputs):
         """``objective`` (the task's share of the step's loss) as the distillation objective;
-        ``rows``: the rows of micro-batch ``i`` this pass runs on, when not all (ESAM's descent
-        pass), whose teacher targets and similarities it takes."""
+        ``inputs.rows``: the rows of the micro-batch this pass runs on, when not all (ESAM's
+        descent pass), whose teacher targets and similarities it takes."""
+        return self.add(objective, inputs.logits, self.taught, inputs.index, inputs.share,
+                        inputs.rows)  # fmt: skip
+
+    def add(self, objective, logits, taught, i, share, rows=None):
+        """The distillation objective of micro-batch ``i`` (``loss_term`` with its parts)."""
         targets, sims = taught[i]
         if rows is not None:
             targets = select_targets(targets, rows)
@@ -223,11 +217,20 @@ class Distiller(NoDistill):
         return out
 
 
+def build_part(run) -> Distiller | None:
+    return build_distiller(run.cfg, run.model, run.data, run.device, run.loop.autocast, run.run_dir)
+
+
+def check(cfg, where=None) -> None:
+    """``trainer.distill``'s keys and the teacher's folder (not the run's own, when known)."""
+    check_teacher(cfg, getattr(where, "run_dir", None))
+
+
 def build_distiller(cfg, student, data, device, autocast=None, run_dir=None):
-    """The run's distillation (``NoDistill`` without ``trainer.distill.teacher``)."""
+    """The run's distillation (None without ``trainer.distill.teacher``)."""
     run = check_teacher(cfg, run_dir)
     if run is None:
-        return NoDistill()
+        return None
     s = settings(cfg)
     teacher = load_teacher(run, s["weights"], data.input_shape, data.num_classes, device)
     return Distiller(teacher, student, s["temperature"], s["weight"], s["align"], autocast)

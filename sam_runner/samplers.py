@@ -12,26 +12,16 @@ import torch
 from typing_extensions import override
 
 from .errors import number, require
+from .part import Part
 from .registry import SAMPLERS
 
 
-class UniformSampler:
-    """Plain shuffling: nothing to observe, nothing to change."""
+class UniformSampler(Part):
+    """Plain shuffling: nothing to observe, nothing to change (a part all the same: the
+    checkpoint has always held the sampler's state, empty here)."""
 
-    def observe(self, pass_index, idx, targets, per_sample_loss) -> None:
-        pass
-
-    def end_epoch(self, loader) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-    def log_values(self) -> dict:
-        return {}
+    name = "sampler"
+    loader = None  # the training loader (set by build_part)
 
 
 class SGSSampler(UniformSampler):
@@ -131,7 +121,8 @@ class SGSSampler(UniformSampler):
         self.observed = self.observed | present
 
     @override
-    def end_epoch(self, loader) -> None:
+    def end_epoch(self, loader=None) -> None:
+        loader = loader if loader is not None else self.loader
         if self._new is None:  # nothing observed since the last epoch's end
             return
         if self._later:
@@ -232,3 +223,15 @@ def sgs(cfg, data) -> SGSSampler:
 
 def build_sampler(cfg, data):
     return SAMPLERS.build(cfg.get("sampler", "uniform"), cfg, data)
+
+
+def build_part(run) -> UniformSampler:
+    sampler = build_sampler(run.cfg.dataset, run.data)
+    sampler.loader = run.data.train  # the loader whose per-example weights it sets
+    return sampler
+
+
+def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+    entry = SAMPLERS.entry(cfg.dataset.get("sampler", "uniform"))
+    if entry.meta.get("check"):
+        entry.check(cfg.dataset)

@@ -21,6 +21,7 @@ from torch import nn
 
 from .errors import integer, number, require
 from .metrics.oui import oui_from_counts
+from .part import Part
 from .registry import WEIGHT_DECAYS
 
 TRACKED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -39,38 +40,12 @@ def tracked_layers(model: nn.Module, trainable: bool = True) -> OrderedDict:
     return out
 
 
-class ConstantDecay:
-    """``weight_decay=constant``: the base optimizer's coefficient on every group (today's run,
-    bit for bit); with ``metrics.oui=true`` it also logs OUI (an ``OUIDecay`` that never
-    rescales)."""
-
-    enabled = False
-
-    def split(self, groups, model):  # noqa: ARG002 (the hook's signature)
-        return groups
-
-    def bind(self, model, optimizer, dist, seed, clock, steps_per_epoch=0) -> None:
-        pass
-
-    def watching(self, first_pass: bool):  # noqa: ARG002
-        return contextlib.nullcontext()
-
-    def after_step(self, step: int) -> None:
-        pass
-
-    def log_values(self) -> dict:
-        return {}
-
-    def summary_values(self) -> dict:
-        return {}
-
-
-class OUIDecay(ConstantDecay):
+class OUIDecay(Part):
     """Every ``every`` steps, λ_l = λ·(s1 + (s2 − s1)·(o_l − min o)/(max o − min o + eps)) for each
     tracked layer l, where o_l is the mean OUI of its last ``window`` collected steps and λ the
     base coefficient; ``rescale=False`` (``metrics.oui``): OUI is logged, nothing rescaled."""
 
-    enabled = True
+    name = "weight_decay"
 
     def __init__(self, every=256, window=5, scale_min=0.6666, scale_max=5.0, eps=1e-8,
                  positions="random", rescale=True):  # fmt: skip
@@ -83,7 +58,7 @@ class OUIDecay(ConstantDecay):
         self.active, self.counts, self.seen = False, {}, {}
 
     # ---------------------------------------------------------------- building
-    def split(self, groups, model):
+    def param_groups(self, groups, model):
         """The runner's parameter groups with each tracked layer's weight in a group of its own
         (``layer``: its name; the other keys kept), so the base optimizer decays it alone."""
         self.layers = tracked_layers(model)
@@ -105,8 +80,13 @@ class OUIDecay(ConstantDecay):
                 out.append({**g, "params": rest})
         return out
 
-    def bind(self, model, optimizer, dist, seed, clock, steps_per_epoch=0) -> None:
+    def attach(self, run) -> None:
         """Hooks on the tracked layers; the base coefficient from the optimizer's groups."""
+        per_epoch = run.loop.steps_per_epoch
+        self.bind(run.model, run.optimizer, run.dist, run.cfg.seed, run.clock, per_epoch)
+
+    def bind(self, model, optimizer, dist, seed, clock, steps_per_epoch=0) -> None:
+        """``attach`` outside a run (a model, its optimizer, the processes, the clock)."""
         self.optimizer, self.dist, self.seed, self.clock = optimizer, dist, int(seed), clock
         self.steps_per_epoch = int(steps_per_epoch)
         if not hasattr(self, "layers"):  # logging only: the groups were not split
@@ -127,11 +107,11 @@ class OUIDecay(ConstantDecay):
         return step == 1 or (self.rescale and to_update < self.window) or bool(epoch_end)
 
     @contextlib.contextmanager
-    def watching(self, first_pass: bool):
+    def forward_context(self, pass_index: int):
         """Around the training forward: the hooks count when this is a collected step's first
         pass."""
         step = self.clock.step + 1
-        self.active = first_pass and self.due(step)
+        self.active = pass_index == 0 and self.due(step)
         if self.active and not self.counts:  # the step's first micro-batch: its positions' seed
             self.generator.manual_seed((self.seed * 1_000_003 + step) * 10_007 + self.dist.rank)
         try:
@@ -211,7 +191,7 @@ class OUIDecay(ConstantDecay):
             return {}
         return {"oui": float(self.latest.nanmean())}
 
-    def summary_values(self) -> dict:
+    def summary_values(self, last: dict) -> dict:  # noqa: ARG002 (the hook's signature)
         if not self.rescale:
             return {}
         return {"weight_decay_layers": dict(self.coefficients)}
@@ -237,7 +217,7 @@ class OUIDecay(ConstantDecay):
 
 @WEIGHT_DECAYS.register("constant", "base_optimizer.weight_decay on every parameter (default)")
 def constant(cfg, base_weight_decay=None, log_oui=False):  # noqa: ARG001
-    return OUIDecay(rescale=False) if log_oui else ConstantDecay()
+    return OUIDecay(rescale=False) if log_oui else None  # the optimizer's own decay: no part
 
 
 @WEIGHT_DECAYS.register("ouidecay", "each conv/linear layer's decay rescaled by its OUI")
@@ -264,9 +244,19 @@ def ouidecay(cfg, base_weight_decay=None, log_oui=False):  # noqa: ARG001
     return OUIDecay(every, window, lo, hi, positions=positions)
 
 
-def build_weight_decay(cfg):
+def build_part(run) -> OUIDecay | None:
+    """The run's weight-decay part (None for the base optimizer's constant decay)."""
+    return build_weight_decay(run.cfg)
+
+
+def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+    build_weight_decay(cfg)
+
+
+def build_weight_decay(cfg) -> OUIDecay | None:
     """The ``weight_decay`` group's rule for a run's composed config (absent: constant), keys
-    checked; ``metrics.oui=true`` adds OUI logging to ``constant``."""
+    checked; ``metrics.oui=true`` adds OUI logging to ``constant``; None: constant, nothing
+    to do."""
     wd_cfg = cfg.get("weight_decay") or {"name": "constant"}
     base = cfg.base_optimizer.get("weight_decay", 0.0) if "base_optimizer" in cfg else None
     log_oui = bool((cfg.get("metrics") or {}).get("oui", False))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError, number
+from ..part import Part
 from ..registry import AUGMENTS, DATASETS
 
 CUTOUT_SIDE = 0.5  # the hole's side over the image's: 16×16 on 32×32, as the SAM paper's CIFAR
@@ -173,7 +174,13 @@ def folder_transform(value, size: int, mean, std):
     )
 
 
-class Mixing:
+def build_part(run) -> Mixing | None:
+    """MixUp/CutMix of the training batches (None when neither is on)."""
+    mixing = Mixing(run.cfg.dataset, run.data.num_classes, run.cfg.seed, run.data.input_shape)
+    return mixing if mixing.op is not None else None
+
+
+class Mixing(Part):
     """MixUp and/or CutMix of a training batch into soft targets (both on: one of the two per
     batch, at random), seeded by (seed, step); off, the batch and its labels pass through."""
 
@@ -193,6 +200,9 @@ class Mixing:
             ops.append(v2.CutMix(alpha=cutmix, num_classes=num_classes))
         self.op = None if not ops else ops[0] if len(ops) == 1 else v2.RandomChoice(ops)
         self.seed = seed
+
+    def batch(self, x, y, step: int):
+        return self(x, y, step)
 
     def __call__(self, x, y, step: int):
         """(inputs, targets): soft targets (N, classes) when mixing, else ``y`` itself."""

@@ -1,11 +1,11 @@
 """The federated simulation: ``Federation`` holds the clients and the server's algorithm;
-``run_rounds(run)`` is the loop ``train(cfg)`` runs in place of its epochs when
-``federated != none``.
+``FederatedLoop`` is the loop a run with ``federated != none`` runs in place of the epoch loop
+(the federation part names it, ``Part.loop_class``).
 
 One model instance serves every client, one after another: a client starts from the global
 weights (copied in), its base optimizer's per-parameter state starts empty (clients are
 stateless, as in FedAvg), it takes ``local_steps`` steps of the run's own optimizer through
-``Run.optimizer_step`` (the shared engine, the closure, mixing, precision as in any run), and
+``EpochLoop.optimizer_step`` (the shared engine, the closure, mixing, precision as in any run), and
 its weights are added, weighted by its data size, to a running mean. The server's update is the
 algorithm's. Round r's clients and batches depend on (seed, r, client) alone, so a run resumed
 at a checkpointed round boundary, or killed mid-round and replayed from the last one, trains as
@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 
 import torch
 
 from ..data.loaders import FolderLoader, Shard, TensorLoader
 from ..errors import require
 from ..module_state import frozen_running_stats
+from ..part import Part
 from ..rundir import CLIENTS
 from ..runfiles import write_json
+from ..training.evaluation import EpochStats
+from ..training.loop import EpochLoop, Lengths
 from .algorithms import FedAvg
 from .measures import Observer
 from .split import histograms, skew, split_clients
@@ -32,10 +34,11 @@ from .split import histograms, skew, split_clients
 CLIENT_SEED = 7919  # client k's batches: TensorLoader seed = run seed + CLIENT_SEED·k
 
 
-class Federation:
-    """The clients (their shards and loaders), the round's sampling and the algorithm."""
+class Federation(Part):
+    """The clients (their shards and loaders), the round's sampling and the algorithm: the run's
+    ``federated`` part, whose loop is ``FederatedLoop``."""
 
-    enabled = True
+    name = "federated"
 
     def __init__(self, cfg, algorithm: FedAvg, data, seed: int):
         f = cfg.federated
@@ -106,35 +109,24 @@ class Federation:
             "label_skew": skew(self.hist),
         })  # fmt: skip
 
-    def attach(self, opt) -> None:
-        """The algorithm's and the measures' hooks on the run's optimizer instance (its class,
-        the variant, is untouched): ε filtered and observed after the variant computes it, the
-        gradients ε is built from and the base step descends along adjusted. FedAvg's hooks
-        change nothing: its client steps are the optimizer's own, bit for bit."""
+    def attach(self, run) -> None:
+        """The algorithm's and the measures' hooks on the run's optimizer (the engine's declared
+        hooks: the variant is untouched): ε filtered and observed after the variant computes
+        it, the gradients ε is built from and the base step descends along adjusted. FedAvg's
+        hooks change nothing: its client steps are the optimizer's own, bit for bit."""
         alg, obs = self.algorithm, self.observer
-        compute, pgrads, step = opt.compute_perturbation, opt.perturbation_grads, opt.base_step
 
-        def compute_perturbation(params, grads, eps):
-            compute(params, grads, eps)
+        def filtered(params, eps):
             if obs.watching:
                 obs.raw(eps)
             alg.filter_(eps)
             if obs.watching:
                 obs.applied(params, eps)
 
-        def perturbation_grads(params, grads):
-            return alg.adjust(params, pgrads(params, grads))
-
-        def base_step():
-            params, grads, _ = opt._lists()
-            adjusted = alg.adjust(params, grads)
-            if adjusted is not grads:
-                torch._foreach_copy_(grads, adjusted)
-            step()
-
-        opt.compute_perturbation = compute_perturbation
-        opt.perturbation_grads = perturbation_grads
-        opt.base_step = base_step
+        run.optimizer.add_perturbation_filter(filtered)
+        run.optimizer.add_gradient_adjuster(alg.adjust)
+        if run.dist.is_main:
+            self.write_clients(run.run_dir / CLIENTS)
 
     def evaluation_due(self, r: int) -> bool:
         return r >= self.rounds or r % self.eval_every == 0
@@ -143,7 +135,7 @@ class Federation:
     def log_values(self) -> dict:
         return dict(self.round_values)
 
-    def summary_values(self) -> dict:
+    def summary_values(self, last: dict) -> dict:  # noqa: ARG002 (the hook's signature)
         return {
             "federated": str(self.cfg.name),
             "rounds": self.rounds,
@@ -175,63 +167,79 @@ def float_state(model) -> tuple[list, list, list]:
     return floats, names, others
 
 
-def run_rounds(run) -> None:
-    """The rounds of a federated run, evaluated and checkpointed as a run's epochs are."""
-    fed = run.federation
-    if run.dist.is_main:
-        fed.write_clients(run.run_dir / CLIENTS)
-    while run.clock.epoch < run.clock.epochs:
-        if not train_round(run, fed):
-            break  # diverged
-        run.end_epoch()
-        if run.pruned():
-            break
+class FederatedLoop(EpochLoop):
+    """The rounds of a federated run, evaluated and checkpointed as a run's epochs are: a round
+    is an epoch of the clock, its schedule steps once a round."""
+
+    @staticmethod
+    def lengths(cfg, data) -> Lengths:  # noqa: ARG004 (the loop's signature)
+        f = cfg.federated
+        rounds, clients = int(f.rounds), int(f.clients)
+        per_round = max(1, round(float(f.participation) * clients))
+        a_round = per_round * int(f.local_steps)  # every sampled client's local steps
+        return Lengths(1, rounds, rounds * a_round, a_round)
+
+    def say_notes(self) -> None:
+        pass  # a federation evaluates by rounds (federated.eval_every)
+
+    def __init__(self, run, steps_per_epoch: int):
+        super().__init__(run, steps_per_epoch)
+        run.clock.rounds = True  # the tracker's period: metrics.hessian.every_n_rounds
+        self.fed = next(p for p in run.parts.all if isinstance(p, Federation))
+
+    def train_epoch(self) -> bool:
+        """One round: the sampled clients' local steps from the global weights, then the
+        server's update; False when a loss became non-finite."""
+        run, fed, opt = self.run, self.fed, self.run.optimizer
+        started = self.begin_epoch()
+        r = run.clock.epoch
+        floats, names, _ = float_state(run.model)
+        global_ = [t.clone() for t in floats]
+        lr = opt.param_groups[0]["lr"]
+        fed.algorithm.begin_round({id(p): n for n, p in run.model.named_parameters()}, lr)
+        measuring = fed.evaluation_due(r) and opt.passes > 1
+        fed.observer.begin(global_sam_direction(run) if measuring else None, measuring)
+        stats = EpochStats(run.device, run.dist)
+        chosen = fed.sampled(r)
+        total = sum(fed.sizes[k] for k in chosen)
+        mean = [torch.zeros_like(t) for t in floats]
+        for k in chosen:
+            self.client_update(k, r, floats, global_, stats, measuring)
+            torch._foreach_add_(mean, floats, alpha=fed.sizes[k] / total)
+        fed.observer.watching = False
+        torch._foreach_copy_(floats, fed.algorithm.server_update(global_, mean, names, lr))
+        run.scheduler.step()  # the learning rate's schedule counts rounds
+        fed.round_values = {"round": r, "clients_sampled": len(chosen), **fed.observer.values()}
+        return self.end_training_pass(stats, started)
+
+    def client_update(self, k: int, r: int, floats, global_, stats, measuring=False) -> None:
+        """Client k's part of round r: from the global weights ``global_`` (copied into the
+        model's float state tensors ``floats``), its base optimizer's state empty, its local
+        steps; the model then holds its weights. What any engine runs for a client
+        (scripts/bench_flower.py runs it in Flower's simulation)."""
+        opt, fed = self.run.optimizer, self.fed
+        torch._foreach_copy_(floats, global_)
+        opt.base_optimizer.state.clear()  # stateless clients: momentum starts afresh
+        opt.state.clear()
+        for j, (x, y, idx) in enumerate(fed.batches(k, r)):
+            fed.observer.watching = measuring and j == 0  # a client's ε at the global weights
+            self.optimizer_step(x, y, idx, stats, schedule=False)
+
+    def evaluation_due(self) -> bool:
+        return self.run.clock.final or self.fed.evaluation_due(self.run.clock.epoch)
+
+    def epoch_keys(self) -> dict:
+        return {"round": self.run.clock.epoch}
 
 
-def train_round(run, fed: Federation) -> bool:
-    """One round: the sampled clients' local steps from the global weights, then the server's
-    update; False when a loss became non-finite."""
-    clock, opt, model = run.clock, run.optimizer, run.model
-    clock.epoch += 1
-    clock.within_epoch = True
-    r, started = clock.epoch, time.perf_counter()
-    model.train()
-    floats, names, _ = float_state(model)
-    global_ = [t.clone() for t in floats]
-    ids = {id(p): n for n, p in model.named_parameters()}
-    lr = opt.param_groups[0]["lr"]
-    fed.algorithm.begin_round(ids, lr)
-    measuring = fed.evaluation_due(r) and opt.passes > 1
-    fed.observer.begin(global_sam_direction(run) if measuring else None, measuring)
-    stats = run.epoch_stats()
-    chosen = fed.sampled(r)
-    total = sum(fed.sizes[k] for k in chosen)
-    mean = [torch.zeros_like(t) for t in floats]
-    for k in chosen:
-        client_update(run, fed, k, r, floats, global_, stats, measuring)
-        torch._foreach_add_(mean, floats, alpha=fed.sizes[k] / total)
-    fed.observer.watching = False
-    new = fed.algorithm.server_update(global_, mean, names, lr)
-    torch._foreach_copy_(floats, new)
-    run.scheduler.step()  # the learning rate's schedule counts rounds
-    clock.within_epoch = False
-    clock.train_time += time.perf_counter() - started
-    fed.round_values = {"round": r, "clients_sampled": len(chosen), **fed.observer.values()}
-    return run.end_of_training_pass(stats)
+Federation.loop_class = FederatedLoop
 
 
-def client_update(run, fed, k: int, r: int, floats, global_, stats, measuring=False) -> None:
-    """Client k's part of round r: from the global weights ``global_`` (copied into the model's
-    float state tensors ``floats``), its base optimizer's state empty, its local steps; the
-    model then holds its weights. What any engine runs for a client (scripts/bench_flower.py
-    runs it in Flower's simulation)."""
-    opt = run.optimizer
-    torch._foreach_copy_(floats, global_)
-    opt.base_optimizer.state.clear()  # stateless clients: momentum starts afresh
-    opt.state.clear()
-    for j, (x, y, idx) in enumerate(fed.batches(k, r)):
-        fed.observer.watching = measuring and j == 0  # a client's ε at the global weights
-        run.optimizer_step(x, y, idx, stats, schedule=False)
+def build_part(run) -> Federation | None:
+    """The run's federation (None without one)."""
+    from . import build_federation
+
+    return build_federation(run.cfg, run.data)
 
 
 def global_sam_direction(run) -> list | None:
@@ -240,13 +248,14 @@ def global_sam_direction(run) -> list | None:
     untouched, gradients restored to none."""
     n = min(int(run.cfg.metrics.get("hessian", {}).get("num_samples", 1024)), run.data.train_size)
     x, y = run.data.train_subset(n, run.cfg.seed)
+    autocast = run.loop.autocast
     params = [p for p in run.model.parameters() if p.requires_grad]
     grads = [torch.zeros_like(p) for p in params]
     loss_fn = torch.nn.functional.cross_entropy
     bs = run.data.train.batch_size
     with frozen_running_stats(list(run.model.modules())), torch.enable_grad():
         for a in range(0, len(y), bs):
-            with run.autocast if run.autocast is not None else contextlib.nullcontext():
+            with autocast if autocast is not None else contextlib.nullcontext():
                 loss = loss_fn(run.model(x[a : a + bs]), y[a : a + bs], reduction="sum")
             got = torch.autograd.grad(loss / len(y), params, allow_unused=True)
             for g, h in zip(grads, got):

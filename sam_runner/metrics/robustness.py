@@ -28,6 +28,7 @@ from .. import distributed
 from ..data import corruptions as C
 from ..data.loaders import TensorLoader
 from ..errors import UserError, require
+from ..part import Part
 from ..registry import CORRUPTIONS, DATASETS
 from .calibration import expected_calibration_error
 from .evaluate import predict
@@ -234,18 +235,27 @@ def corruption_values(model, data, metrics_cfg, dataset_cfg, seed, autocast=None
     return out, sorted(sources)
 
 
-class Robustness:
-    """The corruption keys of a run's final evaluation line (a part of ``train.Run``)."""
+def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+    validate(cfg.metrics, cfg.dataset)
+
+
+def build_part(run) -> Robustness | None:
+    """The corruption measurement of the run's last evaluation (None when not asked for)."""
+    if not enabled(run.cfg.metrics):
+        return None
+    return Robustness(run.cfg, run.data, run.net, run.loop.autocast, run.dist, run.clock)
+
+
+class Robustness(Part):
+    """The corruption keys of a run's final evaluation line."""
 
     def __init__(self, cfg, data, model, autocast, dist, clock):
         self.cfg, self.data, self.model, self.clock = cfg, data, model, clock
         self.autocast, self.dist = autocast, dist
-        self.enabled = enabled(cfg.metrics)
-        if self.enabled:  # before training, not after it
-            validate(cfg.metrics, cfg.dataset)
+        validate(cfg.metrics, cfg.dataset)  # before training, not after it
 
     def log_values(self) -> dict:
-        if not (self.enabled and self.clock.final):
+        if not self.clock.final:
             return {}
         cfg = self.cfg
         values, _ = corruption_values(

@@ -43,12 +43,17 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ..adapters import every_parameter_trainable
 from ..clock import Clock
 from ..errors import integer, number, require
+from ..losses import mean_loss
 from ..module_state import modes_restored
+from ..part import Part
 from ..registry import MEASURES
+from ..rundir import INIT_WEIGHTS
+from ..runfiles import InitialWeights
 from .dynamics import dynamics
 from .hvp import HVP_METHODS, HessianOperator
 from .measures import Measurement, leading_batches
 from .preconditioned import preconditioned_sharpness
+from .sharpness_dim import step_for
 from .solvers import hessian_eigenpairs
 
 BN_MODES = ("eval", "train")
@@ -410,3 +415,70 @@ def _pearson(a, b):
     x, y = x - x.mean(), y - y.mean()
     den = float(x.norm() * y.norm())
     return float((x * y).sum()) / den if den > 0 else None
+
+
+class CurvaturePart(Part):
+    """The run's curvature tracker as a part: measurements within epochs, at epoch ends and at
+    evaluations (``metrics.hessian.every_n_*``), its summary keys and its checkpointed history;
+    at the start, the references the generalization measures compare with (θ⁰, the SGD step)."""
+
+    name = "curvature"
+
+    def __init__(self, run):
+        self.run = run
+        loss = mean_loss(run.cfg.trainer.get("loss", "cross_entropy"))
+        self.tracker = CurvatureTracker(
+            run.cfg.metrics, run.model, run.data, run.optimizer, run.cfg.seed, run.clock, loss
+        )
+
+    def start(self, resumed: bool) -> None:
+        """θ⁰ kept from a fresh start (``checkpoints/init.pt``), else read back; the run's SGD
+        step for ``sharpness_dim``."""
+        run, tracker = self.run, self.tracker
+        tracker.step = step_for(run.cfg.metrics, run.cfg)
+        initial = InitialWeights(run.run_dir / INIT_WEIGHTS)
+        if not resumed:
+            start = {k: v.detach().cpu().clone() for k, v in run.model.state_dict().items()}
+            if run.dist.is_main:
+                initial.save(start)
+        else:
+            start = initial.load()
+        tracker.init_state = start if tracker.enabled else None
+
+    def measure_values(self) -> dict:
+        return self.tracker.log_values()
+
+    def log_values(self) -> dict:
+        tracker = self.tracker
+        if tracker.clock.final and tracker.enabled:  # the last measurement can take a while
+            self.run.record.progress.note(
+                f"measuring the Hessian's top eigenvalue(s) on {tracker.num_samples()} training "
+                "samples (metrics.hessian.*) ..."
+            )
+        return tracker.log_values()
+
+    def summary_values(self, last: dict) -> dict:  # noqa: ARG002 (the hook's signature)
+        return self.tracker.summary_extras()
+
+    def lambda_max_of(self, model) -> float | None:
+        """The run's measurement (its settings, samples and loss) on other weights."""
+        if not self.tracker.enabled:
+            return None
+        t = self.tracker
+        other = CurvatureTracker(t.cfg, model, t.data, t.optimizer, t.seed, t.clock, t.loss_fn)
+        return other.measure(final=True).get("lambda_max")
+
+    def state_dict(self) -> dict:
+        return self.tracker.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tracker.load_state_dict(state)
+
+
+def build_part(run) -> CurvaturePart:
+    """Always a part (its state has always been in the checkpoint), measuring what is on."""
+    return CurvaturePart(run)
+
+
+def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+    validate(cfg.metrics)

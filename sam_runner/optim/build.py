@@ -15,8 +15,8 @@ import math
 from torch import nn
 
 from ..errors import UserError, integer, number, require
+from ..part import Part
 from ..registry import BASE_OPTIMIZERS, VARIANTS
-from ..weight_decay import build_weight_decay
 from .blocks import hidden_weights, is_bias, top_level_blocks
 
 
@@ -56,16 +56,23 @@ def variant_kwargs(cfg) -> tuple[type, dict]:
 
 
 def build_optimizer(
-    cfg, model: nn.Module, total_steps: int, weight_decay=None, steps_per_epoch: int | None = None
+    cfg, params: nn.Module | list[dict], total_steps: int, steps_per_epoch: int | None = None
 ):
-    """The SAM variant named by ``cfg.optimizer.name`` around the configured base optimizer;
-    ``weight_decay`` (sam_runner.weight_decay's rule; None: the config's) may split the groups
-    per layer. ``steps_per_epoch``: the optimizer steps of an epoch (``perturb_from`` as an
-    epoch)."""
+    """The SAM variant named by ``cfg.optimizer.name`` around the configured base optimizer.
+
+    Args:
+        cfg: the run's composed config (its ``optimizer`` and ``base_optimizer`` groups).
+        params: the parameter groups (a training part may have split them per layer), or a
+            model, whose ``parameter_groups`` are taken.
+        total_steps: the run's optimizer steps (the variants' schedules).
+        steps_per_epoch: the optimizer steps of an epoch (``perturb_from`` as an epoch).
+
+    Returns:
+        The variant, its base optimizer built on the same groups.
+    """
     cls, kwargs = variant_kwargs(cfg)
     base_cls, base_kwargs = BASE_OPTIMIZERS.build(cfg.base_optimizer.name, cfg.base_optimizer)
-    weight_decay = build_weight_decay(cfg) if weight_decay is None else weight_decay
-    groups = weight_decay.split(parameter_groups(model), model)
+    groups = parameter_groups(params) if isinstance(params, nn.Module) else params
     try:
         return cls(
             groups, base_cls, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
@@ -82,3 +89,17 @@ def bind_dataset(optimizer, data) -> None:
         optimizer.set_class_counts(data.class_counts)
     if getattr(optimizer, "num_data", 0) is None and data.train_size:
         optimizer.set_num_data(data.train_size)
+
+
+class DatasetFacts(Part):
+    """A variant's facts from the training set (``bind_dataset``), once everything is built."""
+
+    def attach(self, run) -> None:
+        bind_dataset(run.optimizer, run.data)
+
+
+def build_part(run) -> Part | None:
+    """The part for variants that read the training set (Focal-SAM, bSAM), else nothing."""
+    cls = VARIANTS.entry(run.cfg.optimizer.name).target
+    needs = hasattr(cls, "set_class_counts") or hasattr(cls, "set_num_data")
+    return DatasetFacts() if needs else None

@@ -46,7 +46,7 @@ class EISAM(SAM):
         self._unscale(grads)
         g_hat = self.perturbation_grads(params, grads)
         self.g_norm = self.global_norm(g_hat)
-        self.compute_perturbation(params, g_hat, c["eps"])  # ε = ρ ĝ / ‖ĝ‖
+        self.perturbation_into(params, g_hat, c["eps"])  # ε = ρ ĝ / ‖ĝ‖
         torch._foreach_add_(params, c["eps"])  # θ̃ + ε
         self.descend(closure, 2, loss)
         return loss

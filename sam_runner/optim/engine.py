@@ -159,6 +159,9 @@ class SharpnessAware(torch.optim.Optimizer):
         self.grad_scaler, self.clip_grad_norm = None, None
         self._bn: list[_BatchNorm] = []
         self._cache: dict = {}
+        # hooks a training feature adds (federated algorithms): see add_perturbation_filter
+        self._perturbation_filters: list[Callable[[list, list], None]] = []
+        self._gradient_adjusters: list[Callable[[list, list], list]] = []
         if model is not None:
             self.bind(model=model)
 
@@ -172,6 +175,24 @@ class SharpnessAware(torch.optim.Optimizer):
             self.grad_scaler = grad_scaler
         self.clip_grad_norm = clip_grad_norm
         return self
+
+    def add_perturbation_filter(self, fn: Callable[[list, list], None]) -> None:
+        """Run ``fn(params, eps)`` on every ε the variant computes, before θ moves: it may edit
+        ε in place (FedFFT's low-frequency filter) or only read it (a measure).
+
+        Args:
+            fn: called with the parameter list and the ε buffers, one per parameter.
+        """
+        self._perturbation_filters.append(fn)
+
+    def add_gradient_adjuster(self, fn: Callable[[list, list], list]) -> None:
+        """Adjust the gradients ε is built from and those the base step descends along:
+        ``fn(params, grads)`` returns the adjusted list (``grads`` itself when unchanged).
+
+        Args:
+            fn: called with the parameter list and a gradient list; returns a gradient list.
+        """
+        self._gradient_adjusters.append(fn)
 
     def _lists(self):
         """Flat lists of the parameters with gradients, plus per-group slices (cached)."""
@@ -284,13 +305,21 @@ class SharpnessAware(torch.optim.Optimizer):
 
     def perturbation_grads(self, params, grads):
         """The gradient ε is built from: g, plus weight decay when asked for."""
-        if not self.perturb_with_weight_decay:
-            return grads
-        out = list(grads)
-        for (a, b), g in zip(self._lists()[2], self.param_groups):
-            if g.get("weight_decay", 0):
-                out[a:b] = torch._foreach_add(grads[a:b], params[a:b], alpha=g["weight_decay"])
+        out = grads
+        if self.perturb_with_weight_decay:
+            out = list(grads)
+            for (a, b), g in zip(self._lists()[2], self.param_groups):
+                if g.get("weight_decay", 0):
+                    out[a:b] = torch._foreach_add(grads[a:b], params[a:b], alpha=g["weight_decay"])
+        for adjust in self._gradient_adjusters:
+            out = adjust(params, out)
         return out
+
+    def perturbation_into(self, params, grads, eps) -> None:
+        """ε from the variant's rule (``compute_perturbation``), then the added filters."""
+        self.compute_perturbation(params, grads, eps)
+        for edit in self._perturbation_filters:
+            edit(params, eps)
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
@@ -359,7 +388,7 @@ class SharpnessAware(torch.optim.Optimizer):
         """θ saved, then θ ← θ + ε with ε from ``compute_perturbation`` (into the ``eps``
         buffers, where a variant may read it after the second pass)."""
         c = self._cache
-        self.compute_perturbation(params, pgrads, c["eps"])
+        self.perturbation_into(params, pgrads, c["eps"])
         torch._foreach_copy_(c["theta"], params)
         torch._foreach_add_(params, c["eps"])
 
@@ -400,7 +429,7 @@ class SharpnessAware(torch.optim.Optimizer):
             params, grads, _ = self._lists()
             torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm, foreach=True)
         if self.grad_scaler is None:
-            self.base_step()
+            self._descend()
             return
         found = (
             self._found_inf
@@ -408,13 +437,24 @@ class SharpnessAware(torch.optim.Optimizer):
             else torch.zeros(1, device=self.grad_scaler._scale.device)
         )
         if not found.item():  # the one host sync, fp16 only (GradScaler.step does the same)
-            self.base_step()
+            self._descend()
         # hand the inf/NaN finding to the scaler so that scaler.update() adjusts the scale
         from torch.amp.grad_scaler import OptState
 
         state = self.grad_scaler._per_optimizer_states[id(self)]
         state["found_inf_per_device"] = {found.device: found}
         state["stage"] = OptState.STEPPED
+
+    def _descend(self) -> None:
+        """The added gradient adjusters, then the base step."""
+        if self._gradient_adjusters:
+            params, grads, _ = self._lists()
+            adjusted = grads
+            for adjust in self._gradient_adjusters:
+                adjusted = adjust(params, adjusted)
+            if adjusted is not grads:
+                torch._foreach_copy_(grads, adjusted)
+        self.base_step()
 
     def base_step(self):
         self.base_optimizer.step()
@@ -456,9 +496,8 @@ class SharpnessAware(torch.optim.Optimizer):
         stack = contextlib.ExitStack()
         stack.enter_context(frozen_running_stats(self._bn))
         self._between_steps = stack
-        self.pass_index = (
-            1  # the caller's next forward is the perturbed pass (reduce_loss reads it)
-        )
+        # the caller's next forward is the perturbed pass (reduce_loss reads it)
+        self.pass_index = 1
         if zero_grad:
             self.zero_grad()
 

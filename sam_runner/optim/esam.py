@@ -200,7 +200,7 @@ class ESAM(SAM):
             return super().sharpness_step(closure)
         loss, params, pgrads = self.first_pass(closure)
         c = self._cache
-        self.compute_perturbation(params, pgrads, c["eps"])
+        self.perturbation_into(params, pgrads, c["eps"])
         torch._foreach_copy_(c["theta"], params)
         torch._foreach_add_(params, c["eps"])
         if not self._before:  # the closure does not call reduce_loss: nothing to rank by

@@ -76,7 +76,7 @@ class LookSAM(SAM):
         if "g" not in c:
             c["g"] = [torch.empty_like(p) for p in params]
         torch._foreach_copy_(c["g"], g)  # the closure may zero the gradients in place
-        self.compute_perturbation(params, g, c["eps"])
+        self.perturbation_into(params, g, c["eps"])
         torch._foreach_copy_(c["theta"], params)
         torch._foreach_add_(params, c["eps"])
         self.descend(closure, 1, loss)

@@ -27,8 +27,9 @@ class SAM(SharpnessAware):
 
     @override
     def perturb_(self, params, pgrads) -> None:
-        # a subclass's own rule, or a hook on this instance (federated filters ε): the engine's way
-        if getattr(self.compute_perturbation, "__func__", None) is not SAM.compute_perturbation:
+        # a subclass's own rule, or a filter on ε (a federated algorithm's): the engine's way
+        own_rule = type(self).compute_perturbation is SAM.compute_perturbation
+        if self._perturbation_filters or not own_rule:
             return super().perturb_(params, pgrads)
         torch._foreach_mul_(pgrads, self._scale())  # ε, in the gradients' own storage
         torch._foreach_copy_(self._cache["theta"], params)
