@@ -41,11 +41,12 @@ class MSAM(SAM):
         )
         self._buffers = {}
 
-    def _saved(self, params):
-        """Persistent buffers holding a copy of ``params`` (one per list of parameters)."""
-        key = tuple(id(p) for p in params)
+    def _buffer(self, params, slot: str):
+        """A persistent buffer per parameter of ``params`` (one list per ``slot``)."""
+        key = (slot, tuple(id(p) for p in params))
         if key not in self._buffers:
-            self._buffers = {key: [torch.empty_like(p) for p in params]}
+            self._buffers = {k: v for k, v in self._buffers.items() if k[0] != slot}
+            self._buffers[key] = [torch.empty_like(p) for p in params]
         return self._buffers[key]
 
     @override
@@ -54,10 +55,11 @@ class MSAM(SAM):
         params = [p for g in groups for p in g["params"] if "msam_delta" in self.state[p]]
         if params:
             delta = [self.state[p]["msam_delta"] for p in params]
-            theta = self._saved(params)
+            theta, step = self._buffer(params, "theta"), self._buffer(params, "step")
             torch._foreach_copy_(theta, params)
-            scale = self.current_rho / (self.global_norm(delta) + 1e-12)
-            torch._foreach_add_(params, torch._foreach_mul(delta, scale))
+            torch._foreach_copy_(step, delta)
+            torch._foreach_mul_(step, self.current_rho / (self.global_norm(delta) + 1e-12))
+            torch._foreach_add_(params, step)  # θ + ρ Δ/‖Δ‖
         loss = self.run_pass(closure, 0, sync=True)
         if params:
             torch._foreach_copy_(params, theta)
@@ -70,8 +72,12 @@ class MSAM(SAM):
     @override
     def base_step(self):
         params = self._lists()[0]
-        before = self._saved(params)
+        before = self._buffer(params, "theta")
         torch._foreach_copy_(before, params)
         super().base_step()
-        for p, b in zip(params, before):
-            self.state[p]["msam_delta"] = p.detach() - b
+        for p in params:  # Δ = θ_new − θ_old, kept in place once it exists
+            if "msam_delta" not in self.state[p]:
+                self.state[p]["msam_delta"] = torch.empty_like(p)
+        delta = [self.state[p]["msam_delta"] for p in params]
+        torch._foreach_copy_(delta, params)
+        torch._foreach_sub_(delta, before)
