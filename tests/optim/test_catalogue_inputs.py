@@ -25,6 +25,7 @@ from conftest import run_cli
         ("msam", "optimizer.perturb_schedule=adaptive", "does not apply to msam"),
         ("focal_sam", "optimizer.sharpness=2", "sharpness must be in [0, 1], got 2"),
         ("functional_sam", "optimizer.precondition=adam", "use base_optimizer=adamw"),
+        ("sampa", "optimizer.lam=-0.5", "optimizer=sampa: lam must be in [0, 1], got -0.5"),
     ],
 )
 def test_a_bad_catalogue_key_is_one_line_and_nothing_is_written(
