@@ -8,7 +8,8 @@ is built as the runner builds it (its parameter groups, SGD with
 momentum 0.9 and weight decay 5e-4; SAM-SPS without momentum).
 
 Keys: ``<variant>_over_sam_step_default`` / ``..._resnet18``, ``sam_over_base_step_*``,
-``sam_over_naive_step_*``.
+``sam_over_naive_step_*``, ``msam_over_base_step_*`` (MSAM takes one pass: its step against
+the base's, the product of the two measured ratios).
 """
 
 from __future__ import annotations
@@ -133,4 +134,8 @@ def run(args) -> dict:
                 out[f"sam_over_naive_step_{kind}"] = 1 / r
             else:
                 out[f"{name}_over_sam_step_{kind}"] = r
+        if f"msam_over_sam_step_{kind}" in out:
+            out[f"msam_over_base_step_{kind}"] = (
+                out[f"msam_over_sam_step_{kind}"] * out[f"sam_over_base_step_{kind}"]
+            )
     return out

@@ -47,7 +47,12 @@ STUDIES = [
     "optimizer_consistency",
     "peft_flatness",
     "pc_sharpness",
+    "baselines",
 ]
+# the catalogue of baselines: the field's known variants and the ones added with it
+BASELINES = (
+    "base sam asam gsam look_sam esam fsam wsam gcsam bsam msam focal_sam functional_sam sampa"
+)
 ZOO = "base sam asam gear_sam tlc_sam le_sam eisam csam spectral_sam sam_sps precond_sam gsam"
 # preset: (jobs, models, dataset, variants), as README's study table says (minis: their preset's
 # comment)
@@ -70,6 +75,8 @@ EXPECTED = {
     "spectral_muon_mini": (12, "mlp", "mnist1d", "base sam spectral_sam"),
     "variant_zoo": (36, "resnet18", "cifar100", ZOO),
     "variant_zoo_mini": (24, "cnn1d", "mnist1d", ZOO),
+    "baselines": (28, "resnet18", "cifar100", BASELINES),
+    "baselines_mini": (28, "auto", "mnist1d", BASELINES),
     "edge_of_stability": (16, "cnn mlp", "cifar10", "base sam"),
     "edge_of_stability_mini": (6, "mlp", "mnist1d", "base sam"),
     "sharpness_dim_eos_mini": (9, "mlp", "mnist1d", "base"),

@@ -121,7 +121,7 @@ FLOORS = (
     {"data", "models", "optim", "metrics", "losses", "samplers", "schedulers", "averaging"}
     | {"regularizers", "weight_decay", "distill", "adapters", "circuits"}
     | {"loggers", "provenance", "plots"},
-    {"validate", "idle_periods", "train", "training", "rebuild", "federated"},
+    {"validate", "idle_periods", "train", "training", "rebuild", "federated", "integrations"},
     {"sweep", "preflight", "jobarray", "command_config"},
     {"evaluation", "landscape", "results"},
     {"cli", "entry_points"},

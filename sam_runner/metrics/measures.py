@@ -199,6 +199,32 @@ def average(m: Measurement, **options) -> dict:
 
 
 @MEASURES.register(
+    "ggn",
+    "λ_max of the Gauss–Newton matrix G = Σ JᵀH_ℓJ and of the rest, H − G (torch.func)",
+    config="ggn",
+    keys=("lambda_max_ggn", "lambda_max_residual"),
+    schema={"num_samples": "count", "max_iter": "count", "tol": "positive"},
+)
+def ggn(m: Measurement, num_samples: int = TRACE_SAMPLES, max_iter: int = 100, tol=1e-3) -> dict:
+    from .ggn import ggn_eigenvalues
+
+    return ggn_eigenvalues(m.operator_on(num_samples), m.seed, tol, max_iter)
+
+
+@MEASURES.register(
+    "blocks",
+    "λ_max of each diagonal block H_bb of the Hessian, GEAR-SAM's blocks (top-level children)",
+    config="blocks",
+    keys=("lambda_max_block_<block>",),
+    schema={"num_samples": "count", "max_iter": "count", "tol": "positive"},
+)
+def blocks(m: Measurement, num_samples: int = TRACE_SAMPLES, max_iter: int = 100, tol=1e-3) -> dict:
+    from .ggn import block_eigenvalues
+
+    return block_eigenvalues(m.operator_on(num_samples), m.seed, tol, max_iter)
+
+
+@MEASURES.register(
     "directional",
     "dᵀHd along random unit directions d, by HVPs (mean, max)",
     config="sharpness.directional",

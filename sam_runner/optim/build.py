@@ -15,6 +15,7 @@ import math
 from torch import nn
 
 from ..errors import UserError, integer, number, require
+from ..part import Part
 from ..registry import BASE_OPTIMIZERS, VARIANTS
 from .blocks import hidden_weights, is_bias, top_level_blocks
 
@@ -79,3 +80,26 @@ def build_optimizer(
         )  # fmt: skip
     except (ValueError, TypeError) as e:
         raise UserError(f"optimizer={cfg.optimizer.name}: {e}") from None
+
+
+def bind_dataset(optimizer, data) -> None:
+    """What a variant needs of the training set and its config left unset: Focal-SAM's class
+    counts, bSAM's number of examples N."""
+    if getattr(optimizer, "class_counts", 0) is None and data.class_counts:
+        optimizer.set_class_counts(data.class_counts)
+    if getattr(optimizer, "num_data", 0) is None and data.train_size:
+        optimizer.set_num_data(data.train_size)
+
+
+class DatasetFacts(Part):
+    """A variant's facts from the training set (``bind_dataset``), once everything is built."""
+
+    def attach(self, run) -> None:
+        bind_dataset(run.optimizer, run.data)
+
+
+def build_part(run) -> Part | None:
+    """The part for variants that read the training set (Focal-SAM, bSAM), else nothing."""
+    cls = VARIANTS.entry(run.cfg.optimizer.name).target
+    needs = hasattr(cls, "set_class_counts") or hasattr(cls, "set_num_data")
+    return DatasetFacts() if needs else None

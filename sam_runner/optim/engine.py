@@ -103,6 +103,10 @@ class SharpnessAware(torch.optim.Optimizer):
 
     # What a variant is (also the registry's metadata, read off the class): ...
     passes = 2  # forward-backward passes on a perturbing step
+    # True where a perturbing step is a single pass at θ+ε (MSAM): schedules apply all the same
+    single_pass_perturbation = False
+    # True where the update reads L(θ) and L(θ+ε): first_step/second_step then need loss=
+    step_needs_losses = False
     has_rho = True  # whether ``rho`` is a perturbation radius (logged as ``rho``)
     # without a fixed radius: why ``rho`` is refused, what to set instead
     rho_refused: str | None = None
@@ -341,13 +345,14 @@ class SharpnessAware(torch.optim.Optimizer):
         self.step_count += 1
         closure = self._counted(closure)
         first = None
-        if self.passes > 1 and self.schedule.needs_grad_norm:
+        perturbs = self.passes > 1 or self.single_pass_perturbation
+        if perturbs and self.schedule.needs_grad_norm:
             # AE-SAM decides on this step's ‖g‖²: the first pass runs (synchronised, so that every
             # process decides alike) before the decision, and a perturbing step reuses it
             first = self.run_pass(closure, 0, sync=True)
             perturb = self.schedule.decide(self.step_count, self._raw_sq_norm())
         else:
-            perturb = self.passes > 1 and self.schedule.decide(self.step_count)
+            perturb = perturbs and self.schedule.decide(self.step_count)
         self.last_perturbed = perturb  # a variant may clear it (LookSAM's reuse steps)
         if perturb:
             loss = self.sharpness_step(closure if first is None else _reuse_first(closure, first))
@@ -468,6 +473,73 @@ class SharpnessAware(torch.optim.Optimizer):
 
     def base_step(self):
         self.base_optimizer.step()
+
+    # ------------------------------------------------------------------ davda54/sam's API
+    def _two_step_check(self, method: str) -> None:
+        name = type(self).__name__
+        _check(
+            self.passes == 2 and type(self).sharpness_step is SharpnessAware.sharpness_step,
+            f"{name}.{method}: {name} runs passes of its own (more or fewer than two, or on part "
+            "of the batch): use step(closure)",
+        )
+
+    @torch.no_grad()
+    def first_step(self, zero_grad: bool = False, *, loss=None) -> None:
+        """davda54/sam's first step: with the gradient at θ in ``.grad`` (the caller ran the
+        backward pass), save θ and move to θ + ε. ``loss``: L(θ), for the variants whose update
+        reads it (``step_needs_losses``). Between the two steps BatchNorm layers of a bound model
+        keep their running statistics (the second forward does not move them)."""
+        self._two_step_check("first_step")
+        name = type(self).__name__
+        _check(
+            getattr(self, "_between_steps", None) is None,
+            f"{name}.first_step called twice without second_step in between",
+        )
+        _check(
+            not self.step_needs_losses or loss is not None,
+            f"{name}.first_step needs loss= (L(θ)): its update reads the losses",
+        )
+        self._found_inf = None
+        self.step_count += 1
+        self.last_perturbed = True
+        self.count_pass(1.0)
+        params, grads, _ = self._lists()
+        self._unscale(grads)
+        pgrads = self.prepare_perturbation(params, grads)
+        SharpnessAware.perturb_(self, params, pgrads)  # ε into its buffers, the gradients kept
+        self._first_loss = loss
+        stack = contextlib.ExitStack()
+        stack.enter_context(frozen_running_stats(self._bn))
+        self._between_steps = stack
+        # the caller's next forward is the perturbed pass (reduce_loss reads it)
+        self.pass_index = 1
+        if zero_grad:
+            self.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self, zero_grad: bool = False, *, loss=None) -> None:
+        """davda54/sam's second step: with the gradient at θ + ε in ``.grad``, restore θ and take
+        the base optimizer's step with that gradient (the variant's own update included).
+        ``loss``: L(θ + ε), for the variants whose update reads it."""
+        self._two_step_check("second_step")
+        name = type(self).__name__
+        stack = getattr(self, "_between_steps", None)
+        _check(stack is not None, f"{name}.second_step called without first_step before it")
+        _check(
+            not self.step_needs_losses or loss is not None,
+            f"{name}.second_step needs loss= (L(θ + ε)): its update reads the losses",
+        )
+        stack.close()
+        self._between_steps, self.pass_index = None, 0
+        self.count_pass(1.0)
+        torch._foreach_copy_(self._cache["params"], self._cache["theta"])
+        self._unscale(self._lists()[1])
+        self.descent_loss = loss
+        self.after_second_pass(self._first_loss, loss)
+        self.schedule.perturbed += 1
+        self._finish()
+        if zero_grad:
+            self.zero_grad()
 
     # ------------------------------------------------------------------ variant hooks
     def compute_perturbation(self, params: Tensors, grads: Tensors, eps: Tensors) -> None:

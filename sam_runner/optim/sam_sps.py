@@ -25,6 +25,7 @@ from .sam import SAM
 
 @VARIANTS.register("sam_sps", "SAM with a Polyak step size in place of the learning rate (SAM-SPS)")
 class SAMSPS(SAM):
+    step_needs_losses = True  # first_step/second_step take loss= (L(θ), L(θ+ε))
     variant_options = {"lam": 1.0, "loss_floor": 0.0, "gamma_max": 1.0}
     replaces_lr = True
 

@@ -35,6 +35,7 @@ from .engine import SharpnessAware, _check
     "sample", "SAM with ρ set each step so the perturbed loss meets a budget (SAMPLe, ours)"
 )
 class SAMPLe(SharpnessAware):
+    step_needs_losses = True  # first_step/second_step take loss= (L(θ), L(θ+ε))
     variant_options = {"budget": 0.05, "curvature_decay": 0.9}
 
     def __init__(self, params, base_optimizer, rho: float = 0.5, **kwargs):

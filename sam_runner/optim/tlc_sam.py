@@ -30,6 +30,7 @@ from .engine import SharpnessAware, _check
 
 @VARIANTS.register("tlc_sam", "ρ steered by the observed Taylor error of the loss rise (TLC-SAM)")
 class TLCSAM(SharpnessAware):
+    step_needs_losses = True  # first_step/second_step take loss= (L(θ), L(θ+ε))
     variant_options = {
         "tau_target": 0.2,
         "kappa": 0.05,

@@ -18,6 +18,7 @@ from ..adapters import part as adapters
 from ..data import augment
 from ..federated import rounds
 from ..metrics import robustness, tracker
+from ..optim import build as optim_build
 from ..part import Part, PartBuilder, PartCheck
 from . import density, pruning
 
@@ -68,6 +69,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("weight_decay", weight_decay.build_part, weight_decay.check, early=True),
     Feature("federated", rounds.build_part, federated.check_part, early=True),
     Feature("search trial", pruning.build_part),
+    Feature("optimizer (training-set facts)", optim_build.build_part),
 )
 
 

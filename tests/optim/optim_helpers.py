@@ -16,6 +16,7 @@ Y = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(2))
 
 # per-variant keywords that make each one valid with plain SGD (SAM-SPS: no momentum)
 DEFAULT_KW = {name: {} for name in VARIANTS}
+DEFAULT_KW["bsam"] = dict(num_data=1000)  # with its weight noise (null: none)
 
 
 def mlp(seed=0, bias=True, depth=3, width=5):

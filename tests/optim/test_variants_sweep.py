@@ -2,7 +2,8 @@
 budget, one process for all jobs (real Hydra multirun); every job completes with finite metrics.
 The full sweep is marked slow (about 45 s of CPU, minutes on a busy machine); the default
 suite sweeps the variants whose runner wiring differs from SAM's (three passes, the
-reweighted loss, the Polyak step and its global-package preset)."""
+reweighted loss, the Polyak step and its global-package preset, the class counts of
+Focal-SAM, bSAM's N, Functional-SAM's logits, MSAM's single pass)."""
 
 import json
 import math
@@ -21,7 +22,7 @@ def test_every_variant_completes_a_tiny_sweep(tmp_path):
 
 
 def test_variants_with_their_own_wiring_complete_a_tiny_sweep(tmp_path):
-    _sweep(tmp_path, ["csam", "eisam", "sam_sps"])
+    _sweep(tmp_path, ["bsam", "csam", "eisam", "focal_sam", "functional_sam", "msam", "sam_sps"])
 
 
 def _sweep(tmp_path, names):
@@ -54,3 +55,6 @@ def _sweep(tmp_path, names):
         assert name == "base" or math.isfinite(last["rho"]), name
         seen[name] = summary
     assert sorted(seen) == names
+    for name, passes in (("msam", 1.0), ("focal_sam", 3.0), ("eisam", 3.0)):
+        if name in seen:
+            assert seen[name]["grad_evals_per_step"] == pytest.approx(passes, rel=1e-12), name

@@ -1,0 +1,183 @@
+"""bSAM, Bayesian SAM (Möllenhoff & Khan, ICLR 2023, "SAM as an Optimal Relaxation of Bayes";
+official code team-approx-bayes/bayesian-sam ``optim.py``, JAX).
+
+A Gaussian posterior N(θ, 1/(N s)) with a per-coordinate precision s (initialised to
+``s_init``). Per step:
+
+1. pass 0 at a sample θ + n/√(N s), n ~ N(0, I): g;
+2. ε = ρ g / s (elementwise; no normalisation), pass 1 at θ + ε: g_ε;
+3. m ← β₁ m + (1 − β₁)(g_ε + δ θ); θ ← θ − η m / s (s before its update);
+   s ← β₂ s + (1 − β₂)(√s |g| + γ + δ).
+
+δ is the parameter group's ``weight_decay`` (the official code's prior precision / N), η its
+learning rate, γ = ``damping``. bSAM is an optimizer of its own: the base optimizer's step is not
+taken (its ``lr`` and ``weight_decay`` are read; a momentum of the base does nothing, with a
+notice). Defaults ρ = 0.01, β₁ = 0.9, β₂ = 0.999, γ = 0.1, s_init = 1 (the official CIFAR
+command; its learning rate 0.5 belongs to ``base_optimizer.lr``).
+
+``num_data`` is N; ``sam-run`` sets it to the training set's size when null (the official code
+multiplies it by ``--dafactor`` 4 under augmentation: set it to 4 × the size for that). From
+Python, null means no weight noise (N = ∞), with a notice.
+
+pytorch_optimizer's ``BSAM`` differs from the official code in four places (its noise has
+variance 1/(N s)² where the official has 1/(N s); the parameters are not restored between the
+passes; its momentum averages wd·g_ε instead of g_ε + δ θ; its s averages (√s |g_ε| + δ + γ)²):
+the official code is the reference here (tests/optim/test_bsam.py transcribes it).
+
+Ours: the noise is drawn from a generator seeded by ``perturb_seed``, the count of steps taken
+and the process's rank (so every process draws its own, as the official code's sub-batches do,
+and a resume draws the same noise without a saved generator); under data parallelism with
+per-process ε the √s |g| term is averaged over processes (the official code averages it over its
+sub-batches), so s stays the same everywhere. A plain step (a schedule's) takes the update with
+the gradient at θ in place of g_ε and g. BatchNorm running statistics come from the noisy pass.
+"""
+
+import math
+import warnings
+
+import torch
+from typing_extensions import override
+
+from ..registry import VARIANTS
+from .engine import _check
+from .sam import SAM
+
+
+def _rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+@VARIANTS.register("bsam", "SAM as a Bayes relaxation: noisy g, ε = ρg/s, Adam-like s (bSAM)")
+class BSAM(SAM):
+    replaces_lr = True  # the step is η m / s
+    variant_options = {
+        "beta1": 0.9,
+        "beta2": 0.999,
+        "damping": 0.1,
+        "s_init": 1.0,
+        "num_data": None,
+    }
+
+    def __init__(self, params, base_optimizer, rho: float = 0.01, **kwargs):
+        self.seed = int(kwargs.get("perturb_seed", 0))
+        super().__init__(params, base_optimizer, rho=rho, **kwargs)
+        _check(0 <= self.beta1 < 1, f"beta1 must be in [0, 1), got {self.beta1}")
+        _check(0 <= self.beta2 < 1, f"beta2 must be in [0, 1), got {self.beta2}")
+        _check(self.damping >= 0, f"damping must be >= 0, got {self.damping}")
+        _check(self.s_init > 0, f"s_init must be > 0, got {self.s_init}")
+        if self.num_data is not None:
+            self.set_num_data(self.num_data)
+        moving = [g for g in self.param_groups if g.get("momentum") or g.get("nesterov")]
+        if moving:
+            warnings.warn(
+                "bsam: the base optimizer's momentum does nothing (bSAM's own is beta1)",
+                stacklevel=2,
+            )
+        self.noise_count = 0
+        self._gs, self._told = None, False
+        self._saved = {}
+
+    def set_num_data(self, n) -> None:
+        """N, the number of training examples the posterior's precision counts."""
+        _check(
+            isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < math.inf,
+            f"num_data must be a number > 0, got {n!r}",
+        )
+        self.num_data = float(n)
+
+    def _state(self, p, key):
+        state = self.state[p]
+        if key not in state:
+            init = self.s_init if key == "bsam_s" else 0.0
+            state[key] = torch.full_like(p, init)
+        return state[key]
+
+    def _copy(self, params):
+        key = tuple(id(p) for p in params)
+        if key not in self._saved:
+            self._saved = {key: [torch.empty_like(p) for p in params]}
+        buf = self._saved[key]
+        torch._foreach_copy_(buf, params)
+        return buf
+
+    def _add_noise_(self, params) -> None:
+        """θ ← θ + n/√(N s), n ~ N(0, I) drawn for (seed, steps taken, rank)."""
+        device = params[0].device
+        if device.type == "meta":
+            noise = [torch.randn_like(p) for p in params]
+        else:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(hash((self.seed, self.noise_count, _rank())) % 2**63)
+            noise = [
+                torch.randn(p.shape, generator=gen, device=device, dtype=p.dtype) for p in params
+            ]
+        std = [(self.num_data * self._state(p, "bsam_s")).reciprocal_().sqrt_() for p in params]
+        torch._foreach_addcmul_(params, noise, std)
+
+    @override
+    def step(self, closure=None):
+        self._gs = None
+        return super().step(closure)
+
+    @override
+    def sharpness_step(self, closure):
+        trained = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        if self.num_data is None and not self._told:
+            self._told = True
+            warnings.warn("bsam: num_data is not set: no weight noise (N = ∞)", stacklevel=3)
+        noisy = self.num_data is not None and bool(trained)
+        if noisy:
+            mean = self._copy(trained)
+            self._add_noise_(trained)
+        loss = self.run_pass(closure, 0, sync=self.sync_perturbation)
+        if noisy:
+            torch._foreach_copy_(trained, mean)
+        params, grads, _ = self._lists()
+        self._unscale(grads)
+        pgrads = self.prepare_perturbation(params, grads)
+        s = [self._state(p, "bsam_s") for p in params]
+        gs = torch._foreach_abs(grads)
+        torch._foreach_mul_(gs, torch._foreach_sqrt(s))  # √s |g|
+        if not self.sync_perturbation:
+            self.all_reduce_mean_list_(gs)
+        self._gs = gs
+        c = self._cache
+        torch._foreach_copy_(c["eps"], pgrads)
+        torch._foreach_div_(c["eps"], s)
+        torch._foreach_mul_(c["eps"], self.current_rho)  # ε = ρ g / s
+        torch._foreach_copy_(c["theta"], params)
+        torch._foreach_add_(params, c["eps"])
+        self.descend(closure, 1, loss)
+        return loss
+
+    @override
+    def base_step(self):
+        params, grads, slices = self._lists()
+        gs = self._gs
+        if gs is None:  # a plain step: the gradient at θ stands for g
+            gs = torch._foreach_abs(grads)
+            torch._foreach_mul_(gs, torch._foreach_sqrt([self._state(p, "bsam_s") for p in params]))
+        for (a, b), group in zip(slices, self.param_groups):
+            if b == a:
+                continue
+            p, g = params[a:b], grads[a:b]
+            s = [self._state(q, "bsam_s") for q in p]
+            m = [self._state(q, "bsam_momentum") for q in p]
+            wd = group.get("weight_decay", 0.0)
+            target = torch._foreach_add(g, p, alpha=wd) if wd else g  # g_ε + δ θ
+            torch._foreach_lerp_(m, target, 1 - self.beta1)
+            torch._foreach_addcdiv_(p, m, s, value=-group["lr"])  # θ − η m / s
+            upd = torch._foreach_add(gs[a:b], self.damping + wd)
+            torch._foreach_lerp_(s, upd, 1 - self.beta2)
+        self.noise_count += 1
+        self._gs = None
+
+    @override
+    def variant_state(self):
+        return {**super().variant_state(), "noise_count": self.noise_count}
+
+    @override
+    def load_variant_state(self, state):
+        super().load_variant_state(state)
+        self.noise_count = int(state.get("noise_count", 0))

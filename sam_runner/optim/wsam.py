@@ -1,0 +1,75 @@
+"""WSAM, weighted SAM (Yue et al., KDD 2023, "Sharpness-Aware Minimization Revisited: Weighted
+Sharpness as a Regularization Term"; pytorch_optimizer's ``WSAM``).
+
+The objective L(θ) + α (L(θ+ε) − L(θ)) with α = γ/(1 − γ), ε = ρ g/‖g‖ as in SAM; its gradient
+is g + α (g_s − g), g = ∇L(θ), g_s = ∇L(θ+ε). ``decouple=true`` (the default, the paper's
+decoupled form): the base optimizer steps with g, then θ ← θ − η α (g_s − g), η the group's
+learning rate, outside the base optimizer (like AdamW's decoupled weight decay).
+``decouple=false``: the base optimizer steps with g + α (g_s − g). Default γ = 0.9 (α = 9).
+
+Ours: g̃ (weight decay in ε only under ``perturb_with_weight_decay``) builds ε, the plain g
+enters the update; under data parallelism without ``sync_perturbation`` g is averaged across
+processes before the mix (pytorch_optimizer averages it too), so every process takes the same
+step. Gradient clipping (the engine's ``clip_grad_norm``) applies to the mixed gradient;
+pytorch_optimizer's ``max_norm`` clips g_s before the mix.
+"""
+
+import torch
+from typing_extensions import override
+
+from ..registry import VARIANTS
+from .engine import _check
+from .sam import SAM
+
+
+@VARIANTS.register("wsam", "g + γ/(1−γ)·(g_s − g): sharpness as a weighted term (WSAM)")
+class WSAM(SAM):
+    variant_options = {"gamma": 0.9, "decouple": True}
+
+    def __init__(self, params, base_optimizer, **kwargs):
+        super().__init__(params, base_optimizer, **kwargs)
+        _check(
+            isinstance(self.gamma, (int, float)) and 0 <= self.gamma < 1,
+            f"gamma must be a number in [0, 1), got {self.gamma!r}",
+        )
+        self.alpha = self.gamma / (1 - self.gamma)
+        self.decouple = bool(self.decouple)
+        self._sharpness = None  # g_s − g of this step, applied after the base step (decoupled)
+
+    @override
+    def step(self, closure=None):
+        self._sharpness = None  # never a skipped step's: set anew by each perturbing step
+        return super().step(closure)
+
+    @override
+    def compute_perturbation(self, params, grads, eps):
+        c = self._cache
+        if "g" not in c:
+            c["g"] = [torch.empty_like(p) for p in params]
+        torch._foreach_copy_(c["g"], self._lists()[1])  # g, kept for the update
+        super().compute_perturbation(params, grads, eps)
+
+    @override
+    def after_second_pass(self, loss, perturbed_loss):
+        g, gs = self._cache["g"], self._lists()[1]
+        if not self.sync_perturbation:
+            self.all_reduce_mean_list_(g)  # g is this process's own: the same step everywhere
+        if self.decouple:
+            self._sharpness = torch._foreach_sub(gs, g)
+            torch._foreach_copy_(gs, g)
+        else:  # g + α (g_s − g)
+            torch._foreach_mul_(gs, self.alpha)
+            torch._foreach_add_(gs, g, alpha=1 - self.alpha)
+
+    @override
+    def base_step(self):
+        super().base_step()
+        if self._sharpness is None:
+            return
+        params = self._cache["params"]
+        for (a, b), group in zip(self._cache["slices"], self.param_groups):
+            if b > a:
+                torch._foreach_add_(
+                    params[a:b], self._sharpness[a:b], alpha=-group["lr"] * self.alpha
+                )
+        self._sharpness = None
