@@ -235,3 +235,21 @@ def test_the_readme_says_how_a_cpu_only_machine_installs():
     assert top.index(cpu) < top.index("pip install -e .")
     said = " ".join(readme.split("```")[2].strip().split("\n\n")[0].split())
     assert said.startswith("The install takes minutes") and "6 GB" in said and "2.4 GB" in said
+
+
+def test_user_pages_state_what_is_true_now_undated():
+    """A measurement's date, machine and load live in docs/benchmarks.md's history alone; the
+    other pages say what holds now."""
+    import re
+
+    diary = re.compile(
+        r"\b20\d\d-\d\d-\d\d\b|loaded by other|other work shar|shared with other work"
+    )
+    pages = [p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "benchmarks.md"]
+    found = [
+        f"{p.name}:{i}: {line.strip()}"
+        for p in pages
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if diary.search(line)
+    ]
+    assert not found, found
