@@ -39,6 +39,7 @@ CONFIG = Path(HYDRA) / "config.yaml"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT = Path(CHECKPOINTS) / "last.pt"
 AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
+SHARDS = "last.shards-"  # checkpoints/last.shards-<step>/: a sharded run's checkpoint (fsdp)
 INIT_WEIGHTS = Path(CHECKPOINTS) / "init.pt"  # the weights at step 0 (dist_from_init)
 CLIENTS = "clients.json"  # a federated run's split: each client's size and class histogram
 CACHE = "cache"  # an image folder's decoded measurement subsets

@@ -44,7 +44,7 @@ from ..adapters import every_parameter_trainable
 from ..clock import Clock
 from ..errors import integer, number, require
 from ..losses import mean_loss
-from ..module_state import modes_restored
+from ..module_state import full_state, modes_restored
 from ..part import Part
 from ..registry import MEASURES
 from ..rundir import INIT_WEIGHTS
@@ -443,7 +443,7 @@ class CurvaturePart(Part):
         tracker.step = step_for(run.cfg.metrics, run.cfg)
         initial = InitialWeights(run.run_dir / INIT_WEIGHTS)
         if not resumed:
-            start = {k: v.detach().cpu().clone() for k, v in run.model.state_dict().items()}
+            start = full_state(run.model)
             if run.dist.is_main:
                 initial.save(start)
         else:

@@ -56,6 +56,7 @@ class SAMPa(SAM):
     @override
     def sharpness_step(self, closure):
         trained = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        trained = self.shards(trained)  # sharded: the local shards
         gy = [self.state[p].get("sampa_gy") for p in trained]
         known = all(g is not None for g in gy) and bool(trained)
         x = self._buffer(trained, "x")
