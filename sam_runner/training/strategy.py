@@ -26,6 +26,7 @@ backward pass; FSDP runs default to ``sync_perturbation=true``), ``trainer.preci
 from __future__ import annotations
 
 import contextlib
+import copy
 import types
 
 import torch
@@ -140,6 +141,10 @@ def wrap(model, cfg, dist):
         for block in blocks:
             checkpoint_activations(block)
     if strategy_of(cfg) == "fsdp" and dist.parallel:
+        if cfg.get("metrics", {}).get("hessian", {}).get("enabled", False):
+            # the curvature measurement's unsharded model: its structure alone (meta), filled
+            # with the gathered weights while it measures
+            dist.unsharded = copy.deepcopy(model).to_empty(device="meta")
         shard(model, blocks, dist, str(cfg.trainer.precision))
         dist.sharded = True
         return model
