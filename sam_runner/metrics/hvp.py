@@ -290,7 +290,8 @@ class HessianOperator(Objective):
             return False
         if self.batching == "batched":
             return True
-        if self.device.type != "cuda":
+        # split among processes: no timing, which could choose differently in each of them
+        if self.device.type != "cuda" or self.dist is not None:
             return False
         key = self._shape_key(count)
         if key not in _batching_choice:

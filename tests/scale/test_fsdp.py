@@ -4,6 +4,7 @@ activation checkpointing, and curvature split across processes."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from sam_runner.errors import UserError
 from sam_runner.models import MLP, blocks_of
 from sam_runner.optim.build import build_optimizer
 from sam_runner.registry import VARIANTS
+from sam_runner.train import train
 from sam_runner.training import strategy
 
 CPU = torch.device("cpu")
@@ -157,3 +159,175 @@ def test_blocks_of_each_model_family():
         with torch.device("meta"):
             model = build_model(compose(f"model={arch}").model, shape, 10)
         assert len(blocks_of(model)) == n, arch
+
+
+# ---------------------------------------------------------------- curvature across processes
+def _curvature_probe():
+    """λ_1, λ_2, Hutchinson's trace and the SLQ density's nodes, on one process's whole sample
+    set and split between the two processes."""
+    from sam_runner.metrics.hvp import HessianOperator
+    from sam_runner.metrics.solvers import hessian_eigenpairs, hessian_trace, spectral_density
+
+    topo = distributed.current()
+    torch.manual_seed(0)
+    model = MLP(8, 3, hidden=(16,))
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(100, 8, generator=g), torch.randint(0, 3, (100,), generator=g)
+    batches = [(x[i : i + 32], y[i : i + 32]) for i in range(0, 100, 32)]
+    out = {}
+    for split in (False, True):
+        dist = topo if split else None
+        with HessianOperator(model, F.cross_entropy, batches, "double_backward", dist=dist) as op:
+            eig = hessian_eigenpairs(model, None, batches, k=2, tol=1e-6, operator=op)
+            trace = hessian_trace(op, 16, seed=0)[0]
+            density = spectral_density(op, 2, 8, seed=0)
+            out[split] = {
+                "lambda": [float(v) for v in eig.values],
+                "trace": float(trace),
+                "nodes": [[float(n) for n in r] for r in density["nodes"]],
+                "samples": sum(len(b[1]) for b in op.batches),
+            }
+    return out
+
+
+def test_curvature_split_across_processes_equals_one_process():
+    out = distributed.launch(_curvature_probe, (), 2, CPU)
+    whole, split = out[False], out[True]
+    assert whole["samples"] == 100 and split["samples"] == 50  # each process half the samples
+    assert split["lambda"] == pytest.approx(whole["lambda"], rel=1e-5)
+    assert split["trace"] == pytest.approx(whole["trace"], rel=1e-5)
+    for a, b in zip(split["nodes"], whole["nodes"]):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6)
+
+
+# ---------------------------------------------------------------- activation checkpointing
+def test_activation_checkpointing_changes_no_gradient_nor_batchnorm_statistics():
+    """Bit for bit on these CPU kernels: the same gradients, and BatchNorm's running statistics
+    move once a pass (the recompute restores them)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(
+        nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.3), nn.Tanh()),
+        nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Tanh()),
+        nn.Linear(16, 3),
+    )
+    recomputed = copy.deepcopy(plain)
+    for block in list(recomputed)[:2]:
+        strategy.checkpoint_activations(block)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    for model in (plain, recomputed):
+        torch.manual_seed(1)  # the same dropout masks
+        for _ in range(2):
+            F.cross_entropy(model(x), y).backward()
+    for a, b in zip(plain.parameters(), recomputed.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    for a, b in zip(plain.buffers(), recomputed.buffers()):
+        assert torch.equal(a, b)
+
+
+GPT = [
+    "dataset=text",
+    "dataset.block_size=16",
+    "dataset.batch_size=8",
+    "trainer.steps=4",
+    "model=gpt",
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=16",
+    "model.dropout=0.1",
+    "trainer.threads=1",
+    "trainer.progress=none",
+    "trainer.device=cpu",
+    "metrics=off",
+]
+
+
+def test_activation_checkpointing_trains_a_gpt_bit_for_bit(tmp_path):
+    plain = train(compose(*GPT), tmp_path / "plain", ["x"])
+    recomputed = train(
+        compose(*GPT, "trainer.activation_checkpointing=true"), tmp_path / "ac", ["x"]
+    )
+    assert plain["status"] == recomputed["status"] == "completed"
+    rows = [
+        [{k: v for k, v in json.loads(line).items() if k != "time_s"} for line in open(d)]
+        for d in (tmp_path / "plain" / "metrics.jsonl", tmp_path / "ac" / "metrics.jsonl")
+    ]
+    assert rows[0] == rows[1]
+    a, b = (torch.load(tmp_path / d / "checkpoints" / "last.pt")["model"] for d in ("plain", "ac"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------- a sharded run
+COMMON = [
+    "model=mlp",
+    "model.hidden=[32,32]",
+    "dataset.num_samples=600",
+    "dataset.batch_size=48",  # divisible by 2 and 3 processes
+    "trainer.device=cpu",
+    "trainer.progress=none",
+    "metrics=off",
+    "scheduler=constant",
+    "optimizer=gear_sam",
+]
+
+
+def _rows(run_dir):
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in ("time_s", "hessian_time_s")}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path):
+    """2 processes, FSDP: 1 epoch then a resume to 2 equals 2 straight (the metrics lines bit for
+    bit); the checkpoint is sharded (last.pt points at it) and reads back whole in one process
+    (sam-eval, sam-landscape, model.init_from); resuming it with 1 process is one line."""
+    from conftest import stopped_early_of
+
+    from sam_runner.rundir import RunDir
+
+    cfg = [*COMMON, "trainer.strategy=fsdp"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    launch = distributed.launch
+    launch(train, (compose(*cfg, "trainer.epochs=2"), str(straight), ["x"]), 2, CPU)
+    launch(train, (compose(*cfg, "trainer.epochs=1"), str(resumed), ["x"]), 2, CPU)
+    (shards,) = (resumed / "checkpoints").glob("last.shards-*")  # the older ones removed
+    assert (shards / "rank1.pt").is_file() and (shards / ".metadata").is_file()
+    stopped_early_of(resumed, 2)
+    with pytest.raises(UserError, match=r"written by 2 data-parallel process\(es\)") as e:
+        launch(train, (compose(*cfg, "trainer.epochs=2"), str(resumed), ["x"]), 3, CPU)
+    assert "and this run has 3" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(UserError, match="trainer.strategy fsdp -> ddp") as e:  # 1 process
+        train(compose(*COMMON, "trainer.epochs=2"), resumed, ["x"])
+    assert "\n" not in str(e.value)
+    launch(train, (compose(*cfg, "trainer.epochs=2"), str(resumed), ["x"]), 2, CPU)
+    assert _rows(straight) == _rows(resumed)
+    assert [r["epoch"] for r in _rows(resumed)] == [1, 2]
+    whole = RunDir(straight).checkpoint()["model"]  # assembled from the shards, once
+    again = RunDir(resumed).checkpoint()["model"]
+    assert whole.keys() == {n for n, _ in MLP(40, 10, hidden=(32, 32)).named_parameters()}
+    assert all(torch.equal(whole[k], again[k]) for k in whole)
+    assert "optimizer" not in RunDir(straight).checkpoint()  # rank 0's shards are not the state
+
+
+def test_bad_strategy_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path):
+    from conftest import run_cli
+
+    for argv, message in (
+        (["trainer.strategy=fsdp"], "trainer.strategy=fsdp on 1 process: nothing to shard"),
+        (
+            ["trainer.strategy=fsdp", "trainer.devices=2", "optimizer=spectral_sam"],
+            "optimizer=spectral_sam cannot shard",
+        ),
+        (
+            ["model=cnn1d", "trainer.activation_checkpointing=true"],
+            "model=cnn1d declares no blocks",
+        ),
+        (["trainer.strategy=zero"], "trainer.strategy='zero' is unknown"),
+    ):
+        run = tmp_path / "run"
+        code, _, err = run_cli([*argv, "trainer.device=cpu", f"hydra.run.dir={run}"], capsys)
+        assert code == 2, err
+        assert message in err and err.count("\n") == 1, err
+        assert not run.exists()
