@@ -17,6 +17,7 @@ from .circuits.circuit import ProbabilisticCircuit
 from .errors import UserError, integer, number, one_line, require
 from .registry import MODELS
 from .rundir import AVERAGED, CHECKPOINT
+from .runfiles import Checkpoint
 
 INPUTS = {
     "1d": "1-D signals (channels, length)",
@@ -608,6 +609,8 @@ def initial_state(model_cfg) -> tuple[dict, dict] | None:
             f"model.init_from={path} is not a readable torch file ({type(e).__name__})"
         ) from None
     nested = isinstance(obj, dict) and isinstance(obj.get("model"), dict)
+    if nested and obj.get("sharded"):  # a sharded run's last.pt: its shards, assembled once
+        obj = Checkpoint(path).load()
     state = obj["model"] if nested else obj
     require(
         isinstance(state, dict) and state and all(torch.is_tensor(v) for v in state.values()),

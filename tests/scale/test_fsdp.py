@@ -308,6 +308,10 @@ def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path
     again = RunDir(resumed).checkpoint()["model"]
     assert whole.keys() == {n for n, _ in MLP(40, 10, hidden=(32, 32)).named_parameters()}
     assert all(torch.equal(whole[k], again[k]) for k in whole)
+    from sam_runner.models import initial_state  # model.init_from=<a sharded run>
+
+    given, record = initial_state(compose(*COMMON, f"model.init_from={straight}").model)
+    assert record["kind"] == "checkpoint" and all(torch.equal(given[k], whole[k]) for k in whole)
     assert "optimizer" not in RunDir(straight).checkpoint()  # rank 0's shards are not the state
 
 
