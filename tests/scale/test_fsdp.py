@@ -335,3 +335,59 @@ def test_bad_strategy_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_pa
         assert code == 2, err
         assert message in err and err.count("\n") == 1, err
         assert not run.exists()
+
+
+# ---------------------------------------------------------------- two "nodes" on one machine
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy_name", ["ddp", "fsdp"])
+def test_two_nodes_on_localhost_equal_one_node(strategy_name, tmp_path):
+    """torchrun --nnodes=2 --node-rank=0/1 (one process each, gloo over localhost) against the
+    same 2 processes on one node: the same metrics lines (λ_max measured split and, under fsdp,
+    on the gathered weights)."""
+    import subprocess
+    import sys
+
+    args = [
+        *COMMON[:-2],  # metrics on: λ_max at the end
+        "metrics.hessian.num_samples=128",
+        "metrics.hessian.max_iter=20",
+        "optimizer.sync_perturbation=true",
+        "trainer.epochs=1",
+        f"trainer.strategy={strategy_name}",
+    ]
+    args = [a for a in args if a != "metrics=off"]
+    one = tmp_path / "one"
+    distributed.launch(train, (compose(*args), str(one), ["x"]), 2, CPU)
+    port, two = distributed.free_port(), tmp_path / "two"
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node-rank={r}",
+                "--nproc-per-node=1",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "-m",
+                "sam_runner.cli",
+                *args,
+                f"hydra.run.dir={two}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for r in (0, 1)
+    ]
+    for node in nodes:
+        _, err = node.communicate(timeout=600)
+        assert node.returncode == 0, err[-3000:]
+    assert json.loads((two / "summary.json").read_text())["status"] == "completed"
+    rows_one, rows_two = _rows(one), _rows(two)
+    assert len(rows_one) == len(rows_two) == 1
+    for k, v in rows_one[0].items():
+        if isinstance(v, float):
+            assert rows_two[0][k] == pytest.approx(v, rel=1e-6), k
+    assert rows_one[0]["lambda_max"] > 0
