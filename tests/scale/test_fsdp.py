@@ -391,3 +391,35 @@ def test_two_nodes_on_localhost_equal_one_node(strategy_name, tmp_path):
         if isinstance(v, float):
             assert rows_two[0][k] == pytest.approx(v, rel=1e-6), k
     assert rows_one[0]["lambda_max"] > 0
+
+
+# ---------------------------------------------------------------- curvature in bf16
+def test_hessian_precision_is_checked_and_bf16_is_close_to_fp32(monkeypatch):
+    from sam_runner.metrics import tracker
+    from sam_runner.metrics.hvp import HessianOperator, cpu_has_bf16
+    from sam_runner.metrics.solvers import hessian_eigenpairs
+
+    with pytest.raises(UserError, match="metrics.hessian.precision='fp16' is unknown"):
+        tracker.validate(compose("metrics.hessian.precision=fp16").metrics)
+    monkeypatch.setattr(tracker, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="this CPU has no bf16 arithmetic") as e:
+        tracker.validate(compose("metrics.hessian.precision=bf16").metrics)
+    assert "\n" not in str(e.value)
+    monkeypatch.undo()
+    if not cpu_has_bf16():
+        pytest.skip("this CPU has no bf16 arithmetic")
+    torch.manual_seed(0)
+    model = MLP(8, 3, hidden=(32,))
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g))]
+    values = {}
+    for precision in ("fp32", "bf16"):
+        op = HessianOperator(
+            model, F.cross_entropy, batches, "double_backward", precision=precision
+        )
+        with op:
+            eig = hessian_eigenpairs(model, None, batches, tol=1e-5, max_iter=40, operator=op)
+        values[precision] = float(eig.values[0])
+    assert values["bf16"] == pytest.approx(values["fp32"], rel=0.05)
+    assert values["bf16"] != values["fp32"]  # it did compute in bf16
