@@ -423,3 +423,25 @@ def test_hessian_precision_is_checked_and_bf16_is_close_to_fp32(monkeypatch):
         values[precision] = float(eig.values[0])
     assert values["bf16"] == pytest.approx(values["fp32"], rel=0.05)
     assert values["bf16"] != values["fp32"]  # it did compute in bf16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy_name", ["ddp", "fsdp"])
+def test_a_bf16_gpt_with_activation_checkpointing_trains_under_either_strategy(
+    strategy_name, tmp_path
+):
+    """bf16 (fsdp: MixedPrecisionPolicy, bf16 passes, fp32 reductions and sharded weights) with
+    activation checkpointing, 2 processes, against one process's bf16 run: close (the casts
+    round differently), not equal."""
+    args = [*GPT, "trainer.precision=bf16", "trainer.activation_checkpointing=true"]
+    one = train(compose(*args), tmp_path / "one", ["x"])
+    two = distributed.launch(
+        train,
+        (compose(*args, f"trainer.strategy={strategy_name}"), str(tmp_path / "two"), ["x"]),
+        2,
+        CPU,
+    )
+    assert one["status"] == two["status"] == "completed"
+    a, b = _rows(tmp_path / "one")[-1], _rows(tmp_path / "two")[-1]
+    assert b["train_loss"] == pytest.approx(a["train_loss"], rel=5e-3)  # bf16: ~3 digits
+    assert b["test_loss"] == pytest.approx(a["test_loss"], rel=5e-3)
