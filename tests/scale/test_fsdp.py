@@ -282,7 +282,8 @@ def _rows(run_dir):
 def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path):
     """2 processes, FSDP: 1 epoch then a resume to 2 equals 2 straight (the metrics lines bit for
     bit); the checkpoint is sharded (last.pt points at it) and reads back whole in one process
-    (sam-eval, sam-landscape, model.init_from); resuming it with 1 process is one line."""
+    (sam-eval, sam-landscape, model.init_from); resuming it with another number of processes is
+    one line. sam-eval trainer.devices=2 measures the job with 2 processes (λ_max split)."""
     from conftest import stopped_early_of
 
     from sam_runner.rundir import RunDir
@@ -312,6 +313,15 @@ def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path
 
     given, record = initial_state(compose(*COMMON, f"model.init_from={straight}").model)
     assert record["kind"] == "checkpoint" and all(torch.equal(given[k], whole[k]) for k in whole)
+    # sam-eval of the same weights: one process, and 2 measuring the job together
+    from sam_runner.evaluation.cli import main as sam_eval
+
+    assert sam_eval([str(straight), "trainer.progress=none"]) == 0
+    assert sam_eval([str(resumed), "trainer.devices=2", "trainer.progress=none"]) == 0
+    one, two = (json.loads((d / "eval.json").read_text()) for d in (straight, resumed))
+    assert one["status"] == two["status"] == "completed"
+    assert two["lambda_max"] == pytest.approx(one["lambda_max"], rel=1e-5)
+    assert two["test_acc"] == one["test_acc"]
     assert "optimizer" not in RunDir(straight).checkpoint()  # rank 0's shards are not the state
 
 
