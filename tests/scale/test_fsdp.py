@@ -159,6 +159,19 @@ def test_blocks_of_each_model_family():
         with torch.device("meta"):
             model = build_model(compose(f"model={arch}").model, shape, 10)
         assert len(blocks_of(model)) == n, arch
+    timm = pytest.importorskip("timm")
+    from timm.models.vision_transformer import VisionTransformer
+
+    assert len(blocks_of(VisionTransformer(img_size=32, patch_size=4, embed_dim=48, depth=3))) == 3
+    assert len(blocks_of(timm.create_model("resnet18", num_classes=10))) == 4
+
+
+def test_blocks_of_a_hugging_face_model_are_its_no_split_modules():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    blocks = blocks_of(model)
+    assert len(blocks) == 3 and all(type(b).__name__ == "GPT2Block" for b in blocks)
 
 
 # ---------------------------------------------------------------- curvature across processes
