@@ -137,7 +137,9 @@ def _ema(cfg, length) -> str | None:
     t = cfg.trainer
     if str(t.get("weight_averaging", "none")) != "ema" or not t.get("ema_warmup", True):
         return None
-    decay = float(t.get("ema_decay", 0.999))
+    decay = t.get("ema_decay", 0.999)
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1:
+        return None  # not a decay: the checks that follow say so in one line
     at, (_, steps) = ema_reached_at(decay), length()
     if steps is None or steps > at:  # the first step copies; the t-th update is step t + 1
         return None

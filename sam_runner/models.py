@@ -253,8 +253,7 @@ def mlp(cfg, input_shape, num_classes):
 
 @MODELS.register(
     "pc",
-    "a probabilistic circuit over discrete variables (model.depth, model.sum_units, "
-    "model.repetitions): log p(x) per example, trainer.loss=nll",
+    "a probabilistic circuit over discrete variables: log p(x) per example (trainer.loss=nll)",
     inputs=None,
 )
 def pc(cfg, input_shape, num_classes):  # noqa: ARG001 (a density model has no classes)

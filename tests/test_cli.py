@@ -53,7 +53,7 @@ def test_help_describes_every_option_in_whole_words():
 UNKNOWN = [
     (
         ["optimizer=no_such_variant"],
-        "optimizer=no_such_variant is unknown; choose one of asam, base, csam",
+        "optimizer=no_such_variant is unknown; choose one of asam, base, bsam, csam, eisam",
     ),
     (["optimizer=gearsam"], "optimizer=gearsam is unknown (did you mean gear_sam?)"),
     (

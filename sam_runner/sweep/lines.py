@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from ..cli_words import say_version
 from ..errors import UserError, first_line, require
+from ..interrupts import raise_pending
 from . import hydra_api
 from .callback import fail, print_report, report
 from .plan import expand, fixed_config, sweeper_params
@@ -68,6 +69,7 @@ def lines_main(argv=None) -> None:
     except UserError as e:
         fail(str(e), 2, PROG)
     except Exception as e:  # Hydra's grammar and config errors
+        raise_pending()  # Ctrl-C inside Hydra's compose comes out as Hydra's own error
         fail(
             f"cannot expand {' '.join(args.overrides)}: {first_line(str(e)) or type(e).__name__}",
             2,

@@ -116,6 +116,12 @@ def may_be_logged(key: str) -> bool:
     return key in PART_KEYS or key.startswith(PART_FAMILIES) or bool(TOP_K.fullmatch(key))
 
 
+def misspelt_from(key: str, known: list[str]) -> list[str]:
+    """The logged keys ``key`` spells longer without a part's ``_`` suffix (``val_accuracy``
+    for ``val_acc``); ``test_acc_few`` and ``test_mce`` are parts' keys, not typos."""
+    return [k for k in known if key.startswith(k) and key != k and key[len(k)] != "_"]
+
+
 def require_logged(cfg) -> None:
     """UserError naming an objective key this run does not log (checked before anything runs):
     a key the settings switch off (``val_acc`` without a validation split, ``lambda_max``
@@ -127,8 +133,13 @@ def require_logged(cfg) -> None:
     for key in objective_keys(cfg):
         if key in known:
             continue
-        # a part's keys are many (test_acc_few, hessian_time_s, ...): a near one is not a typo
-        near = [] if may_be_logged(key) else difflib.get_close_matches(key, known, n=1)
+        # a part's keys are many (test_acc_few, hessian_time_s, ...): a near one is not a typo,
+        # but one that spells a logged key longer is (val_accuracy)
+        near = difflib.get_close_matches(key, known, n=1)
+        if key in PART_KEYS or TOP_K.fullmatch(key):
+            near = []
+        elif may_be_logged(key):
+            near = misspelt_from(key, known)
         if key in switched_off or near:
             hint = f" (did you mean {near[0]}?)" if near and key not in switched_off else ""
             why = ""

@@ -138,14 +138,14 @@ def _openmp_then_wait(pid_dir):
 def _train_failing_on_rank1(cfg, run_dir, overrides, trial=None):
     """train(), with process 1's evaluation failing: process 0 then fails too, a moment later, in
     the collective process 1 left ("Connection closed by peer")."""
-    import sam_runner.train as train_module
+    import sam_runner.training.evaluation as evaluation  # where the run's evaluation looks it up
 
     if distributed.current().rank == 1:
 
         def evaluate(*_args, **_kwargs):
             raise RuntimeError("boom on rank 1")
 
-        train_module.evaluate = evaluate
+        evaluation.evaluate = evaluate
     # the real one (a test replaces sam_runner.train.train by this)
     return train(cfg, run_dir, overrides, trial)
 
