@@ -161,7 +161,14 @@ def test_cfg_job_prints_the_preset(preset, capsys):
     assert code == 0 and "optimizer:" in out
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+# the two largest full-size sweeps take 10-25 s to build: outside CI's 30-minute budget
+BIG_SWEEPS = ("pc_sharpness", "optimizer_consistency")
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [pytest.param(p, marks=pytest.mark.slow) if p in BIG_SWEEPS else p for p in PRESETS],
+)
 def test_every_job_of_the_sweep_builds(preset):
     """Each job's composed config passes validation and builds its optimizer and scheduler, and the
     sweep is the study the README describes: its job count, models, dataset and variants."""

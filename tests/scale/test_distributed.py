@@ -378,6 +378,7 @@ def test_stateful_variants_keep_one_global_state_under_per_process_perturbations
         assert state.abs().sum() > 0, name
 
 
+@pytest.mark.slow  # 10-30 s: outside CI's 30-minute budget; run with -m slow
 def test_resume_under_ddp_with_per_process_perturbations_is_exact(tmp_path):
     """1 epoch, then a resume to 2, equals 2 epochs straight (gear_sam, sync_perturbation=false:
     its block energies are global, so rank 0's checkpoint holds every process's state).
