@@ -16,6 +16,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.types import Override
+    from omegaconf import DictConfig
 
 # sweepers whose jobs are the Cartesian product of the swept overrides (numbers known upfront)
 GRID_SWEEPERS = ("BasicSweeper", "sam_runner_sweeper.sweeper.Sweeper")
@@ -46,7 +54,8 @@ def overrides_parser():
     )
 
 
-def parse_overrides(lines: list[str]):
+def parse_overrides(lines: list[str]) -> list[Override]:
+    """Override lines parsed by Hydra's parser (with the runner's config path)."""
     return overrides_parser().parse_overrides(list(lines))
 
 
@@ -57,7 +66,7 @@ def basic_sweeper_class():
     return BasicSweeper
 
 
-def sweeper_params(sweeper) -> list[str]:
+def sweeper_params(sweeper: BasicSweeper) -> list[str]:
     """A basic sweeper's ``hydra.sweeper.params`` as override lines (``key=value``), as Hydra's
     own sweep reads them before the command's overrides."""
     return [f"{k}={v}" for k, v in (sweeper.params or {}).items()]
@@ -71,7 +80,7 @@ def submitit_shared_parameters() -> set[str]:
     return set(submitit.AutoExecutor._valid_parameters())
 
 
-def basic_product(parsed) -> list[list[str]]:
+def basic_product(parsed: Sequence[Override]) -> list[list[str]]:
     """Every combination of parsed overrides, in Hydra's basic-sweeper order."""
     batches = basic_sweeper_class().split_arguments(parsed, None)
     return [job for batch in batches for job in batch]
@@ -88,7 +97,7 @@ def compose(overrides: list[str], config_name: str = "config"):
         return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
 
 
-def task_record(cfg, overrides: list[str]) -> tuple[list[str], str]:
+def task_record(cfg: DictConfig, overrides: list[str]) -> tuple[list[str], str]:
     """(``hydra.overrides.task``, ``hydra.job.override_dirname``) of a config composed with
     ``overrides``, as Hydra's compose sets them: the overrides that are not Hydra's, in order,
     and their folder name by the config's ``kv_sep``, ``item_sep`` and ``exclude_keys``."""
@@ -105,12 +114,12 @@ def task_record(cfg, overrides: list[str]) -> tuple[list[str], str]:
     return [o.input_line for o in task], dirname
 
 
-def knows_jobs(sweeper_target) -> bool:
+def knows_jobs(sweeper_target: str | None) -> bool:
     """Whether a sweeper's jobs are known in advance (Hydra's basic sweeper, and ours on it)."""
     return str(sweeper_target).endswith(GRID_SWEEPERS)
 
 
-def is_search(sweeper_target) -> bool:
+def is_search(sweeper_target: str | None) -> bool:
     """Whether a sweeper searches a space for an objective (ours, on Optuna)."""
     return str(sweeper_target).endswith(SEARCH_SWEEPERS)
 
