@@ -7,11 +7,15 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError, first_line
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-def array_launcher(cfg) -> tuple[str, dict] | None:
+
+def array_launcher(cfg: DictConfig) -> tuple[str, dict] | None:
     """(submitit cluster, ``hydra.launcher`` as plain data) when ``hydra/launcher`` of a composed
     config is a job array (slurm, submitit_local); None for this machine's basic launcher."""
     from omegaconf import OmegaConf

@@ -13,15 +13,18 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .errors import require
 from .sweep import hydra_api
 
+if TYPE_CHECKING:
+    from typing import Any
+
 CLUSTERS = {"slurm": "slurm", "submitit_local": "local"}  # launcher preset -> submitit cluster
 
 
-def cluster_of(target) -> str | None:
+def cluster_of(target: str | None) -> str | None:
     """The submitit cluster of a Hydra launcher's ``_target_``; None for a non-array launcher."""
     target = str(target or "")
     if target.endswith("SlurmLauncher"):
@@ -54,7 +57,8 @@ class Task:
     def __call__(self, *args):
         return self.fn(*args)
 
-    def checkpoint(self, *args, **kwargs):
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """The task resubmitted as it was (submitit calls it on a timeout or preemption)."""
         import submitit
 
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)

@@ -271,7 +271,7 @@ def _threshold_label(label: str, values: list) -> str:
     )
 
 
-def write_run_plots(run_dir, fmt: str = "png") -> list[Path]:
+def write_run_plots(run_dir: Path | str, fmt: str = "png") -> list[Path]:
     """Write curves.<fmt> (and reliability.<fmt> when the run logged reliability bins) into the
     run folder."""
     run_dir = Path(run_dir)

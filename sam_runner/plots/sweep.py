@@ -13,9 +13,15 @@ One legend for the figure, under the panels, so that it never takes a panel's wi
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .style import FONT, figure, log_scale, natural_key, variant_color
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from matplotlib.figure import Figure
 
 MAX_PANELS = 12  # more combinations than this: one panel, the combination in the legend
 MAX_RHO_TICKS = 8  # up to this many ρ values: a tick at each, none between
@@ -197,7 +203,7 @@ def _figure_legend(fig, axes, title: str = SPREAD) -> None:
         )
 
 
-def plot_acc_vs_lambda(points):
+def plot_acc_vs_lambda(points: Iterable[tuple[str, float, float]]) -> Figure:
     """Test accuracy against λ_max, one point per job (``points``: (variant, λ_max, accuracy)),
     each variant in its colour."""
     fig, axes = figure(size=(6.5, 4.5))

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
 
 from . import hydra_api
 from .callback import fail
 from .objective import OLD_STORAGE_FILE, STORAGE_FILE
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
 
 # the samplers a search may name (hydra.sweeper.sampler.name, or a preset of
 # conf/hydra/sweeper/sampler/); the grid is a grid sweep's job, not a search's
@@ -92,7 +96,9 @@ def parse_space(lines: list[str]) -> tuple[dict, list[str]]:
     return space, list(fixed.values())
 
 
-def distribution(o):
+def distribution(o: Override) -> optuna.distributions.BaseDistribution:
+    """The Optuna distribution of a searched key's override: an interval (int or float, log when
+    tagged), an integer range, or a categorical choice."""
     key, d = o.get_key_element(), optuna.distributions
     if o.is_interval_sweep():
         v = o.value()

@@ -41,7 +41,7 @@ class ConfigReads:
 
     _active: ConfigReads | None = None
 
-    def __init__(self, root):
+    def __init__(self, root: DictConfig) -> None:
         self.root, self.keys = root, set()
 
     def __enter__(self):
