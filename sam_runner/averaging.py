@@ -108,7 +108,7 @@ def build_averaging(
     clock: Clock,
     plain_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     measure: Callable[[nn.Module], dict],
-    lambda_max_of: Callable[[nn.Module], float] | None = None,
+    lambda_max_of: Callable[[nn.Module], float | None] | None = None,
 ) -> Averaged | None:
     """The run's averaging, or None; ``measure(model)`` evaluates a model on the test set (a
     metrics row), ``plain_batches`` are the un-augmented training batches (BatchNorm

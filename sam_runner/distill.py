@@ -36,7 +36,7 @@ from .rundir import CHECKPOINT, RunDir, check_weights, model_state
 from .weight_decay import tracked_layers
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterator
     from contextlib import AbstractContextManager
 
     from omegaconf import DictConfig
@@ -152,7 +152,7 @@ class Taps:
 
 
 def load_teacher(
-    run: RunDir, weights: str, input_shape: Sequence[int], num_classes: int, device: torch.device
+    run: RunDir, weights: str, input_shape: tuple[int, ...], num_classes: int, device: torch.device
 ) -> nn.Module:
     """The teacher's model at its weights, frozen, in eval mode, on ``device``."""
     cfg = run.omega_config(KEY)

@@ -117,7 +117,7 @@ def made_by_sam_run(path: Path | str) -> bool:
 
 
 def require_sam_run_jobs(
-    path: Path, dirs: list[Path], what: str = "PATH", shown: str | None = None
+    path: Path, dirs: list[Path], what: str = "PATH", shown: Path | str | None = None
 ) -> None:
     """UserError when job folders were found under ``path`` and none is sam-run's (another
     program's sweep, or folders whose summary.json holds no status)."""

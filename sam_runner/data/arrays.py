@@ -180,7 +180,7 @@ def arrays(cfg: DictConfig) -> Arrays:
 
 def synthetic_spectra(
     path: Path | str, n: int = 600, length: int = 200, classes: int = 3, seed: int = 0
-) -> None:
+) -> Path:
     """Writes ``spectra()`` as an .npz file (x, y) at ``path``."""
     x, y = spectra(n, length, classes, seed)
     np.savez(path, x=x, y=y)

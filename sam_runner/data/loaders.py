@@ -16,7 +16,7 @@ import torch
 from ..errors import UserError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     from .augment import TensorPolicy
 
@@ -40,7 +40,7 @@ class TensorLoader:
         shuffle: bool,
         seed: int = 0,
         drop_last: bool = False,
-        transform: Normalize | None = None,
+        transform: Normalize | Callable[..., torch.Tensor] | None = None,
         rank: int = 0,
         world: int = 1,
     ) -> None:

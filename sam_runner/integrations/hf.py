@@ -111,7 +111,7 @@ class SAMTrainer(Trainer):
             self.variant = _require_variant(self.optimizer)
             self.optimizer = _StepTakenInTrainingStep(self.variant)
 
-    def create_optimizer(self, model: nn.Module | None = None) -> SharpnessAware:
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The SAM variant around ``base_optimizer`` over the Trainer's two parameter groups
         (with and without weight decay)."""
         if self.optimizer is None:

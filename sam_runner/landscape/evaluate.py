@@ -126,7 +126,11 @@ class Evaluator:
 
     @torch.no_grad()
     def sweep(
-        self, points: Sequence, place: Callable[[Any], None], desc: str = "", progress: str = "auto"
+        self,
+        points: Sequence | np.ndarray,
+        place: Callable[[Any], None],
+        desc: str = "",
+        progress: str = "auto",
     ) -> np.ndarray:
         """``place(point)`` then ``measure()`` for each point: a float64 array [points, 4]; the
         model's weights and statistics are put back afterwards."""

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from typing import Any
 
+    import numpy as np
+
     from .options import Options
 
 FOLDER = FOLDERS["last"]  # the last weights'; the averaged weights': FOLDERS["averaged"]
@@ -60,7 +62,9 @@ def clean(obj: Any) -> Any:
     return obj
 
 
-def write_rows(path: Path, first: str, coords: Sequence, values: Sequence[Sequence[float]]) -> None:
+def write_rows(
+    path: Path, first: str, coords: Sequence | np.ndarray, values: Sequence | np.ndarray
+) -> None:
     """A CSV: the coordinate, then COLUMNS; floats written exactly (repr)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

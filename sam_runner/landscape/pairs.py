@@ -117,7 +117,7 @@ def slice_jobs(
 
 
 def redraw_missing(
-    folders: Iterable[Path], stems: Iterable[str], opt: Options, draw: Callable[[Path, str], None]
+    folders: Iterable[Path], stems: Iterable[str], opt: Options, draw: Callable[[Path, str], object]
 ) -> str:
     """Done folders without their figures in ``opt.plot_format`` drawn from their files (no
     computing); what to add to the first line."""

@@ -18,8 +18,8 @@ from ..plots.style import figure, log_scale, save_figure
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from mpl_toolkits.mplot3d.axes3d import Axes3D
 
 __all__ = ["plot_slice_1d", "plot_contours", "plot_surface", "plot_connectivity", "save_figure"]
 
@@ -130,7 +130,7 @@ ELEV, AZIM, MARGIN = 32.0, -60.0, 4.0  # degrees: the usual view; the margin ove
 
 
 def view_elevation(
-    ax: Axes, X: np.ndarray, Y: np.ndarray, Z: np.ndarray, azim: float = AZIM
+    ax: Axes3D, X: np.ndarray, Y: np.ndarray, Z: np.ndarray, azim: float = AZIM
 ) -> float:
     """The lowest elevation, from ``ELEV`` up, at which every face of the surface is seen from
     above. From a lower one, where the surface rises towards the viewer more steeply than the

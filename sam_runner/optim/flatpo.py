@@ -32,7 +32,7 @@ from .engine import _check
 from .sam import SAM
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from torch.optim.optimizer import ParamsT
@@ -75,7 +75,7 @@ class FlatPO(SAM):
             c["mask"] = [self.state[p]["mask"] for p in params]
         return c["fisher"], c["mask"]
 
-    def sharpest(self, fisher: list[torch.Tensor]) -> list:
+    def sharpest(self, fisher: Sequence[torch.Tensor]) -> list:
         """The 0/1 mask of the ⌈fraction·N⌉ coordinates with the largest F (ties by topk)."""
         flat = torch.cat([f.reshape(-1) for f in fisher])
         k = max(1, math.ceil(self.fraction * flat.numel()))

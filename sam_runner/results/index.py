@@ -436,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return interrupts.exit_code()
 
 
-def index_main(argv: Sequence[str]) -> int:
+def index_main(argv: Sequence[str] | None) -> int:
     """``sam-index`` after ``--version``: its arguments parsed and run; the exit status."""
     args = parser().parse_args(argv)
     try:

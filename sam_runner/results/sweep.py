@@ -74,7 +74,9 @@ def experiment_overrides(overrides: Iterable[str]) -> tuple:
     return tuple(o for o in overrides if not run_only(override_key(o)))
 
 
-def tlc_bound(batch_size: float, gamma: float, rho: float, lr: float) -> float | None:
+def tlc_bound(
+    batch_size: float | None, gamma: float | None, rho: float | None, lr: float | None
+) -> float | None:
     """(b Γ / (2 ρ η²))^(1/3): the λ_max that SAM-type dynamics stay under (TLC-SAM abstract)."""
     if not all(finite(v) and v > 0 for v in (batch_size, gamma, rho, lr)):
         return None
@@ -357,7 +359,7 @@ def build_from_dirs(
     dirs: list[Path],
     metrics: Iterable[str] = (),
     ignore: Iterable[str] = (),
-    jobs: list[Job] | None = None,
+    jobs: list[tuple[Path, str, str]] | None = None,
 ) -> Report:
     """The report over ``paths`` (the sources), with ``dirs`` their job folders (for the
     metrics they logged) and ``jobs`` already loaded (else read from ``paths``)."""
