@@ -380,7 +380,7 @@ def ema_decay_at(decay: float, warmup: bool, t: int) -> float:
     return min(decay, (1 + t) / (10 + t)) if warmup else decay
 
 
-def ema_fn(decay: float, warmup: bool):
+def ema_fn(decay: float, warmup: bool) -> Callable[[list, list, torch.Tensor | int], None]:
     """AveragedModel's multi_avg_fn: avg ← dₜ·avg + (1 − dₜ)·w, t the number averaged so far."""
 
     @torch.no_grad()

@@ -28,7 +28,7 @@ def array_launcher(cfg: DictConfig) -> tuple[str, dict] | None:
     return cluster, OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
 
 
-def compose_command(config: str, overrides: list[str], sweep_dir: Path):
+def compose_command(config: str, overrides: list[str], sweep_dir: Path) -> DictConfig:
     """conf/<config>.yaml with ``overrides`` (Hydra's part included, its sweep folder
     ``sweep_dir``: where an array's submitit files go); one-line errors."""
     from hydra.errors import (

@@ -218,7 +218,7 @@ class Distiller(Part):
         (1 whatever the variant)."""
         return {"teacher_forwards_per_step": self.teacher_samples / max(self.step_samples, 1)}
 
-    def forward_context(self, pass_index: int):  # noqa: ARG002 (the hook's signature)
+    def forward_context(self, pass_index: int) -> AbstractContextManager:  # noqa: ARG002 (the hook's signature)
         """Around the student's training forward: its features for the alignment."""
         return self.student_taps.on() if self.student_taps else contextlib.nullcontext()
 

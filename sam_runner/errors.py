@@ -20,7 +20,7 @@ class RunFolderConflict(UserError):
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during ``train()``. The last checkpoint is kept, so the same call resumes from it."""
 
-    def __init__(self, epoch: int = 0, step: int = 0, in_epoch: int = 0):
+    def __init__(self, epoch: int = 0, step: int = 0, in_epoch: int = 0) -> None:
         if not in_epoch:
             message = "interrupted before training"
         elif epoch:

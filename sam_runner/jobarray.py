@@ -21,6 +21,8 @@ from .sweep import hydra_api
 if TYPE_CHECKING:
     from typing import Any
 
+    import submitit
+
 CLUSTERS = {"slurm": "slurm", "submitit_local": "local"}  # launcher preset -> submitit cluster
 
 
@@ -51,7 +53,7 @@ class Task:
     """One array task: ``fn(*args)``. Requeued as it was on a timeout or preemption (submitit
     calls ``checkpoint``)."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable) -> None:
         self.fn = fn
 
     def __call__(self, *args):
@@ -64,7 +66,7 @@ class Task:
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
 
 
-def executor(cluster: str, params: dict):
+def executor(cluster: str, params: dict) -> submitit.AutoExecutor:
     """A submitit executor with the launcher preset's parameters: submitit's own names for the
     ones every cluster shares, ``<cluster>_<name>`` for the others (as its API asks)."""
     import submitit

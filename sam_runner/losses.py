@@ -105,12 +105,14 @@ def target_vectors(targets: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return F.one_hot(targets, logits.shape[1]).to(logits.dtype)
 
 
-def per_example(name: str, label_smoothing: float = 0.0):
+def per_example(
+    name: str, label_smoothing: float = 0.0
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The per-example loss ``trainer.loss`` names (label smoothing for training only)."""
     return LOSSES.build(name, label_smoothing)
 
 
-def mean_loss(name: str):
+def mean_loss(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The loss measurements use: the mean over examples, never label-smoothed."""
     per = per_example(name)
 

@@ -101,7 +101,9 @@ class Part:
         """
 
     # ------------------------------------------------------------------ a step
-    def batch(self, x: torch.Tensor, y: torch.Tensor, step: int):
+    def batch(
+        self, x: torch.Tensor, y: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A training batch before the step (MixUp/CutMix mixes it).
 
         Args:
@@ -223,7 +225,7 @@ class Parts:
     """A run's parts in their declared order, each hook dispatched to the parts that override it
     (lists computed once)."""
 
-    def __init__(self, parts: list[Part]):
+    def __init__(self, parts: list[Part]) -> None:
         self.all = list(parts)
         self._by_hook = {
             hook: [getattr(p, hook) for p in self.all if _overrides(p, hook)] for hook in HOOKS

@@ -48,7 +48,7 @@ class Counter:
         unit: str = "points",
         every: float | None = None,
         delay: float = 0.0,
-    ):
+    ) -> None:
         self.mode, self.total, self.desc, self.unit = resolve_mode(mode), total, desc, unit
         self.prefix = f"{prefix}: " if prefix else ""
         self.done, self.start, self.bar = 0, time.monotonic(), None

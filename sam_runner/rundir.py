@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from omegaconf import DictConfig
+
 # the names of a run folder's files and folders (nothing else in the package spells them)
 SUMMARY = "summary.json"  # status, final values, overrides, settings: written last
 METRICS = "metrics.jsonl"  # one line per evaluation (and per logged step)
@@ -317,7 +319,7 @@ class RunDir:
         """The config's value at ``dotted`` (None where a part is missing)."""
         return get(self.config(checkpoint), dotted)
 
-    def omega_config(self, purpose: str = "sam-landscape"):
+    def omega_config(self, purpose: str = "sam-landscape") -> DictConfig:
         """The config as an OmegaConf, its interpolations resolving here, with this
         environment's data folder where the run's is absent or gone."""
         from omegaconf import OmegaConf

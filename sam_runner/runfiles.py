@@ -134,7 +134,7 @@ def scan_rows(path: Path) -> tuple[list[dict], str | None, bool]:
 class MetricsLog:
     """metrics.jsonl: one JSON object per line. On resume, lines past the checkpoint are dropped."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
     def rows(self) -> list[dict]:
@@ -158,7 +158,7 @@ class Checkpoint:
     """checkpoints/last.pt: the state of each of a run's parts under the part's name, its
     fingerprint and the format number."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
     def save(self, state: dict) -> None:
@@ -210,7 +210,7 @@ class InitialWeights:
     """checkpoints/init.pt: the model's state_dict at step 0 (``dist_from_init``), written once
     when a run starts fresh; absent in run folders from before it existed."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
     def save(self, state_dict: dict) -> None:

@@ -26,6 +26,8 @@ from .part import Part
 from .registry import WEIGHT_DECAYS
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from omegaconf import DictConfig
 
     from .clock import Clock
@@ -131,7 +133,7 @@ class OUIDecay(Part):
         return step == 1 or (self.rescale and to_update < self.window) or bool(epoch_end)
 
     @contextlib.contextmanager
-    def forward_context(self, pass_index: int):
+    def forward_context(self, pass_index: int) -> Iterator[None]:
         """Around the training forward: the hooks count when this is a collected step's first
         pass."""
         step = self.clock.step + 1

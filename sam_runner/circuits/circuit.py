@@ -153,8 +153,14 @@ class ProbabilisticCircuit(nn.Module):
         repetitions: random region trees under the root.
     """
 
-    def __init__(self, num_vars: int, categories: int = 2, depth: int = 2, sum_units: int = 4,
-                 repetitions: int = 2):  # fmt: skip
+    def __init__(
+        self,
+        num_vars: int,
+        categories: int = 2,
+        depth: int = 2,
+        sum_units: int = 4,
+        repetitions: int = 2,
+    ) -> None:
         super().__init__()
         check_structure(num_vars, categories, depth, sum_units, repetitions)
         self.num_vars, self.categories, self.depth = num_vars, categories, depth
@@ -264,7 +270,7 @@ class WeightView(nn.Module):
     ``train()``/``eval()`` copy the circuit's current weights in (a measurement switches the
     mode first), so one view follows a training run."""
 
-    def __init__(self, circuit: "ProbabilisticCircuit"):
+    def __init__(self, circuit: "ProbabilisticCircuit") -> None:
         super().__init__()
         object.__setattr__(self, "circuit", circuit)  # not a submodule: not this view's parameters
         self.weights = nn.ParameterList(nn.Parameter(w.detach().clone()) for w in circuit.weights())

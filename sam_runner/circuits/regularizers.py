@@ -46,7 +46,7 @@ class CircuitRegularizer(Part):
 
     extra_forwards = 1
 
-    def __init__(self, weight: float, adaptive: bool):
+    def __init__(self, weight: float, adaptive: bool) -> None:
         self.weight, self.adaptive = weight, adaptive
 
     def penalty(self, model: nn.Module, x: torch.Tensor, create_graph: bool = True) -> torch.Tensor:

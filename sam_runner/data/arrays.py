@@ -187,7 +187,9 @@ def synthetic_spectra(
     return Path(path)
 
 
-def spectra(n: int = 600, length: int = 200, classes: int = 3, seed: int = 0):
+def spectra(
+    n: int = 600, length: int = 200, classes: int = 3, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Synthetic spectra (x [n, length], y [n]): per class two Gaussian peaks at class-dependent
     positions, a random sloped baseline, and noise (a stand-in for Raman spectra)."""
     rng = np.random.default_rng(seed)

@@ -65,7 +65,7 @@ class Cutout:
 
     after_normalisation = True
 
-    def __init__(self, side: int):
+    def __init__(self, side: int) -> None:
         self.side = int(side)
 
     def __call__(self, img: torch.Tensor) -> torch.Tensor:

@@ -310,7 +310,7 @@ def mnist1d_shift(x: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- applying them
-def parameter(name: str, severity: int):
+def parameter(name: str, severity: int) -> float | tuple[float, ...]:
     """The parameter of ``name`` at ``severity`` (1..5)."""
     return CORRUPTIONS.entry(name).severities[severity - 1]
 
@@ -344,7 +344,7 @@ IMAGENET_C = {
 SIZED = ("gaussian_blur", "defocus_blur")  # a length in pixels: scaled with the image
 
 
-def folder_parameter(name: str, severity: int, image_size: int):
+def folder_parameter(name: str, severity: int, image_size: int) -> float | tuple[float, ...]:
     """The parameter of ``name`` on image-folder images of ``image_size``: ImageNet-C's for the
     per-pixel corruptions (noise, brightness, contrast, saturate: no length in them), at every
     size; for the two blurs over 64², ImageNet-C's pixel lengths scaled by image_size / 224 (the

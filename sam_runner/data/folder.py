@@ -26,6 +26,7 @@ from ..runfiles import atomic_write
 from .loaders import worker_batches
 
 if TYPE_CHECKING:
+    import PIL.Image
     from torchvision.datasets import ImageFolder
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -88,7 +89,7 @@ def _names(names: list, shown: int = 5) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def read_image(path: str):
+def read_image(path: str) -> PIL.Image.Image:
     """The ImageFolder loader, with an unreadable file as a one-line error naming it."""
     from PIL import Image
 

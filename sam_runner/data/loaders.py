@@ -269,7 +269,7 @@ class Shard(torch.utils.data.Dataset):
     federated client's): an example's seed passes through, and its index is its position in the
     shard, as a client's TensorLoader numbers its examples."""
 
-    def __init__(self, ds: Indexed, indices: torch.Tensor):
+    def __init__(self, ds: Indexed, indices: torch.Tensor) -> None:
         self.ds, self.indices = ds, indices.tolist()
 
     def __len__(self):
@@ -375,7 +375,7 @@ class FolderLoader:
         self._loader = None
 
     @property
-    def y(self):
+    def y(self) -> torch.Tensor:
         """The examples' labels, on the loader's device."""
         dev = self.device if self.device is not None else "cpu"
         return self.labels.to(dev)

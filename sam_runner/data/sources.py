@@ -23,6 +23,8 @@ from .labels import training_labels, validation_split
 from .loaders import FolderLoader, Indexed, Normalize
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from omegaconf import DictConfig
 
 CIFAR_STATS = {
@@ -300,7 +302,7 @@ def image_folder(cfg: DictConfig, seed: int, rank: int, world: int) -> Data:
     )
 
 
-def folder_eval_transforms(size: int):
+def folder_eval_transforms(size: int) -> tuple[Callable, Callable]:
     """The evaluation transforms of an image folder: normalised floats (the test set), and the
     same pixels as uint8 (the measurement subset, normalised per use: the same numbers)."""
     from torchvision import transforms as T

@@ -26,7 +26,7 @@ def low_frequency_energy(t: torch.Tensor, cutoff: float) -> tuple[float, float]:
 
 
 class Observer:
-    def __init__(self, cutoff: float):
+    def __init__(self, cutoff: float) -> None:
         self.cutoff = cutoff
         self.watching = False
         self.begin(None, False)

@@ -35,6 +35,7 @@ from .measures import Observer
 from .split import histograms, skew, split_clients
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
     from omegaconf import DictConfig
@@ -96,7 +97,7 @@ class Federation(Part):
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + r)
         return sorted(torch.randperm(len(self.shards), generator=g)[: self.per_round].tolist())
 
-    def batches(self, k: int, r: int):
+    def batches(self, k: int, r: int) -> Iterator[tuple]:
         """Client k's ``local_steps`` batches of round r: its loader's epochs (r−1)·E + 1, ...,
         E = ⌈local_steps / batches per epoch⌉ (one epoch a round when they are equal: a single
         client's round r is a centralized run's epoch r)."""

@@ -59,7 +59,7 @@ def weights(t: float) -> tuple[float, float, float]:
 class BezierCurve:
     """The end points (lists of tensors in the evaluator's order) and a model holding θ_C."""
 
-    def __init__(self, ev: Evaluator, state_a: dict, state_b: dict):
+    def __init__(self, ev: Evaluator, state_a: dict, state_b: dict) -> None:
         self.names = ev.names
         self.a, self.b = ev.state_list(state_a), ev.state_list(state_b)
         self.control = copy.deepcopy(ev.model)  # once: the curve's one trainable model

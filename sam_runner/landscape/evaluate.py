@@ -46,7 +46,7 @@ BN_MODES = ("eval", "recompute")
 BN_OFFSET = 1  # the BatchNorm samples: the subset drawn with seed + 1 (not the evaluated one)
 
 
-def progress_bar(total: int, desc: str, mode: str, unit: str = "points"):
+def progress_bar(total: int, desc: str, mode: str, unit: str = "points") -> Counter:
     """Progress over ``total`` points (``trainer.progress``, the rule of progress.py): a tqdm bar
     on stderr, a line at the first point and every tenth (``lines``: a log, nohup), or nothing."""
     return Counter(total, desc, mode, "sam-landscape", unit)

@@ -74,7 +74,7 @@ def write_rows(
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
-def read_columns(path: Path):
+def read_columns(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """A CSV of ``write_rows``: (its coordinates, its values [rows, len(COLUMNS)]) as float64
     arrays, exactly as written."""
     import numpy as np

@@ -63,7 +63,7 @@ class Loggers:
     """Several loggers as one (``logger=[wandb,tensorboard]``). Its state holds each one's, by
     name, and the first ``run_id`` (W&B's) where the single-logger state keeps it."""
 
-    def __init__(self, parts: dict):
+    def __init__(self, parts: dict) -> None:
         self.parts = parts
 
     @property

@@ -84,7 +84,7 @@ class Measurement:
         return self._objective
 
     @property
-    def test(self):
+    def test(self) -> Iterable | None:
         """The run's test batches, or None (a Data of training tensors only): the test-set
         measures leave their keys out then."""
         return None if self.data is None else self.data.test

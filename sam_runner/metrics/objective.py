@@ -19,7 +19,7 @@ from ..module_state import frozen_running_stats
 from .fast_forwards import affine_eval_batchnorm, matmul_conv1d
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
     from typing import Any
 
     from torch import nn
@@ -117,7 +117,7 @@ class Objective:
         return g
 
     @contextlib.contextmanager
-    def restoring(self):
+    def restoring(self) -> Iterator[None]:
         """Put the parameters back bit for bit afterwards (additions and subtractions round)."""
         saved = [p.detach().clone() for p in self.params]
         try:

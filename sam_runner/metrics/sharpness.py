@@ -154,7 +154,7 @@ def directional_sharpness(
 
 def armijo_probe(
     obj: Objective, alpha0: float = 1.0, c: float = 1e-4, beta: float = 0.5, max_steps: int = 40
-):
+) -> tuple[float, float, int]:
     """(accepted α, implied curvature 2(1−c)/α, loss evaluations used); α and curvature are NaN
     when no trial within ``max_steps`` is accepted."""
     with obj.restoring():
@@ -182,7 +182,9 @@ def _armijo_probe_impl(
     return math.nan, math.nan, evals
 
 
-def per_sample_gradient_moments(obj: Objective, chunk: int = 256):
+def per_sample_gradient_moments(
+    obj: Objective, chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(diagonal empirical Fisher: the mean over samples of the squared per-sample gradient, flat;
     the per-sample ⟨θ, ∇ℓ_n⟩ in float64), from per-sample gradients in eval mode (module
     docstring), with Conv1d's own forward (``own_conv1d``)."""

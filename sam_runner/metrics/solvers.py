@@ -493,7 +493,7 @@ class SeededProbes:
     Hv = ‖v‖·H(v/‖v‖) for the estimates (equal to H applied to v up to float rounding). The
     probes are kept as int8 signs (a quarter of float32's memory)."""
 
-    def __init__(self, op: HessianOperator, seed: int = 0):
+    def __init__(self, op: HessianOperator, seed: int = 0) -> None:
         self.op, self.seed = op, seed
         self._signs = torch.empty(0, op.numel, dtype=torch.int8, device=op.device)
         self._products = torch.empty(0, op.numel, dtype=op.dtype, device=op.device)
@@ -513,13 +513,13 @@ class SeededProbes:
         self._products = torch.cat([self._products, products])
         self._signs = V.to(torch.int8)
 
-    def unit_products(self, count: int):
+    def unit_products(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(U, HU): the first ``count`` probes scaled to unit norm, and H applied to each."""
         self._extend(count)
         V = self._signs[:count].to(self.op.dtype)
         return torch.stack([v / v.norm() for v in V]), self._products[:count]
 
-    def first(self, count: int):
+    def first(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(V, HV) of the first ``count`` probes (HVPs only for those not yet applied)."""
         self._extend(count)
         V = self._signs[:count].to(self.op.dtype)

@@ -104,7 +104,7 @@ class ESAM(SAM):
             self.generator.set_state(drawn_from)
 
     @override
-    def first_pass_skips(self):
+    def first_pass_skips(self) -> list[torch.nn.Parameter]:
         """``faithful``: the tensors drawn out need no gradient at θ (ε is 0 on them and ‖g‖ is
         over the kept ones), so the first pass skips them, as the official code's frozen tensors
         (one host sync: which ones is a host decision)."""

@@ -37,7 +37,7 @@ def plot_clients(split: dict) -> Figure:
     return fig
 
 
-def plot_rounds(series: dict):
+def plot_rounds(series: dict) -> Figure:
     """``series``: {split label: {method: {round: [test_acc of each seed]}}}."""
     splits = sorted(series)
     fig, axes = figure(1, len(splits), size=(4.6 * len(splits), 3.6), sharey=True)

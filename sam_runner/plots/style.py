@@ -118,7 +118,7 @@ def natural_key(text: str) -> list:
     return [float(p) if i % 2 else p for i, p in enumerate(parts)]
 
 
-def variant_color(variant: str):
+def variant_color(variant: str) -> str:
     """The colour of a SAM variant: fixed by its place among the registered variants, so a
     variant looks the same in every figure of every sweep; ``base`` is black."""
     from ..registry import VARIANTS

@@ -49,7 +49,7 @@ def plot_metric_vs_rho(
     logy: bool = False,
     bounds: bool = False,
     title: str = "",
-):
+) -> Figure:
     """Mean ± std of ``metric`` per group against ρ: one line per variant in its colour, one
     panel per combination of the sweep's other values. A variant without ρ (``base``) is a
     dotted level with its ±std band. ``bounds``: each group's TLC-SAM stability bounds (its
@@ -234,7 +234,7 @@ def plot_acc_vs_lambda(points: Iterable[tuple[str, float, float]]) -> Figure:
     return fig
 
 
-def plot_eos_traces(traces: list[dict]):
+def plot_eos_traces(traces: list[dict]) -> Figure:
     """One λ_max trace per job against the step, coloured by its step size, each with its own
     stability threshold dashed (and the SAM edge dotted, where logged) in the same colour; one
     panel per variant (and per value of the

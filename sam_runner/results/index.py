@@ -56,7 +56,7 @@ from ..runfiles import atomic_write_bytes
 from ..settings import flatten
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Iterator, Sequence
 
 SCHEMA = 1  # bump when the tables' meaning changes: an older database is rebuilt by itself
 DEFAULT_DB = "sam-results.sqlite"
@@ -311,7 +311,7 @@ def index(paths: Iterable[Path | str], db: Path) -> dict:
 
 
 @contextlib.contextmanager
-def indexer_lock(db: Path):
+def indexer_lock(db: Path) -> Iterator[None]:
     """One indexer of ``db`` at a time: a second waits (saying who it waits for), then finds the
     folders unchanged instead of reading them again."""
     from ..lock import job_lock

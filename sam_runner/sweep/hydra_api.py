@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Sequence
 
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import Override
     from omegaconf import DictConfig
 
@@ -33,7 +35,7 @@ GRID_SWEEPERS = ("BasicSweeper", "sam_runner_sweeper.sweeper.Sweeper")
 SEARCH_SWEEPERS = ("sam_runner_sweeper.search.SearchSweeper",)
 
 
-def args_parser():
+def args_parser() -> argparse.ArgumentParser:
     """Hydra's own command-line parser (``-m``, ``--cfg``, overrides ...)."""
     from hydra._internal.utils import get_args_parser
 
@@ -41,7 +43,7 @@ def args_parser():
 
 
 @functools.lru_cache(maxsize=None)
-def overrides_parser():
+def overrides_parser() -> OverridesParser:
     """Hydra's overrides parser, with the runner's config tree as its search path."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
@@ -59,7 +61,7 @@ def parse_overrides(lines: list[str]) -> list[Override]:
     return overrides_parser().parse_overrides(list(lines))
 
 
-def basic_sweeper_class():
+def basic_sweeper_class() -> type[BasicSweeper]:
     """Hydra's basic sweeper (the base of the runner's grid sweeper)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
@@ -86,7 +88,7 @@ def basic_product(parsed: Sequence[Override]) -> list[list[str]]:
     return [job for batch in batches for job in batch]
 
 
-def compose(overrides: list[str], config_name: str = "config"):
+def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     """One job's config, Hydra's part included, composed by Hydra's own compose."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir

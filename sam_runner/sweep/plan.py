@@ -131,7 +131,7 @@ def _without_idle_regularizer(job: list[str]) -> list[str]:
             override_key(o) in keep]  # fmt: skip
 
 
-def compose(overrides: list[str], config_name: str = "config"):
+def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     """The config of one job (or of ``sam-eval``: ``config_name="eval"``), Hydra's part included,
     composed by Hydra's own compose."""
     return hydra_api.compose(overrides, config_name)
@@ -148,7 +148,7 @@ class ValueVariants:
     config, key for key (tested against Hydra's own compose), at a copy's cost: a sweep of
     3,000 seeds composed 3,000 times took minutes to check. Our choice, not Hydra's."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._composed: dict = {}
 
     def __call__(self, job: list[str]):
@@ -184,7 +184,7 @@ def _plain_value(o) -> bool:
     return isinstance(o.value(), (int, float, str, bool, type(None)))
 
 
-def fixed_config(arguments: list[str]):
+def fixed_config(arguments: list[str]) -> DictConfig:
     """The composed config of a sweep's overrides that do not sweep."""
     return compose(
         [o.input_line for o in _parser().parse_overrides(arguments) if not o.is_sweep_override()]

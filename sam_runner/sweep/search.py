@@ -179,7 +179,7 @@ class Search:
         way = str(self.direction)
         return [objective.direction(config) if way == "auto" else way]
 
-    def open_study(self):
+    def open_study(self) -> optuna.Study:
         """The study of this sweep folder (created on the first start). A folder holding a
         study of another search (other space, settings or direction) is refused; trial folders
         the study lacks (its storage deleted, unreadable or cut short) are added to it again

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-def command(argv: list[str]):
+def command(argv: list[str]) -> list[Stage] | None:
     """The stages of a ``sam-run -m`` command whose preset has stages; None
     for any other command (and inside a stage's own sweep). Bad input: one line, exit 2."""
     if stages.current is not None or not any(override_key(a) == "experiment" for a in argv):

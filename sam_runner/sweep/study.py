@@ -30,7 +30,7 @@ SAMPLERS = {
 }
 
 
-def make_sampler(conf: dict, seed: int | None):
+def make_sampler(conf: dict, seed: int | None) -> tuple[optuna.samplers.BaseSampler, dict]:
     """The sampler ``hydra.sweeper.sampler`` names, built with exactly its keys (the presets
     write every setting a result depends on), and those settings as recorded in the study."""
     conf = dict(conf or {})
@@ -72,7 +72,7 @@ def pruner_settings(name: str, conf: dict, epochs: int) -> dict:
     return {"name": name, **settings}
 
 
-def make_pruner(settings: dict):
+def make_pruner(settings: dict) -> optuna.pruners.BasePruner:
     """The Optuna pruner of recorded settings (``pruner_settings``)."""
     settings = dict(settings)
     target = PRUNERS[settings.pop("name")][0]
@@ -115,7 +115,9 @@ def distribution(o: Override) -> optuna.distributions.BaseDistribution:
     return d.CategoricalDistribution(values)
 
 
-def open_storage(sweep_dir: Path, url: str | None, migrate: bool = True):
+def open_storage(
+    sweep_dir: Path, url: str | None, migrate: bool = True
+) -> optuna.storages.BaseStorage | str:
     """``url`` (an RDB, e.g. ``postgresql://...``) or the sweep folder's journal file. A folder
     holding only an older search's ``optuna.db`` has its studies copied into the journal (with a
     notice; the SQLite file is left as it was)."""

@@ -37,7 +37,7 @@ class TrialLink:
     """The running trial of this job, and the search's pruner: plain names until first used
     (a job of ``trainer.devices`` processes hands it to its rank 0, which opens it)."""
 
-    def __init__(self, sweep_dir: str, storage: str, study_name: str, number: int):
+    def __init__(self, sweep_dir: str, storage: str, study_name: str, number: int) -> None:
         self.where = (str(sweep_dir), storage or "", str(study_name), int(number))
         self.opened = None
 
@@ -52,7 +52,7 @@ class TrialLink:
     def __getstate__(self) -> dict:
         return {"where": self.where, "opened": None}
 
-    def open(self):
+    def open(self) -> tuple:
         """(storage, study, pruner, trial id), opened once."""
         if self.opened is None:
             import optuna

@@ -162,7 +162,7 @@ class ValueChecks:
 
     RESOLVE = "resolve"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._shapes: dict[tuple, _Shape] = {}
         self.ran: Counter = Counter()  # check name -> times run (the rest answered from runs)
 
