@@ -15,7 +15,6 @@ from . import interrupts
 
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import Any
 
 
 def resolve_mode(mode: str) -> str:
@@ -177,7 +176,7 @@ class Progress:
         self.mode = resolve_mode(mode) if enabled else "none"
         self.epochs, self.steps, self.every_s = epochs, steps, float(every_s or 0)
 
-    def epoch_bar(self, epoch: int, done: int = 0) -> Any:
+    def epoch_bar(self, epoch: int, done: int = 0) -> _Bar | _Lines | _NoBar:
         """The epoch's progress, ``done`` of its steps already taken (a resumed epoch)."""
         if self.mode == "bar":
             return _Bar(epoch, self.epochs, self.steps, done)

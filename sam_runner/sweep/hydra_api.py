@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
 
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -82,7 +81,7 @@ def submitit_shared_parameters() -> set[str]:
     return set(submitit.AutoExecutor._valid_parameters())
 
 
-def basic_product(parsed: Sequence[Override]) -> list[list[str]]:
+def basic_product(parsed: list[Override]) -> list[list[str]]:
     """Every combination of parsed overrides, in Hydra's basic-sweeper order."""
     batches = basic_sweeper_class().split_arguments(parsed, None)
     return [job for batch in batches for job in batch]

@@ -86,7 +86,7 @@ def sweep_size(
     return math.prod(counts.values()), [f"{k}: {n} values" for k, n in counts.items()]
 
 
-def product(parsed: Sequence[Override]) -> list[list[str]]:
+def product(parsed: list[Override]) -> list[list[str]]:
     """Every combination of parsed overrides, in Hydra's basic-sweeper order."""
     return hydra_api.basic_product(parsed)
 

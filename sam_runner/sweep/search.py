@@ -296,7 +296,9 @@ class Search:
         """A trial's job: its sampled values, then the fixed overrides."""
         return [*(f"{k}={v}" for k, v in trial.params.items()), *self.fixed]
 
-    def run(self, study: optuna.Study, trials: Sequence[optuna.trial.Trial]) -> None:
+    def run(
+        self, study: optuna.Study, trials: Sequence[optuna.trial.Trial | optuna.trial.FrozenTrial]
+    ) -> None:
         """Launch trials (consecutive numbers) at once; tell the study each one's value."""
         jobs = [self.overrides(t) for t in trials]
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
