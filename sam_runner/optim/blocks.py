@@ -13,13 +13,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 from torch.nn.modules.conv import _ConvNd
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = "root"
 
 
-def is_bias(name: str, p) -> bool:
+def is_bias(name: str, p: torch.Tensor) -> bool:
     """A bias: a vector whose name ends in ``bias``. Everything else, normalisation weights
     included, is a weight (ASAM's T = |θ| + η, the runner's ``kind`` of a parameter group)."""
     return p.ndim <= 1 and name.endswith("bias")

@@ -8,6 +8,7 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -18,10 +19,15 @@ from . import hydra_api
 from .callback import fail, print_report, report
 from .plan import expand, fixed_config, sweeper_params
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 PROG = "sam-sweep-lines"
 
 
-def lines_main(argv=None) -> None:
+def lines_main(argv: Sequence[str] | None = None) -> None:
+    """``sam-sweep-lines``: a sweep's jobs, one line of overrides each (``--report``: a sweep
+    folder's report)."""
     if say_version(sys.argv[1:] if argv is None else argv):
         return
     ap = argparse.ArgumentParser(
