@@ -50,8 +50,7 @@ def _plain(value) -> dict:
 
     if isinstance(value, DictConfig):
         value = OmegaConf.to_container(value, resolve=True)
-    value = dict(value or {})
-    return value
+    return {k: v for k, v in dict(value or {}).items() if v is not None}  # null: peft's default
 
 
 def layer_names(model: nn.Module) -> list[str]:
