@@ -40,7 +40,7 @@ def method(model_cfg) -> str:
     value = model_cfg.get("peft", "none") or "none"
     hf = str(model_cfg.get("arch")) == "hf"
     choices = HF_METHODS if hf else METHODS
-    if not hf and value in HF_METHODS:
+    if not hf and value in HF_METHODS and value not in METHODS:
         raise UserError(
             f"model.peft={value} goes through the peft library, on model=hf; the runner's own "
             f"models take {', '.join(METHODS)}"
