@@ -209,7 +209,12 @@ def _corpus_at(cfg, path, key: str) -> Corpus:
     fraction = val_fraction(cfg)
     is_folder = path not in (None, "", PYTHON_SOURCE) and Path(str(path)).expanduser().is_dir()
     if not is_folder and tokenized.applies(cfg, path):  # a tokenizer, or a table of documents
-        return tokenized.corpus(cfg, path, key, fraction)
+        builtin = None
+        if key == "dataset.train_path" and path == PYTHON_SOURCE:
+            builtin = (python_source_text(), "builtin:python_source")
+        elif path in (None, ""):
+            builtin = (builtin_text(), "builtin:pydoc_data.topics")
+        return Corpus(*tokenized.corpus(cfg, path, key, fraction, builtin))
     if key == "dataset.train_path" and path == PYTHON_SOURCE:
         data = python_source_text().encode("utf-8")
         return _byte_corpus(data, "the built-in source corpus", "builtin:python_source", fraction)

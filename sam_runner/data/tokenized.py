@@ -32,6 +32,7 @@ from . import Arrays
 TABLES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
           ".arrow": "arrow"}  # fmt: skip
 INSTALL = "pip install -e '.[hf]'"
+BYTE_VOCAB = 256  # text.py's
 _TOKENIZERS: dict = {}
 _TABLES: dict = {}
 
@@ -108,16 +109,12 @@ def read_table(path: Path, columns: list[str], key: str):
     return table
 
 
-def documents(cfg, path, key: str) -> tuple[list[str], bytes, str]:
-    """(the documents, the bytes they came from, a source label) of a corpus."""
-    from .text import PYTHON_SOURCE, builtin_text, python_source_text
-
-    if key == "dataset.train_path" and path == PYTHON_SOURCE:
-        text = python_source_text()
-        return [text], text.encode("utf-8"), "builtin:python_source"
-    if path in (None, ""):
-        text = builtin_text()
-        return [text], text.encode("utf-8"), "builtin:pydoc_data.topics"
+def documents(cfg, path, key: str, builtin=None) -> tuple[list[str], bytes, str]:
+    """(the documents, the bytes they came from, a source label) of a corpus; ``builtin``: (text,
+    label) of a built-in corpus (text.py's)."""
+    if builtin is not None:
+        text, label = builtin
+        return [text], text.encode("utf-8"), label
     p = Path(str(path)).expanduser()
     require(p.is_file(), f"{key}={path} does not exist; give a text file or a table")
     raw = p.read_bytes()
@@ -148,12 +145,11 @@ def _ids(docs: list[str], tok) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def corpus(cfg, path, key: str, fraction: float):
-    """The corpus (text.Corpus) of ``path`` under ``dataset.tokenizer``: tokenized once into the
-    token cache, then memory-mapped."""
-    from .text import BYTE_VOCAB, Corpus
-
-    docs, raw, source = documents(cfg, path, key)
+def corpus(cfg, path, key: str, fraction: float, builtin=None) -> tuple:
+    """(train ids, test ids, vocabulary size, bytes, sha256, source) of ``path`` (or the
+    ``builtin`` corpus) under ``dataset.tokenizer``: tokenized once into the token cache, then
+    memory-mapped (text.py makes its Corpus of them)."""
+    docs, raw, source = documents(cfg, path, key, builtin)
     name = tokenizer_name(cfg)
     tok = None if name is None else load_tokenizer(name)
     vocab = BYTE_VOCAB if tok is None else len(tok)
@@ -161,7 +157,7 @@ def corpus(cfg, path, key: str, fraction: float):
     if tok is None:
         ids = _ids(docs, None)
         cut = len(ids) - int(round(len(ids) * fraction))
-        return Corpus(ids[:cut], ids[cut:], vocab, len(raw), digest, source)
+        return ids[:cut], ids[cut:], vocab, len(raw), digest, source
     spec = json.dumps([digest, name, vocab, str(cfg.get("text_column", "text")), fraction])
     folder = Path(str(cfg.get("data_dir", "."))).expanduser() / "tokens"
     folder = folder / hashlib.sha256(spec.encode()).hexdigest()[:16]
@@ -171,8 +167,7 @@ def corpus(cfg, path, key: str, fraction: float):
         cut = len(ids) - int(round(len(ids) * fraction))
         _write_cache(folder, {"train": ids[:cut], "val": ids[cut:]}, dtype, spec, vocab)
     train, test = (np.memmap(folder / f"{s}.bin", dtype=dtype, mode="r") for s in ("train", "val"))
-    out = Corpus(train, test, vocab, len(raw), digest, f"{source} (tokenizer {name})")
-    return out
+    return train, test, vocab, len(raw), digest, f"{source} (tokenizer {name})"
 
 
 def _write_cache(folder: Path, splits: dict, dtype, spec: str, vocab: int) -> None:
