@@ -171,3 +171,24 @@ def test_model_hf_without_transformers_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(UserError, match=r"pip install -e '\.\[hf\]'"):
         hf.transformers()
+
+
+@pytest.mark.slow  # two started processes importing transformers: ~30 s on 2 shared cores
+def test_two_gloo_processes_match_one_on_a_peft_lora_llama(tmp_path):
+    from sam_runner import distributed
+
+    cfg = compose(
+        *TEXT, *HF_TINY, LLAMA, "model.peft=lora", "optimizer=sam",
+        "optimizer.sync_perturbation=true", "trainer.steps=4", "trainer.device=cpu",
+        "metrics.hessian.enabled=false",
+    )  # fmt: skip
+    one, two = tmp_path / "one", tmp_path / "two"
+    s1 = train(cfg, one, ["x"])
+    s2 = distributed.launch(train, (cfg, str(two), ["x"]), 2, torch.device("cpu"))
+    assert s1["status"] == s2["status"] == "completed"
+    r1, r2 = lines(one)[-1], lines(two)[-1]
+    for key in ("step", "train_loss", "test_loss", "test_acc", "test_ece"):
+        assert r2[key] == pytest.approx(r1[key], abs=1e-5), key
+    a, b = _weights(one), _weights(two)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert (two / "adapter" / "adapter_config.json").is_file()
