@@ -109,6 +109,17 @@ def test_sam_eval_measures_a_peft_run(lora_run, capsys):
     assert measured["lambda_max"] > 0 and 0 <= measured["test_acc"] <= 1
 
 
+def test_sam_landscape_slices_a_peft_run(lora_run):
+    from sam_runner.landscape.cli import main as landscape_main
+
+    run, _ = lora_run
+    flags = ["landscape.slices=1d", "landscape.points=5", "landscape.train_samples=16",
+             "trainer.progress=none"]  # fmt: skip
+    assert landscape_main([str(run), *flags]) == 0
+    rows = (run / "landscape" / "slice_1d.csv").read_text().splitlines()
+    assert len(rows) == 6 and "train_loss" in rows[0]
+
+
 @pytest.mark.parametrize("method", ["dora", "ia3", "prompt", "prefix"])
 def test_every_peft_method_trains_the_adapters_alone(pretrained, tmp_path, method):
     cfg = compose(*COMMON, f"model.name={pretrained}", f"model.peft={method}", "trainer.steps=2")
