@@ -99,14 +99,22 @@ def test_a_lora_run_keeps_the_pretrained_tensors_and_saves_loadable_adapters(pre
         torch.testing.assert_close(loaded(input_ids=x).logits, rebuilt.model(x))
 
 
-def test_sam_eval_measures_a_peft_run(lora_run, capsys):
+def test_sam_eval_measures_a_peft_run_with_metrics_full(lora_run, capsys):
     from sam_runner.evaluation.cli import main as eval_main
 
     run, _ = lora_run
-    code = eval_main([str(run), "metrics.hessian.num_samples=16", "metrics.hessian.max_iter=10"])
+    argv = [
+        str(run),
+        "metrics=full",
+        "metrics.hessian.num_samples=16",
+        "metrics.hessian.max_iter=10",
+    ]
+    code = eval_main(argv)
     assert code in (0, None), capsys.readouterr().err
     measured = json.loads((run / "eval.json").read_text())
     assert measured["lambda_max"] > 0 and 0 <= measured["test_acc"] <= 1
+    for key in ("quant_drop_4bit", "sharpness_avg", "param_norm", "lambda_2", "fisher_rao_norm"):
+        assert key in measured, key
 
 
 def test_sam_landscape_slices_a_peft_run(lora_run):
@@ -234,3 +242,17 @@ def test_flat_lora_without_lora_layers_is_refused(tmp_path, capsys):
     argv = [*COMMON, LLAMA, "optimizer=flat_lora", "trainer.steps=2", f"hydra.run.dir={run}"]
     code, _, err = run_cli(argv, capsys)
     assert code != 0 and "flat_lora perturbs merged LoRA weights" in err
+
+
+def test_flat_lora_perturbs_our_own_lora_layers_on_the_runners_models(tmp_path):
+    small = ["dataset=digits", "model=cnn", "model.channels=4", "trainer.epochs=1",
+             "trainer.progress=none", "metrics.hessian.num_samples=64",
+             "metrics.hessian.max_iter=5"]  # fmt: skip
+    train(compose(*small), tmp_path / "pre")
+    tuned = compose(*small, f"model.init_from={tmp_path / 'pre'}", "model.peft=lora",
+                    "optimizer=flat_lora", "base_optimizer=adamw")  # fmt: skip
+    summary = train(tuned, tmp_path / "lora")
+    assert summary["status"] == "completed" and summary["grad_evals_per_step"] == 1.0
+    before = torch.load(tmp_path / "pre" / "checkpoints" / "last.pt")["model"]
+    after = torch.load(tmp_path / "lora" / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(v, after[k]) for k, v in before.items())  # the conv weights, exactly
