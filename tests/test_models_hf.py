@@ -192,3 +192,15 @@ def test_two_gloo_processes_match_one_on_a_peft_lora_llama(tmp_path):
     a, b = _weights(one), _weights(two)
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     assert (two / "adapter" / "adapter_config.json").is_file()
+
+
+def test_muon_takes_gpt2s_conv1d_matrices_as_hidden():
+    from sam_runner.optim.build import parameter_groups
+
+    cfg = compose(*TEXT, *HF_TINY, GPT2, "base_optimizer=muon")
+    model = build_model(cfg.model, (16,), 256)
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = [names[id(p)] for g in parameter_groups(model) if g["use_muon"] for p in g["params"]]
+    assert any("c_attn" in n for n in muon) and any("c_fc" in n for n in muon)
+    assert not any("wte" in n or "wpe" in n for n in muon)
+    assert model.hf.config.bos_token_id is None  # GPT-2's 50256 is beyond 256 bytes

@@ -117,6 +117,12 @@ def resolve_config(model_cfg, input_shape, num_classes):
             given.setdefault("image_size", int(input_shape[-1]))
             given.setdefault("num_channels", int(input_shape[0]))
         try:
+            defaults = tf.AutoConfig.for_model(kind)
+            vocab = given.get("vocab_size")
+            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # the architecture's
+                value = getattr(defaults, key, None)  # ids beyond a small vocabulary: none
+                if key not in given and isinstance(value, int) and vocab and value >= vocab:
+                    given[key] = None
             config = tf.AutoConfig.for_model(kind, **given)
         except (ValueError, KeyError, TypeError) as e:
             raise UserError(f"model.config (model_type={kind}): {one_line(e)}") from None
