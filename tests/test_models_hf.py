@@ -204,3 +204,11 @@ def test_muon_takes_gpt2s_conv1d_matrices_as_hidden():
     assert any("c_attn" in n for n in muon) and any("c_fc" in n for n in muon)
     assert not any("wte" in n or "wpe" in n for n in muon)
     assert model.hf.config.bos_token_id is None  # GPT-2's 50256 is beyond 256 bytes
+
+
+def test_the_wandb_config_holds_the_model_id_and_revision():
+    from sam_runner.loggers.wandb import _config_dict
+
+    cfg = compose(*TEXT, *HF_TINY, "model.name=allenai/OLMo-2-0425-1B", "model.revision=stage1")
+    logged = _config_dict(cfg)["model"]
+    assert (logged["name"], logged["revision"]) == ("allenai/OLMo-2-0425-1B", "stage1")
