@@ -100,63 +100,73 @@ def resolve_config(model_cfg, input_shape, num_classes):
     tf = transformers()
     chosen = task(model_cfg)
     given = _plain(model_cfg.get("config"))
-    name = _name(model_cfg)
     if given not in (None, {}):
-        require(
-            isinstance(given, dict) and "model_type" in given,
-            "model.config must be a mapping with model_type (the architecture, e.g. llama, "
-            "gpt2, bert, vit) and that architecture's keys",
-        )
-        given = dict(given)
-        kind = given.pop("model_type")
-        if chosen == "causal_lm":
-            given.setdefault("vocab_size", num_classes)
-        elif chosen == "sequence_classification":
-            given.setdefault("vocab_size", 256)
-        if chosen == "image_classification":
-            given.setdefault("image_size", int(input_shape[-1]))
-            given.setdefault("num_channels", int(input_shape[0]))
-        try:
-            defaults = tf.AutoConfig.for_model(kind)
-            vocab = given.get("vocab_size")
-            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # the architecture's
-                value = getattr(defaults, key, None)  # ids beyond a small vocabulary: none
-                if key not in given and isinstance(value, int) and vocab and value >= vocab:
-                    given[key] = None
-            config = tf.AutoConfig.for_model(kind, **given)
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"model.config (model_type={kind}): {one_line(e)}") from None
+        config = _fresh_config(tf, given, chosen, input_shape, num_classes)
     else:
-        require(
-            name is not None,
-            "model=hf needs model.name (a hub id or a local folder) or model.config (a mapping "
-            "with model_type: a fresh model, no download)",
-        )
-        path = Path(name).expanduser()
-        looks_local = name.startswith((".", "/", "~")) or path.exists()
-        require(
-            not looks_local or path.is_dir(),
-            f"model.name={name}: no such folder; give a folder a save_pretrained model was "
-            "written to, or a hub id",
-        )
-        try:
-            config = tf.AutoConfig.from_pretrained(
-                str(path) if looks_local else name,
-                revision=model_cfg.get("revision") or None,
-                local_files_only=_offline(model_cfg),
-            )
-        except (OSError, ValueError) as e:
-            if looks_local:
-                raise UserError(
-                    f"model.name={name}: the folder holds no transformers model ({one_line(e)})"
-                ) from None
-            raise UserError(
-                f"model.name={name}: not found in {_where(name)} (offline: model.download=false); "
-                + _how_to_provide(name)
-            ) from None
+        config = _named_config(tf, model_cfg)
     if chosen != "causal_lm":
         config.num_labels = int(num_classes)
     return config
+
+
+def _fresh_config(tf, given, chosen: str, input_shape, num_classes):
+    """``model.config``'s mapping as a ``transformers`` config, completed from the data."""
+    require(
+        isinstance(given, dict) and "model_type" in given,
+        "model.config must be a mapping with model_type (the architecture, e.g. llama, "
+        "gpt2, bert, vit) and that architecture's keys",
+    )
+    given = dict(given)
+    kind = given.pop("model_type")
+    if chosen == "causal_lm":
+        given.setdefault("vocab_size", num_classes)
+    elif chosen == "sequence_classification":
+        given.setdefault("vocab_size", 256)
+    if chosen == "image_classification":
+        given.setdefault("image_size", int(input_shape[-1]))
+        given.setdefault("num_channels", int(input_shape[0]))
+    try:
+        defaults = tf.AutoConfig.for_model(kind)
+        vocab = given.get("vocab_size")
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # the architecture's
+            value = getattr(defaults, key, None)  # ids beyond a small vocabulary: none
+            if key not in given and isinstance(value, int) and vocab and value >= vocab:
+                given[key] = None
+        return tf.AutoConfig.for_model(kind, **given)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"model.config (model_type={kind}): {one_line(e)}") from None
+
+
+def _named_config(tf, model_cfg):
+    """``model.name``'s own config: a folder's ``config.json``, or a hub id's (the cache's)."""
+    name = _name(model_cfg)
+    require(
+        name is not None,
+        "model=hf needs model.name (a hub id or a local folder) or model.config (a mapping "
+        "with model_type: a fresh model, no download)",
+    )
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or path.exists()
+    require(
+        not looks_local or path.is_dir(),
+        f"model.name={name}: no such folder; give a folder a save_pretrained model was "
+        "written to, or a hub id",
+    )
+    try:
+        return tf.AutoConfig.from_pretrained(
+            str(path) if looks_local else name,
+            revision=model_cfg.get("revision") or None,
+            local_files_only=_offline(model_cfg),
+        )
+    except (OSError, ValueError) as e:
+        if looks_local:
+            raise UserError(
+                f"model.name={name}: the folder holds no transformers model ({one_line(e)})"
+            ) from None
+        raise UserError(
+            f"model.name={name}: not found in {_where(name)} (offline: model.download=false); "
+            + _how_to_provide(name)
+        ) from None
 
 
 def _weights_present(name: str, model_cfg) -> bool:
