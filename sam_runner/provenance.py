@@ -46,6 +46,8 @@ def built_model(model_cfg: DictConfig, input_shape: Sequence[int]) -> str:
     arch = str(model_cfg.arch)
     if arch == "auto":
         return auto_arch(tuple(input_shape))
+    if arch == "hf":
+        return f"hf:{model_cfg.get('name') or (model_cfg.get('config') or {}).get('model_type')}"
     return f"timm:{model_cfg.get('name')}" if arch == "timm" else arch
 
 

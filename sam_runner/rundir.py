@@ -48,6 +48,7 @@ CHECKPOINT = Path(CHECKPOINTS) / "last.pt"
 AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
 INIT_WEIGHTS = Path(CHECKPOINTS) / "init.pt"  # the weights at step 0 (dist_from_init)
 CLIENTS = "clients.json"  # a federated run's split: each client's size and class histogram
+ADAPTER = "adapter"  # model.peft on model=hf: peft save_pretrained (PeftModel.from_pretrained)
 CACHE = "cache"  # an image folder's decoded measurement subsets
 WEIGHTS = ("last", "averaged")
 STATUSES = ("completed", "diverged", "pruned", "failed")

@@ -320,4 +320,4 @@ def _with_samples(ds, like):
 
 
 # sources defined in their own modules register themselves on import
-from . import arrays, modular, text  # noqa: E402, F401
+from . import arrays, modular, text, tokenized  # noqa: E402, F401
