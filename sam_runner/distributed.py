@@ -66,6 +66,8 @@ class Topology:
     world: int = 1
     device: torch.device | None = None  # set by the launcher of a data-parallel run
     local_rank: int = 0
+    sharded: bool = False  # trainer.strategy=fsdp: the model's parameters are sharded (FSDP2)
+    unsharded: object = field(default=None, repr=False)  # fsdp: the model's structure (meta)
     _ddp: object = field(default=None, repr=False)
 
     @property

@@ -65,3 +65,14 @@ def is_trainable(p: torch.Tensor) -> bool:
     """Whether ``p`` is a trained parameter: it requires a gradient, or would but for a pass that
     skips it (``gradients_skipped``)."""
     return p.requires_grad or getattr(p, "_gradient_skipped", False)
+
+
+def full_state(model) -> dict:
+    """``model``'s state dict as whole tensors on the CPU (copies). A sharded model's (FSDP2's
+    DTensors) is gathered tensor by tensor: every process of the run must call it."""
+    out = {}
+    for k, v in model.state_dict().items():
+        if hasattr(v, "full_tensor"):
+            v = v.full_tensor()
+        out[k] = v.detach().cpu().clone()
+    return out

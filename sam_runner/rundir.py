@@ -46,6 +46,7 @@ CONFIG = Path(HYDRA) / "config.yaml"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT = Path(CHECKPOINTS) / "last.pt"
 AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
+SHARDS = "last.shards-"  # checkpoints/last.shards-<step>/: a sharded run's checkpoint (fsdp)
 INIT_WEIGHTS = Path(CHECKPOINTS) / "init.pt"  # the weights at step 0 (dist_from_init)
 CLIENTS = "clients.json"  # a federated run's split: each client's size and class histogram
 ADAPTER = "adapter"  # model.peft on model=hf: peft save_pretrained (PeftModel.from_pretrained)

@@ -167,9 +167,12 @@ class Checkpoint:
 
         atomic_write(self.path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f))
 
-    def load(self) -> dict | None:
+    def load(self, assemble: bool = True) -> dict | None:
         """The checkpoint's state in the current format (None when there is none); a one-line
-        error for an unreadable file or one that is not a sam-run checkpoint."""
+        error for an unreadable file or one that is not a sam-run checkpoint. A sharded run's
+        ``last.pt`` points at its shards (``sharded``): with ``assemble`` the whole model's state
+        is read from them once (rank 0's own state beside it, its optimizer shards left out), else
+        the pointer as it is."""
         if not self.path.exists():
             return None
         import torch
@@ -191,7 +194,39 @@ class Checkpoint:
                 f"checkpoint {self.path} is not a sam-run checkpoint; delete it to start the run "
                 "over"
             )
-        return upgrade(state)
+        state = upgrade(state)
+        if assemble and state.get("sharded"):
+            state = self._assembled(state)
+        return state
+
+    def _assembled(self, pointer: dict) -> dict:
+        import torch
+
+        folder = self.path.parent / str(pointer["sharded"])
+        try:
+            own = torch.load(folder / "rank0.pt", map_location="cpu", weights_only=True)
+            model = assembled(folder)
+        except Exception as e:
+            raise UserError(
+                f"sharded checkpoint {folder} (named by {self.path}) is unreadable "
+                f"({type(e).__name__}); restore it, or delete {self.path} to start the run over"
+            ) from None
+        own.pop("optimizer", None)  # rank 0's shards of it only
+        return {**own, **pointer, "model": model}
+
+
+def assembled(folder: Path) -> dict:
+    """The whole model's state dict of a sharded checkpoint (``torch.distributed.checkpoint``),
+    assembled once in this process, no process group needed: what sam-eval, sam-landscape and
+    model.init_from read of a run trained with trainer.strategy=fsdp."""
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.simplefilter("ignore", UserWarning)
+        full = _load_state_dict_from_keys(checkpoint_id=str(folder))
+    return dict(full.get("model", full))
 
 
 def upgrade(state: dict) -> dict:

@@ -38,6 +38,7 @@ SECTIONS = [
     "memory",
     "circuits",
     "hf",
+    "fsdp",
 ]
 
 

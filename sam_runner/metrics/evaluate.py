@@ -45,12 +45,17 @@ def predict(model, loader, autocast, dist) -> tuple[torch.Tensor, torch.Tensor]:
     predicted token (``losses.token_pairs``)."""
     was_training = model.training
     model.eval()
-    logits, labels = [], []
+    logits, labels, x = [], [], None
     for x, y, _ in loader:
         with autocast:
             out, y = token_pairs(model(x).float(), y)
         logits.append(out)
         labels.append(y)
+    if getattr(dist, "sharded", False):  # every forward of a sharded model is collective
+        n = torch.tensor(len(logits), device=labels[0].device)
+        for _ in range(int(dist.max(n)) - len(logits)):  # a shorter share: forwards to match
+            with autocast:
+                model(x[:1])
     model.train(was_training)
     return dist.gather(torch.cat(logits)), dist.gather(torch.cat(labels))
 

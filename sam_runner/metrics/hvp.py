@@ -80,6 +80,22 @@ class _BatchPool:
             torch.set_num_threads(self._threads)  # the workers' setting is process-wide in ATen
 
 
+def _share(batches, rank: int, world: int) -> tuple[list, int] | None:
+    """(process ``rank``'s share of the samples of ``batches``, batched as they were; the whole
+    set's count), or None (no split) with fewer samples than processes. Samples are dealt in
+    contiguous runs of ``⌈n/world⌉``."""
+    batches = [(x, y) for x, y in batches]
+    size = max(len(y) for _, y in batches)
+    xs, ys = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+    n = len(ys)
+    per = -(-n // world)
+    if (world - 1) * per >= n:  # the last process would get none
+        return None
+    lo, hi = min(rank * per, n), min((rank + 1) * per, n)
+    x, y = xs[lo:hi], ys[lo:hi]
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(y), size)], n
+
+
 def _sum_lists(lists):
     out = None
     for ts in lists:
@@ -136,7 +152,15 @@ class HessianOperator(Objective):
         method: str = "auto",
         graph_cache_mb: float = 1024,
         batching: str = "auto",
+        dist=None,
     ):
+        """``dist``: the run's processes (``distributed.Topology``); with several, the samples
+        are split among them (each its share, batched as before, weighted by the whole set's
+        count) and every H v, loss and gradient is all-reduced (summed): the same operator as
+        one process over all the samples, each process computing 1/N of it."""
+        split = (
+            _share(batches, dist.rank, dist.world) if dist is not None and dist.parallel else None
+        )
         if method not in HVP_METHODS:
             raise ValueError(
                 f"hvp method={method!r} is unknown; choose one of {', '.join(HVP_METHODS)}"
@@ -145,7 +169,10 @@ class HessianOperator(Objective):
             raise ValueError(
                 f"hvp batching={batching!r} is unknown; choose one of {', '.join(BATCHINGS)}"
             )
-        super().__init__(model, loss_fn, batches)
+        self.dist = dist if split is not None else None
+        super().__init__(model, loss_fn, batches if split is None else split[0])
+        if split is not None:  # each batch weighted by its share of the whole set
+            self.weights = [len(y) / split[1] for _, y in self.batches]
         self.graph_cache_mb, self.batching = graph_cache_mb, batching
         self.hvps = 0
         self._graphs = None
@@ -216,9 +243,26 @@ class HessianOperator(Objective):
         return [h.detach() for h in fn(vs, n_batches)]
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return self._summed(self._local_hvp(v))
+
+    def _local_hvp(self, v: torch.Tensor) -> torch.Tensor:
+        """This process's share of H v (all of it on one process)."""
         self.hvps += 1
         hv = self.hvp_list(self.unflat(v.to(self.dtype)))
         return self.flat(hv).to(v.dtype)
+
+    def _summed(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the processes that split the samples (one all-reduce)."""
+        if self.dist is not None:
+            t = self.dist.sum(t)
+        return t
+
+    @torch.no_grad()
+    def loss(self) -> torch.Tensor:
+        return self._summed(super().loss())
+
+    def gradient(self) -> torch.Tensor:
+        return self._summed(super().gradient())
 
     # -- several vectors at once
     def hvp_batch(self, V: torch.Tensor) -> torch.Tensor:
@@ -233,8 +277,9 @@ class HessianOperator(Objective):
                 self.batching = "loop"
             else:
                 self.hvps += len(V)
-                return torch.cat([h.detach().reshape(len(V), -1) for h in hv], 1).to(V.dtype)
-        return torch.stack([self(v) for v in V])
+                rows = torch.cat([h.detach().reshape(len(V), -1) for h in hv], 1).to(V.dtype)
+                return self._summed(rows)
+        return self._summed(torch.stack([self._local_hvp(v) for v in V]))
 
     def batching_pays(self, count: int) -> bool:
         """Whether ``count`` vectors go through one batched backward: only over cached graphs
@@ -245,7 +290,8 @@ class HessianOperator(Objective):
             return False
         if self.batching == "batched":
             return True
-        if self.device.type != "cuda":
+        # split among processes: no timing, which could choose differently in each of them
+        if self.device.type != "cuda" or self.dist is not None:
             return False
         key = self._shape_key(count)
         if key not in _batching_choice:

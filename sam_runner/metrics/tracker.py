@@ -40,11 +40,12 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .. import distributed
 from ..adapters import every_parameter_trainable
 from ..clock import Clock
 from ..errors import integer, number, require
 from ..losses import mean_loss
-from ..module_state import modes_restored
+from ..module_state import full_state, modes_restored
 from ..part import Part
 from ..registry import MEASURES
 from ..rundir import INIT_WEIGHTS
@@ -220,6 +221,7 @@ class CurvatureTracker:
         self.init_state = None  # the weights the run started from: dist_from_init
         self._ritz = None
         self.times = {}  # the last measurement's seconds per part: "eigenvalues", each measure
+        self.unsharded = None  # a sharded run's model structure (meta): see measure
 
     @property
     def h(self):
@@ -274,7 +276,23 @@ class CurvatureTracker:
         return v / v.norm() + 0.1 * noise / noise.norm()
 
     def measure(self, final: bool) -> dict:
-        """λ_max (and λ_2..k) and every enabled measure, in the measurement's mode."""
+        """λ_max (and λ_2..k) and every enabled measure, in the measurement's mode. A sharded
+        model (trainer.strategy=fsdp) is measured on its gathered weights, in an unsharded copy
+        that lives while it measures (``unsharded``: its structure, on the meta device)."""
+        if self.unsharded is None:
+            return self._measure(final)
+        sharded, whole = self.model, self.unsharded
+        state = full_state(sharded)  # every process: the gathers are collective
+        whole.to_empty(device=next(sharded.parameters()).device)
+        whole.load_state_dict(state)
+        self.model = whole
+        try:
+            return self._measure(final)
+        finally:
+            self.model = sharded
+            whole.to_empty(device="meta")
+
+    def _measure(self, final: bool) -> dict:
         t0 = time.perf_counter()
         every = self.h.get("params", "trainable") == "all"
         with (
@@ -294,6 +312,7 @@ class CurvatureTracker:
                 batches,
                 str(self.h.get("method", "auto")),
                 float(self.h.get("graph_cache_mb", 1024)),
+                dist=distributed.current(),  # several processes: each its share of the samples
             ) as op:
                 self.times = {}
                 out = self._eigenvalues(op)
@@ -435,6 +454,7 @@ class CurvaturePart(Part):
         self.tracker = CurvatureTracker(
             run.cfg.metrics, model, run.data, run.optimizer, run.cfg.seed, run.clock, loss
         )
+        self.tracker.unsharded = run.dist.unsharded
 
     def start(self, resumed: bool) -> None:
         """θ⁰ kept from a fresh start (``checkpoints/init.pt``), else read back; the run's SGD
@@ -443,7 +463,7 @@ class CurvaturePart(Part):
         tracker.step = step_for(run.cfg.metrics, run.cfg)
         initial = InitialWeights(run.run_dir / INIT_WEIGHTS)
         if not resumed:
-            start = {k: v.detach().cpu().clone() for k, v in run.model.state_dict().items()}
+            start = full_state(run.model)
             if run.dist.is_main:
                 initial.save(start)
         else:

@@ -17,6 +17,7 @@ from ..circuits.circuit import ProbabilisticCircuit
 from ..errors import UserError, integer, number, one_line, require
 from ..registry import MODELS
 from ..rundir import AVERAGED, CHECKPOINT
+from ..runfiles import Checkpoint
 
 INPUTS = {
     "1d": "1-D signals (channels, length)",
@@ -533,6 +534,43 @@ def build_model(cfg, input_shape: tuple, num_classes: int, arch: str | None = No
     return entry.target(cfg, tuple(input_shape), num_classes)
 
 
+# ---------------------------------------------------------------- blocks (sharding, checkpointing)
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks, in order: the units ``trainer.strategy=fsdp`` shards
+    (``fully_shard`` on each, then the root) and ``trainer.activation_checkpointing``
+    recomputes. One rule per family (docs/running.md): gpt its transformer blocks; resnet and
+    wrn their residual stages (layer1..); vgg its pooling stages; mlp its hidden layers (fc1..);
+    vit_tiny and timm models their ``blocks`` (or ``stages``, ``layers``); a Hugging Face
+    model the modules its ``_no_split_modules`` names. cnn, cnn1d and pc declare none (an empty
+    list)."""
+    blocks = _own_blocks(model)
+    inner = getattr(model, "base_model", None)  # a peft model: the wrapped model's blocks
+    if not blocks and isinstance(inner, nn.Module) and inner is not model:
+        return blocks_of(getattr(inner, "model", inner))
+    return blocks
+
+
+def _numbered(name: str, prefix: str) -> bool:
+    return name.startswith(prefix) and name[len(prefix) :].isdigit()
+
+
+def _own_blocks(model: nn.Module) -> list[nn.Module]:
+    children = dict(model.named_children())
+    prefix = {GPT: "block", ResNet: "layer", WideResNet: "layer", VGG: "stage", MLP: "fc"}
+    for family, start in prefix.items():
+        if isinstance(model, family):
+            return [m for n, m in children.items() if _numbered(n, start)]
+    split = getattr(model, "_no_split_modules", None)  # Hugging Face transformers
+    if split:
+        names = set(split)
+        return [m for m in model.modules() if type(m).__name__ in names]
+    for name in ("blocks", "stages", "layers"):  # timm's VisionTransformer, ConvNeXt, Swin...
+        group = children.get(name)
+        if isinstance(group, (nn.Sequential, nn.ModuleList)) and len(group) > 0:
+            return list(group)
+    return []
+
+
 # ---------------------------------------------------------------- starting from given weights
 INIT_WEIGHTS = {"last": CHECKPOINT, "averaged": AVERAGED}  # model.init_weights of a run folder
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, AveragedModel, torch.compile
@@ -572,6 +610,8 @@ def initial_state(model_cfg) -> tuple[dict, dict] | None:
             f"model.init_from={path} is not a readable torch file ({type(e).__name__})"
         ) from None
     nested = isinstance(obj, dict) and isinstance(obj.get("model"), dict)
+    if nested and obj.get("sharded"):  # a sharded run's last.pt: its shards, assembled once
+        obj = Checkpoint(path).load()
     state = obj["model"] if nested else obj
     require(
         isinstance(state, dict) and state and all(torch.is_tensor(v) for v in state.values()),

@@ -116,16 +116,20 @@ class BSAM(SAM):
         torch._foreach_copy_(buf, params)
         return buf
 
-    def _add_noise_(self, params) -> None:
-        """θ ← θ + n/√(N s), n ~ N(0, I) drawn for (seed, steps taken, rank)."""
+    def _add_noise_(self, trained) -> None:
+        """θ ← θ + n/√(N s), n ~ N(0, I) drawn for (seed, steps taken, rank). Sharded parameters
+        share one θ: one draw of each whole tensor (rank 0's), each process adding its shard."""
+        params = self.shards(trained)
         device = params[0].device
         if device.type == "meta":
             noise = [torch.randn_like(p) for p in params]
         else:
+            sharded = self._shard_group is not None
             gen = torch.Generator(device=device)
-            gen.manual_seed(hash((self.seed, self.noise_count, _rank())) % 2**63)
+            gen.manual_seed(hash((self.seed, self.noise_count, 0 if sharded else _rank())) % 2**63)
             noise = [
-                torch.randn(p.shape, generator=gen, device=device, dtype=p.dtype) for p in params
+                _shard_of(torch.randn(p.shape, generator=gen, device=device, dtype=p.dtype), p)
+                for p in trained
             ]
         std = [(self.num_data * self._state(p, "bsam_s")).reciprocal_().sqrt_() for p in params]
         torch._foreach_addcmul_(params, noise, std)
@@ -145,11 +149,11 @@ class BSAM(SAM):
             warnings.warn("bsam: num_data is not set: no weight noise (N = ∞)", stacklevel=3)
         noisy = self.num_data is not None and bool(trained)
         if noisy:
-            mean = self._copy(trained)
+            mean = self._copy(self.shards(trained))
             self._add_noise_(trained)
         loss = self.run_pass(closure, 0, sync=self.sync_perturbation)
         if noisy:
-            torch._foreach_copy_(trained, mean)
+            torch._foreach_copy_(self.shards(trained), mean)
         params, grads, _ = self._lists()
         self._unscale(grads)
         pgrads = self.prepare_perturbation(params, grads)
@@ -202,3 +206,13 @@ class BSAM(SAM):
         """Restore ``variant_state()``'s output."""
         super().load_variant_state(state)
         self.noise_count = int(state.get("noise_count", 0))
+
+
+def _shard_of(full, p):
+    """This process's shard of ``full``, a whole tensor shaped like parameter ``p`` (``full``
+    itself when ``p`` is not sharded)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(p, DTensor):
+        return full
+    return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()

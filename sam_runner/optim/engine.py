@@ -115,6 +115,10 @@ class SharpnessAware(torch.optim.Optimizer):
     # options a swept config may set that change nothing for this variant (a sweep runs it once)
     ignored_options: tuple = ()
     variant_options: dict = {}  # ... and its own keywords with their defaults
+    # why the variant cannot run on sharded parameters (trainer.strategy=fsdp); None: it can
+    fsdp_refused: str | None = None
+    # sharded parameters (FSDP2's DTensors): the process group their shards span, else None
+    _shard_group = None
 
     def __init__(
         self,
@@ -207,7 +211,12 @@ class SharpnessAware(torch.optim.Optimizer):
         self._gradient_adjusters.append(fn)
 
     def _lists(self):
-        """Flat lists of the parameters with gradients, plus per-group slices (cached)."""
+        """Flat lists of the parameters with gradients, plus per-group slices (cached).
+
+        Sharded parameters (FSDP2's DTensors) are listed as this process's local shards (views:
+        an in-place change moves the parameter), their gradients likewise; the variant's rule
+        then runs on the shards, and ``global_norm``, ``dot``, ``tensor_norms`` and
+        ``tensor_dots`` reduce over the processes."""
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
         key = tuple(id(p) for p in params)
         if self._cache.get("key") != key:
@@ -217,8 +226,67 @@ class SharpnessAware(torch.optim.Optimizer):
                 slices.append((start, start + n))
                 start += n
             self._cache = _Buffers(key=key, params=params, slices=slices)
+            self._local_shards(self._cache)
         c = self._cache
+        if "sharded" in c:
+            with torch.no_grad():
+                return c["params"], [p.grad.to_local() for p in c["sharded"]], c["slices"]
         return c["params"], [p.grad for p in c["params"]], c["slices"]
+
+    def _local_shards(self, c) -> None:
+        """Under sharding: ``params`` become the local shards (``sharded`` the parameters), and
+        per-parameter state is keyed by the shard the variant sees."""
+        from torch.distributed.tensor import DTensor
+
+        params = c["params"]
+        if not params or not isinstance(params[0], DTensor):
+            return
+        local = self.shards(params)
+        c["sharded"], c["params"] = params, local
+        self._shard_group = params[0].device_mesh.get_group()
+        for p, lp in zip(params, local):
+            if p in self.state:
+                self.state[lp] = self.state.pop(p)
+
+    def shards(self, params) -> list:
+        """This process's local shards of ``params`` (an unsharded parameter: itself), always the
+        same view of a parameter, the one ``_lists`` lists: a variant keys its state by it."""
+        from torch.distributed.tensor import DTensor
+
+        views = self.__dict__.setdefault("_views", {})
+        out = []
+        for p in params:
+            if isinstance(p, DTensor):
+                if id(p) not in views:
+                    with torch.no_grad():
+                        views[id(p)] = p.to_local()
+                    self._shard_group = p.device_mesh.get_group()
+                p = views[id(p)]
+            out.append(p)
+        return out
+
+    def gathered(self, flat):
+        """(every process's ``flat`` concatenated in rank order, where this process's begins):
+        for a rule that ranks all coordinates at once (FlatPO's mask). Unsharded: (flat, 0)."""
+        if self._shard_group is None:
+            return flat, 0
+        dist, group = torch.distributed, self._shard_group
+        n = torch.tensor([flat.numel()], device=flat.device)
+        sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(sizes, n, group=group)
+        sizes = [int(x) for x in sizes]
+        padded = flat.new_zeros(max(sizes))
+        padded[: flat.numel()] = flat
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        rank = dist.get_rank(group)
+        return torch.cat([x[:k] for x, k in zip(parts, sizes)]), sum(sizes[:rank])
+
+    def _reduce_sum_(self, tensor):
+        """Sum a tensor over the processes that hold the shards (in place; unsharded: as is)."""
+        if self._shard_group is not None:
+            torch.distributed.all_reduce(tensor, group=self._shard_group)
+        return tensor
 
     # ------------------------------------------------------------------ ρ
     @property
@@ -428,7 +496,16 @@ class SharpnessAware(torch.optim.Optimizer):
         torch._foreach_copy_(self._cache["params"], self._cache["theta"])
         self._unscale(self._lists()[1])
         self.descent_loss = perturbed_loss
-        self.after_second_pass(loss, perturbed_loss)
+        self.after_second_pass(*self._step_losses(loss, perturbed_loss))
+
+    def _step_losses(self, loss, perturbed_loss):
+        """L(θ) and L(θ+ε) as the update reads them: sharded, the means over every process's
+        batch (one all-reduce), as one process on the whole batch sees them."""
+        if self._shard_group is None or loss is None or perturbed_loss is None:
+            return loss, perturbed_loss
+        both = torch.stack([loss.detach().float(), perturbed_loss.detach().float()])
+        both = self._reduce_sum_(both) / torch.distributed.get_world_size(self._shard_group)
+        return both[0].to(loss.dtype), both[1].to(perturbed_loss.dtype)
 
     def prepare_perturbation(self, params, grads):
         """Track the first-pass ‖g‖; return the gradients ε is built from, with their norm in
@@ -442,7 +519,11 @@ class SharpnessAware(torch.optim.Optimizer):
         """Clip, then the base step (skipped when fp16 scaling found inf/NaN)."""
         if self.clip_grad_norm:
             params, grads, _ = self._lists()
-            torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm, foreach=True)
+            if self._shard_group is None:
+                torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm, foreach=True)
+            else:  # clip_grad_norm_'s rule on the shards, with the global norm
+                coef = self.clip_grad_norm / (self.global_norm(grads) + 1e-6)
+                torch._foreach_mul_(grads, coef.clamp(max=1.0))
         if self.grad_scaler is None:
             self._descend()
             return
@@ -535,7 +616,7 @@ class SharpnessAware(torch.optim.Optimizer):
         torch._foreach_copy_(self._cache["params"], self._cache["theta"])
         self._unscale(self._lists()[1])
         self.descent_loss = loss
-        self.after_second_pass(self._first_loss, loss)
+        self.after_second_pass(*self._step_losses(self._first_loss, loss))
         self.schedule.perturbed += 1
         self._finish()
         if zero_grad:
@@ -597,14 +678,33 @@ class SharpnessAware(torch.optim.Optimizer):
         """
 
     def global_norm(self, tensors):
-        """One L2 norm over a whole list of tensors, kept on the device."""
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+        """One L2 norm over a whole list of tensors, kept on the device (sharded: over every
+        process's shards, one all-reduce of the squared norm)."""
+        if self._shard_group is None:
+            return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+        sq = torch.stack(torch._foreach_norm(tensors)).square().sum()
+        return self._reduce_sum_(sq).sqrt()
 
     def dot(self, a, b):
         """⟨a, b⟩ over two tensor lists, on the device: one dot per tensor, no temporaries (3×
         faster
         than the polarization identity over foreach sums, and without its float32 cancellation)."""
-        return torch.stack([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)]).sum()
+        out = torch.stack([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)]).sum()
+        return out if self._shard_group is None else self._reduce_sum_(out)
+
+    def tensor_norms(self, tensors) -> list:
+        """‖·‖ of each tensor of a list (sharded: of the whole tensor, one all-reduce)."""
+        if self._shard_group is None:
+            return list(torch._foreach_norm(tensors))
+        sq = self._reduce_sum_(torch.stack(torch._foreach_norm(tensors)).square())
+        return list(sq.sqrt().unbind())
+
+    def tensor_dots(self, a, b) -> list:
+        """⟨a_i, b_i⟩ of each pair of tensors of two lists (sharded: whole tensors)."""
+        dots = [torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)]
+        if self._shard_group is None:
+            return dots
+        return list(self._reduce_sum_(torch.stack(dots)).unbind())
 
     # ------------------------------------------------------------------ state
     def variant_state(self) -> dict:
@@ -640,8 +740,26 @@ class SharpnessAware(torch.optim.Optimizer):
         value, self._grad_norm_max = float(self._grad_norm_max), None
         return {"grad_norm_max": value}
 
+    @contextlib.contextmanager
+    def _state_by_parameter(self):
+        """Per-parameter state under the parameters' own keys while torch packs it (sharded, the
+        variant keys it by the local shard it sees)."""
+        c = self._cache
+        if "sharded" not in c:
+            yield
+            return
+        pairs = [(lp, p) for lp, p in zip(c["params"], c["sharded"]) if lp in self.state]
+        for lp, p in pairs:
+            self.state[p] = self.state.pop(lp)
+        try:
+            yield
+        finally:
+            for lp, p in pairs:
+                self.state[lp] = self.state.pop(p)
+
     def state_dict(self):
-        sd = super().state_dict()
+        with self._state_by_parameter():
+            sd = super().state_dict()
         sd["base"] = self.base_optimizer.state_dict()
         sd["variant"] = self.variant_state()
         sd["schedule"] = {**self.schedule.state(), "grad_evals": self.grad_evals}
@@ -660,6 +778,7 @@ class SharpnessAware(torch.optim.Optimizer):
             self.schedule.load(schedule)
         super().load_state_dict(sd)
         self.base_optimizer.load_state_dict(base)
+        _reshard_state(self.base_optimizer)
         self.param_groups = self.base_optimizer.param_groups
         # a checkpoint is read onto the CPU: the variant's tensors (GEAR-SAM's block energies,
         # TLC-SAM's controller) go where the parameters are, as torch does for per-parameter state
@@ -669,3 +788,23 @@ class SharpnessAware(torch.optim.Optimizer):
         )
         self._cache = {}
         self._grad_norm_max = None if grad_norm_max is None else grad_norm_max.to(device)
+
+
+def _reshard_state(optimizer) -> None:
+    """A sharded run's optimizer state read back from one process's checkpoint (local shards):
+    each tensor shaped like its parameter's local shard becomes a DTensor sharded as it is."""
+    from torch.distributed.tensor import DTensor
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not isinstance(p, DTensor) or p not in optimizer.state:
+                continue
+            local = p.to_local()
+            state = optimizer.state[p]
+            for k, v in state.items():
+                if torch.is_tensor(v) and not isinstance(v, DTensor) and v.ndim == p.ndim > 0 \
+                        and v.shape == local.shape:  # fmt: skip
+                    state[k] = DTensor.from_local(
+                        v.to(local.device), p.device_mesh, p.placements, run_check=False,
+                        shape=p.shape, stride=p.stride(),
+                    )  # fmt: skip

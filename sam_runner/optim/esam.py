@@ -65,6 +65,10 @@ def _fraction(value) -> bool:
 class ESAM(SAM):
     passes = 3  # first pass, forward without gradients, descent pass (2 when γ = 1)
     variant_options = {"beta": 0.6, "gamma": 0.5, "faithful": False}
+    fsdp_refused = (
+        "its first pass skips the gradients of unperturbed tensors, and FSDP2 reduce-scatters "
+        "every sharded gradient"
+    )
 
     def __init__(
         self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any

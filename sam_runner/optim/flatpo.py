@@ -77,10 +77,12 @@ class FlatPO(SAM):
 
     def sharpest(self, fisher: Sequence[torch.Tensor]) -> list:
         """The 0/1 mask of the ⌈fraction·N⌉ coordinates with the largest F (ties by topk)."""
-        flat = torch.cat([f.reshape(-1) for f in fisher])
+        local = torch.cat([f.reshape(-1) for f in fisher])
+        flat, start = self.gathered(local)  # sharded: every process's coordinates
         k = max(1, math.ceil(self.fraction * flat.numel()))
         mask = torch.zeros_like(flat)
         mask[torch.topk(flat, k, sorted=False).indices] = 1
+        mask = mask[start : start + local.numel()]
         return [m.view_as(f) for m, f in zip(mask.split([f.numel() for f in fisher]), fisher)]
 
     @override

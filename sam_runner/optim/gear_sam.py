@@ -127,7 +127,9 @@ class GEARSAM(SharpnessAware):
             dense = {b: i for i, b in enumerate(dict.fromkeys(ids))}
             pos = {
                 id(p): dense[b]
-                for p, b in zip((p for g in self.param_groups for p in g["params"]), ids)
+                for p, b in zip(
+                    self.shards([p for g in self.param_groups for p in g["params"]]), ids
+                )
             }
             c["block_index"] = torch.tensor([pos[id(p)] for p in params], device=device)
             c["num_blocks"] = len(dense)
@@ -139,7 +141,7 @@ class GEARSAM(SharpnessAware):
         """ε with each block's radius set from its bias-corrected gradient energy; the new EMA
         staged."""
         index, num_blocks = self._index(params, grads[0].device)
-        sq = torch.stack(torch._foreach_norm(grads)).square()
+        sq = torch.stack(self.tensor_norms(grads)).square()
         # ‖g_b‖²
         block_sq = torch.zeros(num_blocks, device=sq.device, dtype=sq.dtype).index_add_(
             0, index, sq

@@ -96,8 +96,8 @@ class LookSAM(SAM):
         if self.decompose == "global":
             coef = [self.dot(g, gs) / self.global_norm(g).clamp_min(1e-12) ** 2] * len(g)
         else:
-            dots = [torch.dot(a.reshape(-1), b.reshape(-1)) for a, b in zip(g, gs)]
-            coef = [d / n.clamp_min(1e-12) ** 2 for d, n in zip(dots, torch._foreach_norm(g))]
+            dots = self.tensor_dots(g, gs)
+            coef = [d / n.clamp_min(1e-12) ** 2 for d, n in zip(dots, self.tensor_norms(g))]
         self._pending = (params, torch._foreach_sub(gs, torch._foreach_mul(g, coef)))
         return loss
 
@@ -115,7 +115,7 @@ class LookSAM(SAM):
         """‖·‖ per tensor, or the one global norm repeated (``decompose``)."""
         if self.decompose == "global":
             return [self.global_norm(tensors)] * len(tensors)
-        return list(torch._foreach_norm(tensors))
+        return self.tensor_norms(tensors)
 
     @override
     def variant_state(self) -> dict:

@@ -69,7 +69,8 @@ class MSAM(SAM):
     def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The one pass at θ + ρ Δ/‖Δ‖ (Δ the last update; at θ before any), θ then restored."""
         groups = self.param_groups
-        params = [p for g in groups for p in g["params"] if "msam_delta" in self.state[p]]
+        every = self.shards([p for g in groups for p in g["params"]])  # sharded: local shards
+        params = [p for p in every if "msam_delta" in self.state[p]]
         if params:
             delta = [self.state[p]["msam_delta"] for p in params]
             theta, step = self._buffer(params, "theta"), self._buffer(params, "step")

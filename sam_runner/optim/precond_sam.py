@@ -87,7 +87,7 @@ class PrecondSAM(SAM):
             root_u = torch._foreach_add(new_f, self.delta)
             torch._foreach_rsqrt_(root_u)  # R = (F + δ)^(-1/2)
             # U / mean(U): only for the numbers' range (ε does not depend on U's scale)
-            numel = sum(r.numel() for r in root_u)
+            numel = sum(p.numel() for p in self._cache.get("sharded", params))  # whole tensors
             torch._foreach_mul_(root_u, numel**0.5 / self.global_norm(root_u))
             self._staged = (new_f, root_u)  # committed after the second pass, unless skipped
         torch._foreach_copy_(eps, grads)

@@ -73,6 +73,7 @@ class SAMPa(SAM):
         """The gradient at the auxiliary point y_t (for the next step's ε) and the descent pass
         at x_t + ε."""
         trained = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        trained = self.shards(trained)  # sharded: the local shards
         gy = [self.state[p].get("sampa_gy") for p in trained]
         known = all(g is not None for g in gy) and bool(trained)
         x = self._buffer(trained, "x")

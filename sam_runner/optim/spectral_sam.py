@@ -136,6 +136,7 @@ def symmetric_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 )
 class SpectralSAM(SAM):
     variant_options = {"rho_spectral": 0.05}
+    fsdp_refused = "msign(G) orthogonalises each whole hidden matrix, which no process holds"
 
     def __init__(
         self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any

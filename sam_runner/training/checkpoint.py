@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..errors import RunFolderConflict, UserError
-from ..rundir import CHECKPOINT, METRICS, SUMMARY
+from ..rundir import CHECKPOINT, METRICS, SHARDS, SUMMARY
 from ..runfiles import json_problem, read_json, write_json
 from ..settings import require_same_config, result_config
 
@@ -98,3 +98,64 @@ def rank_seed(seed: int, epoch: int, rank: int) -> int:
     """The global RNG's seed of one data-parallel process for one epoch (one process: never
     reseeded)."""
     return ((int(seed) * 1_000_003 + int(epoch)) * 10_007 + int(rank) + 1) % (2**63)
+
+
+# ---------------------------------------------------------------- sharded checkpoints (fsdp)
+
+
+def local_state(value):
+    """``value`` (nested dicts, lists, tuples) with each DTensor replaced by this process's local
+    shard: what one process of a sharded run keeps of its optimizer's state."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.to_local().detach()
+    if isinstance(value, dict):
+        return {k: local_state(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(local_state(v) for v in value)
+    return value
+
+
+def save_sharded(checkpoint, state: dict, model, dist, step: int) -> None:
+    """A sharded checkpoint, written by every process: the model's shards through
+    ``torch.distributed.checkpoint`` into ``checkpoints/last.shards-<step>/`` (any number of
+    processes can assemble it), each process's own state (optimizer shards, RNG, the parts') in
+    ``rank<r>.pt`` there; then rank 0 points ``last.pt`` at it (the commit: a stop before leaves
+    the previous checkpoint whole) and removes the older ones."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(checkpoint.path).parent
+    name = f"{SHARDS}{step}"
+    tmp = folder / f".{name}.tmp"
+    if dist.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp))
+    torch.save(local_state(state), tmp / f"rank{dist.rank}.pt")
+    dist.barrier()
+    if dist.is_main:
+        final = folder / name
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        pointer = {k: state[k] for k in ("fingerprint", "clock") if k in state}
+        checkpoint.save({**pointer, "model": {}, "sharded": name, "world_size": dist.world})
+        for old in folder.glob(f"{SHARDS}*"):
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
+def load_sharded(checkpoint, pointer: dict, model, rank: int) -> dict:
+    """This process's part of the sharded checkpoint ``pointer`` (``last.pt``) names: its own
+    state, and the model's shards read in place (every process of the run calls it)."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(checkpoint.path).parent / pointer["sharded"]
+    state = torch.load(folder / f"rank{rank}.pt", map_location="cpu", weights_only=True)
+    model_state = model.state_dict()
+    dcp.load({"model": model_state}, checkpoint_id=str(folder))
+    return {**state, "model": model_state}

@@ -27,7 +27,16 @@ from ..rundir import CACHE, METRICS, SUMMARY
 from ..runfiles import writable, write_json
 from ..schedulers import build_scheduler
 from ..settings import plot_format, require_same_config, result_config
-from .checkpoint import RNGState, fingerprint, read_summary, require_resumable, write_failure
+from . import strategy
+from .checkpoint import (
+    RNGState,
+    fingerprint,
+    load_sharded,
+    read_summary,
+    require_resumable,
+    save_sharded,
+    write_failure,
+)
 from .loop import EpochLoop
 from .parts import build_parts
 from .record import RunRecord
@@ -127,12 +136,13 @@ class Run:
         lengths = loop_class.lengths(cfg, self.data)
         self.clock.total_steps = lengths.total_steps  # a step budget ends the last epoch early
         self.clock.epochs = -(-lengths.total_steps // lengths.steps_per_epoch)
+        # DDP, or FSDP2 (whose sharded parameters the optimizer must see): trainer.strategy
+        self.net = strategy.wrap(self.model, cfg, self.dist)
         groups = self.parts.chain("param_groups", parameter_groups(self.model), self.model)
         self.optimizer = build_optimizer(
             cfg, groups, lengths.optimizer_steps, lengths.optimizer_steps_per_epoch
         )
         self.loop = loop_class(self, lengths.steps_per_epoch)
-        self.net = self.dist.wrap(self.model, cfg)  # DDP when world > 1
         if t.compile and self.device.type == "cuda":
             self.net = torch.compile(self.net)
         self.optimizer.bind(
@@ -156,12 +166,15 @@ class Run:
         """Continue from the checkpoint, if there is one; then start the logger, the parts and
         the wall clock."""
         record, clock = self.record, self.clock
-        state = record.checkpoint.load()
+        # a sharded run reads its own shards, not the assembled model
+        state = record.checkpoint.load(assemble=not self.dist.sharded)
         if state is not None:
             path = record.checkpoint.path
             require_resumable(
                 state.get("fingerprint") or {}, record.fingerprint, path, self.run_dir
             )
+            if self.dist.sharded and state.get("sharded"):
+                state = load_sharded(record.checkpoint, state, self.model, self.dist.rank)
             for name, part in self.checkpointed().items():
                 try:
                     part.load_state_dict(state[name])
@@ -192,7 +205,15 @@ class Run:
         place and sums so far, ``trainer.checkpoint_every_n_steps``)."""
         record, clock = self.record, self.clock
         clock.elapsed = record.last["time_s"] if within_epoch is None else record.now()
-        if self.dist.is_main:
+        if self.dist.sharded:  # every process writes its shards
+            state = {n: p.state_dict() for n, p in self.checkpointed().items() if n != "model"}
+            state["fingerprint"] = record.fingerprint
+            if within_epoch is not None:
+                state["epoch_progress"] = within_epoch
+            save_sharded(record.checkpoint, state, self.model, self.dist, clock.step)
+            if self.dist.is_main:
+                self.parts.call("save_files", self.run_dir)
+        elif self.dist.is_main:
             state = {name: part.state_dict() for name, part in self.checkpointed().items()}
             state["fingerprint"] = record.fingerprint
             if within_epoch is not None:

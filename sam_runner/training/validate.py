@@ -17,6 +17,7 @@ from ..loggers import build_logger
 from ..models import build_model, without_download
 from ..optim.build import build_optimizer
 from ..schedulers import validate as validate_scheduler
+from . import strategy
 from .parts import Where, check_features
 from .trainer_keys import validate_seed, validate_trainer
 
@@ -38,6 +39,7 @@ def config_checks(cfg, awaiting=frozenset()) -> list:
     def devices():
         distributed.check_devices(cfg.trainer.get("devices", 1), str(cfg.trainer.device))
         distributed.check_threads(cfg.trainer.get("threads"))
+        strategy.check(cfg)
 
     def model_and_optimizer():
         with torch.device("meta"):
@@ -45,6 +47,7 @@ def config_checks(cfg, awaiting=frozenset()) -> list:
             epochs = _epochs(cfg) or PLACEHOLDER_STEPS  # perturb_from as an epoch: checked on them
             steps = PLACEHOLDER_STEPS * epochs
             build_optimizer(cfg, model, steps, steps_per_epoch=PLACEHOLDER_STEPS)
+            strategy.check_blocks(cfg, model)
 
     return [
         ("trainer", lambda: validate_trainer(cfg, seed=False)),
@@ -67,6 +70,7 @@ def validate_run(cfg, run_dir: Path | None = None, awaiting=frozenset()) -> None
     """What a run checks itself before it writes anything: its trainer and its features (no
     data read); ``awaiting``: keys an earlier stage's job will set."""
     validate_trainer(cfg)
+    strategy.check(cfg, distributed.current().world)
     check_features(cfg, Where(run_dir=run_dir, awaiting=frozenset(awaiting)))
 
 

@@ -1,0 +1,218 @@
+"""How the processes of a run hold its model: ``trainer.strategy`` and
+``trainer.activation_checkpointing``.
+
+* ``ddp`` (the default): every process holds the whole model; gradients are all-reduced
+  (``distributed.Topology.wrap``).
+* ``fsdp``: PyTorch's FSDP2, ``fully_shard`` on each block of the model (``models.blocks_of``,
+  one rule per family) and then on the root: each process holds 1/N of the parameters, of
+  their gradients, of the optimizer's state and of SAM's saved θ and ε. Parameters are
+  all-gathered block by block for each forward and backward, gradients reduce-scattered. The
+  mixed-precision policy follows ``trainer.precision`` (bf16: bf16 parameters in the passes,
+  fp32 reductions and fp32 sharded weights; fp32: none).
+* ``activation_checkpointing`` (both strategies): each block's activations are recomputed in
+  the backward pass instead of kept (``torch.utils.checkpoint``, non-reentrant, the RNG state
+  kept so dropout draws alike; BatchNorm running statistics are restored after the recompute so
+  that they move once a pass). It changes no result: bit for bit on the CPU kernels we test.
+
+What cannot run sharded is refused in one line (``check``): one process (nothing to shard),
+the variants whose rule needs whole matrices or per-process state (a variant's ``fsdp_refused``),
+``base_optimizer=muon`` (whole-matrix orthogonalisation), ``sync_perturbation=false`` (each
+process's own gradient never exists under FSDP2: gradients are reduce-scattered in the
+backward pass; FSDP runs default to ``sync_perturbation=true``), ``trainer.precision=fp16``
+(the loss scaler's inf check is per process), ``trainer.weight_averaging`` and ``federated``
+(both keep whole copies of the weights).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import types
+
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..errors import require
+from ..models import blocks_of
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+def strategy_of(cfg) -> str:
+    return str(cfg.trainer.get("strategy", "ddp"))
+
+
+def processes(cfg) -> int:
+    """The processes a run of ``cfg`` will have: torchrun's or SLURM's, else trainer.devices."""
+    from ..distributed import current, from_env
+
+    if current().parallel:
+        return current().world
+    env = from_env()
+    return env[1] if env else int(cfg.trainer.get("devices", 1) or 1)
+
+
+def check(cfg, world: int | None = None) -> None:
+    """One-line UserErrors for a strategy the run cannot use (``world``: its processes, where
+    known)."""
+    t = cfg.trainer
+    strategy = strategy_of(cfg)
+    require(
+        strategy in STRATEGIES,
+        f"trainer.strategy={strategy!r} is unknown; choose {' or '.join(STRATEGIES)}",
+    )
+    checkpointing = t.get("activation_checkpointing", False)
+    require(
+        isinstance(checkpointing, bool),
+        f"trainer.activation_checkpointing={checkpointing!r} must be true or false",
+    )
+    if strategy != "fsdp":
+        return
+    world = processes(cfg) if world is None else world
+    require(
+        world > 1,
+        "trainer.strategy=fsdp on 1 process: nothing to shard; use trainer.devices=N (or "
+        "torchrun, SLURM tasks) with N >= 2, or trainer.strategy=ddp",
+    )
+    for problem in refusals(cfg):
+        require(False, f"trainer.strategy=fsdp: {problem}")
+
+
+def refusals(cfg) -> list[str]:
+    """Why ``cfg`` cannot train sharded (empty: it can)."""
+    from ..registry import VARIANTS
+
+    t, out = cfg.trainer, []
+    name = str(cfg.optimizer.name)
+    try:
+        why = getattr(VARIANTS.entry(name).target, "fsdp_refused", None)
+    except Exception:  # an unknown name is the optimizer's own check's to report
+        why = None
+    if why:
+        out.append(f"optimizer={name} cannot shard ({why}); use trainer.strategy=ddp")
+    if str(cfg.base_optimizer.name) == "muon":
+        out.append(
+            "base_optimizer=muon cannot shard (its Newton-Schulz step orthogonalises whole "
+            "matrices, which no process holds); use trainer.strategy=ddp"
+        )
+    if name != "base" and cfg.optimizer.get("sync_perturbation") is False:
+        out.append(
+            f"optimizer={name} optimizer.sync_perturbation=false (ε from each process's own "
+            "gradient) cannot shard: FSDP2 reduce-scatters gradients in the backward pass, so no "
+            "process holds its own; leave it unset (true under fsdp) or use trainer.strategy=ddp"
+        )
+    if t.precision == "fp16":
+        out.append(
+            "trainer.precision=fp16 cannot shard (the loss scaler's overflow check is per "
+            "process); use trainer.precision=bf16 or fp32"
+        )
+    if str(t.get("weight_averaging", "none")) != "none":
+        out.append(
+            f"trainer.weight_averaging={t.weight_averaging} cannot shard (it keeps a whole copy "
+            "of the weights); use trainer.weight_averaging=none or trainer.strategy=ddp"
+        )
+    fed = cfg.get("federated") or {}
+    if str(fed.get("name", "none")) != "none":
+        out.append(
+            f"federated={fed.name} cannot shard (its clients hold whole models); use "
+            "trainer.strategy=ddp"
+        )
+    return out
+
+
+def check_blocks(cfg, model) -> None:
+    """activation_checkpointing needs blocks: a model whose family declares none is refused."""
+    if cfg.trainer.get("activation_checkpointing", False):
+        require(
+            bool(blocks_of(model)),
+            f"trainer.activation_checkpointing=true but model={cfg.model.arch} declares no "
+            "blocks to recompute (cnn, cnn1d and pc have none; docs/running.md lists the rule of "
+            "each family); use trainer.activation_checkpointing=false",
+        )
+
+
+def wrap(model, cfg, dist):
+    """The model as the run trains it: activation checkpointing on its blocks when asked, then
+    FSDP2 (``fsdp`` over several processes: the same module, its parameters now sharded
+    DTensors) or DDP (``distributed.Topology.wrap``)."""
+    check_blocks(cfg, model)
+    blocks = blocks_of(model)
+    if cfg.trainer.get("activation_checkpointing", False):
+        for block in blocks:
+            checkpoint_activations(block)
+    if strategy_of(cfg) == "fsdp" and dist.parallel:
+        if cfg.get("metrics", {}).get("hessian", {}).get("enabled", False):
+            # the curvature measurement's unsharded model: its structure alone (meta), filled
+            # with the gathered weights while it measures
+            dist.unsharded = copy.deepcopy(model).to_empty(device="meta")
+        shard(model, blocks, dist, str(cfg.trainer.precision))
+        dist.sharded = True
+        return model
+    return dist.wrap(model, cfg)
+
+
+def mixed_precision(precision: str):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "bf16":  # bf16 passes, fp32 reductions; the sharded weights stay fp32
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard(model, blocks, dist, precision: str = "fp32") -> None:
+    """``fully_shard`` on each block, then on the root, over all of the run's processes."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(dist.device.type if dist.device else "cpu", (dist.world,))
+    policy = mixed_precision(precision)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+# ---------------------------------------------------------------- activation checkpointing
+@contextlib.contextmanager
+def running_stats_kept(modules):
+    """BatchNorm running statistics of the training-mode ``modules`` as they were, afterwards
+    (a recompute must not move them a second time)."""
+    saved = [
+        (m, [b.detach().clone() for b in m.buffers(recurse=False)])
+        for m in modules
+        if isinstance(m, _BatchNorm) and m.training and m.track_running_stats
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, values in saved:
+                for b, v in zip(m.buffers(recurse=False), values):
+                    b.copy_(v)
+
+
+def _checkpointed_forward(self, *args, **kwargs):
+    from torch.utils.checkpoint import checkpoint
+
+    norms = [m for m in self.modules() if isinstance(m, _BatchNorm)]
+    forward = types.MethodType(type(self).forward, self)
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return checkpoint(
+        forward,
+        *args,
+        use_reentrant=False,
+        context_fn=lambda: (contextlib.nullcontext(), running_stats_kept(norms)),
+        **kwargs,
+    )
+
+
+def checkpoint_activations(block) -> None:
+    """Recompute ``block``'s activations in the backward pass (its names and parameters are
+    unchanged: the checkpoint replaces only its instance's ``forward``)."""
+    block.forward = types.MethodType(_checkpointed_forward, block)

@@ -1,0 +1,155 @@
+"""Sharded training and curvature across processes (CPU, gloo, 2 processes; ratios):
+
+- ``fsdp_over_ddp_step``: a SAM step of a GPT (4 blocks, 128 wide, context 64) under
+  ``trainer.strategy=fsdp`` over the same step under ``ddp`` (target <= 1.3);
+- ``fsdp_over_ddp_state_memory``: the bytes one process holds between steps for the parameters,
+  their gradients, the optimizer's state and SAM's saved θ, fsdp over ddp (target <= 0.6 with 2
+  processes; the transient all-gathered block of a pass is not counted);
+- ``lanczos_2proc_speedup``: seconds of one λ_max measurement (the same Lanczos iterations) in
+  one process over the same measurement split between two (target >= 1.6); each process has
+  the thread share the launcher gives it (one process alone: the same share);
+  ``lanczos_2proc_cpu_share``: rank 0's CPU seconds over the one process's (0.5: the work split
+  evenly).
+
+    python scripts/bench.py --only fsdp [--quick]
+    python scripts/bench_fsdp.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CPU = torch.device("cpu")
+
+
+def _gpt():
+    from sam_runner.models import GPT
+
+    torch.manual_seed(0)
+    return GPT(256, 64, n_layer=4, n_head=4, n_embd=128)
+
+
+def _held_bytes(opt, model) -> int:
+    """Bytes of this process's parameters, gradients, optimizer state and SAM buffers (local
+    shards under fsdp)."""
+
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    tensors = [local(p) for p in model.parameters()]
+    tensors += [local(p.grad) for p in model.parameters() if p.grad is not None]
+    for state in opt.base_optimizer.state.values():
+        tensors += [local(v) for v in state.values() if torch.is_tensor(v)]
+    tensors += [t for k in ("theta", "eps") for t in opt._cache.get(k, [])]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _step_probe(strategy_name: str, steps: int):
+    """(median seconds of a SAM step, held bytes) of the GPT in this process of 2."""
+    from sam_runner import distributed
+    from sam_runner.models import blocks_of
+    from sam_runner.optim import SAM
+    from sam_runner.training import strategy
+
+    topo = distributed.current()
+    model = _gpt()
+    if strategy_name == "fsdp":
+        strategy.shard(model, blocks_of(model), topo)
+        net = model
+    else:
+        from omegaconf import OmegaConf
+
+        net = topo.wrap(model, OmegaConf.create({"trainer": {"sync_batchnorm": False}}))
+    opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.01, momentum=0.9,
+              sync_perturbation=True).bind(model=net)  # fmt: skip
+    g = torch.Generator().manual_seed(topo.rank)
+    x = torch.randint(0, 256, (8, 64), generator=g)
+    y = torch.randint(0, 256, (8, 64), generator=g)
+
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        return loss.detach()
+
+    times = []
+    for i in range(steps + 2):  # two warm-up steps
+        t0 = time.perf_counter()
+        opt.step(closure)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), _held_bytes(opt, model)
+
+
+def _lanczos_probe(split: bool, iterations: int) -> tuple[float, float]:
+    """(wall, CPU) seconds of a λ_max measurement of fixed length (no early stop) on 2048
+    samples, in this process."""
+    from sam_runner import distributed
+    from sam_runner.metrics.hvp import HessianOperator
+    from sam_runner.metrics.solvers import hessian_eigenpairs
+    from sam_runner.models import SmallCNN
+
+    torch.manual_seed(0)
+    model = SmallCNN(2, 1, 10, channels=16)
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(2048, 1, 16, 16, generator=g), torch.randint(0, 10, (2048,), generator=g)
+    batches = [(x[i : i + 256], y[i : i + 256]) for i in range(0, 2048, 256)]
+    model.eval()
+    dist = distributed.current() if split else None
+    t0, c0 = time.perf_counter(), time.process_time()
+    with HessianOperator(model, F.cross_entropy, batches, "double_backward", dist=dist) as op:
+        hessian_eigenpairs(model, None, batches, tol=1e-12, max_iter=iterations, operator=op)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _alone(fn, *args):
+    """``fn(*args)`` in this process with the thread share one of 2 launched processes has."""
+    from sam_runner import distributed
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(distributed.cpu_threads(2))
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run(args) -> dict:
+    from sam_runner import distributed
+
+    repeats = 1 if args.quick else 3
+    steps, iterations = (3, 10) if args.quick else (8, 30)
+    ddp, fsdp, ones, twos = [], [], [], []
+    for _ in range(repeats):  # alternated, so that load on the machine hits both alike
+        ddp.append(distributed.launch(_step_probe, ("ddp", steps), 2, CPU))
+        fsdp.append(distributed.launch(_step_probe, ("fsdp", steps), 2, CPU))
+        twos.append(distributed.launch(_lanczos_probe, (True, iterations), 2, CPU))
+        ones.append(_alone(_lanczos_probe, False, iterations))
+    return {
+        "ddp_gpt_sam_step_s": statistics.median(t for t, _ in ddp),
+        "fsdp_gpt_sam_step_s": statistics.median(t for t, _ in fsdp),
+        "fsdp_over_ddp_step": statistics.median(f[0] / d[0] for f, d in zip(fsdp, ddp)),
+        "fsdp_over_ddp_state_memory": fsdp[0][1] / ddp[0][1],
+        "lanczos_1proc_s": statistics.median(o[0] for o in ones),
+        "lanczos_2proc_s": statistics.median(t[0] for t in twos),
+        "lanczos_2proc_speedup": statistics.median(o[0] / t[0] for o, t in zip(ones, twos)),
+        # the work each process does (its CPU seconds), two over one: 0.5 is a perfect split; on
+        # a machine whose cores are busy with other jobs the wall-clock speedup cannot show it
+        "lanczos_2proc_cpu_share": statistics.median(t[1] / o[1] for o, t in zip(ones, twos)),
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    for k, v in run(ap.parse_args()).items():
+        print(f"{k:<28} {v:.4g}")

@@ -1,0 +1,393 @@
+"""Sharded training (trainer.strategy=fsdp, FSDP2 over gloo on the CPU, 2 real processes),
+activation checkpointing, and curvature split across processes."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import compose
+
+from sam_runner import distributed
+from sam_runner.errors import UserError
+from sam_runner.models import MLP, blocks_of
+from sam_runner.optim.build import build_optimizer
+from sam_runner.registry import VARIANTS
+from sam_runner.train import train
+from sam_runner.training import strategy
+
+CPU = torch.device("cpu")
+STEPS = 3
+# float32 sums over two shards and over the whole batch round differently in the last bits;
+# three steps carry that to ~1e-7 here
+TOLERANCE = 1e-5
+
+# the base optimizers and engine options checked with SAM beside the registry's variants
+EXTRA = {
+    "sam+adamw": ["optimizer=sam", "base_optimizer=adamw"],
+    "sam+lion": ["optimizer=sam", "base_optimizer=lion"],
+    "sam+clip": ["optimizer=sam", "trainer.gradient_clip=0.05"],
+    "sam+adaptive": ["optimizer=sam", "optimizer.perturb_schedule=adaptive"],
+    "sam+rho_cosine": ["optimizer=sam", "optimizer.rho_schedule=cosine"],
+    "sam+weight_decay": [
+        "optimizer=sam",
+        "optimizer.perturb_with_weight_decay=true",
+        "base_optimizer.weight_decay=0.01",
+    ],
+    "sam+muon": ["optimizer=sam", "base_optimizer=muon"],
+}
+
+
+def cases() -> dict:
+    out = {e.name: [f"optimizer={e.name}"] for e in VARIANTS.entries()}
+    return {**out, **EXTRA}
+
+
+def _fsdp_cfg(overrides):
+    return compose(*overrides, "trainer.strategy=fsdp", "trainer.devices=2", "trainer.device=cpu")
+
+
+def _batch(step: int):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
+
+
+def _closure(opt, net, x, y):
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        out = net(x)
+        loss = opt.reduce_loss(F.cross_entropy(out, y, reduction="none"), out, y)
+        loss.backward()
+        return loss.detach()
+
+    return closure
+
+
+def _optimizer(cfg, model):
+    opt = build_optimizer(cfg, model, STEPS, STEPS)
+    if getattr(opt, "class_counts", 0) is None:
+        opt.set_class_counts([40, 30, 30])
+    if getattr(opt, "num_data", 0) is None:
+        opt.set_num_data(100)
+    return opt.bind(model=model, clip_grad_norm=cfg.trainer.get("gradient_clip"))
+
+
+def _registry_probe(cases: dict):
+    """Per case: the largest gap between the sharded run's parameters (2 processes, half a batch
+    each) and one process's on the whole batch, after each step; or the refusal."""
+    topo = distributed.current()
+    out = {}
+    for name, overrides in cases.items():
+        cfg = _fsdp_cfg(overrides)
+        refused = strategy.refusals(cfg)
+        if refused:
+            out[name] = {"refused": refused}
+            continue
+        torch.manual_seed(0)
+        whole = MLP(8, 3, hidden=(16, 16))
+        sharded = copy.deepcopy(whole)
+        strategy.shard(sharded, blocks_of(sharded), topo)
+        ref_opt, opt = _optimizer(cfg, whole), _optimizer(cfg, sharded)
+        gaps = []
+        for step in range(STEPS):
+            x, y = _batch(step)
+            ref_opt.step(_closure(ref_opt, whole, x, y))
+            half = slice(topo.rank * 8, topo.rank * 8 + 8)
+            opt.step(_closure(opt, sharded, x[half], y[half]))
+            full = [p.full_tensor() for p in sharded.parameters()]
+            gaps.append(max(float((a - b).abs().max()) for a, b in zip(full, whole.parameters())))
+        out[name] = {"gaps": gaps, "moved": float((full[0] - _initial()[0]).abs().max())}
+    return out
+
+
+def _initial():
+    torch.manual_seed(0)
+    return list(MLP(8, 3, hidden=(16, 16)).parameters())
+
+
+def test_every_variant_sharded_equals_one_process_on_the_whole_batch_or_is_refused():
+    out = distributed.launch(_registry_probe, (cases(),), 2, CPU)
+    refused = {name for name, r in out.items() if "refused" in r}
+    assert refused == {"spectral_sam", "esam", "sam+muon"}, refused
+    for name in refused:
+        (line,) = out[name]["refused"]
+        assert "cannot shard" in line and "\n" not in line
+    for name, r in out.items():
+        if name in refused:
+            continue
+        assert max(r["gaps"]) < TOLERANCE, (name, r["gaps"])
+        assert r["moved"] > 1e-4, name  # the step did something
+
+
+def test_fsdp_refusals_are_one_line_and_name_the_setting():
+    for overrides, words in (
+        (["optimizer=spectral_sam"], "optimizer=spectral_sam cannot shard"),
+        (["optimizer=esam"], "optimizer=esam cannot shard"),
+        (["base_optimizer=muon"], "base_optimizer=muon cannot shard"),
+        (["optimizer.sync_perturbation=false"], "sync_perturbation=false"),
+        (["trainer.precision=fp16"], "trainer.precision=fp16 cannot shard"),
+        (["trainer.weight_averaging=ema"], "trainer.weight_averaging=ema cannot shard"),
+    ):
+        with pytest.raises(UserError, match="trainer.strategy=fsdp") as e:
+            strategy.check(_fsdp_cfg(overrides))
+        assert words in str(e.value) and "\n" not in str(e.value)
+    strategy.check(_fsdp_cfg([]))  # the defaults shard
+
+
+def test_sync_perturbation_defaults_to_true_under_fsdp_and_false_under_ddp():
+    assert compose().optimizer.sync_perturbation is False
+    assert _fsdp_cfg([]).optimizer.sync_perturbation is True
+    assert compose("optimizer.sync_perturbation=true").optimizer.sync_perturbation is True
+
+
+def test_blocks_of_each_model_family():
+    from sam_runner.models import build_model
+
+    cfg = compose("model=gpt", "model.n_layer=3")
+    assert len(blocks_of(build_model(cfg.model, (16,), 50))) == 3
+    for arch, shape, n in (
+        ("resnet18", (3, 32, 32), 4),
+        ("wrn16_8", (3, 32, 32), 3),
+        ("vgg16_bn", (3, 32, 32), 5),
+        ("mlp", (1, 40), 2),
+        ("cnn", (1, 8, 8), 0),
+        ("cnn1d", (1, 40), 0),
+    ):
+        with torch.device("meta"):
+            model = build_model(compose(f"model={arch}").model, shape, 10)
+        assert len(blocks_of(model)) == n, arch
+
+
+# ---------------------------------------------------------------- curvature across processes
+def _curvature_probe():
+    """λ_1, λ_2, Hutchinson's trace and the SLQ density's nodes, on one process's whole sample
+    set and split between the two processes."""
+    from sam_runner.metrics.hvp import HessianOperator
+    from sam_runner.metrics.solvers import hessian_eigenpairs, hessian_trace, spectral_density
+
+    topo = distributed.current()
+    torch.manual_seed(0)
+    model = MLP(8, 3, hidden=(16,))
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(100, 8, generator=g), torch.randint(0, 3, (100,), generator=g)
+    batches = [(x[i : i + 32], y[i : i + 32]) for i in range(0, 100, 32)]
+    out = {}
+    for split in (False, True):
+        dist = topo if split else None
+        with HessianOperator(model, F.cross_entropy, batches, "double_backward", dist=dist) as op:
+            eig = hessian_eigenpairs(model, None, batches, k=2, tol=1e-6, operator=op)
+            trace = hessian_trace(op, 16, seed=0)[0]
+            density = spectral_density(op, 2, 8, seed=0)
+            out[split] = {
+                "lambda": [float(v) for v in eig.values],
+                "trace": float(trace),
+                "nodes": [[float(n) for n in r] for r in density["nodes"]],
+                "samples": sum(len(b[1]) for b in op.batches),
+            }
+    return out
+
+
+def test_curvature_split_across_processes_equals_one_process():
+    out = distributed.launch(_curvature_probe, (), 2, CPU)
+    whole, split = out[False], out[True]
+    assert whole["samples"] == 100 and split["samples"] == 50  # each process half the samples
+    assert split["lambda"] == pytest.approx(whole["lambda"], rel=1e-5)
+    assert split["trace"] == pytest.approx(whole["trace"], rel=1e-5)
+    for a, b in zip(split["nodes"], whole["nodes"]):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6)
+
+
+# ---------------------------------------------------------------- activation checkpointing
+def test_activation_checkpointing_changes_no_gradient_nor_batchnorm_statistics():
+    """Bit for bit on these CPU kernels: the same gradients, and BatchNorm's running statistics
+    move once a pass (the recompute restores them)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(
+        nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.3), nn.Tanh()),
+        nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Tanh()),
+        nn.Linear(16, 3),
+    )
+    recomputed = copy.deepcopy(plain)
+    for block in list(recomputed)[:2]:
+        strategy.checkpoint_activations(block)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    for model in (plain, recomputed):
+        torch.manual_seed(1)  # the same dropout masks
+        for _ in range(2):
+            F.cross_entropy(model(x), y).backward()
+    for a, b in zip(plain.parameters(), recomputed.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    for a, b in zip(plain.buffers(), recomputed.buffers()):
+        assert torch.equal(a, b)
+
+
+GPT = [
+    "dataset=text",
+    "dataset.block_size=16",
+    "dataset.batch_size=8",
+    "trainer.steps=4",
+    "model=gpt",
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=16",
+    "model.dropout=0.1",
+    "trainer.threads=1",
+    "trainer.progress=none",
+    "trainer.device=cpu",
+    "metrics=off",
+]
+
+
+def test_activation_checkpointing_trains_a_gpt_bit_for_bit(tmp_path):
+    plain = train(compose(*GPT), tmp_path / "plain", ["x"])
+    recomputed = train(
+        compose(*GPT, "trainer.activation_checkpointing=true"), tmp_path / "ac", ["x"]
+    )
+    assert plain["status"] == recomputed["status"] == "completed"
+    rows = [
+        [{k: v for k, v in json.loads(line).items() if k != "time_s"} for line in open(d)]
+        for d in (tmp_path / "plain" / "metrics.jsonl", tmp_path / "ac" / "metrics.jsonl")
+    ]
+    assert rows[0] == rows[1]
+    a, b = (torch.load(tmp_path / d / "checkpoints" / "last.pt")["model"] for d in ("plain", "ac"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------- a sharded run
+COMMON = [
+    "model=mlp",
+    "model.hidden=[32,32]",
+    "dataset.num_samples=600",
+    "dataset.batch_size=48",  # divisible by 2 and 3 processes
+    "trainer.device=cpu",
+    "trainer.progress=none",
+    "metrics=off",
+    "scheduler=constant",
+    "optimizer=gear_sam",
+]
+
+
+def _rows(run_dir):
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in ("time_s", "hessian_time_s")}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path):
+    """2 processes, FSDP: 1 epoch then a resume to 2 equals 2 straight (the metrics lines bit for
+    bit); the checkpoint is sharded (last.pt points at it) and reads back whole in one process
+    (sam-eval, sam-landscape, model.init_from); resuming it with 1 process is one line."""
+    from conftest import stopped_early_of
+
+    from sam_runner.rundir import RunDir
+
+    cfg = [*COMMON, "trainer.strategy=fsdp"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    launch = distributed.launch
+    launch(train, (compose(*cfg, "trainer.epochs=2"), str(straight), ["x"]), 2, CPU)
+    launch(train, (compose(*cfg, "trainer.epochs=1"), str(resumed), ["x"]), 2, CPU)
+    (shards,) = (resumed / "checkpoints").glob("last.shards-*")  # the older ones removed
+    assert (shards / "rank1.pt").is_file() and (shards / ".metadata").is_file()
+    stopped_early_of(resumed, 2)
+    with pytest.raises(UserError, match=r"written by 2 data-parallel process\(es\)") as e:
+        launch(train, (compose(*cfg, "trainer.epochs=2"), str(resumed), ["x"]), 3, CPU)
+    assert "and this run has 3" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(UserError, match="trainer.strategy fsdp -> ddp") as e:  # 1 process
+        train(compose(*COMMON, "trainer.epochs=2"), resumed, ["x"])
+    assert "\n" not in str(e.value)
+    launch(train, (compose(*cfg, "trainer.epochs=2"), str(resumed), ["x"]), 2, CPU)
+    assert _rows(straight) == _rows(resumed)
+    assert [r["epoch"] for r in _rows(resumed)] == [1, 2]
+    whole = RunDir(straight).checkpoint()["model"]  # assembled from the shards, once
+    again = RunDir(resumed).checkpoint()["model"]
+    assert whole.keys() == {n for n, _ in MLP(40, 10, hidden=(32, 32)).named_parameters()}
+    assert all(torch.equal(whole[k], again[k]) for k in whole)
+    from sam_runner.models import initial_state  # model.init_from=<a sharded run>
+
+    given, record = initial_state(compose(*COMMON, f"model.init_from={straight}").model)
+    assert record["kind"] == "checkpoint" and all(torch.equal(given[k], whole[k]) for k in whole)
+    assert "optimizer" not in RunDir(straight).checkpoint()  # rank 0's shards are not the state
+
+
+def test_bad_strategy_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path):
+    from conftest import run_cli
+
+    for argv, message in (
+        (["trainer.strategy=fsdp"], "trainer.strategy=fsdp on 1 process: nothing to shard"),
+        (
+            ["trainer.strategy=fsdp", "trainer.devices=2", "optimizer=spectral_sam"],
+            "optimizer=spectral_sam cannot shard",
+        ),
+        (
+            ["model=cnn1d", "trainer.activation_checkpointing=true"],
+            "model=cnn1d declares no blocks",
+        ),
+        (["trainer.strategy=zero"], "trainer.strategy='zero' is unknown"),
+    ):
+        run = tmp_path / "run"
+        code, _, err = run_cli([*argv, "trainer.device=cpu", f"hydra.run.dir={run}"], capsys)
+        assert code == 2, err
+        assert message in err and err.count("\n") == 1, err
+        assert not run.exists()
+
+
+# ---------------------------------------------------------------- two "nodes" on one machine
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy_name", ["ddp", "fsdp"])
+def test_two_nodes_on_localhost_equal_one_node(strategy_name, tmp_path):
+    """torchrun --nnodes=2 --node-rank=0/1 (one process each, gloo over localhost) against the
+    same 2 processes on one node: the same metrics lines (λ_max measured split and, under fsdp,
+    on the gathered weights)."""
+    import subprocess
+    import sys
+
+    args = [
+        *COMMON[:-2],  # metrics on: λ_max at the end
+        "metrics.hessian.num_samples=128",
+        "metrics.hessian.max_iter=20",
+        "optimizer.sync_perturbation=true",
+        "trainer.epochs=1",
+        f"trainer.strategy={strategy_name}",
+    ]
+    args = [a for a in args if a != "metrics=off"]
+    one = tmp_path / "one"
+    distributed.launch(train, (compose(*args), str(one), ["x"]), 2, CPU)
+    port, two = distributed.free_port(), tmp_path / "two"
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node-rank={r}",
+                "--nproc-per-node=1",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "-m",
+                "sam_runner.cli",
+                *args,
+                f"hydra.run.dir={two}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for r in (0, 1)
+    ]
+    for node in nodes:
+        _, err = node.communicate(timeout=600)
+        assert node.returncode == 0, err[-3000:]
+    assert json.loads((two / "summary.json").read_text())["status"] == "completed"
+    rows_one, rows_two = _rows(one), _rows(two)
+    assert len(rows_one) == len(rows_two) == 1
+    for k, v in rows_one[0].items():
+        if isinstance(v, float):
+            assert rows_two[0][k] == pytest.approx(v, rel=1e-6), k
+    assert rows_one[0]["lambda_max"] > 0
