@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,10 +31,20 @@ from .registry import WEIGHT_AVERAGING as AVERAGING
 from .rundir import AVERAGED
 from .runfiles import atomic_write
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
+
+    from omegaconf import DictConfig
+    from torch import nn
+
+    from .clock import Clock
+    from .part import Run
+
 LOGGED = ("test_acc", "test_loss", "test_ece")  # of the averaged weights, as avg_<key>
 
 
-def validate(cfg) -> None:
+def validate(cfg: DictConfig) -> None:
     """``trainer.weight_averaging`` and the keys of the chosen averaging."""
     t = cfg.trainer
     name = AVERAGING.entry(t.get("weight_averaging", "none")).name
@@ -66,7 +77,7 @@ def validate(cfg) -> None:
         )
 
 
-def swa_lr_range(value) -> tuple[float, float] | None:
+def swa_lr_range(value: float | list[float] | tuple[float, float]) -> tuple[float, float] | None:
     """``trainer.swa_lr``: a number (SWALR's constant rate) gives None; a pair [high, low]
     (Izmailov et al.'s cyclic rate, one cycle an epoch) gives (high, low)."""
     from omegaconf import ListConfig
@@ -84,13 +95,21 @@ def swa_lr_range(value) -> tuple[float, float] | None:
     return None
 
 
-def swa_start(trainer_cfg) -> int:
+def swa_start(trainer_cfg: DictConfig) -> int:
     """The first averaged epoch: ``trainer.swa_start``, or the start of the last quarter."""
     start = trainer_cfg.get("swa_start")
     return int(start) if start is not None else math.floor(0.75 * int(trainer_cfg.epochs)) + 1
 
 
-def build_averaging(cfg, model, optimizer, clock, plain_batches, measure, lambda_max_of=None):
+def build_averaging(
+    cfg: DictConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    clock: Clock,
+    plain_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    measure: Callable[[nn.Module], dict],
+    lambda_max_of: Callable[[nn.Module], float | None] | None = None,
+) -> Averaged | None:
     """The run's averaging, or None; ``measure(model)`` evaluates a model on the test set (a
     metrics row), ``plain_batches`` are the un-augmented training batches (BatchNorm
     statistics), ``lambda_max_of(model)`` the run's curvature measurement on other weights."""
@@ -104,11 +123,12 @@ def build_averaging(cfg, model, optimizer, clock, plain_batches, measure, lambda
 
 
 @AVERAGING.register("none", "the last weights only")
-def no_averaging(*_args) -> None:
+def no_averaging(*_args: object) -> None:
+    """The ``none`` averaging: no part."""
     return None  # no part
 
 
-def build_part(run) -> Averaged | None:
+def build_part(run: Run) -> Averaged | None:
     """The run's averaging (None for ``none``)."""
     measure = run.loop.test_set.measure
     return build_averaging(
@@ -117,7 +137,8 @@ def build_part(run) -> Averaged | None:
     )  # fmt: skip
 
 
-def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+def check(cfg: DictConfig, where: object = None) -> None:  # noqa: ARG001 (every check's signature)
+    """Validate the averaging keys (every check's signature)."""
     validate(cfg)
 
 
@@ -127,7 +148,14 @@ class Averaged(Part):
     name = "averaging"
     kind = ""
 
-    def __init__(self, model, clock, plain_batches, measure, **average):
+    def __init__(
+        self,
+        model: nn.Module,
+        clock: Clock,
+        plain_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+        measure: Callable[[nn.Module], dict],
+        **average: Any,
+    ) -> None:
         from torch.optim.swa_utils import AveragedModel
 
         self.model, self.clock, self.plain, self.measure = model, clock, plain_batches, measure
@@ -135,9 +163,11 @@ class Averaged(Part):
 
     @property
     def n_averaged(self) -> int:
+        """How many weights the average holds."""
         return int(self.averaged.n_averaged)
 
     def update(self) -> None:
+        """Add the model's current weights to the average."""
         self.averaged.update_parameters(self.model)
 
     def prepared(self) -> torch.nn.Module:
@@ -153,6 +183,8 @@ class Averaged(Part):
         return module
 
     def log_values(self) -> dict:
+        """The averaged weights' test metrics as ``avg_<key>`` (None before anything is
+        averaged)."""
         if self.n_averaged == 0:  # SWA before swa_start: nothing averaged yet
             return {f"avg_{k}": None for k in LOGGED}
         row = self.measure(self.prepared())
@@ -185,9 +217,11 @@ class Averaged(Part):
         return out
 
     def state_dict(self) -> dict:
+        """The averaged model's state, for a checkpoint."""
         return {"averaged": self.averaged.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the averaged model from a checkpoint's state."""
         self.averaged.load_state_dict(state["averaged"])
 
 
@@ -195,7 +229,15 @@ class Averaged(Part):
 class SWA(Averaged):
     kind = "swa"
 
-    def __init__(self, trainer_cfg, model, optimizer, clock, plain_batches, measure):
+    def __init__(
+        self,
+        trainer_cfg: DictConfig,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        clock: Clock,
+        plain_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+        measure: Callable[[nn.Module], dict],
+    ) -> None:
         super().__init__(model, clock, plain_batches, measure)
         self.start = swa_start(trainer_cfg)
         self.optimizer = optimizer
@@ -203,12 +245,14 @@ class SWA(Averaged):
         self.cycle = swa_lr_range(self.swa_lr)  # None: SWALR's constant rate
         self.anneal_epochs = int(trainer_cfg.get("swa_anneal_epochs", 1))
 
-    def schedule(self, scheduler, steps_per_epoch: int):
+    def schedule(self, scheduler: Any, steps_per_epoch: int) -> SWASchedule | CyclicSWASchedule:
+        """Wrap the run's schedule: SWALR (or the cyclic rate) from ``trainer.swa_start`` on."""
         if self.cycle is not None:
             return CyclicSWASchedule(self, scheduler, steps_per_epoch)
         return SWASchedule(self, scheduler, steps_per_epoch)
 
     def end_epoch(self) -> None:
+        """Average the epoch's final weights once ``trainer.swa_start`` is reached."""
         if self.clock.epoch >= self.start:
             self.update()
 
@@ -217,7 +261,7 @@ class SWASchedule:
     """The run's scheduler until epoch ``swa_start``, then ``SWALR`` (stepped per optimizer
     step, annealing over ``swa_anneal_epochs`` epochs' steps)."""
 
-    def __init__(self, swa: SWA, base, steps_per_epoch: int):
+    def __init__(self, swa: SWA, base: Any, steps_per_epoch: int) -> None:
         self.swa, self.base, self.swalr = swa, base, None
         self.steps_per_epoch = steps_per_epoch
 
@@ -235,21 +279,25 @@ class SWASchedule:
         return self.swalr
 
     def step(self) -> None:
+        """Step SWALR from the averaging's start, the run's own schedule before it."""
         if self.swa.clock.epoch >= self.swa.start:
             self._swalr().step()
         else:
             self.base.step()
 
-    def get_last_lr(self):
+    def get_last_lr(self) -> list[float]:
+        """The learning rates of the schedule in charge."""
         return (self.swalr or self.base).get_last_lr()
 
     def state_dict(self) -> dict:
+        """Both schedules' states (SWALR's without its anneal function)."""
         swa = None
         if self.swalr is not None:  # its anneal function is code, not data
             swa = {k: v for k, v in self.swalr.state_dict().items() if k != "anneal_func"}
         return {"base": self.base.state_dict(), "swa": swa}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore both schedules from a checkpoint's state."""
         self.base.load_state_dict(state["base"])
         if state.get("swa") is not None:
             self._swalr().load_state_dict(state["swa"])
@@ -261,7 +309,7 @@ class CyclicSWASchedule:
     epoch-end weights that SWA averages come from a step at the low rate. The rate of a step
     follows from its number alone (nothing to save: a resumed run repeats it exactly)."""
 
-    def __init__(self, swa: SWA, base, steps_per_epoch: int):
+    def __init__(self, swa: SWA, base: Any, steps_per_epoch: int) -> None:
         self.swa, self.base, self.steps_per_epoch = swa, base, steps_per_epoch
         if swa.clock.step == 0 and swa.start == 1:  # the very first step is already cyclic
             self._set(1)
@@ -283,17 +331,22 @@ class CyclicSWASchedule:
         return lr is not None
 
     def step(self) -> None:
+        """Set the next step's cyclic rate, or step the run's schedule before the averaging's
+        start."""
         # called after a step and before the clock counts it: the next step is clock.step + 2
         if not self._set(self.swa.clock.step + 2):
             self.base.step()
 
-    def get_last_lr(self):
+    def get_last_lr(self) -> list[float]:
+        """The optimizer's current learning rates."""
         return [g["lr"] for g in self.swa.optimizer.param_groups]
 
     def state_dict(self) -> dict:
+        """The run's schedule's state (the cyclic rate is a function of the step)."""
         return {"base": self.base.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the run's schedule from a checkpoint's state."""
         self.base.load_state_dict(state["base"])
 
 
@@ -301,7 +354,15 @@ class CyclicSWASchedule:
 class EMA(Averaged):
     kind = "ema"
 
-    def __init__(self, trainer_cfg, model, _optimizer, clock, plain_batches, measure):
+    def __init__(
+        self,
+        trainer_cfg: DictConfig,
+        model: nn.Module,
+        _optimizer: torch.optim.Optimizer,
+        clock: Clock,
+        plain_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+        measure: Callable[[nn.Module], dict],
+    ) -> None:
         decay = float(trainer_cfg.get("ema_decay", 0.999))
         warmup = bool(trainer_cfg.get("ema_warmup", True))
         super().__init__(model, clock, plain_batches, measure, multi_avg_fn=ema_fn(decay, warmup))
@@ -310,6 +371,7 @@ class EMA(Averaged):
             print(note, file=sys.stderr)
 
     def after_step(self, step: int) -> None:  # noqa: ARG002 (the hook's signature)
+        """Fold the step's weights into the moving average."""
         self.update()
 
 
@@ -318,7 +380,7 @@ def ema_decay_at(decay: float, warmup: bool, t: int) -> float:
     return min(decay, (1 + t) / (10 + t)) if warmup else decay
 
 
-def ema_fn(decay: float, warmup: bool):
+def ema_fn(decay: float, warmup: bool) -> Callable[[list, list, torch.Tensor | int], None]:
     """AveragedModel's multi_avg_fn: avg ← dₜ·avg + (1 − dₜ)·w, t the number averaged so far."""
 
     @torch.no_grad()
@@ -350,6 +412,7 @@ def horizon_note(decay: float, warmup: bool, total_steps: int) -> str | None:
 
 
 def distributed_main() -> bool:
+    """Whether this process is the main one (or the only one)."""
     from . import distributed
 
     return distributed.current().is_main

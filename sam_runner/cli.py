@@ -20,6 +20,8 @@ from .rundir import holds_results
 
 
 def register_resolvers() -> None:
+    """The resolvers sam-run's help template reads (``sam_runner_groups``,
+    ``sam_runner_config``), registered once."""
     if not OmegaConf.has_resolver("sam_runner_groups"):
         from .help import config_groups, help_config
 
@@ -129,6 +131,8 @@ def first_job_of(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    """``sam-run``: train one run, or a sweep with ``-m`` (a staged preset's stages in order);
+    quick options print and end."""
     argv = sys.argv[1:]
     if say_version(argv):
         return

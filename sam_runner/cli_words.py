@@ -10,7 +10,12 @@ analysis command's config with them). Torch- and Hydra-free, on the ground floor
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .errors import require
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: that GPU
 PROGRESS = ("auto", "bar", "lines", "none")  # auto: a bar on a terminal, else lines
@@ -22,7 +27,7 @@ def _choose(values) -> str:
     return ", ".join(values[:-1]) + " or " + values[-1]
 
 
-def check_device(value, key: str = "trainer.device") -> str:
+def check_device(value: object, key: str = "trainer.device") -> str:
     """A device name (``cuda:N`` with N a number); its availability is checked where it is
     used (``distributed.resolve_device``)."""
     v = str(value)
@@ -33,20 +38,23 @@ def check_device(value, key: str = "trainer.device") -> str:
     return v
 
 
-def check_choice(value, key: str, values) -> str:
+def check_choice(value: str, key: str, values: Sequence[str]) -> str:
+    """``value`` when it is one of ``values``, else a one-line error naming them."""
     require(value in values, f"{key}={value!r} is unknown; choose one of {', '.join(values)}")
     return value
 
 
-def check_progress(value, key: str = "trainer.progress") -> str:
+def check_progress(value: str, key: str = "trainer.progress") -> str:
+    """``trainer.progress`` (or ``key``): one of the progress modes."""
     return check_choice(value, key, PROGRESS)
 
 
-def check_format(value, key: str = "plots.format") -> str:
+def check_format(value: str, key: str = "plots.format") -> str:
+    """``plots.format`` (or ``key``): one of the figure formats."""
     return check_choice(value, key, FORMATS)
 
 
-def say_version(argv) -> bool:
+def say_version(argv: Sequence[str]) -> bool:
     """What every command does first: an ``OMP_NUM_THREADS`` that OpenMP cannot read is dropped
     (OpenMP would print a notice above every line when torch loads, and ignore it: the runner's
     thread line says the threads used); ``--version`` (or ``-V``) as the first word prints

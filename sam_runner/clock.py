@@ -24,8 +24,10 @@ class Clock:
         return not self.within_epoch and self.epoch >= self.epochs
 
     def state_dict(self) -> dict:
+        """The saved fields, for a checkpoint."""
         return {k: getattr(self, k) for k in SAVED}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the saved fields from a checkpoint's state."""
         for k in SAVED:
             setattr(self, k, state[k])

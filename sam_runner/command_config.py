@@ -7,11 +7,15 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError, first_line
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-def array_launcher(cfg) -> tuple[str, dict] | None:
+
+def array_launcher(cfg: DictConfig) -> tuple[str, dict] | None:
     """(submitit cluster, ``hydra.launcher`` as plain data) when ``hydra/launcher`` of a composed
     config is a job array (slurm, submitit_local); None for this machine's basic launcher."""
     from omegaconf import OmegaConf
@@ -24,7 +28,7 @@ def array_launcher(cfg) -> tuple[str, dict] | None:
     return cluster, OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
 
 
-def compose_command(config: str, overrides: list[str], sweep_dir: Path):
+def compose_command(config: str, overrides: list[str], sweep_dir: Path) -> DictConfig:
     """conf/<config>.yaml with ``overrides`` (Hydra's part included, its sweep folder
     ``sweep_dir``: where an array's submitit files go); one-line errors."""
     from hydra.errors import (

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +35,20 @@ from .part import Part, PassInputs
 from .rundir import CHECKPOINT, RunDir, check_weights, model_state
 from .weight_decay import tracked_layers
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from contextlib import AbstractContextManager
+
+    from omegaconf import DictConfig
+    from torch import nn
+
+    from .data import Data
+    from .part import Run
+
 KEY = "trainer.distill.teacher"
 
 
-def settings(cfg) -> dict | None:
+def settings(cfg: DictConfig) -> dict | None:
     """``trainer.distill``'s keys, checked (None when no teacher is set)."""
     d = cfg.trainer.get("distill") or {}
     temperature = number("trainer.distill.temperature", d.get("temperature", 4.0),
@@ -54,7 +65,7 @@ def settings(cfg) -> dict | None:
                 weights=weights)  # fmt: skip
 
 
-def check_teacher(cfg, run_dir=None) -> RunDir | None:
+def check_teacher(cfg: DictConfig, run_dir: Path | None = None) -> RunDir | None:
     """The teacher's folder, refused in one line unless it is a completed run of the same input
     shape and class count, other than this run; None without a teacher."""
     s = settings(cfg)
@@ -114,7 +125,7 @@ def middle_index(n: int) -> int:
 class Taps:
     """Forward hooks keeping the output of the middle conv/linear layer and the head's input."""
 
-    def __init__(self, model):
+    def __init__(self, model: nn.Module) -> None:
         layers = list(tracked_layers(model, trainable=False).values())
         require(bool(layers), f"{KEY}: the models need conv or linear layers to distill into")
         body, head = layers[:-1], layers[-1]
@@ -131,7 +142,8 @@ class Taps:
             self.features[name] = pooled(x, linear)
 
     @contextlib.contextmanager
-    def on(self, active: bool = True):
+    def on(self, active: bool = True) -> Iterator[dict]:
+        """A context in which the hooks record the layers' features (a fresh dict it yields)."""
         self.active, self.features = active, {}
         try:
             yield self.features
@@ -139,7 +151,9 @@ class Taps:
             self.active = False
 
 
-def load_teacher(run: RunDir, weights: str, input_shape, num_classes, device):
+def load_teacher(
+    run: RunDir, weights: str, input_shape: tuple[int, ...], num_classes: int, device: torch.device
+) -> nn.Module:
     """The teacher's model at its weights, frozen, in eval mode, on ``device``."""
     cfg = run.omega_config(KEY)
     torch.manual_seed(int(cfg.seed))
@@ -158,7 +172,15 @@ def load_teacher(run: RunDir, weights: str, input_shape, num_classes, device):
 class Distiller(Part):
     """The distillation objective of a student run (stateless: the teacher's files are read)."""
 
-    def __init__(self, teacher, student, temperature, weight, align, autocast=None):
+    def __init__(
+        self,
+        teacher: nn.Module,
+        student: nn.Module,
+        temperature: float,
+        weight: float,
+        align: float,
+        autocast: AbstractContextManager | None = None,
+    ) -> None:
         self.teacher, self.temperature = teacher, temperature
         self.weight, self.align = weight, align
         self.autocast = autocast or contextlib.nullcontext()
@@ -172,11 +194,12 @@ class Distiller(Part):
     def _count(self, x) -> None:
         self.teacher_samples += len(x)
 
-    def begin_step(self, micro) -> None:
+    def begin_step(self, micro: list[tuple]) -> None:
+        """The teacher's targets for the step's micro-batches, once before its passes."""
         self.taught = self.teach(micro)
 
     @torch.no_grad()
-    def teach(self, micro) -> list:
+    def teach(self, micro: list[tuple]) -> list:
         """The teacher's (soft targets, feature similarities) of each micro-batch of a step: once,
         before its passes."""
         out = []
@@ -195,24 +218,33 @@ class Distiller(Part):
         (1 whatever the variant)."""
         return {"teacher_forwards_per_step": self.teacher_samples / max(self.step_samples, 1)}
 
-    def forward_context(self, pass_index: int):  # noqa: ARG002 (the hook's signature)
+    def forward_context(self, pass_index: int) -> AbstractContextManager:  # noqa: ARG002 (the hook's signature)
         """Around the student's training forward: its features for the alignment."""
         return self.student_taps.on() if self.student_taps else contextlib.nullcontext()
 
     def alignment(self, teacher_sims: dict) -> torch.Tensor:
+        """The mean squared gap between the student's and the teacher's feature similarities."""
         mine = self.student_taps.features  # the depths both models have
         terms = [(similarity(mine[k]) - t).square().mean() for k, t in teacher_sims.items()
                  if k in mine]  # fmt: skip
         return torch.stack(terms).mean()
 
-    def loss_term(self, objective, inputs: PassInputs):
+    def loss_term(self, objective: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
         """``objective`` (the task's share of the step's loss) as the distillation objective;
         ``inputs.rows``: the rows of the micro-batch this pass runs on, when not all (ESAM's
         descent pass), whose teacher targets and similarities it takes."""
         return self.add(objective, inputs.logits, self.taught, inputs.index, inputs.share,
                         inputs.rows)  # fmt: skip
 
-    def add(self, objective, logits, taught, i, share, rows=None):
+    def add(
+        self,
+        objective: torch.Tensor,
+        logits: torch.Tensor,
+        taught: list,
+        i: int,
+        share: float,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The distillation objective of micro-batch ``i`` (``loss_term`` with its parts)."""
         targets, sims = taught[i]
         if rows is not None:
@@ -225,16 +257,24 @@ class Distiller(Part):
         return out
 
 
-def build_part(run) -> Distiller | None:
+def build_part(run: Run) -> Distiller | None:
+    """The run's distillation part (None without a teacher)."""
     return build_distiller(run.cfg, run.model, run.data, run.device, run.loop.autocast, run.run_dir)
 
 
-def check(cfg, where=None) -> None:
+def check(cfg: DictConfig, where: object = None) -> None:
     """``trainer.distill``'s keys and the teacher's folder (not the run's own, when known)."""
     check_teacher(cfg, getattr(where, "run_dir", None))
 
 
-def build_distiller(cfg, student, data, device, autocast=None, run_dir=None):
+def build_distiller(
+    cfg: DictConfig,
+    student: nn.Module,
+    data: Data,
+    device: torch.device,
+    autocast: AbstractContextManager | None = None,
+    run_dir: Path | None = None,
+) -> Distiller | None:
     """The run's distillation (None without ``trainer.distill.teacher``)."""
     run = check_teacher(cfg, run_dir)
     if run is None:

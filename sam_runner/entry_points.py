@@ -53,24 +53,30 @@ def _interrupted(prog: str, started: bool) -> int:
 
 
 def sam_run() -> int | None:
+    """The ``sam-run`` command."""
     return start("sam-run")
 
 
 def sam_report() -> int | None:
+    """The ``sam-report`` command."""
     return start("sam-report")
 
 
 def sam_landscape() -> int | None:
+    """The ``sam-landscape`` command."""
     return start("sam-landscape")
 
 
 def sam_sweep_lines() -> int | None:
+    """The ``sam-sweep-lines`` command."""
     return start("sam-sweep-lines")
 
 
 def sam_eval() -> int | None:
+    """The ``sam-eval`` command."""
     return start("sam-eval")
 
 
 def sam_index() -> int | None:
+    """The ``sam-index`` command."""
     return start("sam-index")

@@ -1,3 +1,10 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
 """User-facing errors: one line, naming the bad value and what would be accepted."""
 
 
@@ -13,7 +20,7 @@ class RunFolderConflict(UserError):
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during ``train()``. The last checkpoint is kept, so the same call resumes from it."""
 
-    def __init__(self, epoch: int = 0, step: int = 0, in_epoch: int = 0):
+    def __init__(self, epoch: int = 0, step: int = 0, in_epoch: int = 0) -> None:
         if not in_epoch:
             message = "interrupted before training"
         elif epoch:
@@ -27,11 +34,12 @@ class Interrupted(KeyboardInterrupt):
 
 
 def require(ok: bool, message: str) -> None:
+    """A UserError with ``message`` unless ``ok``."""
     if not ok:
         raise UserError(message)
 
 
-def number(key: str, value, accepted: str, ok) -> float:
+def number(key: str, value: object, accepted: str, ok: Callable[[float], bool]) -> float:
     """``value`` as a float if it is a number (not a bool) that passes ``ok``; else a one-line
     error.
     """
@@ -43,7 +51,7 @@ def number(key: str, value, accepted: str, ok) -> float:
     return x
 
 
-def integer(key: str, value, accepted: str, ok=None) -> int:
+def integer(key: str, value: object, accepted: str, ok: Callable[[int], bool] | None = None) -> int:
     """``value`` if it is an int (not a bool) that passes ``ok``; else a one-line error."""
     require(
         isinstance(value, int) and not isinstance(value, bool) and (ok is None or ok(value)),
@@ -53,6 +61,7 @@ def integer(key: str, value, accepted: str, ok=None) -> int:
 
 
 def first_line(text: str) -> str:
+    """The first line of ``text`` (stripped), or ""."""
     text = str(text).strip()
     return text.splitlines()[0] if text else ""
 
@@ -70,7 +79,7 @@ def one_line(e: BaseException) -> str:
 NAME_MAX = 255  # bytes of one file or folder name on the usual file systems (ext4, xfs, APFS)
 
 
-def check_names(*paths) -> None:
+def check_names(*paths: Path | str | None) -> None:
     """A UserError for a path with a file or folder name longer than file systems allow (the OS
     would answer ``File name too long`` from deep inside a command); None paths are skipped."""
     import os

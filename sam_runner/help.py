@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .paths import config_dir
 from .registry import ALL
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 # groups of the config tree that are settings or presets, not registries
 CONFIG_GROUPS = (
@@ -162,7 +166,7 @@ def key_descriptions(choices: dict | None = None) -> dict[str, str]:
     return out
 
 
-def described_config(cfg, choices: dict | None = None, width: int = 40) -> str:
+def described_config(cfg: DictConfig, choices: dict | None = None, width: int = 40) -> str:
     """The composed config as yaml, each key that has a description followed by it."""
     from omegaconf import OmegaConf
 
@@ -184,7 +188,7 @@ def described_config(cfg, choices: dict | None = None, width: int = 40) -> str:
     return "\n".join(out)
 
 
-def help_config(*, _root_) -> str:
+def help_config(*, _root_: DictConfig) -> str:
     """The help template's config: the composed one (``_root_``, with the command's overrides),
     its keys described; ``$`` doubled (Hydra's help template is a string.Template)."""
     from hydra.core.hydra_config import HydraConfig

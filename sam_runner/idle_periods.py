@@ -14,11 +14,15 @@ out rather than guessed.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-def run_steps(cfg) -> tuple[int | None, int | None]:
+
+def run_steps(cfg: DictConfig) -> tuple[int | None, int | None]:
     """(the run's epochs, its optimizer steps) as far as they are known before it runs; None
     where not."""
     steps = cfg.trainer.get("steps")
@@ -30,7 +34,7 @@ def run_steps(cfg) -> tuple[int | None, int | None]:
     return epochs, epochs * per_epoch if per_epoch else None
 
 
-def steps_per_epoch(cfg) -> int | None:
+def steps_per_epoch(cfg: DictConfig) -> int | None:
     """An epoch's optimizer steps on one process (the last partial batch dropped, as the
     training loader does); None where the data is not known up front."""
     from .data.labels import batch_size
@@ -48,7 +52,7 @@ def steps_per_epoch(cfg) -> int | None:
     return n // batch_size(d, n) or None
 
 
-def never_acting(cfg) -> list[str]:
+def never_acting(cfg: DictConfig) -> list[str]:
     """One line for each periodic setting of ``cfg`` that never acts within the run."""
     if str(OmegaConf.select(cfg, "federated.name", default="none")) != "none":
         return []  # a federated run's periods are its rounds (checked with the federation)
@@ -137,7 +141,9 @@ def _ema(cfg, length) -> str | None:
     t = cfg.trainer
     if str(t.get("weight_averaging", "none")) != "ema" or not t.get("ema_warmup", True):
         return None
-    decay = float(t.get("ema_decay", 0.999))
+    decay = t.get("ema_decay", 0.999)
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1:
+        return None  # not a decay: the checks that follow say so in one line
     at, (_, steps) = ema_reached_at(decay), length()
     if steps is None or steps > at:  # the first step copies; the t-th update is step t + 1
         return None

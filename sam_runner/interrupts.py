@@ -74,4 +74,5 @@ def said(prog: str, what: str) -> str:
 
 
 def exit_code() -> int:
+    """The exit status of an interrupted command: 143 after SIGTERM, 130 after Ctrl-C."""
     return 143 if TERMINATED else 130

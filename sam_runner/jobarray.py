@@ -13,15 +13,20 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .errors import require
 from .sweep import hydra_api
 
+if TYPE_CHECKING:
+    from typing import Any
+
+    import submitit
+
 CLUSTERS = {"slurm": "slurm", "submitit_local": "local"}  # launcher preset -> submitit cluster
 
 
-def cluster_of(target) -> str | None:
+def cluster_of(target: str | None) -> str | None:
     """The submitit cluster of a Hydra launcher's ``_target_``; None for a non-array launcher."""
     target = str(target or "")
     if target.endswith("SlurmLauncher"):
@@ -48,19 +53,20 @@ class Task:
     """One array task: ``fn(*args)``. Requeued as it was on a timeout or preemption (submitit
     calls ``checkpoint``)."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable) -> None:
         self.fn = fn
 
     def __call__(self, *args):
         return self.fn(*args)
 
-    def checkpoint(self, *args, **kwargs):
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """The task resubmitted as it was (submitit calls it on a timeout or preemption)."""
         import submitit
 
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
 
 
-def executor(cluster: str, params: dict):
+def executor(cluster: str, params: dict) -> submitit.AutoExecutor:
     """A submitit executor with the launcher preset's parameters: submitit's own names for the
     ones every cluster shares, ``<cluster>_<name>`` for the others (as its API asks)."""
     import submitit

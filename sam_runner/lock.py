@@ -15,8 +15,12 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 ON_LOCKED = ("skip", "wait", "fail")
 
@@ -25,7 +29,8 @@ class JobLocked(UserError):
     """Another live process holds the job's lock (``on_locked=fail``, or a skipped job)."""
 
 
-def lock_path(folder, what: str) -> Path:
+def lock_path(folder: Path | str, what: str) -> Path:
+    """The file of ``folder``'s ``what`` lock."""
     return Path(folder) / f".{what}.lock"
 
 
@@ -39,7 +44,13 @@ def holder(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def job_lock(folder, what: str, on_locked: str = "skip", tool: str = "sam-run", option=None):
+def job_lock(
+    folder: Path | str,
+    what: str,
+    on_locked: str = "skip",
+    tool: str = "sam-run",
+    option: str | None = None,
+) -> Iterator[bool]:
     """Hold ``folder``'s ``what`` lock for the block; yields True when held, False when another
     process holds it and ``on_locked`` is ``skip`` (a one-line notice says who). ``wait`` blocks
     until it is free; ``fail`` raises JobLocked (naming ``option``, the setting that chooses)."""
@@ -78,7 +89,7 @@ def _try_lock(fd: int) -> bool:
         return False
 
 
-def held_by(folder, what: str) -> str | None:
+def held_by(folder: Path | str, what: str) -> str | None:
     """Who holds ``folder``'s ``what`` lock now (``pid 123 on host``), or None when nobody does."""
     path = lock_path(folder, what)
     try:

@@ -5,12 +5,19 @@ statistics.
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from torch.nn.modules.batchnorm import _BatchNorm
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    import torch
+    from torch import nn
+
 
 @contextlib.contextmanager
-def modes_restored(model):
+def modes_restored(model: nn.Module) -> Iterator[None]:
     """Every module's own train/eval flag back afterwards (``model.train(was)`` would set all
     alike).
     """
@@ -23,7 +30,7 @@ def modes_restored(model):
 
 
 @contextlib.contextmanager
-def frozen_running_stats(modules):
+def frozen_running_stats(modules: Iterable[nn.Module]) -> Iterator[None]:
     """BatchNorm layers among ``modules`` normalise as their mode says (batch statistics in train
     mode) but update no running statistics until the context closes."""
     tracked = [m for m in modules if isinstance(m, _BatchNorm) and m.track_running_stats]
@@ -37,7 +44,7 @@ def frozen_running_stats(modules):
 
 
 @contextlib.contextmanager
-def gradients_skipped(params):
+def gradients_skipped(params: Iterable[torch.Tensor]) -> Iterator[None]:
     """``params`` get no gradient until the context closes (``requires_grad`` off, so autograd
     skips their weight gradients, and whatever only they need), then have it back. Each is marked
     meanwhile, so that code asking whether a parameter is trained (``is_trainable``) still says
@@ -54,7 +61,7 @@ def gradients_skipped(params):
             del p._gradient_skipped
 
 
-def is_trainable(p) -> bool:
+def is_trainable(p: torch.Tensor) -> bool:
     """Whether ``p`` is a trained parameter: it requires a gradient, or would but for a pass that
     skips it (``gradients_skipped``)."""
     return p.requires_grad or getattr(p, "_gradient_skipped", False)

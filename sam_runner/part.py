@@ -101,7 +101,9 @@ class Part:
         """
 
     # ------------------------------------------------------------------ a step
-    def batch(self, x: torch.Tensor, y: torch.Tensor, step: int):
+    def batch(
+        self, x: torch.Tensor, y: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A training batch before the step (MixUp/CutMix mixes it).
 
         Args:
@@ -223,7 +225,7 @@ class Parts:
     """A run's parts in their declared order, each hook dispatched to the parts that override it
     (lists computed once)."""
 
-    def __init__(self, parts: list[Part]):
+    def __init__(self, parts: list[Part]) -> None:
         self.all = list(parts)
         self._by_hook = {
             hook: [getattr(p, hook) for p in self.all if _overrides(p, hook)] for hook in HOOKS
@@ -236,40 +238,45 @@ class Parts:
         """The parts saved in the checkpoint, by name."""
         return {p.name: p for p in self.all if p.name is not None}
 
-    def call(self, hook: str, *args) -> None:
+    def call(self, hook: str, *args: Any) -> None:
         """Call a hook that returns nothing on every part that has it."""
         for fn in self._by_hook[hook]:
             fn(*args)
 
-    def chain(self, hook: str, value, *args):
+    def chain(self, hook: str, value: Any, *args: Any) -> Any:
         """Pass ``value`` through a hook that returns it changed (groups, schedule)."""
         for fn in self._by_hook[hook]:
             value = fn(value, *args)
         return value
 
-    def merged(self, hook: str, *args) -> dict:
+    def merged(self, hook: str, *args: Any) -> dict:
         """The union of a hook's dicts (metrics-line and summary keys), in the parts' order."""
         out: dict = {}
         for fn in self._by_hook[hook]:
             out.update(fn(*args))
         return out
 
-    def any(self, hook: str, *args) -> bool:
+    def any(self, hook: str, *args: Any) -> bool:
         """Whether a boolean hook holds for any part (every part is asked)."""
         return any([fn(*args) for fn in self._by_hook[hook]])
 
-    def batch(self, x, y, step: int):
+    def batch(
+        self, x: torch.Tensor, y: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch through every part's ``batch`` hook, in order."""
         for fn in self._by_hook["batch"]:
             x, y = fn(x, y, step)
         return x, y
 
     def forward_context(self, pass_index: int) -> ContextManager:
+        """Every part's forward context for pass ``pass_index``, entered together."""
         stack = contextlib.ExitStack()
         for fn in self.context_hooks:
             stack.enter_context(fn(pass_index))
         return stack
 
-    def loss(self, objective, inputs: PassInputs):
+    def loss(self, objective: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
+        """``objective`` with every part's loss term added, in order."""
         for fn in self.loss_hooks:
             objective = fn(objective, inputs)
         return objective

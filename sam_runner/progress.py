@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from . import interrupts
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def resolve_mode(mode: str) -> str:
@@ -43,7 +47,7 @@ class Counter:
         unit: str = "points",
         every: float | None = None,
         delay: float = 0.0,
-    ):
+    ) -> None:
         self.mode, self.total, self.desc, self.unit = resolve_mode(mode), total, desc, unit
         self.prefix = f"{prefix}: " if prefix else ""
         self.done, self.start, self.bar = 0, time.monotonic(), None
@@ -64,6 +68,7 @@ class Counter:
         self.marks = {max(1, total * k // 10) for k in range(1, 11)} | {1}
 
     def update(self, n: int = 1) -> None:
+        """Count ``n`` more done (a pending interrupt raised first) and show the progress."""
         interrupts.raise_pending()
         self.done += n
         if self.bar is not None:
@@ -78,6 +83,7 @@ class Counter:
                 print(self.line(), file=sys.stderr, flush=True)
 
     def line(self) -> str:
+        """``done/total`` with the time taken and the time left at this pace."""
         took = time.monotonic() - self.start
         left = took / self.done * (self.total - self.done)
         rest = f", about {_duration(left)} left" if self.done < self.total else ""
@@ -87,6 +93,7 @@ class Counter:
         )
 
     def close(self) -> None:
+        """Close the bar, if there is one."""
         if self.bar is not None:
             self.bar.close()
 
@@ -163,11 +170,13 @@ class Progress:
     """A run's progress: ``mode`` (``trainer.progress``), its epochs and an epoch's steps; in
     ``lines`` mode a line within an epoch every ``every_s`` seconds (0: none)."""
 
-    def __init__(self, mode: str, epochs: int, steps: int, enabled: bool = True, every_s=30.0):
+    def __init__(
+        self, mode: str, epochs: int, steps: int, enabled: bool = True, every_s: float | None = 30.0
+    ) -> None:
         self.mode = resolve_mode(mode) if enabled else "none"
         self.epochs, self.steps, self.every_s = epochs, steps, float(every_s or 0)
 
-    def epoch_bar(self, epoch, done: int = 0):
+    def epoch_bar(self, epoch: int, done: int = 0) -> _Bar | _Lines | _NoBar:
         """The epoch's progress, ``done`` of its steps already taken (a resumed epoch)."""
         if self.mode == "bar":
             return _Bar(epoch, self.epochs, self.steps, done)
@@ -176,6 +185,7 @@ class Progress:
         return _NoBar()
 
     def epoch_line(self, row: dict) -> None:
+        """An epoch's metrics line, printed unless the mode is ``none``."""
         if self.mode == "none":
             return
         parts = [
@@ -215,7 +225,9 @@ def _fmt(v, spec):
 FINAL, FINAL_LAMBDA = ".3f", "#.3g"
 
 
-def print_final(summary: dict, run_dir, already: bool = False) -> None:
+def print_final(summary: dict, run_dir: Path | str, already: bool = False) -> None:
+    """The line a run ends with: its status, the final metrics and its folder (``already``: run
+    again after it ended)."""
     status = summary.get("status", "?")
     head = f"already {status}" if already else status  # completed, or pruned in a search
     if summary.get("test_bpd") is not None:  # a density model (model=pc)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from .errors import UserError
@@ -29,12 +29,15 @@ from .errors import UserError
 
 @dataclass(frozen=True)
 class Entry:
+    """One registered choice: its name, what it builds, its line of help, its metadata (read as
+    attributes: ``entry.has_rho``)."""
+
     name: str
     target: object  # the class or function the name builds
     description: str  # one line, for --help and the README
     meta: dict = field(default_factory=dict)
 
-    def __getattr__(self, key):  # entry.has_rho: the metadata, read like attributes
+    def __getattr__(self, key: str) -> object:  # entry.has_rho: the metadata, read like attributes
         try:
             return self.__dict__["meta"][key]
         except KeyError:
@@ -51,16 +54,31 @@ class Registry(Mapping):
     states it once, for its own code and for the registry alike).
     """
 
-    def __init__(self, key: str, package: str, attributes: tuple = (), **defaults):
+    def __init__(
+        self, key: str, package: str, attributes: tuple[str, ...] = (), **defaults: object
+    ):
         self.key, self.package, self.defaults, self.attributes = key, package, defaults, attributes
         self._entries: dict[str, Entry] = {}
         self._loaded = False
 
-    def register(self, name: str, description: str, target=None, **meta):
+    def register(
+        self, name: str, description: str, target: object = None, **meta: object
+    ) -> Callable | object:
         """Register ``target`` under ``name``; used bare it decorates the class or function
-        below."""
+        below.
 
-        def add(obj):
+        Args:
+            name: what a config writes (``optimizer=NAME``).
+            description: one line, for ``--help`` and the README's option table.
+            target: the class or function the name builds; None: the decorated one.
+            meta: the entry's metadata (over the registry's defaults).
+
+        Returns:
+            ``target``, or the decorator that registers and returns its argument.
+        """
+
+        def add(obj: object) -> object:
+            """Register ``obj`` and return it unchanged."""
             if name in self._entries and self._entries[name].target is not obj:
                 raise ValueError(f"{self.key}={name} is registered twice")
             own = {k: getattr(obj, k) for k in self.attributes}
@@ -77,7 +95,7 @@ class Registry(Mapping):
         for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
             importlib.import_module(f"{self.package}.{info.name}")
 
-    def entry(self, name) -> Entry:
+    def entry(self, name: str) -> Entry:
         """The entry called ``name``, or a one-line error naming the choices (and the nearest)."""
         self._load()
         if name in self._entries:
@@ -89,7 +107,7 @@ class Registry(Mapping):
             f"{', '.join(sorted(self._entries))}"
         )
 
-    def entry_of(self, target) -> Entry | None:
+    def entry_of(self, target: object) -> Entry | None:
         """The entry registered for ``target`` (a class or function), or None."""
         return next((e for e in self.entries() if e.target is target), None)
 
@@ -98,19 +116,19 @@ class Registry(Mapping):
         self._load()
         return [self._entries[k] for k in sorted(self._entries)]
 
-    def build(self, name, *args, **kwargs):
+    def build(self, name: str, *args: object, **kwargs: object) -> object:
         """``target(*args, **kwargs)`` of the entry called ``name``."""
         return self.entry(name).target(*args, **kwargs)
 
-    def names_where(self, **meta) -> list[str]:
+    def names_where(self, **meta: object) -> list[str]:
         """The names whose metadata has every given value."""
         return [e.name for e in self.entries() if all(e.meta.get(k) == v for k, v in meta.items())]
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> object:
         self._load()
         return self._entries[name].target
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         self._load()
         return iter(sorted(self._entries))
 

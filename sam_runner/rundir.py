@@ -25,10 +25,17 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError, require
 from .registry import VARIANTS
 from .runfiles import Checkpoint, json_problem, read_json, read_rows, scan_rows
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from omegaconf import DictConfig
 
 # the names of a run folder's files and folders (nothing else in the package spells them)
 SUMMARY = "summary.json"  # status, final values, overrides, settings: written last
@@ -42,6 +49,7 @@ AVERAGED = Path(CHECKPOINTS) / "averaged.pt"
 SHARDS = "last.shards-"  # checkpoints/last.shards-<step>/: a sharded run's checkpoint (fsdp)
 INIT_WEIGHTS = Path(CHECKPOINTS) / "init.pt"  # the weights at step 0 (dist_from_init)
 CLIENTS = "clients.json"  # a federated run's split: each client's size and class histogram
+ADAPTER = "adapter"  # model.peft on model=hf: peft save_pretrained (PeftModel.from_pretrained)
 CACHE = "cache"  # an image folder's decoded measurement subsets
 WEIGHTS = ("last", "averaged")
 STATUSES = ("completed", "diverged", "pruned", "failed")
@@ -50,20 +58,20 @@ LANDSCAPE_FOLDERS = {"last": "landscape", "averaged": "landscape_averaged"}
 LANDSCAPE_SUMMARY = "landscape.json"  # in a landscape folder, and in each of its pair folders
 
 
-def is_run(path) -> bool:
+def is_run(path: Path | str) -> bool:
     """Whether ``path`` is a job folder sam-run made: it holds ``.hydra/`` (a job under Hydra,
     from its start) or ``summary.json`` (a finished one, or a run of ``train(cfg, dir)``)."""
     path = Path(path)
     return (path / HYDRA).is_dir() or (path / SUMMARY).is_file()
 
 
-def has_checkpoint(path) -> bool:
+def has_checkpoint(path: Path | str) -> bool:
     """Whether ``path`` holds a checkpoints folder: a run folder of ``train(cfg, dir)`` killed
     before its summary is one too, for the commands that rebuild a run's model."""
     return (Path(path) / CHECKPOINTS).exists()
 
 
-def holds_results(run_dir) -> bool:
+def holds_results(run_dir: Path | str) -> bool:
     """Whether running in ``run_dir`` would continue a run there: a checkpoint to resume, or a
     completed summary."""
     run_dir = Path(run_dir)
@@ -71,7 +79,7 @@ def holds_results(run_dir) -> bool:
     return (run_dir / CHECKPOINT).exists() or summary.get("status") == "completed"
 
 
-def job_dirs(sweep_dir) -> list[Path]:
+def job_dirs(sweep_dir: Path | str) -> list[Path]:
     """Every job folder under a sweep: folders holding ``.hydra/`` (Hydra writes it when a job
     starts)
     or ``summary.json``, in natural order (``2`` before ``10``)."""
@@ -94,7 +102,7 @@ def job_dirs(sweep_dir) -> list[Path]:
 RUNNER_KEYS = ("trainer:", "optimizer:")
 
 
-def made_by_sam_run(path) -> bool:
+def made_by_sam_run(path: Path | str) -> bool:
     """Whether a job folder is sam-run's: its summary.json holds a status, it holds
     metrics.jsonl, or its ``.hydra/config.yaml`` sets ``trainer`` or ``optimizer`` (read as
     text: no YAML parse); another program's Hydra job has none of these. A job killed before
@@ -112,7 +120,9 @@ def made_by_sam_run(path) -> bool:
     return any(x.startswith(RUNNER_KEYS) for x in lines)
 
 
-def require_sam_run_jobs(path, dirs: list[Path], what: str = "PATH", shown=None) -> None:
+def require_sam_run_jobs(
+    path: Path, dirs: list[Path], what: str = "PATH", shown: Path | str | None = None
+) -> None:
     """UserError when job folders were found under ``path`` and none is sam-run's (another
     program's sweep, or folders whose summary.json holds no status)."""
     if dirs and not any(made_by_sam_run(d) for d in dirs):
@@ -126,6 +136,8 @@ def require_sam_run_jobs(path, dirs: list[Path], what: str = "PATH", shown=None)
 
 
 def check_weights(weights: str, spelling: str = "weights") -> str:
+    """``weights`` when it names a known set of weights (``last``, ``averaged``), else a one-line
+    error."""
     require(
         weights in WEIGHTS,
         f"{spelling}={weights!r} is unknown; choose one of {', '.join(WEIGHTS)}",
@@ -134,10 +146,12 @@ def check_weights(weights: str, spelling: str = "weights") -> str:
 
 
 def eval_file(weights: str = "last") -> str:
+    """The evaluation file of a run's ``weights``."""
     return EVAL_FILES[check_weights(weights)]
 
 
 def landscape_folder(weights: str = "last") -> str:
+    """The landscape folder of a run's ``weights``."""
     return LANDSCAPE_FOLDERS[check_weights(weights)]
 
 
@@ -163,7 +177,7 @@ def unflatten(flat: dict) -> dict:
     return tree
 
 
-def get(cfg, dotted: str):
+def get(cfg: Mapping | None, dotted: str) -> Any:
     """``cfg["a"]["b"]`` for ``"a.b"``; None where a part is missing."""
     for part in dotted.split("."):
         if not isinstance(cfg, dict):
@@ -181,7 +195,7 @@ def has_rho(variant: str) -> bool:
 class RunDir:
     """A job folder sam-run wrote (see the module docstring)."""
 
-    def __init__(self, path):
+    def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
 
     def __repr__(self) -> str:
@@ -190,11 +204,13 @@ class RunDir:
     # ---- files as they are
     @cached_property
     def summary(self) -> dict | None:
+        """summary.json's contents (None when absent or not an object)."""
         s = read_json(self.path / SUMMARY)
         return s if isinstance(s, dict) else None
 
     @property
     def status(self) -> str:
+        """The summary's status, or ``missing``."""
         s = (self.summary or {}).get("status")
         return s if s in STATUSES else "missing"
 
@@ -259,10 +275,12 @@ class RunDir:
 
     @cached_property
     def hydra_config(self) -> dict | None:
+        """``.hydra/config.yaml``'s contents (None when absent or not a mapping)."""
         cfg = _read_yaml(self.path / CONFIG)
         return cfg if isinstance(cfg, dict) else None
 
     def rows(self) -> list[dict]:
+        """metrics.jsonl's rows."""
         return read_rows(self.path / METRICS)
 
     def clients(self) -> dict | None:
@@ -270,10 +288,12 @@ class RunDir:
         return read_json(self.path / CLIENTS)
 
     def eval(self, weights: str = "last") -> dict | None:
+        """The evaluation file of ``weights`` (None when absent or not an object)."""
         e = read_json(self.path / eval_file(weights))
         return e if isinstance(e, dict) else None
 
     def landscape(self, weights: str = "last") -> dict | None:
+        """The landscape summary of ``weights`` (None when absent or not an object)."""
         s = read_json(self.path / landscape_folder(weights) / LANDSCAPE_SUMMARY)
         return s if isinstance(s, dict) else None
 
@@ -297,10 +317,11 @@ class RunDir:
             flat = (self.checkpoint().get("fingerprint") or {}).get("config")
         return unflatten(flat) if isinstance(flat, dict) else {}
 
-    def get(self, dotted: str, checkpoint: bool = False):
+    def get(self, dotted: str, checkpoint: bool = False) -> Any:
+        """The config's value at ``dotted`` (None where a part is missing)."""
         return get(self.config(checkpoint), dotted)
 
-    def omega_config(self, purpose: str = "sam-landscape"):
+    def omega_config(self, purpose: str = "sam-landscape") -> DictConfig:
         """The config as an OmegaConf, its interpolations resolving here, with this
         environment's data folder where the run's is absent or gone."""
         from omegaconf import OmegaConf

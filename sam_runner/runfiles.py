@@ -11,14 +11,19 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError, first_line
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import IO
 
 # 1: counters and logger id at the top level (before the run's parts had names)
 CHECKPOINT_FORMAT = 2
 
 
-def atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """``write(file)`` into a temporary file beside ``path``, fsync, then rename it to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -35,6 +40,7 @@ def atomic_write(path: Path, write) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``data`` into ``path``, written atomically."""
     atomic_write(path, lambda f: f.write(data))
 
 
@@ -49,7 +55,7 @@ def writable(folder: Path) -> bool:
         return False
 
 
-def finite(v) -> bool:
+def finite(v: object) -> bool:
     """A real number that is neither NaN nor infinite (bools are not numbers here)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -61,6 +67,7 @@ def _jsonable(v):
 
 
 def write_json(path: Path, obj: dict) -> None:
+    """``obj`` as indented JSON, written atomically."""
     atomic_write_bytes(
         path, (json.dumps({k: _jsonable(v) for k, v in obj.items()}, indent=2) + "\n").encode()
     )
@@ -127,10 +134,11 @@ def scan_rows(path: Path) -> tuple[list[dict], str | None, bool]:
 class MetricsLog:
     """metrics.jsonl: one JSON object per line. On resume, lines past the checkpoint are dropped."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
     def rows(self) -> list[dict]:
+        """The file's rows."""
         return read_rows(self.path)
 
     def truncate_after(self, step: int) -> None:
@@ -139,6 +147,7 @@ class MetricsLog:
         atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in keep).encode())
 
     def append(self, row: dict) -> None:
+        """Append one row as a JSON line."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
@@ -149,18 +158,21 @@ class Checkpoint:
     """checkpoints/last.pt: the state of each of a run's parts under the part's name, its
     fingerprint and the format number."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
     def save(self, state: dict) -> None:
+        """The parts' state, with the format number, written atomically."""
         import torch
 
         atomic_write(self.path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **state}, f))
 
     def load(self, assemble: bool = True) -> dict | None:
-        """The checkpoint, or None. A sharded run's ``last.pt`` points at its shards
-        (``sharded``): with ``assemble`` the whole model's state is read from them once (rank 0's
-        own state beside it, its optimizer shards left out), else the pointer as it is."""
+        """The checkpoint's state in the current format (None when there is none); a one-line
+        error for an unreadable file or one that is not a sam-run checkpoint. A sharded run's
+        ``last.pt`` points at its shards (``sharded``): with ``assemble`` the whole model's state
+        is read from them once (rank 0's own state beside it, its optimizer shards left out), else
+        the pointer as it is."""
         if not self.path.exists():
             return None
         import torch
@@ -233,10 +245,11 @@ class InitialWeights:
     """checkpoints/init.pt: the model's state_dict at step 0 (``dist_from_init``), written once
     when a run starts fresh; absent in run folders from before it existed."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
     def save(self, state_dict: dict) -> None:
+        """The model's initial state dict, written atomically."""
         import torch
 
         weights = {k: v.detach().cpu() for k, v in state_dict.items()}

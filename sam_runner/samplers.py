@@ -7,6 +7,7 @@ loader's per-example weights at the end of each epoch (``end_epoch``).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
@@ -14,6 +15,13 @@ from typing_extensions import override
 from .errors import number, require
 from .part import Part
 from .registry import SAMPLERS
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from .data import Data
+    from .data.loaders import FolderLoader, TensorLoader
+    from .part import Run
 
 
 class UniformSampler(Part):
@@ -52,8 +60,13 @@ class SGSSampler(UniformSampler):
     """
 
     def __init__(
-        self, num_classes: int, alpha: float = 0.5, lam: float = 0.5, beta: float = 0.9, loader=None
-    ):
+        self,
+        num_classes: int,
+        alpha: float = 0.5,
+        lam: float = 0.5,
+        beta: float = 0.9,
+        loader: TensorLoader | FolderLoader | None = None,
+    ) -> None:
         require(alpha >= 0, f"dataset.sgs.alpha={alpha} must be >= 0")
         require(lam >= 0, f"dataset.sgs.lam={lam} must be >= 0")
         require(0 <= beta < 1, f"dataset.sgs.beta={beta} must be in [0, 1)")
@@ -73,7 +86,15 @@ class SGSSampler(UniformSampler):
         return torch.zeros(self.num_classes, device=device)
 
     @override
-    def observe(self, pass_index, idx, targets, per_sample_loss) -> None:
+    def observe(
+        self,
+        pass_index: int,
+        idx: torch.Tensor,
+        targets: torch.Tensor,
+        per_sample_loss: torch.Tensor,
+    ) -> None:
+        """Add a pass's per-sample losses to its class sums (and the first pass's class counts);
+        a step's sums are folded into the estimates once complete."""
         device = per_sample_loss.device
         if self.sharpness is None:
             self.sharpness, self.counts = self._zeros(device), self._zeros(device)
@@ -121,7 +142,8 @@ class SGSSampler(UniformSampler):
         self.observed = self.observed | present
 
     @override
-    def end_epoch(self, loader=None) -> None:
+    def end_epoch(self, loader: TensorLoader | FolderLoader | None = None) -> None:
+        """Set the loader's per-example weights from the classes' sharpness for the next epoch."""
         loader = loader if loader is not None else self.loader
         if self._new is None:  # nothing observed since the last epoch's end
             return
@@ -165,6 +187,7 @@ class SGSSampler(UniformSampler):
 
     @override
     def state_dict(self) -> dict:
+        """The sharpness estimates and class weights, for a checkpoint."""
         return {
             "sharpness": self.sharpness,
             "observed": self.observed,
@@ -174,6 +197,7 @@ class SGSSampler(UniformSampler):
 
     @override
     def load_state_dict(self, state: dict) -> None:
+        """Restore the sharpness estimates and class weights, on the labels' device."""
         if not state:
             return
         # a checkpoint is read onto the CPU; the state lives where the loader's labels (and the
@@ -186,6 +210,8 @@ class SGSSampler(UniformSampler):
 
     @override
     def log_values(self) -> dict:
+        """The ratio of the largest class weight to the smallest (nothing before the first
+        epoch's end)."""
         if self.class_weights is None:
             return {}
         w = self.class_weights
@@ -193,11 +219,12 @@ class SGSSampler(UniformSampler):
 
 
 @SAMPLERS.register("uniform", "plain shuffling each epoch")
-def uniform(_cfg, _data) -> UniformSampler:
+def uniform(_cfg: DictConfig, _data: Data) -> UniformSampler:
+    """``uniform``: every example equally likely (the loader's own order)."""
     return UniformSampler()
 
 
-def sgs_options(cfg) -> dict:
+def sgs_options(cfg: DictConfig) -> dict:
     """``dataset.sgs`` checked: the keys SGSSampler takes, as numbers."""
     opts = dict(cfg.get("sgs") or {})
     unknown = set(opts) - {"alpha", "lam", "beta"}
@@ -210,7 +237,8 @@ def sgs_options(cfg) -> dict:
 @SAMPLERS.register(
     "sgs", "sharpness-guided equilibrium sampling for long tails (SGS-SAM)", check=sgs_options
 )
-def sgs(cfg, data) -> SGSSampler:
+def sgs(cfg: DictConfig, data: Data) -> SGSSampler:
+    """``sgs``: classes sampled by their sharpness, on a loader that samples by index."""
     # every loader of data/ samples by index: TensorLoader and FolderLoader both take per-example
     # weights and know their labels (y)
     require(
@@ -221,17 +249,20 @@ def sgs(cfg, data) -> SGSSampler:
     return SGSSampler(data.num_classes, loader=data.train, **sgs_options(cfg))
 
 
-def build_sampler(cfg, data):
+def build_sampler(cfg: DictConfig, data: Data) -> UniformSampler:
+    """The sampler ``dataset.sampler`` names (``uniform`` when unset)."""
     return SAMPLERS.build(cfg.get("sampler", "uniform"), cfg, data)
 
 
-def build_part(run) -> UniformSampler:
+def build_part(run: Run) -> UniformSampler:
+    """The run's sampler, bound to its training loader."""
     sampler = build_sampler(run.cfg.dataset, run.data)
     sampler.loader = run.data.train  # the loader whose per-example weights it sets
     return sampler
 
 
-def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+def check(cfg: DictConfig, where: object = None) -> None:  # noqa: ARG001 (every check's signature)
+    """The chosen sampler's keys (every check's signature)."""
     entry = SAMPLERS.entry(cfg.dataset.get("sampler", "uniform"))
     if entry.meta.get("check"):
         entry.check(cfg.dataset)

@@ -6,11 +6,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import number, require
 from .registry import SCHEDULERS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    from omegaconf import DictConfig
 
 
 def _cosine_keys(cfg) -> None:
@@ -55,24 +62,27 @@ class Position:
 @SCHEDULERS.register(
     "cosine", "cosine decay from lr to min_lr_ratio·lr over training", check=_cosine_keys
 )
-def cosine(cfg, at: Position) -> float:
+def cosine(cfg: Mapping[str, Any], at: Position) -> float:
+    """Cosine decay after warmup, to ``min_lr_ratio`` at the last step."""
     t = (at.step - at.warmup) / max(1, at.total_steps - at.warmup)
     floor = float(cfg.get("min_lr_ratio", 0.0))
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
 @SCHEDULERS.register("multistep", "lr × gamma at each epoch of milestones", check=_multistep_keys)
-def multistep(cfg, at: Position) -> float:
+def multistep(cfg: Mapping[str, Any], at: Position) -> float:
+    """``gamma`` to the power of the milestones (epochs) passed."""
     epoch = at.step / at.steps_per_epoch
     return float(cfg.get("gamma", 0.1)) ** sum(epoch >= m for m in cfg.get("milestones", []))
 
 
 @SCHEDULERS.register("constant", "the base lr throughout (after the warmup)")
-def constant(_cfg, _at: Position) -> float:
+def constant(_cfg: Mapping[str, Any], _at: Position) -> float:
+    """1: the base learning rate throughout (after warmup)."""
     return 1.0
 
 
-def lr_factor(cfg, step: int, steps_per_epoch: int, total_steps: int) -> float:
+def lr_factor(cfg: DictConfig, step: int, steps_per_epoch: int, total_steps: int) -> float:
     """The multiplier of the base learning rate after ``step`` optimizer steps."""
     warmup = int(round(float(cfg.get("warmup_epochs", 0)) * steps_per_epoch))
     if step < warmup:
@@ -80,7 +90,7 @@ def lr_factor(cfg, step: int, steps_per_epoch: int, total_steps: int) -> float:
     return SCHEDULERS[cfg.name](cfg, Position(step, warmup, steps_per_epoch, total_steps))
 
 
-def validate(cfg) -> None:
+def validate(cfg: DictConfig) -> None:
     """One-line errors for the keys ``lr_factor`` reads (an absent key takes its default)."""
     entry = SCHEDULERS.entry(cfg.name)
     number(
@@ -99,7 +109,9 @@ class _Plain(dict):
     __getattr__ = dict.__getitem__
 
 
-def schedule_factor(cfg, steps_per_epoch: int, total_steps: int):
+def schedule_factor(
+    cfg: DictConfig | Mapping[str, Any], steps_per_epoch: int, total_steps: int
+) -> Callable[[int], float]:
     """``lr_factor`` as a closure over plain values: the config is read once, here, never in a
     step (LambdaLR calls it once per parameter group and step)."""
     from omegaconf import DictConfig, OmegaConf
@@ -117,7 +129,10 @@ def schedule_factor(cfg, steps_per_epoch: int, total_steps: int):
     return factor
 
 
-def build_scheduler(cfg, optimizer, steps_per_epoch: int, total_steps: int):
+def build_scheduler(
+    cfg: DictConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The ``LambdaLR`` of the configured schedule, keys checked."""
     validate(cfg)
     factor = schedule_factor(cfg, steps_per_epoch, total_steps)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import OrderedDict, deque
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,6 +24,15 @@ from .errors import integer, number, require
 from .metrics.oui import oui_from_counts
 from .part import Part
 from .registry import WEIGHT_DECAYS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from omegaconf import DictConfig
+
+    from .clock import Clock
+    from .distributed import Topology
+    from .part import Run
 
 TRACKED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 POSITIONS = ("random", "first")
@@ -47,8 +57,16 @@ class OUIDecay(Part):
 
     name = "weight_decay"
 
-    def __init__(self, every=256, window=5, scale_min=0.6666, scale_max=5.0, eps=1e-8,
-                 positions="random", rescale=True):  # fmt: skip
+    def __init__(
+        self,
+        every: int = 256,
+        window: int = 5,
+        scale_min: float = 0.6666,
+        scale_max: float = 5.0,
+        eps: float = 1e-8,
+        positions: str = "random",
+        rescale: bool = True,
+    ) -> None:
         self.every, self.window, self.eps = int(every), int(window), float(eps)
         self.scale_min, self.scale_max = float(scale_min), float(scale_max)
         self.positions, self.rescale = positions, rescale
@@ -58,7 +76,7 @@ class OUIDecay(Part):
         self.active, self.counts, self.seen = False, {}, {}
 
     # ---------------------------------------------------------------- building
-    def param_groups(self, groups, model):
+    def param_groups(self, groups: list[dict], model: nn.Module) -> list[dict]:
         """The runner's parameter groups with each tracked layer's weight in a group of its own
         (``layer``: its name; the other keys kept), so the base optimizer decays it alone."""
         self.layers = tracked_layers(model)
@@ -80,12 +98,20 @@ class OUIDecay(Part):
                 out.append({**g, "params": rest})
         return out
 
-    def attach(self, run) -> None:
+    def attach(self, run: Run) -> None:
         """Hooks on the tracked layers; the base coefficient from the optimizer's groups."""
         per_epoch = run.loop.steps_per_epoch
         self.bind(run.model, run.optimizer, run.dist, run.cfg.seed, run.clock, per_epoch)
 
-    def bind(self, model, optimizer, dist, seed, clock, steps_per_epoch=0) -> None:
+    def bind(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dist: Topology,
+        seed: int,
+        clock: Clock,
+        steps_per_epoch: int = 0,
+    ) -> None:
         """``attach`` outside a run (a model, its optimizer, the processes, the clock)."""
         self.optimizer, self.dist, self.seed, self.clock = optimizer, dist, int(seed), clock
         self.steps_per_epoch = int(steps_per_epoch)
@@ -107,7 +133,7 @@ class OUIDecay(Part):
         return step == 1 or (self.rescale and to_update < self.window) or bool(epoch_end)
 
     @contextlib.contextmanager
-    def forward_context(self, pass_index: int):
+    def forward_context(self, pass_index: int) -> Iterator[None]:
         """Around the training forward: the hooks count when this is a collected step's first
         pass."""
         step = self.clock.step + 1
@@ -119,7 +145,7 @@ class OUIDecay(Part):
         finally:
             self.active = False
 
-    def features(self, output, linear: bool):
+    def features(self, output: torch.Tensor, linear: bool) -> torch.Tensor:
         """``[b, units]`` of a layer's output: a linear layer's as it is ([b, features]; with
         tokens, one token per sample), a convolution's at one position per sample ([b, C])."""
         if output.ndim == 2:
@@ -192,11 +218,13 @@ class OUIDecay(Part):
         return {"oui": float(self.latest.nanmean())}
 
     def summary_values(self, last: dict) -> dict:  # noqa: ARG002 (the hook's signature)
+        """The final per-layer decay coefficients (nothing when only logging)."""
         if not self.rescale:
             return {}
         return {"weight_decay_layers": dict(self.coefficients)}
 
     def state_dict(self) -> dict:
+        """The OUI queue, the latest values and the coefficients, for a checkpoint."""
         return {
             "queue": [v.cpu() for v in self.queue],
             "latest": None if self.latest is None else self.latest.cpu(),
@@ -204,6 +232,7 @@ class OUIDecay(Part):
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the queue, the latest values and the coefficients from a checkpoint."""
         device = next(p.device for g in self.optimizer.param_groups for p in g["params"])
         self.queue = deque((v.to(device) for v in state["queue"]), maxlen=self.window)
         latest = state["latest"]
@@ -216,12 +245,22 @@ class OUIDecay(Part):
 
 
 @WEIGHT_DECAYS.register("constant", "base_optimizer.weight_decay on every parameter (default)")
-def constant(cfg, base_weight_decay=None, log_oui=False):  # noqa: ARG001
+def constant(
+    cfg: DictConfig,  # noqa: ARG001
+    base_weight_decay: float | None = None,  # noqa: ARG001
+    log_oui: bool = False,
+) -> OUIDecay | None:
+    """The base optimizer's own decay: no part, or OUI logging alone with ``metrics.oui``."""
     return OUIDecay(rescale=False) if log_oui else None  # the optimizer's own decay: no part
 
 
 @WEIGHT_DECAYS.register("ouidecay", "each conv/linear layer's decay rescaled by its OUI")
-def ouidecay(cfg, base_weight_decay=None, log_oui=False):  # noqa: ARG001
+def ouidecay(
+    cfg: DictConfig,  # noqa: ARG001
+    base_weight_decay: float | None = None,
+    log_oui: bool = False,  # noqa: ARG001
+) -> OUIDecay:
+    """OUI-driven per-layer decay: each tracked layer's coefficient rescaled from its OUI."""
     require(
         base_weight_decay is None or base_weight_decay > 0,
         f"weight_decay=ouidecay rescales base_optimizer.weight_decay={base_weight_decay!r}: "
@@ -244,16 +283,17 @@ def ouidecay(cfg, base_weight_decay=None, log_oui=False):  # noqa: ARG001
     return OUIDecay(every, window, lo, hi, positions=positions)
 
 
-def build_part(run) -> OUIDecay | None:
+def build_part(run: Run) -> OUIDecay | None:
     """The run's weight-decay part (None for the base optimizer's constant decay)."""
     return build_weight_decay(run.cfg)
 
 
-def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+def check(cfg: DictConfig, where: object = None) -> None:  # noqa: ARG001 (every check's signature)
+    """Validate the ``weight_decay`` group (every check's signature)."""
     build_weight_decay(cfg)
 
 
-def build_weight_decay(cfg) -> OUIDecay | None:
+def build_weight_decay(cfg: DictConfig) -> OUIDecay | None:
     """The ``weight_decay`` group's rule for a run's composed config (absent: constant), keys
     checked; ``metrics.oui=true`` adds OUI logging to ``constant``; None: constant, nothing
     to do."""

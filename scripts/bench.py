@@ -37,6 +37,7 @@ SECTIONS = [
     "plan",
     "memory",
     "circuits",
+    "hf",
     "fsdp",
 ]
 

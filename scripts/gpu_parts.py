@@ -294,12 +294,12 @@ def ratio(times: dict, a, b) -> float | None:
 def eval_images_per_s(part: Part, stepper: Stepper) -> float:
     """Test-set images per second through the runner's evaluation (gather, calibration)."""
     run, n = stepper.run, len(stepper.run.data.test.y)
-    run.test_set.log_values()  # warm-up (and the eval-mode graph under compile)
+    run.loop.test_set.log_values()  # warm-up (and the eval-mode graph under compile)
     samples = []
     for _ in range(part.size["eval_repeats"]):
         part.sync()
         t0 = time.perf_counter()
-        run.test_set.log_values()  # ends in host reads: synchronised
+        run.loop.test_set.log_values()  # ends in host reads: synchronised
         samples.append(time.perf_counter() - t0)
     run.model.train()
     return n / statistics.median(samples)

@@ -53,7 +53,7 @@ def test_help_describes_every_option_in_whole_words():
 UNKNOWN = [
     (
         ["optimizer=no_such_variant"],
-        "optimizer=no_such_variant is unknown; choose one of asam, base, csam",
+        "optimizer=no_such_variant is unknown; choose one of asam, base, bsam, csam, eisam",
     ),
     (["optimizer=gearsam"], "optimizer=gearsam is unknown (did you mean gear_sam?)"),
     (
@@ -332,6 +332,7 @@ def test_help_describes_every_key_of_the_composed_config(capsys):
     assert re.search(r"format: png +# png \| pdf \| svg", config)
 
 
+@pytest.mark.slow  # 10-30 s: outside CI's 30-minute budget; run with -m slow
 def test_plots_format_draws_a_runs_figures_as_pdf_without_a_log_file_or_another_folder(
     tmp_path, capsys
 ):

@@ -31,6 +31,7 @@ def test_an_objective_no_run_logs_is_refused_before_the_run_writes_anything(
     assert found.startswith("trainer.objective=lambda_maxx is never logged by this run (did you")
 
 
+@pytest.mark.slow  # 10-30 s: outside CI's 30-minute budget; run with -m slow
 def test_every_number_a_run_logs_is_accepted_as_its_objective(tmp_path):
     extra = ["dataset.val_split=0.1", "optimizer=tlc_sam", "weight_decay=ouidecay"]
     cfg = compose(*TINY, "model=mlp", "trainer.device=cpu", f"dataset.data_dir={tmp_path}", *extra)

@@ -185,6 +185,7 @@ RESUME = [
 ]
 
 
+@pytest.mark.slow  # 10-30 s: outside CI's 30-minute budget; run with -m slow
 def test_sigkill_then_restart_ends_exactly_like_an_uninterrupted_run(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     cmd = [sys.executable, "-m", "sam_runner.cli", *RESUME, f"hydra.run.dir={killed}"]

@@ -30,15 +30,23 @@ from ..errors import UserError, integer, number, require
 from .lora import ADAPTABLE, LoRA, adaptable, add_lora, max_rank
 from .prompt import SoftPrompt, add_prompt
 
-METHODS = ("none", "lora", "prompt")
+METHODS = ("none", "lora", "prompt")  # on the runner's own models
+HF_METHODS = ("none", "lora", "dora", "ia3", "prompt", "prefix")  # model=hf, through peft
 SHOWN = 12  # layer names an error lists at most
 
 
 def method(model_cfg) -> str:
-    """``model.peft``, checked: none, lora or prompt."""
+    """``model.peft``, checked: none, lora or prompt (model=hf: also dora, ia3, prefix)."""
     value = model_cfg.get("peft", "none") or "none"
+    hf = str(model_cfg.get("arch")) == "hf"
+    choices = HF_METHODS if hf else METHODS
+    if not hf and value in HF_METHODS and value not in METHODS:
+        raise UserError(
+            f"model.peft={value} goes through the peft library, on model=hf; the runner's own "
+            f"models take {', '.join(METHODS)}"
+        )
     require(
-        value in METHODS, f"model.peft={value!r} is unknown; choose one of {', '.join(METHODS)}"
+        value in choices, f"model.peft={value!r} is unknown; choose one of {', '.join(choices)}"
     )
     return str(value)
 
@@ -141,6 +149,10 @@ def attach_adapters(model_cfg, model: nn.Module, input_shape=None) -> dict | Non
     chosen = method(model_cfg)
     if chosen == "none":
         return None
+    if str(model_cfg.get("arch")) == "hf":  # one adapter path per model kind: peft for hf
+        from .hf_peft import attach
+
+        return attach(model_cfg, model, input_shape)
     require(
         model_cfg.get("init_from") not in (None, ""),
         f"model.peft={chosen} fine-tunes given weights: set model.init_from (a run folder, a "
@@ -218,6 +230,7 @@ def every_parameter_trainable(model: nn.Module):
 
 __all__ = [
     "ADAPTABLE",
+    "HF_METHODS",
     "METHODS",
     "adapter_names",
     "attach_adapters",

@@ -40,6 +40,10 @@ def check_pretrained(cfg, where=None) -> None:  # noqa: ARG001 (every check's si
 def build_part(run) -> Record | None:
     """``model.peft``'s adapters on the model, everything else frozen (None without them)."""
     record = attach_adapters(run.cfg.model, run.model, run.data.input_shape)
+    if record is not None and record.get("library") == "peft":
+        from .hf_peft import PeftPart
+
+        return PeftPart(run.model, record)
     return None if record is None else Record("peft", record)
 
 

@@ -62,7 +62,9 @@ def region_assignment(num_vars: int, depth: int, repetitions: int) -> torch.Tens
     return out
 
 
-def check_structure(num_vars: int, categories: int, depth, sum_units, repetitions) -> None:
+def check_structure(
+    num_vars: int, categories: int, depth: int, sum_units: int, repetitions: int
+) -> None:
     """One-line errors for structure keys out of range (2**depth leaf regions need that many
     variables at least)."""
     integer("model.categories", categories, "an integer >= 2", lambda k: k >= 2)
@@ -151,8 +153,14 @@ class ProbabilisticCircuit(nn.Module):
         repetitions: random region trees under the root.
     """
 
-    def __init__(self, num_vars: int, categories: int = 2, depth: int = 2, sum_units: int = 4,
-                 repetitions: int = 2):  # fmt: skip
+    def __init__(
+        self,
+        num_vars: int,
+        categories: int = 2,
+        depth: int = 2,
+        sum_units: int = 4,
+        repetitions: int = 2,
+    ) -> None:
         super().__init__()
         check_structure(num_vars, categories, depth, sum_units, repetitions)
         self.num_vars, self.categories, self.depth = num_vars, categories, depth
@@ -187,6 +195,8 @@ class ProbabilisticCircuit(nn.Module):
         return WeightView(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """log p(x) of each example (``[B]``); under EM the statistics by the circuit's own
+        top-down pass."""
         em = getattr(self.sum_logits[0], "em_driven", False)
         if em and torch.is_grad_enabled() and self.sum_logits[0].requires_grad:
             # EM's statistics by the circuit's own top-down pass (flows.py), not autograd's
@@ -199,8 +209,13 @@ class ProbabilisticCircuit(nn.Module):
         (their values in x are ignored)."""
         return self.evaluate(x, observed=observed).ll
 
-    def leaves(self, x: torch.Tensor, observed=None, grad: bool = True,
-               log_leaf=None) -> torch.Tensor:  # fmt: skip
+    def leaves(
+        self,
+        x: torch.Tensor,
+        observed: torch.Tensor | None = None,
+        grad: bool = True,
+        log_leaf: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``[B, R, 2^depth, U]``: each leaf region's units' log-values (sums of its variables'
         log-probabilities). ``grad=False``: without a graph to the leaf parameters.
 
@@ -220,8 +235,16 @@ class ProbabilisticCircuit(nn.Module):
             out = onehot.reshape(n, -1) @ table.reshape(self.num_vars * k, -1)
         return out.view(n, self.repetitions, 2**self.depth, self.sum_units)
 
-    def evaluate(self, x, weights=None, observed=None, leaf_grad: bool = True,
-                 track: bool = False, local: bool = False, log_leaf=None) -> Pass:  # fmt: skip
+    def evaluate(
+        self,
+        x: torch.Tensor,
+        weights: list[torch.Tensor] | None = None,
+        observed: torch.Tensor | None = None,
+        leaf_grad: bool = True,
+        track: bool = False,
+        local: bool = False,
+        log_leaf: torch.Tensor | None = None,
+    ) -> Pass:
         """Every level's log-values (``Pass``). ``weights``: the sum weights to use, as given
         (the circuit's own, normalised, by default); ``track``: the leaf values as a leaf of the
         graph, so that gradients reach every sum node's value without the leaf parameters;
@@ -247,21 +270,24 @@ class WeightView(nn.Module):
     ``train()``/``eval()`` copy the circuit's current weights in (a measurement switches the
     mode first), so one view follows a training run."""
 
-    def __init__(self, circuit: "ProbabilisticCircuit"):
+    def __init__(self, circuit: "ProbabilisticCircuit") -> None:
         super().__init__()
         object.__setattr__(self, "circuit", circuit)  # not a submodule: not this view's parameters
         self.weights = nn.ParameterList(nn.Parameter(w.detach().clone()) for w in circuit.weights())
 
     def sync(self) -> None:
+        """Copy the circuit's current normalised sum weights into this view."""
         with torch.no_grad():
             for mine, w in zip(self.weights, self.circuit.weights()):
                 mine.copy_(w)
 
-    def train(self, mode: bool = True):
+    def train(self, mode: bool = True) -> WeightView:
+        """``nn.Module.train``, the weights synced first."""
         self.sync()
         return super().train(mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """log p(x) of each example at the view's sum weights (no graph to the leaf parameters)."""
         return self.circuit.evaluate(x, list(self.weights), leaf_grad=False).ll
 
 
@@ -284,7 +310,7 @@ class _EMLogLikelihood(torch.autograd.Function):
         return None, None, leaf, *stats
 
 
-def circuit_of(model) -> ProbabilisticCircuit | None:
+def circuit_of(model: nn.Module) -> ProbabilisticCircuit | None:
     """The circuit behind ``model`` (itself, or DDP's/compile's wrapped module), or None."""
     for m in (model, getattr(model, "module", None), getattr(model, "_orig_mod", None)):
         if isinstance(m, ProbabilisticCircuit):

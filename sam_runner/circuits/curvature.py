@@ -17,10 +17,19 @@ trace costs about a forward and a backward of the sum layers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .circuit import ProbabilisticCircuit, WeightView, circuit_of
 from .flows import downward
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from torch import nn
+
+    from .circuit import Pass
 
 __all__ = [
     "WeightView",
@@ -38,7 +47,12 @@ def _inputs(batch) -> torch.Tensor:
     return batch[0] if isinstance(batch, (tuple, list)) else batch
 
 
-def flows(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = False):
+def flows(
+    circuit: ProbabilisticCircuit,
+    x: torch.Tensor,
+    weights: list[torch.Tensor] | None = None,
+    create_graph: bool = False,
+) -> tuple[Pass, list[torch.Tensor]]:
     """(the ``Pass`` of x with its local terms, each sum level's per-example node flows
     ∂log p(x)/∂log p_i(x), the root's being 1). ``weights``: as ``evaluate``'s (default: the
     circuit's own). Without ``create_graph`` by the top-down pass (flows.py); with it by
@@ -56,8 +70,13 @@ def flows(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = F
     return p, [torch.ones_like(p.ll), *f]
 
 
-def node_sums(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool = False,
-              done=None):  # fmt: skip
+def node_sums(
+    circuit: ProbabilisticCircuit,
+    x: torch.Tensor,
+    weights: list[torch.Tensor] | None = None,
+    create_graph: bool = False,
+    done: tuple[Pass, list[torch.Tensor]] | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sum level t: (Σ_x f_i(x)², Σ_x f_i(x)²·s_i(x)) of each node, summed over the batch
     (shapes ``[]`` at the root, ``[R, 2^t, S]`` below). ``done``: ``flows``' result, if made."""
     p, f = done if done is not None else flows(circuit, x, weights, create_graph)
@@ -69,7 +88,9 @@ def node_sums(circuit: ProbabilisticCircuit, x, weights=None, create_graph: bool
     return out
 
 
-def node_curvature(model, batches, weights=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def node_curvature(
+    model: nn.Module, batches: Iterable, weights: list[torch.Tensor] | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sum level t (0 = the root): (φ_i, T_i) of each node over all examples in
     ``batches``: φ_i = mean f_i(x)² (the flow) and T_i = mean f_i(x)²·s_i(x), its share of
     −tr H; T_i / φ_i is the flow-weighted mean local term."""
@@ -82,18 +103,27 @@ def node_curvature(model, batches, weights=None) -> list[tuple[torch.Tensor, tor
     return [(a / n, b / n) for a, b in total]
 
 
-def trace_by_depth(model, batches, weights=None) -> list[float]:
+def trace_by_depth(
+    model: nn.Module, batches: Iterable, weights: list[torch.Tensor] | None = None
+) -> list[float]:
     """tr H's share of the sum nodes at each depth (0 = the root); they sum to the trace."""
     return [-float(t.sum()) for _, t in node_curvature(model, batches, weights)]
 
 
-def hessian_trace(model, batches, weights=None) -> float:
+def hessian_trace(
+    model: nn.Module, batches: Iterable, weights: list[torch.Tensor] | None = None
+) -> float:
     """The exact trace of the Hessian of the mean log-likelihood over ``batches`` (x, or
     (x, y) pairs) with respect to the circuit's sum weights (≤ 0; −trace is the sharpness)."""
     return float(sum(trace_by_depth(model, batches, weights)))
 
 
-def edge_curvature(circuit: ProbabilisticCircuit, x, weights=None, done=None) -> list:
+def edge_curvature(
+    circuit: ProbabilisticCircuit,
+    x: torch.Tensor,
+    weights: list[torch.Tensor] | None = None,
+    done: tuple[Pass, list[torch.Tensor]] | None = None,
+) -> list:
     """Per level, shaped like its weights: h_ij = Σ_x (∂log p(x)/∂w_ij)², summed over the batch
     (−H's diagonal times the batch size; f_i(x)² (c_j(x)/p_i(x))² per example). ``done``:
     ``flows``' result, if made."""

@@ -17,7 +17,14 @@ form regularized update), α ``pseudocount``. η = 1 on the whole training set i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch.optim.optimizer import ParamsT
 
 TINY = 1e-30  # a weight EM sets to 0 is kept at this (its logit stays finite)
 
@@ -34,14 +41,18 @@ class EM(torch.optim.Optimizer):
         weight_decay: accepted for the runner's parameter groups, and unused.
     """
 
-    def __init__(self, params, lr: float = 1.0, pseudocount: float = 0.0, weight_decay=0.0):
+    def __init__(
+        self, params: ParamsT, lr: float = 1.0, pseudocount: float = 0.0, weight_decay: float = 0.0
+    ) -> None:
         super().__init__(params, dict(lr=lr, pseudocount=pseudocount, weight_decay=weight_decay))
         for group in self.param_groups:
             for p in group["params"]:
                 p.em_driven = True  # the circuit records EM's statistic on the backward pass
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """One EM step on every parameter a pass reached: its expected counts (plus prior and
+        pseudocount) normalised, at step size ``lr``."""
         loss = None
         if closure is not None:
             with torch.enable_grad():

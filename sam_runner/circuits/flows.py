@@ -9,7 +9,14 @@ the outputs: 1 gives the flows themselves)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from torch import nn
 
 
 def _children(t: torch.Tensor, products: torch.Tensor, units: int, dim: int) -> torch.Tensor:
@@ -18,7 +25,9 @@ def _children(t: torch.Tensor, products: torch.Tensor, units: int, dim: int) -> 
     return torch.stack((tp.sum(-1), tp.sum(-2)), dim=dim)
 
 
-def downward(circuit, p, weights, root: torch.Tensor):
+def downward(
+    circuit: nn.Module, p: Any, weights: list[torch.Tensor], root: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """A ``ProbabilisticCircuit``'s top-down pass over its ``Pass`` p at ``weights``: (flows:
     the root's ``root`` and each level's ``[B, R, 2^t, S]``; edge statistics
     Σ_b root_b·n_ij(x_b) shaped as each level's weights; the leaf units' flows
@@ -40,7 +49,7 @@ def downward(circuit, p, weights, root: torch.Tensor):
     return flows, stats, child
 
 
-def leaf_statistics(circuit, x, leaf_flows) -> torch.Tensor:
+def leaf_statistics(circuit: nn.Module, x: torch.Tensor, leaf_flows: torch.Tensor) -> torch.Tensor:
     """``[R, D, U, K]``: Σ_b flow of leaf unit u of x_d's region · [x_d = k], the expected
     counts of each leaf distribution's categories."""
     n, k, parts = len(x), circuit.categories, 2**circuit.depth

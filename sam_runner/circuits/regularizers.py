@@ -22,11 +22,16 @@ pseudo-counts β_ij = 2λκ_i h_ij that EM (em.py) adds to the expected flows n�
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..part import Part, PassInputs
 from .circuit import circuit_of
 from .curvature import edge_curvature, flows, node_sums
+
+if TYPE_CHECKING:
+    from torch import nn
 
 FLOW_FLOOR = 1e-12  # φ_i below this (a node no example reaches) is taken as this
 
@@ -41,10 +46,10 @@ class CircuitRegularizer(Part):
 
     extra_forwards = 1
 
-    def __init__(self, weight: float, adaptive: bool):
+    def __init__(self, weight: float, adaptive: bool) -> None:
         self.weight, self.adaptive = weight, adaptive
 
-    def penalty(self, model, x, create_graph: bool = True) -> torch.Tensor:
+    def penalty(self, model: nn.Module, x: torch.Tensor, create_graph: bool = True) -> torch.Tensor:
         """R(w) on the batch x (differentiable in the circuit's parameters)."""
         total = 0.0
         for flow, term in node_sums(circuit_of(model), x, create_graph=create_graph):
@@ -54,7 +59,7 @@ class CircuitRegularizer(Part):
                 total = total + term.sum() / len(x)
         return total
 
-    def pseudo_counts(self, model, x) -> list[torch.Tensor]:
+    def pseudo_counts(self, model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
         """β of each sum level on the batch x (shaped like its weights): 2λκ_i h_ij."""
         circuit = circuit_of(model)
         done = flows(circuit, x)  # one forward and top-down pass for both
@@ -67,10 +72,13 @@ class CircuitRegularizer(Part):
             for h, f in zip(edges, node_flows)
         ]
 
-    def loss_term(self, objective, inputs: PassInputs):
+    def loss_term(self, objective: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
+        """``objective`` with the regularizer's term of the pass's micro-batch."""
         return self.add(objective, inputs.model, inputs.inputs, inputs.logits, inputs.share)
 
-    def add(self, loss, model, x, out, share):
+    def add(
+        self, loss: torch.Tensor, model: nn.Module, x: torch.Tensor, out: torch.Tensor, share: float
+    ) -> torch.Tensor:
         """``loss`` with the term of the micro-batch x (a share ``share`` of the step's batch;
         ``out`` its log-likelihoods): under EM the pseudo-counts are recorded instead."""
         circuit = circuit_of(model)

@@ -8,22 +8,31 @@ sum weights, over the curvature subset) and ``hessian_trace_depth_<t>``, its sha
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import UserError, require
 from .curvature import trace_by_depth
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from torch import nn
+
+    from ..data import Data
+    from .circuit import ProbabilisticCircuit
+
 BINARIZABLE = ("digits", "mnist1d", "arrays")
 CIRCUIT_REGULARIZERS = ("pc_trace", "pc_adaptive")
 EVAL_BATCH = 1024
 
 
-def is_circuit(cfg) -> bool:
+def is_circuit(cfg: DictConfig) -> bool:
+    """Whether the run's model is a probabilistic circuit (``model=pc``)."""
     return str(cfg.model.get("arch")) == "pc"
 
 
-def check_config(cfg) -> None:
+def check_config(cfg: DictConfig) -> None:
     """A circuit's settings, and a circuit's options on other models: one-line errors."""
     d = cfg.dataset
     binarize, reg = d.get("binarize", False), (cfg.get("regularizer") or {}).get("name", "none")
@@ -80,7 +89,7 @@ def _check_circuit_run(cfg, loss, reg, binarize) -> None:
                 "(density estimation); set it to 0")  # fmt: skip
 
 
-def check_data(data, categories: int) -> None:
+def check_data(data: Data, categories: int) -> None:
     """A circuit's data: every value an integer category in [0, categories)."""
     for name, x in (("training", data.train_tensors[0]), ("test", test_inputs(data))):
         ok = bool(((x == x.round()) & (x >= 0) & (x < categories)).all())
@@ -92,24 +101,24 @@ def check_data(data, categories: int) -> None:
 
 
 @torch.no_grad()
-def mean_log_likelihood(model, x: torch.Tensor) -> float:
+def mean_log_likelihood(model: nn.Module, x: torch.Tensor) -> float:
     """The mean log p(x) per example over the rows of x (in chunks)."""
     return float(sum(model(c).sum() for c in x.split(EVAL_BATCH)) / len(x))
 
 
-def test_inputs(data) -> torch.Tensor:
+def test_inputs(data: Data) -> torch.Tensor:
     """Every test input, in one tensor."""
     return torch.cat([x for x, *_ in data.test])
 
 
-def test_values(model, data, num_vars: int) -> dict:
+def test_values(model: nn.Module, data: Data, num_vars: int) -> dict:
     """A density model's test keys: ``test_ll``, ``test_bpd``, ``test_loss`` = ``test_nll``."""
     ll = mean_log_likelihood(model, test_inputs(data))
     return {"test_ll": ll, "test_loss": -ll, "test_nll": -ll,
             "test_bpd": -ll / (num_vars * math.log(2))}  # fmt: skip
 
 
-def train_values(circuit, data, subset: torch.Tensor) -> dict:
+def train_values(circuit: ProbabilisticCircuit, data: Data, subset: torch.Tensor) -> dict:
     """``train_ll`` (the whole training split), the exact trace on ``subset`` and its shares by
     depth."""
     depth = trace_by_depth(circuit, subset.split(EVAL_BATCH))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,6 +24,9 @@ import torch
 from ..errors import UserError, first_line, number, require
 from ..registry import DATASETS
 from . import Arrays
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 SYNTHETIC = "synthetic_spectra"  # dataset.path: the stand-in spectra of ``spectra()``
 _LOADED: dict = {}  # (path, mtime, label column) -> the raw arrays: the checks' read, reused
@@ -133,7 +137,8 @@ def _as_input(x: np.ndarray) -> torch.Tensor:
     return t[:, None] if t.dim() == 2 else t
 
 
-def arrays_shape(cfg) -> tuple[tuple, int]:
+def arrays_shape(cfg: DictConfig) -> tuple[tuple, int]:
+    """(input shape, class count) of the ``arrays`` dataset's file."""
     d = _read(cfg)
     return tuple(_as_input(d["x"][:1]).shape[1:]), len(np.unique(d["y"]))
 
@@ -155,7 +160,9 @@ def _test_fraction(cfg) -> float:
     num_classes=None,
     shape_of=arrays_shape,
 )
-def arrays(cfg) -> Arrays:
+def arrays(cfg: DictConfig) -> Arrays:
+    """The ``arrays`` dataset: your arrays standardised by the training set's statistics; their
+    own test split, or ``test_fraction`` held out."""
     d = _read(cfg)
     classes = np.unique(np.concatenate([d["y"], d.get("y_test", d["y"][:0])]))
     label = lambda y: torch.as_tensor(np.searchsorted(classes, y), dtype=torch.long)
@@ -171,14 +178,18 @@ def arrays(cfg) -> Arrays:
     return Arrays((x - mean) / std, y, (xt - mean) / std, yt, len(classes))
 
 
-def synthetic_spectra(path, n: int = 600, length: int = 200, classes: int = 3, seed: int = 0):
+def synthetic_spectra(
+    path: Path | str, n: int = 600, length: int = 200, classes: int = 3, seed: int = 0
+) -> Path:
     """Writes ``spectra()`` as an .npz file (x, y) at ``path``."""
     x, y = spectra(n, length, classes, seed)
     np.savez(path, x=x, y=y)
     return Path(path)
 
 
-def spectra(n: int = 600, length: int = 200, classes: int = 3, seed: int = 0):
+def spectra(
+    n: int = 600, length: int = 200, classes: int = 3, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Synthetic spectra (x [n, length], y [n]): per class two Gaussian peaks at class-dependent
     positions, a random sloped baseline, and noise (a stand-in for Raman spectra)."""
     rng = np.random.default_rng(seed)

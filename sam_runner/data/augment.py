@@ -14,11 +14,20 @@ soft targets, seeded by (seed, step); the loss takes the soft targets, accuracy 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..errors import UserError, number
 from ..part import Part
 from ..registry import AUGMENTS, DATASETS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from omegaconf import DictConfig
+
+    from ..part import Run
 
 CUTOUT_SIDE = 0.5  # the hole's side over the image's: 16×16 on 32×32, as the SAM paper's CIFAR
 LEGACY = {True: "basic", False: "none"}  # dataset.augment=true/false, from before the policies
@@ -31,17 +40,20 @@ def _v2():
 
 
 @AUGMENTS.register("none", "no augmentation", basic=False)
-def no_op(_size):
+def no_op(_size: int) -> None:
+    """``none``: no crop, no flip, no extra operation."""
     return None
 
 
 @AUGMENTS.register("basic", "random crop (4-pixel padding; folders: resized crop) and flip")
-def basic(_size):
+def basic(_size: int) -> None:
+    """``basic``: crop and flip, no extra operation."""
     return None
 
 
 @AUGMENTS.register("cutout", "basic, then one 16×16 hole (Cutout, DeVries & Taylor 2017)")
-def cutout(size):
+def cutout(size: int) -> Cutout:
+    """Cutout of a square a fixed fraction of the image's side."""
     return Cutout(round(CUTOUT_SIDE * size))
 
 
@@ -53,7 +65,7 @@ class Cutout:
 
     after_normalisation = True
 
-    def __init__(self, side: int):
+    def __init__(self, side: int) -> None:
         self.side = int(side)
 
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
@@ -66,30 +78,33 @@ class Cutout:
 
 
 @AUGMENTS.register("autoaugment", "basic, then AutoAugment (CIFAR10 policy on 32², else ImageNet)")
-def autoaugment(size):
+def autoaugment(size: int) -> Callable:
+    """torchvision's AutoAugment: the CIFAR10 policy on 32² images, else ImageNet's."""
     v2 = _v2()
     policy = v2.AutoAugmentPolicy.CIFAR10 if size == 32 else v2.AutoAugmentPolicy.IMAGENET
     return v2.AutoAugment(policy)
 
 
 @AUGMENTS.register("randaugment", "basic, then RandAugment (2 operations, magnitude 9)")
-def randaugment(_size):
+def randaugment(_size: int) -> Callable:
+    """torchvision's RandAugment with its defaults."""
     return _v2().RandAugment()
 
 
 @AUGMENTS.register("trivialaugment", "basic, then TrivialAugment (one operation, any strength)")
-def trivialaugment(_size):
+def trivialaugment(_size: int) -> Callable:
+    """torchvision's TrivialAugmentWide."""
     return _v2().TrivialAugmentWide()
 
 
-def policy_name(value) -> str:
+def policy_name(value: bool | str) -> str:
     """``dataset.augment`` as a policy name (true/false: basic/none), or a one-line error."""
     if isinstance(value, bool):
         return LEGACY[value]
     return AUGMENTS.entry(value).name
 
 
-def validate(cfg) -> None:
+def validate(cfg: DictConfig) -> None:
     """``dataset.augment``, ``dataset.mixup_alpha`` and ``dataset.cutmix_alpha``; a policy with
     an operation on images (Cutout, AutoAugment, ...) on a dataset that is not augmented (its
     registration's ``augmented``: MNIST-1D's signals, tokens, arrays) is refused, as it would do
@@ -125,12 +140,12 @@ class TensorPolicy:
     own seed; ``batch`` = (size, share) as in ``random_crop_flip``: the seeds are drawn for the
     whole global batch and this share's are kept."""
 
-    def __init__(self, op):
+    def __init__(self, op: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.op = op
         # Cutout fills the mean colour: it runs on the normalised floats, the rest on uint8
         self.after_normalisation = getattr(op, "after_normalisation", False)
 
-    def draw(self, g, size: int) -> torch.Tensor:
+    def draw(self, g: torch.Generator, size: int) -> torch.Tensor:
         """The per-sample seeds of a global batch of ``size`` (on the CPU), drawn from ``g``."""
         return torch.randint(0, 2**62, (size,), generator=g)
 
@@ -138,7 +153,7 @@ class TensorPolicy:
         size, share = batch if batch is not None else (len(x), slice(None))
         return self.apply(x, self.draw(g, size)[share])
 
-    def apply(self, x, seeds: torch.Tensor):
+    def apply(self, x: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
         """Each sample of ``x`` under its own seed of ``seeds`` (CPU, one per sample)."""
         out = torch.empty_like(x)
         # v2 draws from the global CPU RNG: forked, so training's own draws (dropout) are
@@ -150,14 +165,16 @@ class TensorPolicy:
         return out
 
 
-def tensor_policy(value, size: int) -> tuple[bool, TensorPolicy | None]:
+def tensor_policy(value: bool | str, size: int) -> tuple[bool, TensorPolicy | None]:
     """(whether to crop and flip, the per-sample extra operation or None) of a policy."""
     entry = AUGMENTS.entry(policy_name(value))
     op = entry.target(size)
     return entry.basic, (TensorPolicy(op) if op is not None else None)
 
 
-def folder_transform(value, size: int, mean, std):
+def folder_transform(
+    value: bool | str, size: int, mean: Sequence[float], std: Sequence[float]
+) -> Callable:
     """The training transform of an image folder: PIL image in, normalised float tensor out."""
     v2 = _v2()
     entry = AUGMENTS.entry(policy_name(value))
@@ -181,7 +198,7 @@ def folder_transform(value, size: int, mean, std):
     )
 
 
-def build_part(run) -> Mixing | None:
+def build_part(run: Run) -> Mixing | None:
     """MixUp/CutMix of the training batches (None when neither is on)."""
     mixing = Mixing(run.cfg.dataset, run.data.num_classes, run.cfg.seed, run.data.input_shape)
     return mixing if mixing.op is not None else None
@@ -191,7 +208,13 @@ class Mixing(Part):
     """MixUp and/or CutMix of a training batch into soft targets (both on: one of the two per
     batch, at random), seeded by (seed, step); off, the batch and its labels pass through."""
 
-    def __init__(self, dataset_cfg, num_classes: int, seed: int, input_shape=(3, 32, 32)):
+    def __init__(
+        self,
+        dataset_cfg: DictConfig,
+        num_classes: int,
+        seed: int,
+        input_shape: Sequence[int] = (3, 32, 32),
+    ) -> None:
         v2 = _v2()
         mixup = float(dataset_cfg.get("mixup_alpha", 0.0) or 0.0)
         cutmix = float(dataset_cfg.get("cutmix_alpha", 0.0) or 0.0)
@@ -208,7 +231,10 @@ class Mixing(Part):
         self.op = None if not ops else ops[0] if len(ops) == 1 else v2.RandomChoice(ops)
         self.seed = seed
 
-    def batch(self, x, y, step: int):
+    def batch(
+        self, x: torch.Tensor, y: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch mixed (its targets soft)."""
         return self(x, y, step)
 
     def __call__(self, x, y, step: int):

@@ -50,7 +50,7 @@ def _uniform(x, g):
     family="noise",
     severities=(0.04, 0.06, 0.08, 0.09, 0.10),
 )
-def gaussian_noise(x, c, g):
+def gaussian_noise(x: torch.Tensor, c: float, g: torch.Generator) -> torch.Tensor:
     """Draws one standard normal per element."""
     return x + c * _normal(x, g)
 
@@ -62,7 +62,7 @@ def gaussian_noise(x, c, g):
     family="noise",
     severities=(500, 250, 100, 75, 50),
 )
-def shot_noise(x, c, g):
+def shot_noise(x: torch.Tensor, c: float, g: torch.Generator) -> torch.Tensor:
     """Draws one Poisson count per element."""
     return torch.poisson(x * c, generator=g) / c
 
@@ -74,7 +74,7 @@ def shot_noise(x, c, g):
     family="noise",
     severities=(0.01, 0.02, 0.03, 0.05, 0.07),
 )
-def impulse_noise(x, c, g):
+def impulse_noise(x: torch.Tensor, c: float, g: torch.Generator) -> torch.Tensor:
     """Draws one uniform per element (flipped when < c), then another (salt when < 1/2)."""
     flipped = _uniform(x, g) < c
     salt = (_uniform(x, g) < 0.5).to(x.dtype)
@@ -88,7 +88,7 @@ def impulse_noise(x, c, g):
     family="noise",
     severities=(0.06, 0.10, 0.12, 0.16, 0.20),
 )
-def speckle_noise(x, c, g):
+def speckle_noise(x: torch.Tensor, c: float, g: torch.Generator) -> torch.Tensor:
     """Draws one standard normal per element."""
     return x + x * c * _normal(x, g)
 
@@ -133,7 +133,7 @@ def _gaussian_along(x, k: torch.Tensor, dim: int):
     family="blur",
     severities=(0.4, 0.6, 0.7, 0.8, 1.0),
 )
-def gaussian_blur(x, c, _g):
+def gaussian_blur(x: torch.Tensor, c: float, _g: torch.Generator) -> torch.Tensor:
     """As SciPy's ``gaussian_filter`` (what the published code calls): rows, then columns."""
     k = gaussian_kernel1d(c)
     return _gaussian_along(_gaussian_along(x, k, 2), k, 3)
@@ -169,12 +169,14 @@ def disk_kernel(radius: float, alias_blur: float) -> torch.Tensor:
     family="blur",
     severities=((0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1.0, 0.2), (1.5, 0.1)),
 )
-def defocus_blur(x, c, _g):
+def defocus_blur(x: torch.Tensor, c: tuple[float, float], _g: torch.Generator) -> torch.Tensor:
+    """Convolution with an anti-aliased disk of radius ``c[0]`` (blurred by ``c[1]``), reflected
+    at the edges."""
     return _filter2d(x, disk_kernel(*c).double(), "reflect")
 
 
 # ---------------------------------------------------------------------------- colour (HSV)
-def rgb_to_hsv(x):
+def rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
     """HSV of RGB images in [0, 1] (channel dim 1): V = max, S = (max − min)/max (0 where
     max = min), H in [0, 1) from the channel that holds the max (blue, then green, then red
     taking precedence on ties; tied maxima give the same hue either way)."""
@@ -192,7 +194,7 @@ def rgb_to_hsv(x):
     return torch.stack([h, s, v], 1)
 
 
-def hsv_to_rgb(hsv):
+def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
     """RGB of HSV images (channel dim 1): sector i = floor(6H) mod 6, f = 6H − floor(6H),
     p = V(1 − S), q = V(1 − fS), t = V(1 − (1 − f)S), and (R, G, B) = (V, t, p), (q, V, p),
     (p, V, t), (p, q, V), (t, p, V), (V, p, q) in sectors 0 to 5."""
@@ -217,7 +219,8 @@ def hsv_to_rgb(hsv):
     family="weather",
     severities=(0.05, 0.1, 0.15, 0.2, 0.3),
 )
-def brightness(x, c, _g):
+def brightness(x: torch.Tensor, c: float, _g: torch.Generator) -> torch.Tensor:
+    """``c`` added to the value channel in HSV, clipped to [0, 1]."""
     hsv = rgb_to_hsv(x)
     hsv[:, 2] = (hsv[:, 2] + c).clamp(0, 1)
     return hsv_to_rgb(hsv)
@@ -233,7 +236,9 @@ def brightness(x, c, _g):
     # is milder than 2 (×0.1): the severities are graded within each direction only
     monotone=((1, 2), (3, 4, 5)),
 )
-def saturate(x, c, _g):
+def saturate(x: torch.Tensor, c: tuple[float, float], _g: torch.Generator) -> torch.Tensor:
+    """The saturation channel in HSV scaled by ``c[0]`` and shifted by ``c[1]``, clipped to [0,
+    1]."""
     hsv = rgb_to_hsv(x)
     hsv[:, 1] = (hsv[:, 1] * c[0] + c[1]).clamp(0, 1)
     return hsv_to_rgb(hsv)
@@ -246,7 +251,7 @@ def saturate(x, c, _g):
     family="digital",
     severities=(0.75, 0.5, 0.4, 0.3, 0.15),
 )
-def contrast(x, c, _g):
+def contrast(x: torch.Tensor, c: float, _g: torch.Generator) -> torch.Tensor:
     """m summed pixel after pixel in row-major order (a cumulative sum), as NumPy's mean over the
     image axes of an H×W×C array sums, then divided by the pixel count."""
     n, ch, h, w = x.shape
@@ -262,7 +267,7 @@ def contrast(x, c, _g):
     family="noise",
     severities=(0.1, 0.2, 0.3, 0.5, 0.8),
 )
-def mnist1d_iid_noise(x, sigma, g):
+def mnist1d_iid_noise(x: torch.Tensor, sigma: float, g: torch.Generator) -> torch.Tensor:
     """Draws one standard normal per element."""
     return x + sigma * _normal(x, g)
 
@@ -277,7 +282,7 @@ CORRELATION_SIGMA = 2.0  # samples: the MNIST-1D generator smooths its correlate
     family="noise",
     severities=(0.1, 0.2, 0.3, 0.5, 0.8),
 )
-def mnist1d_corr_noise(x, a, g):
+def mnist1d_corr_noise(x: torch.Tensor, a: float, g: torch.Generator) -> torch.Tensor:
     """Draws length + 2r standard normals per signal (r = 8, the kernel's radius), smoothed with
     no padding: stationary noise whose standard deviation is exactly ``a``."""
     k = gaussian_kernel1d(CORRELATION_SIGMA).to(x.device, x.dtype)
@@ -295,7 +300,7 @@ def mnist1d_corr_noise(x, a, g):
     family="shift",
     severities=(1, 2, 4, 6, 8),
 )
-def mnist1d_shift(x, k, g):
+def mnist1d_shift(x: torch.Tensor, k: int, g: torch.Generator) -> torch.Tensor:
     """Draws one uniform per signal (shift right when < 1/2)."""
     n, _, length = x.shape
     u = torch.rand(n, generator=g, device=x.device)
@@ -305,12 +310,14 @@ def mnist1d_shift(x, k, g):
 
 
 # ---------------------------------------------------------------------------- applying them
-def parameter(name: str, severity: int):
+def parameter(name: str, severity: int) -> float | tuple[float, ...]:
     """The parameter of ``name`` at ``severity`` (1..5)."""
     return CORRUPTIONS.entry(name).severities[severity - 1]
 
 
-def generator(device, seed: int, name: str, severity: int, rank: int = 0) -> torch.Generator:
+def generator(
+    device: torch.device | str, seed: int, name: str, severity: int, rank: int = 0
+) -> torch.Generator:
     """The generator of one corrupted copy: fixed by the run's seed, the corruption's name, the
     severity (and the data-parallel rank: each process draws for its own shard)."""
     g = torch.Generator(device=device)
@@ -337,7 +344,7 @@ IMAGENET_C = {
 SIZED = ("gaussian_blur", "defocus_blur")  # a length in pixels: scaled with the image
 
 
-def folder_parameter(name: str, severity: int, image_size: int):
+def folder_parameter(name: str, severity: int, image_size: int) -> float | tuple[float, ...]:
     """The parameter of ``name`` on image-folder images of ``image_size``: ImageNet-C's for the
     per-pixel corruptions (noise, brightness, contrast, saturate: no length in them), at every
     size; for the two blurs over 64², ImageNet-C's pixel lengths scaled by image_size / 224 (the
@@ -353,7 +360,13 @@ def folder_parameter(name: str, severity: int, image_size: int):
     return (c[0] * scale, c[1]) if isinstance(c, tuple) else c * scale
 
 
-def corrupt(name: str, x, severity: int, g, value=None):
+def corrupt(
+    name: str,
+    x: torch.Tensor,
+    severity: int,
+    g: torch.Generator,
+    value: float | tuple[float, ...] | None = None,
+) -> torch.Tensor:
     """``x`` corrupted (at ``value`` when given, else the severity's registered parameter):
     images in [0, 1] come back clipped to [0, 1]; signals as they are."""
     entry = CORRUPTIONS.entry(name)
@@ -361,7 +374,13 @@ def corrupt(name: str, x, severity: int, g, value=None):
     return out.clamp(0.0, 1.0) if entry.inputs == "image" else out
 
 
-def corrupt_images(name: str, images_uint8, severity: int, g, value=None):
+def corrupt_images(
+    name: str,
+    images_uint8: torch.Tensor,
+    severity: int,
+    g: torch.Generator,
+    value: float | tuple[float, ...] | None = None,
+) -> torch.Tensor:
     """8-bit images corrupted and stored in 8 bits again by truncation (⌊255·x⌋ of the clipped
     result), as the published CIFAR-10-C arrays were stored. In float64, as the published code
     computes (NumPy on x/255.): in float32 a value that lands on an 8-bit level in float64 can

@@ -17,12 +17,17 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import UserError, require
 from ..runfiles import atomic_write
 from .loaders import worker_batches
+
+if TYPE_CHECKING:
+    import PIL.Image
+    from torchvision.datasets import ImageFolder
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -84,7 +89,7 @@ def _names(names: list, shown: int = 5) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def read_image(path: str):
+def read_image(path: str) -> PIL.Image.Image:
     """The ImageFolder loader, with an unreadable file as a one-line error naming it."""
     from PIL import Image
 
@@ -114,7 +119,7 @@ def available_bytes() -> int:
         return 1 << 62
 
 
-def subset_bytes(count: int, image_size: int, device=None) -> dict:
+def subset_bytes(count: int, image_size: int, device: torch.device | str | None = None) -> dict:
     """The bytes a measurement subset of ``count`` images holds at once, by device (``cpu``:
     the host): the uint8 copy (decoded or read back, on the host) and the float32 copy
     normalised from it on the measurement's ``device`` (a CUDA device: with the uint8 copy
@@ -136,7 +141,9 @@ class FolderSubset:
     set. ``dataset``: an ImageFolder of the training samples with the uint8 evaluation
     transform; ``labels``: the training labels (after label noise, as training sees them)."""
 
-    def __init__(self, dataset, labels: torch.Tensor, image_size: int, workers: int):
+    def __init__(
+        self, dataset: ImageFolder, labels: torch.Tensor, image_size: int, workers: int
+    ) -> None:
         self.dataset, self.labels, self.size, self.workers = dataset, labels, image_size, workers
         files = "\n".join(f"{p}\t{t}" for p, t in dataset.samples).encode()
         self.fingerprint = hashlib.sha256(files + str(image_size).encode()).hexdigest()
@@ -159,7 +166,7 @@ class FolderSubset:
                 pass
         return x, self.labels[idx]
 
-    def check_fits(self, n: int, count: int, device=None) -> None:
+    def check_fits(self, n: int, count: int, device: torch.device | str | None = None) -> None:
         """A one-line error naming ``metrics.hessian.num_samples`` when the subset's copies
         held at once (``subset_bytes``) exceed half the memory available where they go."""
         for where, need in subset_bytes(count, self.size, device).items():

@@ -3,9 +3,14 @@ cut of the classes, then label noise."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..errors import number, require
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def long_tail_indices(labels: torch.Tensor, num_classes: int, ratio: float) -> torch.Tensor:
@@ -58,12 +63,12 @@ def balanced_subset(y: torch.Tensor, num_classes: int, n: int, seed: int) -> tor
     return torch.cat(keep).sort().values
 
 
-def batch_size(cfg, n: int) -> int:
+def batch_size(cfg: DictConfig, n: int) -> int:
     """``dataset.batch_size``, with ``full`` the whole training set of ``n`` examples."""
     return n if cfg.batch_size == "full" else int(cfg.batch_size)
 
 
-def validation_size(val_split, n: int) -> int:
+def validation_size(val_split: float | int | None, n: int) -> int:
     """``dataset.val_split`` as a number of examples of a training set of ``n``: a fraction in
     (0, 1) of it, or a count (an integer >= 1); 0 (or null) is no validation split."""
     if not val_split:
@@ -77,7 +82,9 @@ def validation_size(val_split, n: int) -> int:
     return size
 
 
-def validation_split(y: torch.Tensor, num_classes: int, val_split, seed: int):
+def validation_split(
+    y: torch.Tensor, num_classes: int, val_split: float | int | None, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(training pool, validation indices), both sorted: ``dataset.val_split`` of the training
     set held out, stratified (each class gives its share of the split, the largest remainders
     one more) and drawn by a generator seeded with ``seed``. It depends on the labels, the seed
@@ -107,7 +114,14 @@ def validation_split(y: torch.Tensor, num_classes: int, val_split, seed: int):
     return torch.nonzero(~held).flatten(), val
 
 
-def training_labels(cfg, y, num_classes: int, seed: int, world: int, pool=None):
+def training_labels(
+    cfg: DictConfig,
+    y: torch.Tensor,
+    num_classes: int,
+    seed: int,
+    world: int,
+    pool: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """(kept indices, training labels, clean class counts): from ``pool`` (the indices left by
     the validation split; default all), a class-balanced subset, the long-tail cut, then label
     noise; the counts (which define the many/medium/few split) are of the clean labels. Checks

@@ -9,10 +9,16 @@ image folder.
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Sequence
+
+    from .augment import TensorPolicy
 
 
 class TensorLoader:
@@ -26,8 +32,18 @@ class TensorLoader:
     """
 
     def __init__(
-        self, x, y, batch_size, *, shuffle, seed=0, drop_last=False, transform=None, rank=0, world=1
-    ):
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Normalize | Callable[..., torch.Tensor] | None = None,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
         self.x, self.y = x, y
         self.batch_size, self.shuffle, self.seed, self.drop_last = (
             batch_size,
@@ -41,13 +57,15 @@ class TensorLoader:
         self.weights = None  # per-example sampling weights (a sampler such as sgs sets them)
 
     def set_epoch(self, epoch: int) -> None:
+        """Set the epoch the next pass draws its order and augmentation for."""
         self.epoch = epoch
 
     def __len__(self):
         n = len(self.y)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def generator(self):
+    def generator(self) -> torch.Generator:
+        """The epoch's generator, seeded by (seed, epoch)."""
         g = torch.Generator(device="cpu")
         g.manual_seed(self.seed * 100003 + self.epoch)
         return g
@@ -105,20 +123,30 @@ class Normalize:
     a loader draws a whole epoch's at once instead (``draw_epoch``, the same draws in the same
     order) and applies them batch by batch (``apply``), so that no batch waits on a copy."""
 
-    def __init__(self, mean, std, augment=False, pad=4, scale=255.0, policy=None):
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        augment: bool = False,
+        pad: int = 4,
+        scale: float = 255.0,
+        policy: TensorPolicy | None = None,
+    ) -> None:
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
         self.augment, self.pad, self.scale, self.policy = augment, pad, scale, policy
         self._constants = {}  # device -> (mean, std) there, copied once
 
-    def draw(self, g, size: int):
+    def draw(
+        self, g: torch.Generator, size: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One batch's draws from ``g``: (crop offsets and flips ``[3, size]`` or None, the
         policy's per-sample seeds or None)."""
         crops = crop_flip_draws(g, size, self.pad) if self.augment else None
         seeds = self.policy.draw(g, size) if self.policy is not None else None
         return crops, seeds
 
-    def draw_epoch(self, g, sizes, device) -> list:
+    def draw_epoch(self, g: torch.Generator, sizes: Iterable[int], device: torch.device) -> list:
         """The draws of batches of global sizes ``sizes``, in order, the crops moved to
         ``device`` in one non-blocking copy."""
         draws = [self.draw(g, size) for size in sizes]
@@ -137,7 +165,12 @@ class Normalize:
             crops = crops.to(x.device)
         return self.apply(x, (crops, seeds), batch)
 
-    def apply(self, x, draws, batch=None):
+    def apply(
+        self,
+        x: torch.Tensor,
+        draws: tuple[torch.Tensor | None, torch.Tensor | None],
+        batch: tuple[int, slice] | None = None,
+    ) -> torch.Tensor:
         """``x`` augmented by ``draws`` (``draw``'s, on ``x``'s device) and normalised."""
         crops, seeds = draws
         share = batch[1] if batch is not None else slice(None)
@@ -152,14 +185,14 @@ class Normalize:
         x = x.to(torch.float32, copy=True).div_(self.scale).sub_(mean).div_(std)
         return self.policy.apply(x, seeds[share]) if late else x
 
-    def constants(self, device):
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) on ``device``, copied there once."""
         if device not in self._constants:
             self._constants[device] = (to_device(self.mean, device), to_device(self.std, device))
         return self._constants[device]
 
 
-def crop_flip_draws(g, size: int, pad: int) -> torch.Tensor:
+def crop_flip_draws(g: torch.Generator, size: int, pad: int) -> torch.Tensor:
     """A batch's crop offsets (rows, columns, in [0, 2·pad]) and flips (0/1), ``[3, size]``, drawn
     from ``g`` in this order."""
     oy = torch.randint(0, 2 * pad + 1, (size,), generator=g)
@@ -168,7 +201,9 @@ def crop_flip_draws(g, size: int, pad: int) -> torch.Tensor:
     return torch.stack([oy, ox, flip.long()])
 
 
-def random_crop_flip(x, pad, g, batch=None):
+def random_crop_flip(
+    x: torch.Tensor, pad: int, g: torch.Generator, batch: tuple[int, slice] | None = None
+) -> torch.Tensor:
     """Per-sample random crop with zero padding and horizontal flip, on a whole batch.
 
     With ``batch`` = (size, share), ``x`` is one process's share of a global batch: the crops
@@ -180,7 +215,7 @@ def random_crop_flip(x, pad, g, batch=None):
 _CROP_BUFFERS = {}  # (shape, pad, dtype, device) -> crop_flip's padded buffer and row starts
 
 
-def crop_flip(x, pad: int, draws: torch.Tensor) -> torch.Tensor:
+def crop_flip(x: torch.Tensor, pad: int, draws: torch.Tensor) -> torch.Tensor:
     """``x`` ``[n, c, h, w]`` zero-padded by ``pad`` and cropped back to ``h × w`` at the offsets
     ``draws[0]`` (rows) and ``draws[1]`` (columns), flipped left-right where ``draws[2]`` is 1.
 
@@ -213,7 +248,7 @@ class Indexed(torch.utils.data.Dataset):
     transform, so an example's augmentation depends on (seed, epoch, rank, position) alone, not
     on which worker loads it or on the epochs before (persistent workers, resumed runs)."""
 
-    def __init__(self, ds):
+    def __init__(self, ds: torch.utils.data.Dataset) -> None:
         self.ds = ds
 
     def __len__(self):
@@ -234,7 +269,7 @@ class Shard(torch.utils.data.Dataset):
     federated client's): an example's seed passes through, and its index is its position in the
     shard, as a client's TensorLoader numbers its examples."""
 
-    def __init__(self, ds: Indexed, indices: torch.Tensor):
+    def __init__(self, ds: Indexed, indices: torch.Tensor) -> None:
         self.ds, self.indices = ds, indices.tolist()
 
     def __len__(self):
@@ -252,10 +287,11 @@ class EpochOrder(torch.utils.data.Sampler):
     ``torch.Generator(seed * 100003 + epoch)`` (a sampler's weights: drawn with replacement, as
     TensorLoader draws them), or in order; under data parallelism the process's share."""
 
-    def __init__(self, loader):
+    def __init__(self, loader: FolderLoader) -> None:
         self.loader = loader
 
     def order(self) -> list:
+        """The epoch's example indices with their seeds, this process's share."""
         f = self.loader
         g = torch.Generator().manual_seed(f.seed * 100003 + f.epoch)
         n = len(f.ds)
@@ -276,7 +312,7 @@ class EpochOrder(torch.utils.data.Sampler):
         return iter([(i, (base + k) % 2**63) for k, i in enumerate(self.order())])
 
 
-def worker_batches(loader):
+def worker_batches(loader: Iterable) -> Iterator:
     """The batches of a torch DataLoader; an error of the user's raised in a worker (an
     unreadable image) comes out as its own line: the DataLoader re-raises it as the same type
     with the worker's whole traceback as the message, whose last line is the original."""
@@ -305,17 +341,17 @@ class FolderLoader:
 
     def __init__(
         self,
-        ds,
-        batch_size,
-        shuffle,
-        seed,
-        workers,
-        drop_last,
-        rank=0,
-        world=1,
-        labels=None,
-        persistent=True,
-    ):
+        ds: Indexed | Shard,
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        workers: int,
+        drop_last: bool,
+        rank: int = 0,
+        world: int = 1,
+        labels: torch.Tensor | None = None,
+        persistent: bool = True,
+    ) -> None:
         self.ds, self.shuffle, self.seed, self.epoch, self.rank = ds, shuffle, seed, 0, rank
         self.world, self.labels = world, labels
         self.sampler = None
@@ -339,12 +375,13 @@ class FolderLoader:
         self._loader = None
 
     @property
-    def y(self):
+    def y(self) -> torch.Tensor:
         """The examples' labels, on the loader's device."""
         dev = self.device if self.device is not None else "cpu"
         return self.labels.to(dev)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch the next pass draws its order for."""
         self.epoch = epoch
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)

@@ -9,16 +9,22 @@ The vocabulary (the model's classes) is p + 2; only the p numbers are ever targe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..errors import UserError, integer, number, require
 from ..registry import DATASETS
 from . import Arrays
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 OPERATIONS = ("add", "sub", "mul", "div")
 
 
 def is_prime(n: int) -> bool:
+    """Whether ``n`` is a prime."""
     return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
 
 
@@ -74,7 +80,8 @@ def split(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tenso
     return order[:cut], order[cut:]
 
 
-def modular_shape(cfg) -> tuple[tuple, int]:
+def modular_shape(cfg: DictConfig) -> tuple[tuple, int]:
+    """(input shape, class count) of modular arithmetic mod p: four tokens, p + 2 symbols."""
     p, _, _ = _keys(cfg)
     return (4,), p + 2
 
@@ -87,7 +94,8 @@ def modular_shape(cfg) -> tuple[tuple, int]:
     num_classes=None,
     shape_of=modular_shape,
 )
-def modular_arithmetic(cfg) -> Arrays:
+def modular_arithmetic(cfg: DictConfig) -> Arrays:
+    """Every pair a∘b mod p, split into training and test by ``train_fraction``."""
     _check(cfg)
     p, op, f = _keys(cfg)
     x, y = pairs(p, op)

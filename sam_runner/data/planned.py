@@ -4,16 +4,22 @@ written. Only labels are kept; a sweep's jobs over the same dataset read them on
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from omegaconf import OmegaConf
 
 from ..errors import UserError
 from ..registry import DATASETS
 from .labels import training_labels, validation_split
 
+if TYPE_CHECKING:
+    import torch
+    from omegaconf import DictConfig
+
 _RAW: dict[str, tuple | None] = {}  # the dataset config (as YAML) → (labels, class count)
 
 
-def planned_labels(cfg, seed: int):
+def planned_labels(cfg: DictConfig, seed: int) -> torch.Tensor | None:
     """The training labels a run of dataset config ``cfg`` trains on, as ``build_data`` makes
     them (the validation split held out, ``train_subset``, the long tail, label noise, from
     ``seed``), for one process. None where they cannot be read up front: a dataset that is not
@@ -27,7 +33,7 @@ def planned_labels(cfg, seed: int):
     return training_labels(cfg, y, classes, seed, 1, pool)[1]
 
 
-def raw_labels(cfg):
+def raw_labels(cfg: DictConfig) -> tuple[torch.Tensor, int] | None:
     """(the training split's labels before any study's cut, the class count), or None."""
     local = OmegaConf.merge(cfg, {"download": False})
     key = OmegaConf.to_yaml(local, resolve=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,11 @@ from .augment import folder_transform
 from .folder import FolderSubset, check_tree, read_image
 from .labels import training_labels, validation_split
 from .loaders import FolderLoader, Indexed, Normalize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from omegaconf import DictConfig
 
 CIFAR_STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -46,7 +52,8 @@ def _mnist1d_keys(cfg) -> None:
     input_shape=(1, 40),
     num_classes=10,
 )
-def mnist1d(cfg) -> Arrays:
+def mnist1d(cfg: DictConfig) -> Arrays:
+    """MNIST-1D's arrays, generated once into ``data_dir`` and read from there after."""
     root = Path(cfg.data_dir)
     path = root / f"mnist1d_{int(cfg.get('num_samples', 5000))}.pkl"
     if path.exists():
@@ -77,7 +84,8 @@ def mnist1d(cfg) -> Arrays:
     input_shape=(1, 8, 8),
     num_classes=10,
 )
-def digits(_cfg) -> Arrays:
+def digits(_cfg: DictConfig) -> Arrays:
+    """scikit-learn's 8×8 digits, a fixed 80/20 split."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -133,7 +141,8 @@ def _cifar(cfg, name) -> Arrays:
     num_classes=10,
     augmented=True,
 )
-def cifar10(cfg) -> Arrays:
+def cifar10(cfg: DictConfig) -> Arrays:
+    """CIFAR-10's arrays (torchvision's download)."""
     return _cifar(cfg, "cifar10")
 
 
@@ -144,7 +153,8 @@ def cifar10(cfg) -> Arrays:
     num_classes=100,
     augmented=True,
 )
-def cifar100(cfg) -> Arrays:
+def cifar100(cfg: DictConfig) -> Arrays:
+    """CIFAR-100's arrays (torchvision's download)."""
     return _cifar(cfg, "cifar100")
 
 
@@ -155,7 +165,8 @@ def cifar100(cfg) -> Arrays:
     num_classes=100,
     augmented=True,
 )
-def cifar100_lt(cfg) -> Arrays:
+def cifar100_lt(cfg: DictConfig) -> Arrays:
+    """CIFAR-100's arrays (the long tail is cut from the training set later)."""
     return _cifar(cfg, "cifar100")
 
 
@@ -169,7 +180,7 @@ def _extract_local_archive(cls, root: Path) -> None:
         extract_archive(str(tarball), str(root))
 
 
-def image_size(cfg) -> int:
+def image_size(cfg: DictConfig) -> int:
     """``dataset.image_size`` of an image folder, checked (one line when it is not a size)."""
     return integer(
         "dataset.image_size",
@@ -179,7 +190,7 @@ def image_size(cfg) -> int:
     )
 
 
-def data_shape(dataset_cfg) -> tuple[tuple, int]:
+def data_shape(dataset_cfg: DictConfig) -> tuple[tuple, int]:
     """(input shape, class count) of a dataset, from its registration (image folders: their
     configured image size, and a placeholder class count)."""
     entry = DATASETS.entry(dataset_cfg.name)
@@ -216,14 +227,14 @@ def _folder_keys(cfg) -> None:
     )
 
 
-def folder_workers(cfg, world: int = 1) -> int:
+def folder_workers(cfg: DictConfig, world: int = 1) -> int:
     """``dataset.num_workers``, at most the CPUs each process is allowed (more workers than
     cores only contend; validate.warnings says so before the run)."""
     asked = int(cfg.get("num_workers", 4))
     return min(asked, max(1, allowed_cpus()[0] // world))
 
 
-def folder_labels(cfg) -> tuple:
+def folder_labels(cfg: DictConfig) -> tuple:
     """(the training images' labels, the class count) of an image folder, from its file names
     alone (no image is opened)."""
     from torchvision import datasets
@@ -242,7 +253,9 @@ def folder_labels(cfg) -> tuple:
     num_classes=None,
     augmented=True,
 )
-def image_folder(cfg, seed, rank, world):
+def image_folder(cfg: DictConfig, seed: int, rank: int, world: int) -> Data:
+    """An image folder's loaders (train, test, un-augmented train, optional validation), this
+    process's share."""
     from torchvision import datasets
 
     _folder_keys(cfg)
@@ -289,7 +302,7 @@ def image_folder(cfg, seed, rank, world):
     )
 
 
-def folder_eval_transforms(size: int):
+def folder_eval_transforms(size: int) -> tuple[Callable, Callable]:
     """The evaluation transforms of an image folder: normalised floats (the test set), and the
     same pixels as uint8 (the measurement subset, normalised per use: the same numbers)."""
     from torchvision import transforms as T
@@ -307,4 +320,4 @@ def _with_samples(ds, like):
 
 
 # sources defined in their own modules register themselves on import
-from . import arrays, modular, text  # noqa: E402, F401
+from . import arrays, modular, text, tokenized  # noqa: E402, F401

@@ -31,7 +31,7 @@ import torch
 
 from ..errors import UserError, integer, number, require
 from ..registry import DATASETS
-from . import Data
+from . import Data, tokenized
 from .folder import subset_indices
 
 BYTE_VOCAB = 256
@@ -207,6 +207,14 @@ def load_corpus(cfg) -> Corpus:
 
 def _corpus_at(cfg, path, key: str) -> Corpus:
     fraction = val_fraction(cfg)
+    is_folder = path not in (None, "", PYTHON_SOURCE) and Path(str(path)).expanduser().is_dir()
+    if not is_folder and tokenized.applies(cfg, path):  # a tokenizer, or a table of documents
+        builtin = None
+        if key == "dataset.train_path" and path == PYTHON_SOURCE:
+            builtin = (python_source_text(), "builtin:python_source")
+        elif path in (None, ""):
+            builtin = (builtin_text(), "builtin:pydoc_data.topics")
+        return Corpus(*tokenized.corpus(cfg, path, key, fraction, builtin))
     if key == "dataset.train_path" and path == PYTHON_SOURCE:
         data = python_source_text().encode("utf-8")
         return _byte_corpus(data, "the built-in source corpus", "builtin:python_source", fraction)
@@ -329,6 +337,11 @@ def train_case(cfg) -> str | None:
         case in CASES,
         f"dataset.train_case={case!r} is unknown; choose null (as written), {' or '.join(CASES)}",
     )
+    require(
+        tokenized.tokenizer_name(cfg) is None,
+        f"dataset.train_case={case} changes the letters of byte-level text; dataset.tokenizer "
+        "makes other tokens (unset it)",
+    )
     path = cfg.get("path")
     require(
         path in (None, "") or not Path(str(path)).is_dir(),
@@ -371,6 +384,8 @@ def text_shape(cfg) -> tuple[tuple, int]:
     vocab = BYTE_VOCAB
     if path not in (None, "") and Path(str(path)).is_dir():
         vocab = _bin_vocab(Path(str(path)), cfg)
+    elif tokenized.tokenizer_name(cfg) is not None:
+        vocab = tokenized.vocab_size(cfg)
     return (block_size(cfg),), vocab
 
 

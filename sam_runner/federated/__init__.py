@@ -5,11 +5,16 @@ aggregates them (docs/federated.md). ``build_federation`` gives the run its ``fe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .algorithms import Centralized, check
 from .rounds import build_federation
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-def check_part(cfg, where=None) -> None:
+
+def check_part(cfg: DictConfig, where: object = None) -> None:
     """The federated group's keys and what it cannot be combined with; before a run (not when
     it builds the split itself), the split the data can make (it reads the training labels)."""
     check(cfg)

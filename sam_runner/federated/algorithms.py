@@ -7,11 +7,15 @@ into the new global weights (``server_update``)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import integer, number, require
 from ..registry import FEDERATED
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 class Centralized:
@@ -28,7 +32,7 @@ class FedAvg:
     enabled = True
     perturbs = False  # whether the algorithm needs a perturbing optimizer (not optimizer=base)
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.server_lr = float(cfg.server_lr)
 
@@ -51,9 +55,11 @@ class FedAvg:
         return [g if n else m for g, m, n in zip(global_, mean, names)]
 
     def state_dict(self) -> dict:
+        """Nothing: FedAvg keeps no state between rounds."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
+        """Nothing to restore."""
         pass
 
 
@@ -77,11 +83,13 @@ class FedFFT(FedAvg):
 
     perturbs = True
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
         self.cutoff = float(cfg.fft_cutoff)
 
     def filter_(self, eps: list) -> None:
+        """Zero the lowest ``fft_cutoff`` share of each ε tensor's frequencies, in place (nothing
+        at cutoff 0)."""
         if self.cutoff == 0:
             return
         for e in eps:
@@ -99,7 +107,7 @@ class FedVSSAM(FedAvg):
 
     perturbs = True
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: DictConfig) -> None:
         super().__init__(cfg)
         self.c, self.m = float(cfg.correction), float(cfg.server_momentum)
         self.steps = int(cfg.local_steps)
@@ -108,9 +116,11 @@ class FedVSSAM(FedAvg):
         self._v: dict = {}  # id(parameter) → v, for this round's clients
 
     def begin_round(self, names: dict, lr: float) -> None:  # noqa: ARG002 (the hook's signature)
+        """Take the server's direction of each parameter for the round's client steps."""
         self._v = {pid: self.direction[n] for pid, n in names.items() if n in self.direction}
 
     def adjust(self, params: list, grads: list) -> list:
+        """Each gradient moved towards the server's direction by ``correction`` (unchanged at 0)."""
         if self.c == 0 or not self._v:
             return grads
         return [
@@ -119,6 +129,8 @@ class FedVSSAM(FedAvg):
         ]
 
     def server_update(self, global_: list, mean: list, names: list, lr: float) -> list:
+        """The new global weights: the clients' mean update with server momentum (FedAvg's at 0);
+        the direction kept for the next round."""
         delta = torch._foreach_sub(mean, global_)
         if self.m > 0 and self.previous is not None:
             torch._foreach_lerp_(delta, self.previous, self.m)
@@ -132,33 +144,39 @@ class FedVSSAM(FedAvg):
         return [g if n else m for g, m, n in zip(global_, mean, names)]
 
     def state_dict(self) -> dict:
+        """The server's directions and last update."""
         return {"direction": self.direction, "previous": self.previous}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the server's directions and last update."""
         self.direction, self.previous = dict(state["direction"]), state["previous"]
 
 
 @FEDERATED.register("none", "no federation: one centralized run (default)")
-def none(cfg):  # noqa: ARG001 (every entry's signature)
+def none(cfg: DictConfig | None) -> Centralized:  # noqa: ARG001 (every entry's signature)
+    """No federation: centralized training."""
     return Centralized()
 
 
 @FEDERATED.register("fedavg", "FedAvg over simulated clients (optimizer=sam: FedSAM)")
-def fedavg(cfg):
+def fedavg(cfg: DictConfig) -> FedAvg:
+    """Federated averaging."""
     return FedAvg(cfg)
 
 
 @FEDERATED.register("fedfft", "FedAvg + the low frequencies of each client's ε removed")
-def fedfft(cfg):
+def fedfft(cfg: DictConfig) -> FedFFT:
+    """FedAvg with the low frequencies of each client's ε removed."""
     return FedFFT(cfg)
 
 
 @FEDERATED.register("fedvssam", "FedAvg + a variance-suppressed direction, local and global")
-def fedvssam(cfg):
+def fedvssam(cfg: DictConfig) -> FedVSSAM:
+    """FedAvg with a variance-suppressed direction, local and global."""
     return FedVSSAM(cfg)
 
 
-def check(cfg) -> None:
+def check(cfg: DictConfig) -> None:
     """The ``federated`` group's keys, and what a federated run cannot be combined with: one line
     each, before anything is written."""
     f = cfg.get("federated")

@@ -26,12 +26,14 @@ def low_frequency_energy(t: torch.Tensor, cutoff: float) -> tuple[float, float]:
 
 
 class Observer:
-    def __init__(self, cutoff: float):
+    def __init__(self, cutoff: float) -> None:
         self.cutoff = cutoff
         self.watching = False
         self.begin(None, False)
 
     def begin(self, global_direction: dict | None, measuring: bool) -> None:
+        """Start a round: measure its clients' ε (against ``global_direction``) when
+        ``measuring``."""
         self.measuring, self.direction = measuring, global_direction
         self.unit_sum: list | None = None
         self.count, self.low, self.cos = 0, [], []
@@ -65,6 +67,8 @@ class Observer:
                 self.cos.append(dot / g_norm)
 
     def values(self) -> dict:
+        """The round's measures of the clients' ε (pairwise cosine, low-frequency share, cosine
+        with the global direction); {} when not measured."""
         if not self.measuring:
             return {}
         out = {}

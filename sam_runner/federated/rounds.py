@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,16 @@ from .algorithms import FedAvg, check
 from .measures import Observer
 from .split import histograms, skew, split_clients
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from omegaconf import DictConfig
+    from torch import nn
+
+    from ..data import Data
+    from ..part import Run
+
 CLIENT_SEED = 7919  # client k's batches: TensorLoader seed = run seed + CLIENT_SEED·k
 
 
@@ -42,7 +53,7 @@ class Federation(Part):
 
     name = "federated"
 
-    def __init__(self, cfg, algorithm: FedAvg, data, seed: int):
+    def __init__(self, cfg: DictConfig, algorithm: FedAvg, data: Data, seed: int) -> None:
         f = cfg.federated
         require(  # checked before the run (federated/split.py): token windows have no labels
             isinstance(data.train, FolderLoader) or hasattr(data.train, "x"),
@@ -86,7 +97,7 @@ class Federation(Part):
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + r)
         return sorted(torch.randperm(len(self.shards), generator=g)[: self.per_round].tolist())
 
-    def batches(self, k: int, r: int):
+    def batches(self, k: int, r: int) -> Iterator[tuple]:
         """Client k's ``local_steps`` batches of round r: its loader's epochs (r−1)·E + 1, ...,
         E = ⌈local_steps / batches per epoch⌉ (one epoch a round when they are equal: a single
         client's round r is a centralized run's epoch r)."""
@@ -101,7 +112,7 @@ class Federation(Part):
                 taken += 1
                 yield batch
 
-    def write_clients(self, path) -> None:
+    def write_clients(self, path: Path) -> None:
         """The split, for the run folder: each client's size and class histogram."""
         write_json(path, {
             "clients": len(self.shards),
@@ -111,7 +122,7 @@ class Federation(Part):
             "label_skew": skew(self.hist),
         })  # fmt: skip
 
-    def attach(self, run) -> None:
+    def attach(self, run: Run) -> None:
         """The algorithm's and the measures' hooks on the run's optimizer (the engine's declared
         hooks: the variant is untouched): ε filtered and observed after the variant computes
         it, the gradients ε is built from and the base step descends along adjusted. FedAvg's
@@ -131,13 +142,17 @@ class Federation(Part):
             self.write_clients(run.run_dir / CLIENTS)
 
     def evaluation_due(self, r: int) -> bool:
+        """Whether round ``r`` ends with an evaluation (every ``eval_every`` rounds, and the
+        last)."""
         return r >= self.rounds or r % self.eval_every == 0
 
     # ------------------------------------------------------------------ run parts
     def log_values(self) -> dict:
+        """The last round's measures."""
         return dict(self.round_values)
 
     def summary_values(self, last: dict) -> dict:  # noqa: ARG002 (the hook's signature)
+        """The federation's name, rounds and clients, for the summary."""
         return {
             "federated": str(self.cfg.name),
             "rounds": self.rounds,
@@ -147,14 +162,16 @@ class Federation(Part):
         }
 
     def state_dict(self) -> dict:
+        """The algorithm's state and the round's measures, for a checkpoint."""
         return {"algorithm": self.algorithm.state_dict(), "round_values": self.round_values}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the algorithm's state and the round's measures."""
         self.algorithm.load_state_dict(state["algorithm"])
         self.round_values = dict(state["round_values"])
 
 
-def float_state(model) -> tuple[list, list, list]:
+def float_state(model: nn.Module) -> tuple[list, list, list]:
     """The model's floating-point state tensors (parameters and buffers, sharing storage), each
     one's parameter name (None for a buffer), and the other state tensors (counters)."""
     params = {id(p): n for n, p in model.named_parameters()}
@@ -174,7 +191,9 @@ class FederatedLoop(EpochLoop):
     is an epoch of the clock, its schedule steps once a round."""
 
     @staticmethod
-    def lengths(cfg, data) -> Lengths:  # noqa: ARG004 (the loop's signature)
+    def lengths(cfg: DictConfig, data: Data) -> Lengths:  # noqa: ARG004 (the loop's signature)
+        """A federated run's lengths: an epoch is a round of the participating clients' local
+        steps."""
         f = cfg.federated
         rounds, clients = int(f.rounds), int(f.clients)
         per_round = max(1, round(float(f.participation) * clients))
@@ -182,9 +201,10 @@ class FederatedLoop(EpochLoop):
         return Lengths(1, rounds, rounds * a_round, a_round)
 
     def say_notes(self) -> None:
+        """Nothing to say: a federation evaluates by rounds."""
         pass  # a federation evaluates by rounds (federated.eval_every)
 
-    def __init__(self, run, steps_per_epoch: int):
+    def __init__(self, run: Run, steps_per_epoch: int) -> None:
         super().__init__(run, steps_per_epoch)
         run.clock.rounds = True  # the tracker's period: metrics.hessian.every_n_rounds
         self.fed = next(p for p in run.parts.all if isinstance(p, Federation))
@@ -214,7 +234,15 @@ class FederatedLoop(EpochLoop):
         fed.round_values = {"round": r, "clients_sampled": len(chosen), **fed.observer.values()}
         return self.end_training_pass(stats, started)
 
-    def client_update(self, k: int, r: int, floats, global_, stats, measuring=False) -> None:
+    def client_update(
+        self,
+        k: int,
+        r: int,
+        floats: list[torch.Tensor],
+        global_: list[torch.Tensor],
+        stats: EpochStats,
+        measuring: bool = False,
+    ) -> None:
         """Client k's part of round r: from the global weights ``global_`` (copied into the
         model's float state tensors ``floats``), its base optimizer's state empty, its local
         steps; the model then holds its weights. What any engine runs for a client
@@ -228,16 +256,18 @@ class FederatedLoop(EpochLoop):
             self.optimizer_step(x, y, idx, stats, schedule=False)
 
     def evaluation_due(self) -> bool:
+        """Whether this round ends with an evaluation."""
         return self.run.clock.final or self.fed.evaluation_due(self.run.clock.epoch)
 
     def epoch_keys(self) -> dict:
+        """The metrics line's round number."""
         return {"round": self.run.clock.epoch}
 
 
 Federation.loop_class = FederatedLoop
 
 
-def build_federation(cfg, data) -> Federation | None:
+def build_federation(cfg: DictConfig, data: Data) -> Federation | None:
     """The run's federation (None without one), its keys checked."""
     check(cfg)
     f = cfg.get("federated")
@@ -245,11 +275,12 @@ def build_federation(cfg, data) -> Federation | None:
     return Federation(cfg, algorithm, data, cfg.seed) if algorithm.enabled else None
 
 
-def build_part(run) -> Federation | None:
+def build_part(run: Run) -> Federation | None:
+    """The run's federation part (None without ``federated``)."""
     return build_federation(run.cfg, run.data)
 
 
-def global_sam_direction(run) -> list | None:
+def global_sam_direction(run: Run) -> list | None:
     """∇L of the global model on a seeded subset of the clients' union (the measurement subset
     of ``metrics.hessian.num_samples`` samples), per parameter; train mode, running statistics
     untouched, gradients restored to none."""

@@ -7,15 +7,22 @@ the training set in its own order (a one-client federation sees a centralized ru
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from ..errors import UserError, require
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 REDRAWS = 100  # Dirichlet draws tried before a client left with no sample is an error
 
 
-def split_clients(labels: torch.Tensor, clients: int, alpha, seed: int) -> list[torch.Tensor]:
+def split_clients(
+    labels: torch.Tensor, clients: int, alpha: float | None, seed: int
+) -> list[torch.Tensor]:
     """The clients' sorted training-set indices: ``alpha`` None = IID (a seeded permutation cut
     into near-equal shards); else each class's examples are dealt by proportions drawn from
     Dirichlet(α·1) over the clients (Hsu et al. 2019), redrawn while a client has none."""
@@ -40,7 +47,7 @@ def split_clients(labels: torch.Tensor, clients: int, alpha, seed: int) -> list[
     )
 
 
-def check_split(cfg) -> None:
+def check_split(cfg: DictConfig) -> None:
     """The split a federated run will make, made before anything is written, on the training
     labels it will train on (``data.planned``): more clients than training samples, or a
     Dirichlet split that leaves a client empty, is one line here rather than a failed run. A

@@ -20,12 +20,19 @@ fp16 loss scaling (bf16 and fp32 run).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from transformers import Trainer
 
 from ..errors import UserError
 from ..optim.engine import SharpnessAware
 from ..registry import VARIANTS
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from torch import nn
 
 # variants whose passes need the per-sample losses or logits through reduce_loss/select_rows
 NEEDS_LOSS_HOOKS = ("esam", "csam", "focal_sam", "functional_sam")
@@ -84,8 +91,14 @@ class SAMTrainer(Trainer):
         base_optimizer: the base optimizer class (``torch.optim.AdamW``).
     """
 
-    def __init__(self, *args, variant: str = "sam", variant_kwargs: dict | None = None,
-                 base_optimizer: type = torch.optim.AdamW, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        *args: Any,
+        variant: str = "sam",
+        variant_kwargs: dict | None = None,
+        base_optimizer: type = torch.optim.AdamW,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         if self.args.fp16:
             raise UserError("SAMTrainer runs fp32 or bf16 (bf16=True); fp16 loss scaling is not "
@@ -98,7 +111,9 @@ class SAMTrainer(Trainer):
             self.variant = _require_variant(self.optimizer)
             self.optimizer = _StepTakenInTrainingStep(self.variant)
 
-    def create_optimizer(self, model=None):
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The SAM variant around ``base_optimizer`` over the Trainer's two parameter groups
+        (with and without weight decay)."""
         if self.optimizer is None:
             model = self.model if model is None else model
             decay = set(self.get_decay_parameter_names(model))
@@ -119,7 +134,12 @@ class SAMTrainer(Trainer):
             self.optimizer = _StepTakenInTrainingStep(self.variant)
         return self.optimizer
 
-    def training_step(self, model, inputs, num_items_in_batch=None):
+    def training_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        num_items_in_batch: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Keep the micro-batch; on the step's last, the variant's passes over all of them."""
         self._window.append((inputs, num_items_in_batch))
         if not self.accelerator.sync_gradients:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,15 +39,27 @@ from ..schedulers import build_scheduler
 from .evaluate import COLUMNS, Evaluator, progress_bar
 from .geometry import barrier
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+
+    from omegaconf import DictConfig
+    from torch import nn
+
+    from ..optim.engine import SharpnessAware
+    from ..rebuild import LoadedRun
+    from .options import Options
+
 
 def weights(t: float) -> tuple[float, float, float]:
+    """The quadratic Bernstein weights of (θ_A, θ_C, θ_B) at ``t``."""
     return (1 - t) ** 2, 2 * t * (1 - t), t**2
 
 
 class BezierCurve:
     """The end points (lists of tensors in the evaluator's order) and a model holding θ_C."""
 
-    def __init__(self, ev: Evaluator, state_a: dict, state_b: dict):
+    def __init__(self, ev: Evaluator, state_a: dict, state_b: dict) -> None:
         self.names = ev.names
         self.a, self.b = ev.state_list(state_a), ev.state_list(state_b)
         self.control = copy.deepcopy(ev.model)  # once: the curve's one trainable model
@@ -63,7 +76,7 @@ class BezierCurve:
         named.update({n: b for n, b in self.control.named_buffers()})
         return {n: wa * a + wc * named[n] + wb * b for n, a, b in zip(self.names, self.a, self.b)}
 
-    def forward(self, x, t: float):
+    def forward(self, x: torch.Tensor, t: float) -> torch.Tensor:
         """The model at φ(t), differentiable in θ_C."""
         return torch.func.functional_call(self.control, self.point(t), (x,))
 
@@ -82,7 +95,9 @@ class BezierCurve:
         torch._foreach_add_(ev.floats, self.b, alpha=wb)
 
 
-def curve_optimizer(cfg, control, total_steps: int, steps_per_epoch: int | None = None):
+def curve_optimizer(
+    cfg: DictConfig, control: nn.Module, total_steps: int, steps_per_epoch: int | None = None
+) -> tuple[SharpnessAware, float]:
     """(the run's optimizer over θ_C with weight decay 0, the run's weight decay: the penalty's);
     ``steps_per_epoch`` places a ``perturb_from`` given as an epoch in the curve's epochs."""
     wd = float(cfg.base_optimizer.get("weight_decay", 0.0) or 0.0)
@@ -110,13 +125,23 @@ def _closure(optimizer, curve, criterion, autocast, scaler, wd, x, y, t):
     return penalised.detach()
 
 
-def curve_step(optimizer, curve, criterion, autocast, scaler, wd, x, y, t):
+def curve_step(
+    optimizer: SharpnessAware,
+    curve: BezierCurve,
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    autocast: AbstractContextManager,
+    scaler: torch.amp.GradScaler,
+    wd: float,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    t: float,
+) -> torch.Tensor:
     """One step of θ_C on the batch (x, y) at t; the penalised loss before the step."""
     step = functools.partial(_closure, optimizer, curve, criterion, autocast, scaler, wd)
     return optimizer.step(functools.partial(step, x, y, t))
 
 
-def train_curve(run, curve: BezierCurve, epochs: int, opt) -> list[float]:
+def train_curve(run: LoadedRun, curve: BezierCurve, epochs: int, opt: Options) -> list[float]:
     """Train θ_C for ``epochs`` epochs of run A's data; the mean training loss of each epoch."""
     cfg, data, control = run.cfg, run.data, curve.control
     per_epoch = len(data.train)
@@ -152,7 +177,14 @@ def train_curve(run, curve: BezierCurve, epochs: int, opt) -> list[float]:
     return losses
 
 
-def bezier_curve(run_a, run_b, ev: Evaluator, opt, alphas, line_values):
+def bezier_curve(
+    run_a: LoadedRun,
+    run_b: LoadedRun,
+    ev: Evaluator,
+    opt: Options,
+    alphas: np.ndarray,
+    line_values: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """Train the curve, evaluate it at the α grid's points in [0, 1]: (t, values, summary)."""
     epochs = opt.curve_epochs or int(run_a.cfg.trainer.epochs)
     curve = BezierCurve(ev, run_a.state, run_b.state)

@@ -17,6 +17,8 @@ connectivity.png (or ``plots.format``), drawn from those files.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..errors import UserError
@@ -27,12 +29,16 @@ from .files import SUMMARY, pair_folder, replace_summary, write_rows
 from .geometry import barrier, grid
 from .slices import make_evaluator
 
+if TYPE_CHECKING:
+    from ..rebuild import LoadedRun
+    from .options import Options
+
 
 def _structure(run) -> list:
     return [(k, tuple(v.shape)) for k, v in run.model.state_dict().items()]
 
 
-def check_same_architecture(a, b) -> None:
+def check_same_architecture(a: LoadedRun, b: LoadedRun) -> None:
     """A one-line error unless the two runs' models have the same tensors (names and shapes) on
     the same data."""
     what = (
@@ -56,12 +62,12 @@ def check_same_architecture(a, b) -> None:
         )
 
 
-def alpha_grid(opt) -> np.ndarray:
+def alpha_grid(opt: Options) -> np.ndarray:
     """``opt.alphas`` points over ``opt.alpha_range``, holding 0, ½ and 1 exactly."""
     return grid(*opt.alpha_range, opt.alphas, must=(0.0, 0.5, 1.0))
 
 
-def barriers(alphas, values) -> dict:
+def barriers(alphas: np.ndarray, values: np.ndarray) -> dict:
     """The barrier of the train and test loss and of the train and test error (1 − accuracy),
     with the α where each is highest."""
     out = {}
@@ -73,7 +79,7 @@ def barriers(alphas, values) -> dict:
     return out
 
 
-def line(ev: Evaluator, a, b, alphas, progress) -> np.ndarray:
+def line(ev: Evaluator, a: dict, b: dict, alphas: np.ndarray, progress: str) -> np.ndarray:
     """The values along the straight line from state dict ``a`` to ``b``."""
     sa, sb = ev.state_list(a), ev.state_list(b)
     return ev.sweep(alphas, lambda al: ev.mix(sa, sb, al), "A → B", progress)
@@ -85,7 +91,7 @@ def _ends(alphas, values) -> dict:
     return {side: {n: float(v) for n, v in zip(COLUMNS, row)} for side, row in at.items()}
 
 
-def connect(run_a, run_b, opt) -> dict:
+def connect(run_a: LoadedRun, run_b: LoadedRun, opt: Options) -> dict:
     """The connectivity of two loaded runs: its files and its landscape.json (returned)."""
     check_same_architecture(run_a, run_b)
     out = pair_folder(run_a.path, run_b.path, run_a.weights)
@@ -122,7 +128,8 @@ def connect(run_a, run_b, opt) -> dict:
     return summary
 
 
-def pair_settings(run_a, ev, opt) -> dict:
+def pair_settings(run_a: LoadedRun, ev: Evaluator, opt: Options) -> dict:
+    """The options a pair's connectivity was computed with (what a later call compares)."""
     epochs = None
     if opt.curve == "bezier":
         epochs = opt.curve_epochs or int(run_a.cfg.trainer.epochs)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,8 +26,14 @@ from ..metrics.hvp import HessianOperator
 from ..metrics.solvers import lanczos
 from ..module_state import modes_restored
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
 
-def trainable(model) -> list:
+    from torch import nn
+
+
+def trainable(model: nn.Module) -> list:
+    """The model's parameters that require a gradient."""
     return [p for p in model.parameters() if p.requires_grad]
 
 
@@ -36,13 +43,13 @@ def _filters_rescaled(d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return d * torch.where(dn > 0, wn / dn, torch.zeros_like(dn))
 
 
-def perturbed(p, include_bias_bn: bool) -> bool:
+def perturbed(p: torch.Tensor, include_bias_bn: bool) -> bool:
     """Whether a filter-normalized direction moves parameter ``p``."""
     return p.dim() > 1 or include_bias_bn
 
 
 @torch.no_grad()
-def filter_normalized(model, seed: int, include_bias_bn: bool = False) -> list:
+def filter_normalized(model: nn.Module, seed: int, include_bias_bn: bool = False) -> list:
     """A filter-normalized Gaussian direction (Li et al. 2018), drawn from ``seed``."""
     g = torch.Generator().manual_seed(int(seed))
     out = []
@@ -57,7 +64,7 @@ def filter_normalized(model, seed: int, include_bias_bn: bool = False) -> list:
     return out
 
 
-def weight_norm(model, include_bias_bn: bool = False) -> float:
+def weight_norm(model: nn.Module, include_bias_bn: bool = False) -> float:
     """‖θ‖ over the parameters a filter-normalized direction moves (that direction's norm)."""
     return math.sqrt(
         sum(
@@ -68,11 +75,20 @@ def weight_norm(model, include_bias_bn: bool = False) -> float:
     )
 
 
-def norm(direction) -> float:
+def norm(direction: Iterable[torch.Tensor]) -> float:
+    """The Euclidean norm of a direction (one tensor per parameter)."""
     return math.sqrt(sum(float(d.double().pow(2).sum()) for d in direction))
 
 
-def hessian_directions(model, loss_fn, batches, k: int, seed: int, options: dict, scale: float):
+def hessian_directions(
+    model: nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    k: int,
+    seed: int,
+    options: dict,
+    scale: float,
+) -> tuple[list, list[float], dict]:
     """(the top-k Hessian eigenvectors as directions of norm ``scale``, their eigenvalues, what
     Lanczos did), at the model's current weights and modes.
 

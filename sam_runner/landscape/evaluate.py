@@ -23,6 +23,8 @@ are kept in ``<run>/cache`` the first time they are decoded, and read back after
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -31,12 +33,20 @@ from ..module_state import modes_restored
 from ..progress import Counter
 from .files import COLUMNS
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    import numpy as np
+
+    from ..rebuild import LoadedRun
+
 __all__ = ["COLUMNS", "BN_MODES", "Evaluator", "progress_bar"]
 BN_MODES = ("eval", "recompute")
 BN_OFFSET = 1  # the BatchNorm samples: the subset drawn with seed + 1 (not the evaluated one)
 
 
-def progress_bar(total: int, desc: str, mode: str, unit: str = "points"):
+def progress_bar(total: int, desc: str, mode: str, unit: str = "points") -> Counter:
     """Progress over ``total`` points (``trainer.progress``, the rule of progress.py): a tqdm bar
     on stderr, a line at the first point and every tenth (``lines``: a log, nohup), or nothing."""
     return Counter(total, desc, mode, "sam-landscape", unit)
@@ -46,7 +56,14 @@ class Evaluator:
     """The four numbers of ``COLUMNS`` at whatever weights ``run.model`` holds; ``sweep`` moves
     the model through a list of points and puts its weights back afterwards."""
 
-    def __init__(self, run, train_samples: int, batch_size: int, bn="eval", bn_samples=4096):
+    def __init__(
+        self,
+        run: LoadedRun,
+        train_samples: int,
+        batch_size: int,
+        bn: str = "eval",
+        bn_samples: int = 4096,
+    ) -> None:
         self.run, self.model, self.bn = run, run.model, bn
         # an image folder's subsets go through the run's cache: decoded once, then read back
         x, y = run.train_subset(train_samples, keep=True)
@@ -72,6 +89,7 @@ class Evaluator:
 
     @property
     def sizes(self) -> dict:
+        """The numbers of training and test samples the values are measured on."""
         return {"train_samples": len(self.train[1]), "test_samples": len(self.test[1])}
 
     @torch.no_grad()
@@ -107,7 +125,13 @@ class Evaluator:
             m.momentum = momentum
 
     @torch.no_grad()
-    def sweep(self, points, place, desc: str = "", progress: str = "auto"):
+    def sweep(
+        self,
+        points: Sequence | np.ndarray,
+        place: Callable[[Any], None],
+        desc: str = "",
+        progress: str = "auto",
+    ) -> np.ndarray:
         """``place(point)`` then ``measure()`` for each point: a float64 array [points, 4]; the
         model's weights and statistics are put back afterwards."""
         values = torch.empty(len(points), len(COLUMNS), device=self.theta[0].device)
@@ -131,7 +155,7 @@ class Evaluator:
 
     # ------------------------------------------------------------------ where the model is put
     @torch.no_grad()
-    def move(self, directions, coords) -> None:
+    def move(self, directions: Sequence[Sequence[torch.Tensor]], coords: Sequence[float]) -> None:
         """θ = θ₀ + Σ cᵢ dᵢ on the trainable parameters (a zero coordinate adds nothing: at the
         origin the weights are θ₀ exactly)."""
         torch._foreach_copy_(self.params, self.theta)

@@ -7,21 +7,28 @@ finished folder asked for in another ``plots.format`` is drawn again without com
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..rundir import run_label
 from ..runfiles import read_json
 from .files import SUMMARY, read_columns
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 SLICE_FIGURES = {"1d": ("slice_1d",), "2d": ("slice_2d", "surface_2d")}
 
 
 def describe_direction(info: dict) -> str:
+    """How a direction was made, for an axis label: a seeded random direction, or an eigenvector
+    with its λ."""
     if "seed" in info:
         return f"filter-normalized random direction, seed {info['seed']}"
     return f"{info['kind'].lower()}, λ = {info['eigenvalue']:.4g}"
 
 
 def axis_label(symbol: str, info: dict) -> str:
+    """An axis label: the coordinate's symbol and how its direction was made."""
     return f"{symbol}  ({describe_direction(info)})"
 
 
@@ -30,7 +37,8 @@ def slice_figures(slices: str = "both") -> list[str]:
     return [s for dim, stems in SLICE_FIGURES.items() if slices in (dim, "both") for s in stems]
 
 
-def drawn(out: Path, stems, fmt: str) -> bool:
+def drawn(out: Path, stems: Iterable[str], fmt: str) -> bool:
+    """Whether every figure of ``stems`` is in ``out`` in format ``fmt``."""
     return all((Path(out) / f"{stem}.{fmt}").is_file() for stem in stems)
 
 
@@ -77,6 +85,7 @@ def _fmt(v) -> str:
 
 
 def barrier_line(what: str, s: dict) -> str:
+    """A pair's line of barriers (train loss, test error) for ``what``."""
     return (
         f"{what}: barrier train loss {_fmt(s.get('barrier_train_loss'))}, "
         f"test error {_fmt(s.get('barrier_test_error'))}"

@@ -9,10 +9,19 @@ import io
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..rundir import LANDSCAPE_FOLDERS as FOLDERS
 from ..rundir import LANDSCAPE_SUMMARY as SUMMARY
 from ..runfiles import atomic_write, atomic_write_bytes, read_json, write_json
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any
+
+    import numpy as np
+
+    from .options import Options
 
 FOLDER = FOLDERS["last"]  # the last weights'; the averaged weights': FOLDERS["averaged"]
 COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")  # the values at each point
@@ -40,7 +49,7 @@ def require_writable(run_dir: Path, weights: str = "last") -> None:
         ) from None
 
 
-def clean(obj):
+def clean(obj: Any) -> Any:
     """JSON-safe: non-finite floats as null, numpy scalars and tuples as plain values."""
     if isinstance(obj, dict):
         return {str(k): clean(v) for k, v in obj.items()}
@@ -53,7 +62,9 @@ def clean(obj):
     return obj
 
 
-def write_rows(path: Path, first: str, coords, values) -> None:
+def write_rows(
+    path: Path, first: str, coords: Sequence | np.ndarray, values: Sequence | np.ndarray
+) -> None:
     """A CSV: the coordinate, then COLUMNS; floats written exactly (repr)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -63,7 +74,7 @@ def write_rows(path: Path, first: str, coords, values) -> None:
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
-def read_columns(path: Path):
+def read_columns(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """A CSV of ``write_rows``: (its coordinates, its values [rows, len(COLUMNS)]) as float64
     arrays, exactly as written."""
     import numpy as np
@@ -74,13 +85,14 @@ def read_columns(path: Path):
     return data[:, 0], data[:, 1:]
 
 
-def write_npz(path: Path, **arrays) -> None:
+def write_npz(path: Path, **arrays: Any) -> None:
+    """The arrays in one .npz file, written atomically."""
     import numpy as np
 
     atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
-def update_summary(folder: Path, fresh: dict, replace=()) -> dict:
+def update_summary(folder: Path, fresh: dict, replace: Iterable[str] = ()) -> dict:
     """landscape.json of ``folder``: what it held, less the keys in ``replace``, plus ``fresh``."""
     path = Path(folder) / SUMMARY
     old = read_json(path) or {}
@@ -121,7 +133,7 @@ def newer_than_weights(summary: Path, *runs: Path) -> bool:
         return False
 
 
-def slices_done(job: Path, opt) -> bool:
+def slices_done(job: Path, opt: Options) -> bool:
     """Whether the job's landscape.json holds the slices of these options, newer than its
     weights."""
     summary = folder(job, opt.weights) / SUMMARY
@@ -129,7 +141,7 @@ def slices_done(job: Path, opt) -> bool:
     return held.get("options") == clean(opt.slice_options()) and newer_than_weights(summary, job)
 
 
-def connectivity_done(run_a_dir: Path, run_b_dir: Path, opt) -> bool:
+def connectivity_done(run_a_dir: Path, run_b_dir: Path, opt: Options) -> bool:
     """Whether RUN_A/landscape/<B> holds the connectivity to this run B with these options,
     newer than both runs' weights."""
     summary = pair_folder(run_a_dir, run_b_dir, opt.weights) / SUMMARY

@@ -21,14 +21,18 @@ Our choices, all of them (the papers draw the pictures; these summaries are ours
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 RISE = 0.1
 MIN_FIT_POINTS = 5
 
 
-def grid(lo: float, hi: float, n: int, must=(0.0,)) -> np.ndarray:
+def grid(lo: float, hi: float, n: int, must: Sequence[float] = (0.0,)) -> np.ndarray:
     """``n`` evenly spaced points over [lo, hi] holding every point of ``must`` exactly (rounded
     to 12 decimals: 0.15, not 0.15000000000000002, is the point evaluated and written)."""
     x = np.round(np.linspace(lo, hi, n), 12)
@@ -42,14 +46,17 @@ def grid(lo: float, hi: float, n: int, must=(0.0,)) -> np.ndarray:
     return x
 
 
-def index_of(coords, value: float) -> int:
+def index_of(coords: Sequence[float] | np.ndarray, value: float) -> int:
+    """The index of the grid point ``value`` in ``coords`` (ValueError when it is not one)."""
     hits = np.flatnonzero(np.asarray(coords) == value)
     if not len(hits):
         raise ValueError(f"{value} is not a grid point")
     return int(hits[0])
 
 
-def quadratic_curvature(coords, values, radius: float) -> dict:
+def quadratic_curvature(
+    coords: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray, radius: float
+) -> dict:
     """κ of the quadratic fit at 0 and the number of points it used (see the module)."""
     x, v = np.asarray(coords, dtype=float), np.asarray(values, dtype=float)
     order = np.argsort(np.abs(x), kind="stable")
@@ -73,7 +80,9 @@ def _edge(x, v, level: float) -> tuple[float, bool]:
     return float(x[-1]), True
 
 
-def basin(coords, values, rise: float = RISE) -> dict:
+def basin(
+    coords: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray, rise: float = RISE
+) -> dict:
     """The basin of the loss at L(0) + ``rise`` along a line: its width, ends and ``clipped``."""
     x, v = np.asarray(coords, dtype=float), np.asarray(values, dtype=float)
     i0 = index_of(x, 0.0)
@@ -87,12 +96,17 @@ def basin(coords, values, rise: float = RISE) -> dict:
     }
 
 
-def line_summary(coords, values, radius: float, rise: float = RISE) -> dict:
+def line_summary(
+    coords: Sequence[float] | np.ndarray,
+    values: Sequence[float] | np.ndarray,
+    radius: float,
+    rise: float = RISE,
+) -> dict:
     """Curvature at 0 and basin width of one line (the loss along one direction)."""
     return {**quadratic_curvature(coords, values, radius), **basin(coords, values, rise)}
 
 
-def barrier(alphas, values) -> dict:
+def barrier(alphas: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray) -> dict:
     """The barrier of ``values`` between α = 0 and α = 1 and the α where it is highest."""
     a, v = np.asarray(alphas, dtype=float), np.asarray(values, dtype=float)
     v0, v1 = v[index_of(a, 0.0)], v[index_of(a, 1.0)]

@@ -5,6 +5,11 @@ same settings are the same)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
 
 SLICE_KEYS = ("directions", "seed", "span", "include_bias_bn", "fit_radius")
 PAIR_KEYS = ("alpha_range", "alphas", "curve", "curve_epochs", "seed")
@@ -40,7 +45,7 @@ class Options:
     weights: str = "last"  # last | averaged: which weights, and which folder the files go in
     plot_format: str = "png"  # png | pdf | svg: the figures' file format (plots.format)
 
-    def settings(self, keys, **resolved) -> dict:
+    def settings(self, keys: Iterable[str], **resolved: Any) -> dict:
         """The options in ``keys`` plus the evaluation's, with ``resolved`` defaults filled in."""
         d = asdict(self)
         out = {k: list(d[k]) if isinstance(d[k], tuple) else d[k] for k in (*keys, *EVAL_KEYS)}
@@ -49,7 +54,9 @@ class Options:
         out.update(resolved)
         return out
 
-    def slice_settings(self, dim: str, **resolved) -> dict:
+    def slice_settings(self, dim: str, **resolved: Any) -> dict:
+        """The options of a ``dim`` slice (``1d``: its points; ``2d``: its grid), with
+        ``resolved`` defaults filled in."""
         extra = {"points": self.points} if dim == "1d" else {"grid": self.grid}
         return {**self.settings(SLICE_KEYS, **resolved), **extra}
 
@@ -60,7 +67,7 @@ class Options:
             out["grid" if self.slices == "1d" else "points"] = None
         return out
 
-    def pair_settings(self, **resolved) -> dict:
+    def pair_settings(self, **resolved: Any) -> dict:
         """The options of a connectivity (the seed and epochs only matter to a curve)."""
         linear = {"seed": None, "curve_epochs": None} if self.curve == "linear" else {}
         return self.settings(PAIR_KEYS, **{**linear, **resolved})

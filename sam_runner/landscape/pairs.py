@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import require
 from ..rebuild import load_run
@@ -25,8 +26,16 @@ from .figures import draw_pair, draw_slices, drawn, slice_figures
 from .files import connectivity_done, folder, pair_folder, slices_done
 from .options import PAIRINGS
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    import torch
+
+    from .options import Options
+
 
 def completed_jobs(sweep_dir: Path) -> list[Path]:
+    """The sweep's completed job folders (a one-line error when it has none)."""
     dirs = job_dirs(sweep_dir)
     require(
         bool(dirs),
@@ -48,7 +57,12 @@ def seed_pairs(jobs: list[Path], pairing: str = "seeds") -> list[tuple[Path, Pat
 
 
 def connect_pairs(
-    sweep_dir: Path, opt, device, say=print, array=None, pairing: str = "seeds"
+    sweep_dir: Path,
+    opt: Options,
+    device: Callable[[], torch.device | None],
+    say: Callable[[str], None] = print,
+    array: tuple | None = None,
+    pairing: str = "seeds",
 ) -> dict:
     """Connect every pair of ``pairing`` (PAIRINGS) not done yet; counts of pairs, skipped and
     computed (and failed, with ``array``: (submitit cluster, launcher parameters), one task a
@@ -73,7 +87,13 @@ def connect_pairs(
     return counts
 
 
-def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
+def slice_jobs(
+    sweep_dir: Path,
+    opt: Options,
+    device: Callable[[], torch.device | None],
+    say: Callable[[str], None] = print,
+    array: tuple | None = None,
+) -> dict:
     """Every completed job's slices, skipping jobs whose slices have these options already (one
     task a job with ``array``)."""
     jobs = completed_jobs(sweep_dir)
@@ -96,7 +116,9 @@ def slice_jobs(sweep_dir: Path, opt, device, say=print, array=None) -> dict:
     return counts
 
 
-def redraw_missing(folders, stems, opt, draw) -> str:
+def redraw_missing(
+    folders: Iterable[Path], stems: Iterable[str], opt: Options, draw: Callable[[Path, str], object]
+) -> str:
     """Done folders without their figures in ``opt.plot_format`` drawn from their files (no
     computing); what to add to the first line."""
     missing = [out for out in folders if not drawn(out, stems, opt.plot_format)]
@@ -106,7 +128,7 @@ def redraw_missing(folders, stems, opt, draw) -> str:
 
 
 # ------------------------------------------------------------------------- as a job array
-def slice_task(job: Path, opt, device=None) -> dict:
+def slice_task(job: Path, opt: Options, device: torch.device | str | None = None) -> dict:
     """One job's slices (an array task: on the device its node has, ``trainer.device``)."""
     from ..distributed import resolve_device
     from .slices import run_slices
@@ -114,7 +136,7 @@ def slice_task(job: Path, opt, device=None) -> dict:
     return run_slices(load_run(job, device or resolve_device(opt.device), opt.weights), opt)
 
 
-def connect_task(a: Path, b: Path, opt, device=None) -> dict:
+def connect_task(a: Path, b: Path, opt: Options, device: torch.device | str | None = None) -> dict:
     """One seed pair's connectivity (an array task: on its node's device)."""
     from ..distributed import resolve_device
     from .connectivity import connect

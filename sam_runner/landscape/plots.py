@@ -9,9 +9,17 @@ decade.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..plots.style import figure, log_scale, save_figure
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from matplotlib.figure import Figure
+    from mpl_toolkits.mplot3d.axes3d import Axes3D
 
 __all__ = ["plot_slice_1d", "plot_contours", "plot_surface", "plot_connectivity", "save_figure"]
 
@@ -32,7 +40,9 @@ def _loss_axis(ax, *series) -> None:
     ax.set_ylabel("loss (log scale)" if ax.get_yscale() == "log" else "loss")
 
 
-def plot_slice_1d(coords, values, title: str, xlabel: str, basin: dict):
+def plot_slice_1d(
+    coords: Sequence[float] | np.ndarray, values: np.ndarray, title: str, xlabel: str, basin: dict
+) -> Figure:
     """Loss and accuracy along one direction, train and test; the basin shaded, θ marked."""
     fig, (ax_loss, ax_acc) = _figure((11.0, 4.4), 2)
     x = np.asarray(coords)
@@ -71,7 +81,9 @@ def _levels(z, n: int = 14):
     return np.geomspace(lo, hi, n)
 
 
-def plot_contours(xs, ys, values, title: str, xlabel: str, ylabel: str):
+def plot_contours(
+    xs: np.ndarray, ys: np.ndarray, values: np.ndarray, title: str, xlabel: str, ylabel: str
+) -> Figure:
     """Filled contours of the train and the test loss over the plane, labelled levels, a
     colorbar each; θ marked at the origin."""
     from matplotlib.colors import LogNorm
@@ -96,7 +108,7 @@ def plot_contours(xs, ys, values, title: str, xlabel: str, ylabel: str):
     return fig
 
 
-def plot_surface(xs, ys, values, title: str):
+def plot_surface(xs: np.ndarray, ys: np.ndarray, values: np.ndarray, title: str) -> Figure:
     """The train loss over the plane as a 3-D surface (log10 of it over more than a decade)."""
     fig, (ax,) = _figure((7.5, 6.6), 1, projection="3d")
     X, Y = np.meshgrid(xs, ys)
@@ -117,7 +129,9 @@ def plot_surface(xs, ys, values, title: str):
 ELEV, AZIM, MARGIN = 32.0, -60.0, 4.0  # degrees: the usual view; the margin over the steepest face
 
 
-def view_elevation(ax, X, Y, Z, azim: float = AZIM) -> float:
+def view_elevation(
+    ax: Axes3D, X: np.ndarray, Y: np.ndarray, Z: np.ndarray, azim: float = AZIM
+) -> float:
     """The lowest elevation, from ``ELEV`` up, at which every face of the surface is seen from
     above. From a lower one, where the surface rises towards the viewer more steeply than the
     line of sight (a near edge higher than the valley behind it), the line of sight passes under
@@ -174,7 +188,12 @@ def _not_finite_note(ax, alphas, v) -> None:
         )
 
 
-def plot_connectivity(alphas, values, title: str, curve=None):
+def plot_connectivity(
+    alphas: Sequence[float] | np.ndarray,
+    values: np.ndarray,
+    title: str,
+    curve: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Figure:
     """Loss and error along α (θ_A at 0, θ_B at 1), train and test; ``curve``: (t, values) of a
     Bézier curve, drawn over the same axis."""
     fig, (ax_loss, ax_err) = _figure((11.0, 5.0), 2)

@@ -15,6 +15,8 @@ settings, computed after the checkpoint was written, is kept, not computed again
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from omegaconf import OmegaConf
 
@@ -26,8 +28,14 @@ from .figures import draw_slices
 from .files import SUMMARY, clean, folder, update_summary, write_npz, write_rows
 from .geometry import grid, index_of, line_summary
 
+if TYPE_CHECKING:
+    import torch
 
-def train_samples(run, opt) -> int:
+    from ..rebuild import LoadedRun
+    from .options import Options
+
+
+def train_samples(run: LoadedRun, opt: Options) -> int:
     """landscape.train_samples, else the run's curvature subset size
     (metrics.hessian.num_samples)."""
     if opt.train_samples is not None:
@@ -35,7 +43,8 @@ def train_samples(run, opt) -> int:
     return int(OmegaConf.select(run.cfg, "metrics.hessian.num_samples", default=4096))
 
 
-def make_evaluator(run, opt) -> Evaluator:
+def make_evaluator(run: LoadedRun, opt: Options) -> Evaluator:
+    """The evaluator of ``run`` at the subset sizes and BatchNorm handling ``opt`` asks for."""
     return Evaluator(run, train_samples(run, opt), opt.batch_size, opt.bn, opt.bn_samples)
 
 
@@ -50,7 +59,7 @@ def _hessian_options(run) -> dict:
     }
 
 
-def make_directions(run, ev: Evaluator, opt, k: int) -> tuple[list, list]:
+def make_directions(run: LoadedRun, ev: Evaluator, opt: Options, k: int) -> tuple[list, list]:
     """k directions and a description of each (kind, seed, norm; eigenvalue for Hessian ones)."""
     scale = weight_norm(run.model, opt.include_bias_bn)
     if opt.directions == "random":
@@ -91,7 +100,9 @@ def _centre(values_at_centre) -> dict:
     return {name: float(v) for name, v in zip(COLUMNS, values_at_centre)}
 
 
-def slice_1d(run, ev: Evaluator, opt, d, info) -> dict:
+def slice_1d(
+    run: LoadedRun, ev: Evaluator, opt: Options, d: list[torch.Tensor], info: dict
+) -> dict:
     """The 1-D slice along ``d``: its CSV, and its part of landscape.json."""
     x = grid(*opt.span, opt.points)
     values = ev.sweep(x, lambda c: ev.move([d], [c]), "1-D slice", opt.progress)
@@ -109,7 +120,9 @@ def slice_1d(run, ev: Evaluator, opt, d, info) -> dict:
     }
 
 
-def slice_2d(run, ev: Evaluator, opt, dirs, infos) -> dict:
+def slice_2d(
+    run: LoadedRun, ev: Evaluator, opt: Options, dirs: list[list[torch.Tensor]], infos: list[dict]
+) -> dict:
     """The 2-D slice along ``dirs``: its arrays, and its part of landscape.json."""
     xs = ys = grid(*opt.span, opt.grid)
     points = [(a, b) for b in ys for a in xs]  # row-major: values[iy, ix]
@@ -139,7 +152,7 @@ def slice_2d(run, ev: Evaluator, opt, dirs, infos) -> dict:
 DATA_FILES = {"1d": "slice_1d.csv", "2d": "slice_2d.npz"}
 
 
-def kept(run, opt, held: dict, dim: str, n: int) -> bool:
+def kept(run: LoadedRun, opt: Options, held: dict, dim: str, n: int) -> bool:
     """Whether landscape.json holds the ``dim`` slice with this call's settings, its data file
     is there, and both are newer than the checkpoint (a run trained again is sliced again)."""
     out = folder(run.path, run.weights)
@@ -154,7 +167,7 @@ def kept(run, opt, held: dict, dim: str, n: int) -> bool:
         return False
 
 
-def run_slices(run, opt) -> dict:
+def run_slices(run: LoadedRun, opt: Options) -> dict:
     """The slices ``opt.slices`` asks for, then landscape.json; returns what it now holds.
     One sam-landscape at a time per run (its lock); a second one is refused in one line."""
     from ..lock import job_lock

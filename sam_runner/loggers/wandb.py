@@ -31,10 +31,14 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..errors import one_line, require
 from ..registry import LOGGERS
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 MODES = ("online", "offline", "disabled")
 
@@ -102,7 +106,7 @@ def _loggable(v) -> bool:
 
 
 class WandbLogger:
-    def __init__(self, cfg, run_dir, full_cfg):
+    def __init__(self, cfg: DictConfig, run_dir: Path | str, full_cfg: DictConfig) -> None:
         self.mode = str(cfg.get("mode", "online"))
         require(
             self.mode in MODES,
@@ -122,12 +126,15 @@ class WandbLogger:
         self.run_id, self.run, self._finished = None, None, False
 
     def state_dict(self) -> dict:
+        """The W&B run id, for a checkpoint (a resumed job continues its run)."""
         return {"run_id": self.run_id}
 
     def load_state_dict(self, state: dict) -> None:
+        """Take the W&B run id a resumed job continues."""
         self.run_id = state.get("run_id")  # a resumed job continues its W&B run
 
     def start(self) -> None:
+        """Start (or resume) the W&B run, in the configured mode and project."""
         import wandb
 
         cfg, mode = self.cfg, self.mode
@@ -171,15 +178,18 @@ class WandbLogger:
         self.run.define_metric("*", step_metric="epoch")
 
     def log(self, row: dict) -> None:
+        """A metrics row, at its step (values W&B cannot show left out)."""
         step = int(row.get("step", 0))
         self.run.log({k: v for k, v in row.items() if k != "step" and _loggable(v)}, step=step)
 
     def summary(self, summary: dict) -> None:
+        """The run's final values into the W&B run's summary."""
         # curvature, calibration, status and error: the final values, not the last logged ones
         if self.run is not None:
             self.run.summary.update({k: v for k, v in summary.items() if _loggable(v)})
 
     def finish(self, status: str) -> None:
+        """Finish the W&B run once, with the run's status (nothing if it never started)."""
         # never started: a run that failed before its first line
         if self._finished or self.run is None:
             return
@@ -194,5 +204,6 @@ class WandbLogger:
     "wandb",
     "Weights & Biases: one run per job, grouped by sweep (logger.mode=offline works offline)",
 )
-def build(cfg, run_dir, full_cfg) -> WandbLogger:
+def build(cfg: DictConfig, run_dir: Path | str, full_cfg: DictConfig) -> WandbLogger:
+    """The ``wandb`` logger."""
     return WandbLogger(cfg, run_dir, full_cfg)

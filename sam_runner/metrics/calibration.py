@@ -65,6 +65,7 @@ def expected_calibration_error(
 
 
 def maximum_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
+    """The largest gap |confidence − accuracy| over equal-width confidence bins (empty bins: 0)."""
     conf, correct = _top_label(probs, labels)
     count, conf_sum, acc_sum = _equal_width_sums(conf, correct, _check_bins(n_bins))
     gap = (conf_sum - acc_sum).abs() / count.clamp_min(1)
@@ -92,6 +93,7 @@ def adaptive_calibration_error(
 
 
 def brier_score(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """The mean over samples of ‖p − onehot(y)‖²."""
     p = probs.float()
     onehot = torch.nn.functional.one_hot(labels, p.shape[1]).to(p.dtype)
     return float((p - onehot).pow(2).sum(dim=1).mean())

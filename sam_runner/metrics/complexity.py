@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -71,7 +75,9 @@ def layer_weights(model: nn.Module) -> dict:
 
 
 @torch.no_grad()
-def complexity_measures(model: nn.Module, input_shape, init_state: dict | None = None) -> dict:
+def complexity_measures(
+    model: nn.Module, input_shape: Sequence[int], init_state: dict | None = None
+) -> dict:
     """The measures above (float64 sums) of ``model``; ``dist_from_init`` only with the
     ``init_state`` (a state_dict of the same architecture) the run started from."""
     folded = fold_batchnorm(model)
@@ -95,7 +101,7 @@ def complexity_measures(model: nn.Module, input_shape, init_state: dict | None =
 
 
 @torch.no_grad()
-def path_norm(model: nn.Module, input_shape) -> float | None:
+def path_norm(model: nn.Module, input_shape: Sequence[int]) -> float | None:
     """Σ f_{w²}(1): the model (eval mode) with every parameter squared, on one all-ones input;
     None for a model of token ids (an embedding layer, model=gpt: no all-ones input to give it)."""
     if any(isinstance(m, nn.Embedding) for m in model.modules()):

@@ -21,13 +21,24 @@ dominant eigenspace.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from .stability import sam_edge, stability_threshold
 
+if TYPE_CHECKING:
+    from .hvp import HessianOperator
+    from .solvers import EigenResult
 
-def dynamics(op, result, optimizer, overlap: bool, full_batch: bool) -> dict:
+
+def dynamics(
+    op: HessianOperator,
+    result: EigenResult,
+    optimizer: torch.optim.Optimizer,
+    overlap: bool,
+    full_batch: bool,
+) -> dict:
     """The keys above for one Lanczos ``result`` on the operator ``op``; the SAM edge only when
     every step takes the full batch (``full_batch``), the setting it is derived in."""
     out = {}

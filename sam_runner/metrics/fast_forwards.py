@@ -12,11 +12,16 @@ batching rule for unfold's backward and runs it sample by sample, while conv1d's
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from contextlib import AbstractContextManager
 
 
 def _affine_batchnorm_forward(self, x):
@@ -45,7 +50,7 @@ def _own_forward(m, cls) -> bool:
     return type(m).forward is cls.forward and "forward" not in m.__dict__
 
 
-def affine_eval_batchnorm(model):
+def affine_eval_batchnorm(model: nn.Module) -> AbstractContextManager[None]:
     """Plain BatchNorm layers in eval mode (running statistics) computed as their affine map:
     the same function of the input and of γ, β, with cheaper second derivatives. Subclasses that
     override ``forward`` (e.g. timm's BatchNormAct2d) are left alone."""
@@ -75,7 +80,7 @@ def _matmul_conv1d_forward(self, x):
     return out.view(b, length, -1).transpose(1, 2)
 
 
-def matmul_conv1d(model):
+def matmul_conv1d(model: nn.Module) -> AbstractContextManager[None]:
     """On a CPU, plain Conv1d layers (groups 1, dilation 1, zero padding) computed as unfold and
     one matrix product: the same function, whose second derivatives are matrix products too.
     oneDNN's 1-D convolution double backward is slower (default model: ~1.35× an HVP on one
@@ -96,7 +101,7 @@ def matmul_conv1d(model):
 
 
 @contextlib.contextmanager
-def own_conv1d(model):
+def own_conv1d(model: nn.Module) -> Iterator[None]:
     """The Conv1d layers that ``matmul_conv1d`` replaced run their own forward again until the
     context closes (the same function; under ``vmap`` the matrix form falls back to a loop over
     the samples: the default model's per-sample gradients take ~4× longer)."""

@@ -23,10 +23,17 @@ Every frame is evaluated in eval mode, float32, like the test set.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from ..module_state import modes_restored
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from torch import nn
 
 KINDS = ("noise", "translate", "brightness", "scale")
 NOISE_SIGMA, BRIGHTNESS_STEP, SCALE_STEP = 0.1, 0.05, 0.02
@@ -70,7 +77,14 @@ def frame(kind: str, x: torch.Tensor, t: int, g: torch.Generator) -> torch.Tenso
 
 
 @torch.no_grad()
-def flip_probabilities(model, batches, frames: int = 10, num_samples=None, kinds=KINDS, seed=0):
+def flip_probabilities(
+    model: nn.Module,
+    batches: Iterable[tuple],
+    frames: int = 10,
+    num_samples: int | None = None,
+    kinds: Sequence[str] = KINDS,
+    seed: int = 0,
+) -> dict[str, float]:
     """{flip_prob_<kind>: ..., flip_prob: mean over kinds} over the (x, y, …) ``batches``."""
     flips = {k: 0.0 for k in kinds}
     count = 0

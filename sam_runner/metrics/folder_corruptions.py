@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,12 +25,27 @@ from ..data.loaders import FolderLoader, Indexed
 from ..data.sources import IMAGENET_STATS
 from ..errors import UserError, first_line, require
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from omegaconf import DictConfig
+
+    from ..data import Data
+
 
 class CorruptedFolder:
     """Batches ``(x, y, idx)`` of the 8-bit test images corrupted on the device, then
     normalised (``prepare``)."""
 
-    def __init__(self, images, name, severity, g, prepare, image_size):
+    def __init__(
+        self,
+        images: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        name: str,
+        severity: int,
+        g: torch.Generator,
+        prepare: Callable[..., torch.Tensor],
+        image_size: int,
+    ) -> None:
         self.images, self.name, self.severity, self.g = images, name, severity, g
         self.prepare, self.value = prepare, C.folder_parameter(name, severity, image_size)
 
@@ -52,7 +68,11 @@ def folder_names(section: dict, names: list) -> list:
     return sorted(p.name for p in root.iterdir() if p.is_dir())
 
 
-def folder_loader(data, section: dict, dataset_cfg, seed: int, name: str, severity: int):
+def folder_loader(
+    data: Data, section: dict, dataset_cfg: DictConfig, seed: int, name: str, severity: int
+) -> tuple[Iterable, str]:
+    """The test set under one corruption and severity: from an ImageNet-C tree (``folder``) or
+    generated on the device; and which."""
     size = int(dataset_cfg.get("image_size", 224))
     if section.get("folder") is not None:
         return tree_loader(data, Path(str(section["folder"])), name, severity, size), "files"
@@ -62,7 +82,7 @@ def folder_loader(data, section: dict, dataset_cfg, seed: int, name: str, severi
     return CorruptedFolder(images, name, severity, g, data.prepare, size), "generated"
 
 
-def check_corruption_tree(section: dict, names: list, dataset_root) -> None:
+def check_corruption_tree(section: dict, names: list, dataset_root: Path | str) -> None:
     """Before anything runs: every corruption and severity asked of an ImageNet-C tree is a
     folder holding exactly the test set's class folders (``<dataset.root>/val``)."""
     root, val = Path(str(section["folder"])), Path(str(dataset_root)) / "val"
@@ -75,6 +95,7 @@ def check_corruption_tree(section: dict, names: list, dataset_root) -> None:
 
 
 def severity_folder(root: Path, name: str, severity: int) -> Path:
+    """``<root>/<name>/<severity>``, refused in one line when it is not a folder."""
     path = root / name / str(severity)
     require(
         path.is_dir(),
@@ -90,7 +111,7 @@ def tree_classes(path: Path, classes: list) -> None:
     require_same_classes(classes, class_names(path), where, "the test set (dataset.root's val/)")
 
 
-def tree_loader(data, root: Path, name: str, severity: int, size: int):
+def tree_loader(data: Data, root: Path, name: str, severity: int, size: int) -> FolderLoader:
     """One corruption and severity of an ImageNet-C tree, batched as the test set is, read
     once: its workers (the test set's number) end with the pass, so one corrupted copy's
     workers run at a time."""

@@ -17,12 +17,17 @@ the root form ``root``. λ_max of a block is that of its diagonal block H_bb of 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch.func import functional_call, grad, jvp, vjp
 
 from ..optim.blocks import ROOT
 from .objective import Objective, mean_loss
 from .solvers import lanczos
+
+if TYPE_CHECKING:
+    from .hvp import HessianOperator
 
 TOL, MAX_ITER = 1e-3, 100  # as metrics.hessian's defaults
 
@@ -52,7 +57,9 @@ def _top(matvec, n, device, seed: int, tol: float, max_iter: int) -> float:
     return float(lanczos(matvec, n, 1, tol, max_iter, generator=g, device=device).values[0])
 
 
-def ggn_eigenvalues(op, seed: int = 0, tol: float = TOL, max_iter: int = MAX_ITER) -> dict:
+def ggn_eigenvalues(
+    op: HessianOperator, seed: int = 0, tol: float = TOL, max_iter: int = MAX_ITER
+) -> dict:
     """``lambda_max_ggn`` (top eigenvalue of G) and ``lambda_max_residual`` (largest eigenvalue of
     H − G) on a HessianOperator ``op`` (its model, loss and batches)."""
     gv = lambda v: ggn_product(op, v)  # noqa: E731
@@ -70,7 +77,9 @@ def parameter_blocks(names: list[str]) -> dict[str, list[int]]:
     return blocks
 
 
-def block_eigenvalues(op, seed: int = 0, tol: float = TOL, max_iter: int = MAX_ITER) -> dict:
+def block_eigenvalues(
+    op: HessianOperator, seed: int = 0, tol: float = TOL, max_iter: int = MAX_ITER
+) -> dict:
     """``lambda_max_block_<block>``: the top eigenvalue of each diagonal block H_bb."""
     sizes = [p.numel() for p in op.params]
     starts = [0]

@@ -10,13 +10,22 @@ test compares). Under data parallelism the mean is over every process's shard.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from ..module_state import modes_restored
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-def input_grad_norm(model, batches, num_samples: int | None = None) -> float:
+    from torch import nn
+
+
+def input_grad_norm(
+    model: nn.Module, batches: Iterable[tuple], num_samples: int | None = None
+) -> float:
     """Mean per-sample ‖∇ₓ ℓ‖₂ over the (x, y, …) ``batches`` (their first ``num_samples``)."""
     from .. import distributed
 

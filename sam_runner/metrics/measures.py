@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..registry import MEASURES
 from . import sharpness as S
@@ -27,19 +28,25 @@ from .hvp import HessianOperator
 from .objective import Objective
 from .solvers import SeededProbes, hessian_trace, spectral_density
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any
+
+    import torch
+
 # metrics.trace.num_samples and metrics.density.num_samples: the first samples of the Hessian
 # subset (docs/metrics.md#trace, #density: what the smaller subset changes, measured)
 TRACE_SAMPLES = 1024
 DENSITY_SAMPLES = 1024
 
 
-def token_inputs(m) -> bool:
+def token_inputs(m: Measurement) -> bool:
     """Whether the model reads token ids (model=gpt): the input-space measures (input_grad,
     flip, path_norm) are undefined there and left out."""
     return m.data is not None and len(m.data.input_shape) == 1
 
 
-def leading_batches(batches, num_samples: int) -> list:
+def leading_batches(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], num_samples: int) -> list:
     """The first ``num_samples`` samples of ``batches``, in the same batches (the last cut)."""
     out, left = [], num_samples
     for x, y in batches:
@@ -77,7 +84,7 @@ class Measurement:
         return self._objective
 
     @property
-    def test(self):
+    def test(self) -> Iterable | None:
         """The run's test batches, or None (a Data of training tensors only): the test-set
         measures leave their keys out then."""
         return None if self.data is None else self.data.test
@@ -136,6 +143,7 @@ class Measurement:
         self._operators.clear()
 
     def close(self) -> None:
+        """Release the operators and the objective (their hooks and cached graphs)."""
         self.close_operators()
         if self._objective is not None:
             self._objective.close()
@@ -150,8 +158,10 @@ class Measurement:
     schema={"num_probes": "probes", "num_samples": "count", "deflate": "bool"},
 )
 def trace(
-    m: Measurement, num_samples: int = TRACE_SAMPLES, deflate: bool = True, **options
+    m: Measurement, num_samples: int = TRACE_SAMPLES, deflate: bool = True, **options: Any
 ) -> dict:
+    """``hessian_trace`` and its standard error: Hutchinson, deflated by the top Ritz vectors
+    when asked."""
     # deflated by the λ_1..k Ritz vectors this measurement computed (docs/metrics.md#trace)
     basis = m.eigenvectors if deflate else None
     op = m.operator_on(num_samples)
@@ -170,6 +180,7 @@ def trace(
 def density(
     m: Measurement, num_samples: int = DENSITY_SAMPLES, num_runs: int = 3, num_steps: int = 25
 ) -> dict:
+    """``hessian_density``: the spectral density by stochastic Lanczos quadrature."""
     return {"hessian_density": m.slq(num_samples, num_runs, num_steps)}
 
 
@@ -181,7 +192,8 @@ def density(
     moves_parameters=True,
     schema={"rho": "positive", "steps": "count", "adaptive": "bool", "eta": "nonnegative"},
 )
-def worst_case(m: Measurement, **options) -> dict:
+def worst_case(m: Measurement, **options: Any) -> dict:
+    """``sharpness_worst``: the largest L(θ+ε) − L(θ) over the ball, by normalized ascent."""
     return {"sharpness_worst": S.worst_case_sharpness(m.objective(), seed=m.seed, **options)}
 
 
@@ -193,7 +205,8 @@ def worst_case(m: Measurement, **options) -> dict:
     moves_parameters=True,
     schema={"sigma": "positive", "num_samples": "probes"},
 )
-def average(m: Measurement, **options) -> dict:
+def average(m: Measurement, **options: Any) -> dict:
+    """``sharpness_avg`` and its standard error: E L(θ+δ) − L(θ), δ Gaussian, Monte Carlo."""
     mean, se = S.average_sharpness(m.objective(), seed=m.seed, **options)
     return {"sharpness_avg": mean, "sharpness_avg_se": se}
 
@@ -205,7 +218,10 @@ def average(m: Measurement, **options) -> dict:
     keys=("lambda_max_ggn", "lambda_max_residual"),
     schema={"num_samples": "count", "max_iter": "count", "tol": "positive"},
 )
-def ggn(m: Measurement, num_samples: int = TRACE_SAMPLES, max_iter: int = 100, tol=1e-3) -> dict:
+def ggn(
+    m: Measurement, num_samples: int = TRACE_SAMPLES, max_iter: int = 100, tol: float = 1e-3
+) -> dict:
+    """λ_max of the Gauss–Newton part of the Hessian and of the rest."""
     from .ggn import ggn_eigenvalues
 
     return ggn_eigenvalues(m.operator_on(num_samples), m.seed, tol, max_iter)
@@ -218,7 +234,10 @@ def ggn(m: Measurement, num_samples: int = TRACE_SAMPLES, max_iter: int = 100, t
     keys=("lambda_max_block_<block>",),
     schema={"num_samples": "count", "max_iter": "count", "tol": "positive"},
 )
-def blocks(m: Measurement, num_samples: int = TRACE_SAMPLES, max_iter: int = 100, tol=1e-3) -> dict:
+def blocks(
+    m: Measurement, num_samples: int = TRACE_SAMPLES, max_iter: int = 100, tol: float = 1e-3
+) -> dict:
+    """λ_max of each diagonal block of the Hessian (the model's top-level children)."""
     from .ggn import block_eigenvalues
 
     return block_eigenvalues(m.operator_on(num_samples), m.seed, tol, max_iter)
@@ -231,7 +250,8 @@ def blocks(m: Measurement, num_samples: int = TRACE_SAMPLES, max_iter: int = 100
     keys=("sharpness_dir", "sharpness_dir_max"),
     schema={"num_directions": "count"},
 )
-def directional(m: Measurement, **options) -> dict:
+def directional(m: Measurement, **options: Any) -> dict:
+    """``sharpness_dir`` and ``sharpness_dir_max``: dᵀHd over random unit directions (mean, max)."""
     mean, top = S.directional_sharpness(m.sharpness_operator(), seed=m.seed, **options)
     return {"sharpness_dir": mean, "sharpness_dir_max": top}
 
@@ -244,7 +264,8 @@ def directional(m: Measurement, **options) -> dict:
     moves_parameters=True,
     schema={"alpha0": "positive", "c": "fraction", "beta": "fraction", "max_steps": "count"},
 )
-def armijo(m: Measurement, **options) -> dict:
+def armijo(m: Measurement, **options: Any) -> dict:
+    """The backtracking line search along −g: its α and the curvature it brackets."""
     alpha, curvature, _ = S.armijo_probe(m.objective(), **options)
     return {
         "armijo_alpha": alpha,
@@ -265,7 +286,8 @@ def armijo(m: Measurement, **options) -> dict:
         "deflate": "bool",
     },
 )
-def fisher_trace_ratio(m: Measurement, deflate: bool = True, **options) -> dict:
+def fisher_trace_ratio(m: Measurement, deflate: bool = True, **options: Any) -> dict:
+    """Σ H_ii/(F_ii + δ) and its standard error, F the diagonal empirical Fisher."""
     basis = m.eigenvectors if deflate else None  # docs/metrics.md#fisher-trace-ratio
     mean, se = S.fisher_trace_ratio(
         m.sharpness_operator(), seed=m.seed, moments=m.fisher_moments(), basis=basis, **options
@@ -281,6 +303,7 @@ def fisher_trace_ratio(m: Measurement, deflate: bool = True, **options) -> dict:
     schema={},
 )
 def fisher_rao_norm(m: Measurement) -> dict:
+    """``fisher_rao_norm`` ⟨θ, Fθ⟩ and its standard error, F the empirical Fisher."""
     # per-sample gradients (the trace ratio's, when it ran): no HVPs
     value, se = S.fisher_rao_norm(m.objective(), m.fisher_moments())
     return {"fisher_rao_norm": value, "fisher_rao_norm_se": se}
@@ -294,6 +317,7 @@ def fisher_rao_norm(m: Measurement) -> dict:
     schema={},
 )
 def complexity(m: Measurement) -> dict:
+    """Jiang et al.'s norm-based measures of the weights."""
     from .complexity import complexity_measures
 
     shape = m.data.input_shape if m.data is not None else m.operator.batches[0][0].shape[1:]
@@ -309,8 +333,10 @@ def complexity(m: Measurement) -> dict:
     schema={"bits": "bit_widths", "exact_max_params": "off_or_count", "num_probes": "probes"},
 )
 def quantization(
-    m: Measurement, bits=(8, 4), exact_max_params: int = 1024, num_probes: int = 20
+    m: Measurement, bits: Sequence[int] = (8, 4), exact_max_params: int = 1024, num_probes: int = 20
 ) -> dict:
+    """Test accuracy, loss and ECE with the weights quantized to each of ``bits``; the predicted
+    loss rise."""
     from .quantization import predicted_rise, quantization_values
 
     if m.test is None:
@@ -339,6 +365,7 @@ def quantization(
     schema={"num_samples": "count"},
 )
 def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
+    """The mean per-sample ‖∇ₓ loss‖₂ over the test set (nothing on token inputs)."""
     from .input_grad import input_grad_norm
 
     if m.test is None or token_inputs(m):  # token ids: no gradient with respect to them
@@ -354,7 +381,11 @@ def input_grad(m: Measurement, num_samples: int | None = None) -> dict:
     final_only=True,
     schema={"frames": "probes", "num_samples": "count", "kinds": "flip_kinds"},
 )
-def flip(m: Measurement, frames: int = 10, num_samples: int = 1000, kinds=None) -> dict:
+def flip(
+    m: Measurement, frames: int = 10, num_samples: int = 1000, kinds: Sequence[str] | None = None
+) -> dict:
+    """Flip probabilities over sequences of small perturbations of the test inputs (nothing on
+    token inputs)."""
     from .flip import KINDS, flip_probabilities
 
     if m.test is None or token_inputs(m):  # perturbing token ids by small amounts: no meaning
@@ -386,6 +417,8 @@ def sharpness_dim(
     num_steps: int = 25,
     lr: float | None = None,
 ) -> dict:
+    """The Kaplan–Yorke dimension of the SGD map at the weights, from the Hessian's spectrum (SGD
+    runs only)."""
     from .sharpness_dim import dense_eigenvalues, estimated_eigenvalues, sharpness_dimension
 
     if m.step is None:  # not an SGD run: its map is not gradient descent's (docs/metrics.md)

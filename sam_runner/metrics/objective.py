@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -17,12 +18,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..module_state import frozen_running_stats
 from .fast_forwards import affine_eval_batchnorm, matmul_conv1d
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Sequence
+    from typing import Any
+
+    from torch import nn
+
 
 def mean_loss(loss: torch.Tensor) -> torch.Tensor:
+    """The mean of a per-sample loss (a scalar as it is)."""
     return loss.mean() if loss.dim() > 0 else loss
 
 
-def grad_or_zero(outputs, params, **kwargs):
+def grad_or_zero(
+    outputs: torch.Tensor, params: Sequence[torch.Tensor], **kwargs: Any
+) -> tuple[torch.Tensor, ...]:
     """``autograd.grad`` with zeros for trainable parameters the loss does not use (their Hessian
     rows are zero), instead of autograd's error."""
     return torch.autograd.grad(outputs, params, allow_unused=True, materialize_grads=True, **kwargs)
@@ -32,7 +42,12 @@ class Objective:
     """The mean loss over ``batches`` as a function of the flattened trainable parameters:
     its value and gradient, and in-place moves of the parameters (for sharpness probes)."""
 
-    def __init__(self, model, loss_fn, batches):
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
         self.model, self.loss_fn = model, loss_fn
         self.batches = [(x, y) for x, y in batches]
         if not self.batches:
@@ -59,15 +74,18 @@ class Objective:
         self._stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
         self._stack.enter_context(torch.enable_grad())
 
-    def flat(self, ts) -> torch.Tensor:
+    def flat(self, ts: Iterable[torch.Tensor]) -> torch.Tensor:
+        """The tensors ``ts`` (one per parameter) as one flat vector."""
         return torch.cat([t.reshape(-1) for t in ts])
 
     def unflat(self, v: torch.Tensor) -> list:
+        """The flat vector ``v`` as one view per parameter, in their shapes."""
         return [
             c.view(s) for c, s in zip(v.split([math.prod(s) for s in self.shapes]), self.shapes)
         ]
 
-    def close(self):
+    def close(self) -> None:
+        """Restore the model's modes and the attention kernels the objective changed."""
         self._stack.close()
 
     def __enter__(self):
@@ -76,7 +94,9 @@ class Objective:
     def __exit__(self, *exc):
         self.close()
 
-    def batch_loss(self, i, params=None):
+    def batch_loss(self, i: int, params: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """Batch ``i``'s mean loss times its weight (its share of the samples), at ``params``
+        when given."""
         x, y = self.batches[i]
         if params is None:
             out = self.model(x)
@@ -86,16 +106,18 @@ class Objective:
 
     @torch.no_grad()
     def loss(self) -> torch.Tensor:
+        """The mean loss over all batches (no graph)."""
         return sum(self.batch_loss(i).detach() for i in range(len(self.batches)))
 
     def gradient(self) -> torch.Tensor:
+        """The flat gradient of the mean loss over all batches."""
         g = torch.zeros(self.numel, device=self.device, dtype=self.dtype)
         for i in range(len(self.batches)):
             g += self.flat(grad_or_zero(self.batch_loss(i), self.params))
         return g
 
     @contextlib.contextmanager
-    def restoring(self):
+    def restoring(self) -> Iterator[None]:
         """Put the parameters back bit for bit afterwards (additions and subtractions round)."""
         saved = [p.detach().clone() for p in self.params]
         try:

@@ -29,7 +29,7 @@ def oui(activations: torch.Tensor) -> float:
     return float(oui_from_counts(positive, b))
 
 
-def oui_from_counts(positive: torch.Tensor, batch) -> torch.Tensor:
+def oui_from_counts(positive: torch.Tensor, batch: int | torch.Tensor) -> torch.Tensor:
     """OUI from the per-unit counts of positive samples ``positive`` over a batch of ``batch``
     (a number or a 0-d tensor): the mean of min(s_j, B − s_j)/⌊B/2⌋, as a float64 0-d tensor on
     the counts' device (no host sync; counts summed over micro-batches and processes give the

@@ -13,15 +13,23 @@ left out of the threshold, as in the paper.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from .solvers import lanczos
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .hvp import HessianOperator
+
 TOL, MAX_ITER = 1e-3, 100  # as metrics.hessian's defaults
 
 
-def adam_preconditioner(optimizer, params) -> tuple[torch.Tensor, float] | None:
+def adam_preconditioner(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, float] | None:
     """(diag(P) flattened over ``params``, the threshold), or None when the base optimizer is
     not Adam or AdamW, or has not stepped on every parameter yet."""
     base = getattr(optimizer, "base_optimizer", optimizer)
@@ -41,7 +49,7 @@ def adam_preconditioner(optimizer, params) -> tuple[torch.Tensor, float] | None:
     return torch.cat(parts), threshold
 
 
-def preconditioned_sharpness(op, optimizer) -> dict:
+def preconditioned_sharpness(op: HessianOperator, optimizer: torch.optim.Optimizer) -> dict:
     """``precond_lambda_max`` = λ_max(P⁻¹H) on the operator ``op`` (a HessianOperator),
     ``precond_eos_threshold`` and ``precond_eos_ratio`` (not at η = 0); {} for other
     optimizers."""

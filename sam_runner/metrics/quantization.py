@@ -21,11 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .complexity import LAYERS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from .hvp import HessianOperator
+    from .solvers import SeededProbes
 
 
 def _scales(weight: torch.Tensor, bits: int) -> torch.Tensor:
@@ -52,7 +59,7 @@ def quantize_weights(model: nn.Module, bits: int) -> nn.Module:
     return out
 
 
-def rounding_steps(model: nn.Module, params, bits: int) -> list:
+def rounding_steps(model: nn.Module, params: Sequence[torch.Tensor], bits: int) -> list:
     """For each tensor of ``params`` (the Hessian operator's), the rounding step of each entry:
     its channel's scale for a conv or linear weight, 0 for everything else."""
     scales = {id(m.weight): m.weight for m in model.modules() if isinstance(m, LAYERS)}
@@ -67,7 +74,13 @@ def rounding_steps(model: nn.Module, params, bits: int) -> list:
 
 
 def predicted_rise(
-    op, model, bits, exact_max_params: int, num_probes: int, seed: int, probes=None
+    op: HessianOperator,
+    model: nn.Module,
+    bits: Iterable[int],
+    exact_max_params: int,
+    num_probes: int,
+    seed: int,
+    probes: SeededProbes | None = None,
 ) -> dict:
     """{b: Σ_i H_ii s_i²/24} on the operator's loss for each b of ``bits`` (module docstring):
     one diagonal (exact, or Hutchinson's z ⊙ Hz over one set of probes) for every bit width.
@@ -86,7 +99,9 @@ def predicted_rise(
     return out
 
 
-def quantization_values(model, test, bits, ece_bins: int = 15) -> dict:
+def quantization_values(
+    model: nn.Module, test: Iterable, bits: Iterable[int], ece_bins: int = 15
+) -> dict:
     """The test-set keys (module docstring) for every bit width of ``bits``."""
     from .. import distributed
     from .calibration import expected_calibration_error

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,18 @@ from ..registry import CORRUPTIONS, DATASETS
 from .calibration import expected_calibration_error
 from .evaluate import predict
 from .folder_corruptions import check_corruption_tree, folder_loader, folder_names
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from contextlib import AbstractContextManager
+
+    from omegaconf import DictConfig
+    from torch import nn
+
+    from ..clock import Clock
+    from ..data import Data
+    from ..distributed import Topology
+    from ..part import Run
 
 SOURCES = ("auto", "files", "generated")
 # the published arrays of each dataset's test set, under dataset.data_dir
@@ -48,7 +61,8 @@ def _section(metrics_cfg) -> dict:
     return dict(node or {})
 
 
-def enabled(metrics_cfg) -> bool:
+def enabled(metrics_cfg: DictConfig) -> bool:
+    """Whether ``metrics.corruptions.enabled`` asks for the measurement."""
     return bool(_section(metrics_cfg).get("enabled", False))
 
 
@@ -65,16 +79,18 @@ def kind_of(dataset_name: str) -> str | None:
     return None
 
 
-def selected(metrics_cfg, kind: str) -> list[str]:
+def selected(metrics_cfg: DictConfig, kind: str) -> list[str]:
+    """The corruption names ``metrics.corruptions.names`` selects for inputs of ``kind``."""
     names = _section(metrics_cfg).get("names", "all")
     return C.names_for(kind) if names in ("all", None) else [str(n) for n in names]
 
 
-def severities(metrics_cfg) -> list[int]:
+def severities(metrics_cfg: DictConfig) -> list[int]:
+    """The severities ``metrics.corruptions.severities`` selects."""
     return [int(s) for s in _section(metrics_cfg).get("severities", C.SEVERITIES)]
 
 
-def validate(metrics_cfg, dataset_cfg=None) -> None:
+def validate(metrics_cfg: DictConfig, dataset_cfg: DictConfig | None = None) -> None:
     """One-line errors for ``metrics.corruptions`` (and, given the dataset, whether it applies)."""
     c = _section(metrics_cfg)
     keys = ("enabled", "names", "severities", "source", "folder")
@@ -193,7 +209,14 @@ class _Corrupting:
         return self.prepare(x, loader_generator, batch) if self.prepare is not None else x
 
 
-def corrupted_loader(data, metrics_cfg, dataset_cfg, seed: int, name: str, severity: int):
+def corrupted_loader(
+    data: Data,
+    metrics_cfg: DictConfig,
+    dataset_cfg: DictConfig,
+    seed: int,
+    name: str,
+    severity: int,
+) -> tuple[Iterable, str]:
     """The test set under one corruption at one severity: the published arrays when the source
     allows and they are there, else generated batch by batch."""
     if data.train_tensors is None:  # an image folder
@@ -210,7 +233,15 @@ def corrupted_loader(data, metrics_cfg, dataset_cfg, seed: int, name: str, sever
     return TensorLoader(test.x, test.y, test.batch_size, transform=transform, **kw), "generated"
 
 
-def corruption_values(model, data, metrics_cfg, dataset_cfg, seed, autocast=None, dist=None):
+def corruption_values(
+    model: nn.Module,
+    data: Data,
+    metrics_cfg: DictConfig,
+    dataset_cfg: DictConfig,
+    seed: int,
+    autocast: AbstractContextManager | None = None,
+    dist: Topology | None = None,
+) -> tuple[dict, list[str]]:
     """``test_acc_c``, ``test_ece_c``, ``test_acc_c_<corruption>`` (see the module docstring),
     and the set of sources used (``files``, ``generated``)."""
     autocast = autocast if autocast is not None else contextlib.nullcontext()
@@ -235,11 +266,12 @@ def corruption_values(model, data, metrics_cfg, dataset_cfg, seed, autocast=None
     return out, sorted(sources)
 
 
-def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+def check(cfg: DictConfig, where: object = None) -> None:  # noqa: ARG001 (every check's signature)
+    """Validate ``metrics.corruptions`` against the dataset (every check's signature)."""
     validate(cfg.metrics, cfg.dataset)
 
 
-def build_part(run) -> Robustness | None:
+def build_part(run: Run) -> Robustness | None:
     """The corruption measurement of the run's last evaluation (None when not asked for)."""
     if not enabled(run.cfg.metrics):
         return None
@@ -249,12 +281,21 @@ def build_part(run) -> Robustness | None:
 class Robustness(Part):
     """The corruption keys of a run's final evaluation line."""
 
-    def __init__(self, cfg, data, model, autocast, dist, clock):
+    def __init__(
+        self,
+        cfg: DictConfig,
+        data: Data,
+        model: nn.Module,
+        autocast: AbstractContextManager,
+        dist: Topology,
+        clock: Clock,
+    ) -> None:
         self.cfg, self.data, self.model, self.clock = cfg, data, model, clock
         self.autocast, self.dist = autocast, dist
         validate(cfg.metrics, cfg.dataset)  # before training, not after it
 
     def log_values(self) -> dict:
+        """The corruption metrics after the last epoch (nothing before it)."""
         if not self.clock.final:
             return {}
         cfg = self.cfg

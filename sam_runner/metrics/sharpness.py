@@ -65,6 +65,8 @@ def worst_case_sharpness(
     eta: float = 0.01,
     seed: int = 0,
 ) -> float:
+    """max over ‖ε‖ ≤ ρ of L(θ+ε) − L(θ) by ``steps`` normalized ascent steps (``adaptive``:
+    ASAM's ball); the weights restored."""
     with obj.restoring():
         return _worst_case_sharpness_impl(obj, rho, steps, adaptive, eta, seed)
 
@@ -103,7 +105,11 @@ def _worst_case_sharpness_impl(
     return float(best)
 
 
-def average_sharpness(obj: Objective, sigma: float = 0.01, num_samples: int = 10, seed: int = 0):
+def average_sharpness(
+    obj: Objective, sigma: float = 0.01, num_samples: int = 10, seed: int = 0
+) -> tuple[float, float]:
+    """E L(θ+δ) − L(θ) over ``num_samples`` draws δ ~ N(0, σ²I): (mean, standard error); the
+    weights restored."""
     with obj.restoring():
         return _average_sharpness_impl(obj, sigma, num_samples, seed)
 
@@ -125,8 +131,11 @@ def _average_sharpness_impl(obj, sigma: float = 0.01, num_samples: int = 10, see
 
 
 def directional_sharpness(
-    op: HessianOperator, num_directions: int = 4, seed: int = 0, directions=None
-):
+    op: HessianOperator,
+    num_directions: int = 4,
+    seed: int = 0,
+    directions: list[torch.Tensor] | None = None,
+) -> tuple[float, float]:
     """(mean, max) of dᵀHd along unit directions d: one HVP each, the dot product in float64."""
     if directions is None:
         if not (isinstance(num_directions, int) and num_directions >= 1):
@@ -145,7 +154,7 @@ def directional_sharpness(
 
 def armijo_probe(
     obj: Objective, alpha0: float = 1.0, c: float = 1e-4, beta: float = 0.5, max_steps: int = 40
-):
+) -> tuple[float, float, int]:
     """(accepted α, implied curvature 2(1−c)/α, loss evaluations used); α and curvature are NaN
     when no trial within ``max_steps`` is accepted."""
     with obj.restoring():
@@ -173,7 +182,9 @@ def _armijo_probe_impl(
     return math.nan, math.nan, evals
 
 
-def per_sample_gradient_moments(obj: Objective, chunk: int = 256):
+def per_sample_gradient_moments(
+    obj: Objective, chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(diagonal empirical Fisher: the mean over samples of the squared per-sample gradient, flat;
     the per-sample ⟨θ, ∇ℓ_n⟩ in float64), from per-sample gradients in eval mode (module
     docstring), with Conv1d's own forward (``own_conv1d``)."""
@@ -207,7 +218,9 @@ def per_sample_gradient_moments(obj: Objective, chunk: int = 256):
         return total / len(dots), dots
 
 
-def fisher_rao_norm(obj: Objective, moments=None) -> tuple[float, float]:
+def fisher_rao_norm(
+    obj: Objective, moments: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[float, float]:
     """⟨θ, Fθ⟩ for the empirical Fisher F = mean_n ∇ℓ_n ∇ℓ_nᵀ (all trainable parameters), i.e. the
     mean of ⟨θ, ∇ℓ_n⟩² over the samples: (value, its standard error over the samples).
     ``moments``: ``per_sample_gradient_moments(obj)`` when already taken."""
@@ -222,9 +235,9 @@ def fisher_trace_ratio(
     damping: float = 1e-3,
     exact_max_params: int = 1024,
     seed: int = 0,
-    moments=None,
-    basis=None,
-):
+    moments: tuple[torch.Tensor, torch.Tensor] | None = None,
+    basis: torch.Tensor | None = None,
+) -> tuple[float, float]:
     """Σ_i H_ii / (F_ii + δ), δ = damping · mean_i F_ii: (value, standard error). Exact (H's
     diagonal by one HVP per coordinate, standard error 0) up to ``exact_max_params`` parameters;
     beyond, a trace estimate of A = W^½ H W^½, W = diag(1/(F + δ)): Hutch++ with ``num_probes``

@@ -28,11 +28,21 @@ the key is left out).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-def exponents(eigenvalues, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> list:
+    from omegaconf import DictConfig
+
+    from .hvp import HessianOperator
+
+
+def exponents(
+    eigenvalues: Iterable[float], lr: float, momentum: float = 0.0, weight_decay: float = 0.0
+) -> list:
     """The one-step map's Lyapunov exponents at a point with these Hessian eigenvalues (float64,
     vectorised: the 2×2 blocks' eigenvalues in closed form)."""
     lam = torch.as_tensor(list(eigenvalues), dtype=torch.float64) + weight_decay
@@ -46,7 +56,7 @@ def exponents(eigenvalues, lr: float, momentum: float = 0.0, weight_decay: float
     return moduli.log().tolist()
 
 
-def kaplan_yorke(chis) -> float:
+def kaplan_yorke(chis: Iterable[float]) -> float:
     """k + (χ₁ + … + χₖ)/|χₖ₊₁| over the exponents sorted descending (module docstring)."""
     chis = sorted((float(c) for c in chis), reverse=True)
     total, k = 0.0, 0
@@ -60,7 +70,9 @@ def kaplan_yorke(chis) -> float:
     return k + (total / abs(chis[k]) if math.isfinite(chis[k]) else 0.0)
 
 
-def sharpness_dimension(eigenvalues, lr, momentum: float = 0.0, weight_decay: float = 0.0):
+def sharpness_dimension(
+    eigenvalues: Iterable[float], lr: float, momentum: float = 0.0, weight_decay: float = 0.0
+) -> float:
     """The Kaplan–Yorke dimension of θ ↦ θ − lr·∇L (with ``momentum``: the heavy-ball map) at a
     point whose Hessian has these eigenvalues (module docstring)."""
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
@@ -68,7 +80,7 @@ def sharpness_dimension(eigenvalues, lr, momentum: float = 0.0, weight_decay: fl
     return kaplan_yorke(exponents(eigenvalues, float(lr), float(momentum), float(weight_decay)))
 
 
-def dense_eigenvalues(op) -> torch.Tensor:
+def dense_eigenvalues(op: HessianOperator) -> torch.Tensor:
     """Every eigenvalue of the operator's Hessian (float64), from H built column by column."""
     from .solvers import PROBE_BLOCK
 
@@ -94,7 +106,9 @@ def density_quantiles(density: dict, n: int) -> torch.Tensor:
     return nodes[index]
 
 
-def estimated_eigenvalues(op, top_k: int, density: dict, seed: int) -> torch.Tensor:
+def estimated_eigenvalues(
+    op: HessianOperator, top_k: int, density: dict, seed: int
+) -> torch.Tensor:
     """n eigenvalues: the quantiles of the SLQ ``density`` (spectral_density's), the largest
     ``top_k`` of them replaced by the top eigenvalues by Lanczos (0: the quantiles alone)."""
     from .solvers import top_hessian_eigenvalues
@@ -108,7 +122,7 @@ def estimated_eigenvalues(op, top_k: int, density: dict, seed: int) -> torch.Ten
     return torch.cat([torch.tensor(top, dtype=torch.float64), rest[: n - k]])
 
 
-def sgd_step(cfg) -> dict | None:
+def sgd_step(cfg: DictConfig | None) -> dict | None:
     """{lr, momentum, weight_decay} of a run's configured SGD base optimizer, else None."""
     base = cfg.get("base_optimizer") if cfg is not None else None
     if base is None or str(base.get("name", "")) != "sgd" or bool(base.get("nesterov", False)):
@@ -120,7 +134,7 @@ def sgd_step(cfg) -> dict | None:
     }
 
 
-def step_for(metrics_cfg, cfg) -> dict | None:
+def step_for(metrics_cfg: DictConfig, cfg: DictConfig | None) -> dict | None:
     """The SGD step the sharpness dimension of this run uses (``sgd_step``, its lr replaced by
     ``metrics.sharpness_dim.lr`` when given); a one-line error, before anything runs, when the
     measure is on and that step is 0."""

@@ -27,10 +27,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .hvp import HessianOperator
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any
+
+    from torch import nn
 
 
 @dataclass
@@ -119,7 +126,7 @@ class _Basis:
                 self[i][cols] = new[i]
 
 
-def tridiagonal(alphas, betas) -> torch.Tensor:
+def tridiagonal(alphas: Sequence[float], betas: Sequence[float]) -> torch.Tensor:
     """Lanczos' T (float64) from its diagonal and its first len(alphas) − 1 off-diagonal entries."""
     T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
     if len(alphas) > 1:
@@ -275,15 +282,15 @@ def _keep(k: int, capacity: int) -> int:
 
 
 def lanczos(
-    matvec,
+    matvec: Callable[[torch.Tensor], torch.Tensor],
     n: int,
     k: int = 1,
     tol: float = 1e-3,
     max_iter: int = 100,
-    init=None,
-    generator=None,
-    device="cpu",
-    dtype=None,
+    init: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
     stop: bool = True,
     max_vectors: int | None = LANCZOS_VECTORS,
 ) -> LanczosResult:
@@ -352,15 +359,15 @@ class EigenResult:
 
 
 def hessian_eigenpairs(
-    model,
-    loss_fn,
-    batches,
+    model: nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     k: int = 1,
     *,
     tol: float = 1e-3,
     max_iter: int = 100,
     method: str = "auto",
-    init=None,
+    init: torch.Tensor | Sequence[torch.Tensor] | None = None,
     seed: int = 0,
     graph_cache_mb: float = 1024,
     presolve_batches: int = 0,
@@ -419,7 +426,13 @@ def _presolve(op, n_batches, k, tol, max_iter, init, generator):
     return pre.vectors.sum(0), pre.hvps
 
 
-def top_hessian_eigenvalues(model, loss_fn, batches, k: int = 1, **kwargs) -> list[float]:
+def top_hessian_eigenvalues(
+    model: nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    k: int = 1,
+    **kwargs: Any,
+) -> list[float]:
     """The k largest eigenvalues, largest first, of the Hessian of the mean loss over all
     samples in ``batches`` (iterable of ``(inputs, targets)``), in the model's current mode.
     Keyword arguments as ``hessian_eigenpairs`` (tol=1e-3 relative, max_iter=100, method)."""
@@ -444,7 +457,11 @@ def _rademachers(count, n, generator, device, dtype) -> torch.Tensor:
 
 
 def hutchinson(
-    op: HessianOperator, num_probes: int = 100, seed: int = 0, weight=None, probes=None
+    op: HessianOperator,
+    num_probes: int = 100,
+    seed: int = 0,
+    weight: torch.Tensor | None = None,
+    probes: SeededProbes | None = None,
 ) -> tuple[float, float]:
     """Hutchinson's estimate of tr(diag(w) H) (tr(H) without ``weight``) with Rademacher probes v:
     the mean of (w ⊙ v)ᵀ H v and its standard error. Probes go through ``op.hvp_batch`` in blocks;
@@ -458,7 +475,9 @@ def hutchinson(
     return float(s.mean()), float(s.std() / math.sqrt(num_probes))
 
 
-def probe_products(op: HessianOperator, num_probes: int, seed: int = 0, probes=None):
+def probe_products(
+    op: HessianOperator, num_probes: int, seed: int = 0, probes: SeededProbes | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(V, HV): ``num_probes`` seeded Rademacher rows and H applied to each (in blocks).
     ``probes``: a ``SeededProbes`` of ``op`` and ``seed`` whose products are shared."""
     return (probes or SeededProbes(op, seed)).first(num_probes)
@@ -474,7 +493,7 @@ class SeededProbes:
     Hv = ‖v‖·H(v/‖v‖) for the estimates (equal to H applied to v up to float rounding). The
     probes are kept as int8 signs (a quarter of float32's memory)."""
 
-    def __init__(self, op: HessianOperator, seed: int = 0):
+    def __init__(self, op: HessianOperator, seed: int = 0) -> None:
         self.op, self.seed = op, seed
         self._signs = torch.empty(0, op.numel, dtype=torch.int8, device=op.device)
         self._products = torch.empty(0, op.numel, dtype=op.dtype, device=op.device)
@@ -494,20 +513,27 @@ class SeededProbes:
         self._products = torch.cat([self._products, products])
         self._signs = V.to(torch.int8)
 
-    def unit_products(self, count: int):
+    def unit_products(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(U, HU): the first ``count`` probes scaled to unit norm, and H applied to each."""
         self._extend(count)
         V = self._signs[:count].to(self.op.dtype)
         return torch.stack([v / v.norm() for v in V]), self._products[:count]
 
-    def first(self, count: int):
+    def first(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(V, HV) of the first ``count`` probes (HVPs only for those not yet applied)."""
         self._extend(count)
         V = self._signs[:count].to(self.op.dtype)
         return V, self._products[:count] * V.norm(dim=1, keepdim=True)
 
 
-def hutch_plus_plus(matmat, n: int, num_matvecs: int = 60, seed: int = 0, device="cpu", dtype=None):
+def hutch_plus_plus(
+    matmat: Callable[[torch.Tensor], torch.Tensor],
+    n: int,
+    num_matvecs: int = 60,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> tuple[float, float]:
     """Hutch++ (Meyer et al. 2021) estimate of tr(A) for the symmetric A, ``matmat`` applying it to
     the rows of a [B, n] matrix: the exact trace of A on Q = orth(A S), S n×s Rademacher
     (s = ``num_matvecs`` // 3), plus Hutchinson on the rest (I − QQᵀ)A(I − QQᵀ) with the remaining
@@ -541,7 +567,11 @@ def hessian_diagonal(op: HessianOperator) -> torch.Tensor:
 
 
 def hessian_trace(
-    op: HessianOperator, num_probes: int = 100, seed: int = 0, basis=None, probes=None
+    op: HessianOperator,
+    num_probes: int = 100,
+    seed: int = 0,
+    basis: torch.Tensor | None = None,
+    probes: SeededProbes | None = None,
 ) -> tuple[float, float]:
     """Hutchinson's estimate of tr(H): (mean of vᵀHv over Rademacher probes, its standard error).
     ``basis`` ([k, n], e.g. the top-k Ritz vectors already computed): deflated, tr(QᵀHQ) exactly
@@ -554,8 +584,12 @@ def hessian_trace(
 
 
 def deflated_hutchinson(
-    op: HessianOperator, basis, num_probes: int = 100, seed: int = 0, probes=None
-):
+    op: HessianOperator,
+    basis: torch.Tensor,
+    num_probes: int = 100,
+    seed: int = 0,
+    probes: SeededProbes | None = None,
+) -> tuple[float, float]:
     """tr(H) = tr(QᵀHQ) + tr(P HP), P = I − QQᵀ, for any Q with orthonormal columns (the cross
     terms vanish: tr(QQᵀHP) = tr(HPQQᵀ) = 0); Q = orth(basisᵀ) in float64. The first term exactly,
     the second by Hutchinson with the probes of ``hutchinson`` (the same seeded Rademacher
@@ -570,8 +604,15 @@ def deflated_hutchinson(
 
 
 def deflated_trace(
-    matmat, n: int, basis, num_probes: int, seed: int = 0, device="cpu", dtype=None, products=None
-):
+    matmat: Callable[[torch.Tensor], torch.Tensor],
+    n: int,
+    basis: torch.Tensor,
+    num_probes: int,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    products: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[float, float]:
     """``deflated_hutchinson`` for any symmetric A given by ``matmat`` (rows of a [B, n] matrix):
     tr(QᵀAQ) exactly (k applications) + Hutchinson on (I − QQᵀ)A(I − QQᵀ) with ``num_probes``.
     ``products``: (V, AV) of the seeded probes unprojected (``probe_products``), so that
@@ -598,7 +639,11 @@ def deflated_trace(
 
 
 def spectral_density(
-    op: HessianOperator, num_runs: int = 3, num_steps: int = 25, seed: int = 0, probes=None
+    op: HessianOperator,
+    num_runs: int = 3,
+    num_steps: int = 25,
+    seed: int = 0,
+    probes: SeededProbes | None = None,
 ) -> dict:
     """Stochastic Lanczos quadrature (Ghorbani et al. 2019): for each of ``num_runs`` Rademacher
     start vectors, the nodes (Ritz values) and weights (squared first eigenvector components)

@@ -9,7 +9,7 @@ import torch
 from ..registry import VARIANTS
 
 
-def inverse_stability_threshold(optimizer) -> float | None:
+def inverse_stability_threshold(optimizer: torch.optim.Optimizer) -> float | None:
     """1 / (the largest curvature at which the base optimizer's iteration on a 1-D quadratic is
     stable), so that eos_ratio = λ_max · this. With lr η, momentum β and dampening d (PyTorch's
     SGD: b ← βb + (1−d)g; heavy ball steps along b, Nesterov along g + βb) the iteration's
@@ -43,13 +43,13 @@ def _with_weight_decay(inverse: float, wd: float) -> float:
     return inverse / rest if rest > 0 else math.inf
 
 
-def stability_threshold(optimizer) -> float | None:
+def stability_threshold(optimizer: torch.optim.Optimizer) -> float | None:
     """The threshold itself (``math.inf`` at η = 0); see ``inverse_stability_threshold``."""
     inv = inverse_stability_threshold(optimizer)
     return None if inv is None else (1 / inv if inv > 0 else math.inf)
 
 
-def sam_edge(optimizer, grad_norm: float) -> float | None:
+def sam_edge(optimizer: torch.optim.Optimizer, grad_norm: float) -> float | None:
     """The SAM edge of stability: (‖g‖/(2ρ))(√(1 + 8ρ/(η‖g‖)) − 1), the stability limit of SAM on
     a quadratic, derived here (that SAM has such an edge: Long & Bartlett 2023), for
     ``optimizer=sam`` stepping with plain SGD (no momentum, the setting of the derivation); None

@@ -10,17 +10,33 @@ sharpness measure (``metrics.sharpness.worst_case.adaptive``) uses the same ball
 runner's weight/bias split (optim/blocks.py ``is_bias``).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..registry import VARIANTS
 from .engine import SharpnessAware, _check
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 @VARIANTS.register("asam", "ε = ρ T²g/‖Tg‖ with T = |θ| + η on weights (Kwon et al. 2021)")
 class ASAM(SharpnessAware):
     variant_options = {"eta": 0.01}
 
-    def __init__(self, params, base_optimizer, rho: float = 0.5, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.5,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(self.eta >= 0, f"eta must be >= 0, got {self.eta}")
 
@@ -39,7 +55,10 @@ class ASAM(SharpnessAware):
             c["t"] = [torch.empty_like(params[i]) for i in c["weights"]]  # persistent T buffer
         return c["weights"], c["biases"], c["t"]
 
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = ρ T² g / ‖T g‖, T = |θ| + η on weights and 1 on biases."""
         wi, bi, t = self._split(params)
         pw, gw, ew = [params[i] for i in wi], [grads[i] for i in wi], [eps[i] for i in wi]
         gb, eb = [grads[i] for i in bi], [eps[i] for i in bi]

@@ -1,7 +1,18 @@
 """No perturbation: one pass and the base optimizer's step (the baseline of every study)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from ..registry import VARIANTS
 from .engine import SharpnessAware
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    import torch
+    from torch.optim.optimizer import ParamsT
 
 
 @VARIANTS.register("base", "no perturbation: one pass and the base optimizer's step (the baseline)")
@@ -24,11 +35,18 @@ class Base(SharpnessAware):
         "perturb_with_weight_decay",
     )
 
-    def __init__(self, params, base_optimizer, rho=None, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float | None = None,
+        **kwargs: Any,
+    ) -> None:
         # rho (None or a number) is ignored, not an error: the study presets sweep base beside
         # SAM variants under one optimizer.rho
         del rho
         super().__init__(params, base_optimizer, **kwargs)
 
-    def log_values(self):
+    def log_values(self) -> dict:
+        """The largest first-pass ‖g‖ since the last line (no ρ: nothing is perturbed)."""
         return self.pop_grad_norm_max()  # no ρ: nothing is perturbed

@@ -32,8 +32,11 @@ sub-batches), so s stays the same everywhere. A plain step (a schedule's) takes 
 the gradient at θ in place of g_ε and g. BatchNorm running statistics come from the noisy pass.
 """
 
+from __future__ import annotations
+
 import math
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
@@ -41,6 +44,12 @@ from typing_extensions import override
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 def _rank() -> int:
@@ -59,7 +68,13 @@ class BSAM(SAM):
         "num_data": None,
     }
 
-    def __init__(self, params, base_optimizer, rho: float = 0.01, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.01,
+        **kwargs: Any,
+    ) -> None:
         self.seed = int(kwargs.get("perturb_seed", 0))
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(0 <= self.beta1 < 1, f"beta1 must be in [0, 1), got {self.beta1}")
@@ -78,7 +93,7 @@ class BSAM(SAM):
         self._gs, self._told = None, False
         self._saved = {}
 
-    def set_num_data(self, n) -> None:
+    def set_num_data(self, n: float) -> None:
         """N, the number of training examples the posterior's precision counts."""
         _check(
             isinstance(n, (int, float)) and not isinstance(n, bool) and 0 < n < math.inf,
@@ -120,12 +135,14 @@ class BSAM(SAM):
         torch._foreach_addcmul_(params, noise, std)
 
     @override
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """One bSAM step (``closure`` as the engine's)."""
         self._gs = None
         return super().step(closure)
 
     @override
-    def sharpness_step(self, closure):
+    def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Pass 0 at a noisy sample of the posterior, ε = ρ g / s, the descent pass at θ + ε."""
         trained = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         if self.num_data is None and not self._told:
             self._told = True
@@ -156,7 +173,9 @@ class BSAM(SAM):
         return loss
 
     @override
-    def base_step(self):
+    def base_step(self) -> None:
+        """bSAM's own update of θ, its momentum and its precision s (the base optimizer's step is
+        not taken)."""
         params, grads, slices = self._lists()
         gs = self._gs
         if gs is None:  # a plain step: the gradient at θ stands for g
@@ -178,11 +197,13 @@ class BSAM(SAM):
         self._gs = None
 
     @override
-    def variant_state(self):
+    def variant_state(self) -> dict:
+        """The engine's state and the count of noise draws."""
         return {**super().variant_state(), "noise_count": self.noise_count}
 
     @override
-    def load_variant_state(self, state):
+    def load_variant_state(self, state: dict) -> None:
+        """Restore ``variant_state()``'s output."""
         super().load_variant_state(state)
         self.noise_count = int(state.get("noise_count", 0))
 

@@ -27,6 +27,10 @@ plain mean loss is used. Ours: the weight formula and its normalisation (the abs
 not give the method's details).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
@@ -34,17 +38,29 @@ from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
+
 
 @VARIANTS.register("csam", "SAM's ε; descent loss per sample weighted by (1 − p_y)^γ (CSAM)")
 class CSAM(SAM):
     variant_options = {"gamma": 1.0}
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(self.gamma >= 0, f"gamma must be >= 0, got {self.gamma}")
         self._weight_sum = None  # Σ w and sample count over the descent pass (device tensor [2])
 
-    def reduce_loss(self, per_sample_loss, logits, targets):
+    def reduce_loss(
+        self, per_sample_loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """The descent pass's loss with each sample weighted by (1 − p_y)^γ (renormalised to mean
+        1); the plain mean otherwise."""
         if self.pass_index != 1 or not self.last_perturbed:
             return per_sample_loss.mean()
         with torch.no_grad():
@@ -56,7 +72,8 @@ class CSAM(SAM):
         return (w * per_sample_loss).mean()
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """Check the descent loss was reweighted, and reset the weights' sums."""
         stats, self._weight_sum = self._weight_sum, None
         if stats is None:
             raise ValueError(

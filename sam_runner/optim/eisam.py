@@ -13,11 +13,21 @@ The prediction and ε use the gradient without weight decay (with it when
 when ``sync_perturbation``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 @VARIANTS.register("eisam", "extragradient: ε from the gradient at θ − ηg; three passes (EISAM)")
@@ -25,7 +35,9 @@ class EISAM(SAM):
     passes = 3
     variant_options = {"predict_lr": None}
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(
             self.predict_lr is None or float(self.predict_lr) >= 0,
@@ -33,7 +45,9 @@ class EISAM(SAM):
             f"{self.predict_lr}",
         )
 
-    def sharpness_step(self, closure):
+    def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Three passes: at θ, at the prediction θ̃ = θ − γ g, and at θ̃ + ε (the descent
+        gradient)."""
         loss, params, g = self.first_pass(closure)
         c, slices = self._cache, self._lists()[2]
         torch._foreach_copy_(c["theta"], params)

@@ -36,7 +36,10 @@ BatchNorm's running statistics alone (the official one updates them). Defaults �
 (the official CIFAR scripts).
 """
 
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
@@ -44,6 +47,12 @@ from typing_extensions import override
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 NO_GRAD_FORWARD = 1 / 3  # a forward without backward, in passes (contract)
 
@@ -61,7 +70,9 @@ class ESAM(SAM):
         "every sharded gradient"
     )
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         self.seed = int(kwargs.get("perturb_seed", 0))
         super().__init__(params, base_optimizer, **kwargs)
         _check(_fraction(self.beta), f"beta must be a number in (0, 1], got {self.beta!r}")
@@ -97,7 +108,7 @@ class ESAM(SAM):
             self.generator.set_state(drawn_from)
 
     @override
-    def first_pass_skips(self):
+    def first_pass_skips(self) -> list[torch.nn.Parameter]:
         """``faithful``: the tensors drawn out need no gradient at θ (ε is 0 on them and ‖g‖ is
         over the kept ones), so the first pass skips them, as the official code's frozen tensors
         (one host sync: which ones is a host decision)."""
@@ -125,7 +136,10 @@ class ESAM(SAM):
         return keep.to(dtype)
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = (ρ/β) m ⊙ g/‖g‖ with a Bernoulli(β) mask m (SAM's ε when β = 1)."""
         if self.beta == 1:
             return super().compute_perturbation(params, grads, eps)
         device = grads[0].device
@@ -145,12 +159,17 @@ class ESAM(SAM):
 
     # ------------------------------------------------------------------ data
     @override
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """One ESAM step (``closure`` as the engine's)."""
         self._before = []  # the first pass's per-sample losses, gathered by reduce_loss
         return super().step(closure)
 
     @override
-    def reduce_loss(self, per_sample_loss, logits, targets):
+    def reduce_loss(
+        self, per_sample_loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """The mean loss; the first pass's per-sample losses kept to choose the descent pass's
+        rows."""
         if self.pass_index == 0 and self.selects:
             self._before.append(per_sample_loss.detach())
         elif self._probing:
@@ -160,7 +179,9 @@ class ESAM(SAM):
         return per_sample_loss.mean()
 
     @override
-    def select_rows(self, *tensors):
+    def select_rows(self, *tensors: torch.Tensor | None) -> tuple:
+        """The descent pass's rows of a micro-batch (those whose loss the perturbation raised
+        most); all in the other passes."""
         if not self._kept:
             return tensors
         keep = self._kept.pop(0)
@@ -202,7 +223,9 @@ class ESAM(SAM):
         self.pass_share = int(keep.sum()) / batch  # one host sync (so does the indexing)
 
     @override
-    def sharpness_step(self, closure):
+    def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The first pass, a forward at θ + ε to rank the samples, then the descent pass on the
+        selected rows."""
         if not self.selects:
             return super().sharpness_step(closure)
         loss, params, pgrads = self.first_pass(closure)
@@ -237,12 +260,14 @@ class ESAM(SAM):
 
     # ------------------------------------------------------------------ state
     @override
-    def variant_state(self):
+    def variant_state(self) -> dict:
+        """The engine's state and the mask generator's state."""
         # a list of bytes, not a tensor: it stays on the host whatever device the state goes to
         state = self.generator.get_state().tolist() if self.generator is not None else None
         return {**super().variant_state(), "generator": state}
 
     @override
-    def load_variant_state(self, state):
+    def load_variant_state(self, state: dict) -> None:
+        """Restore ``variant_state()``'s output (the generator rebuilt at its next use)."""
         super().load_variant_state(state)
         self.generator, self._generator_state = None, state.get("generator")

@@ -19,7 +19,10 @@ fp16 scaler skips leaves them, and the count, unchanged), and under data paralle
 per-process ε a refresh ranks the mean F over processes, so every process keeps the same mask.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
@@ -28,12 +31,20 @@ from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
+
 
 @VARIANTS.register("flatpo", "SAM on the sharpest fraction of the trainable coordinates (FlatPO)")
 class FlatPO(SAM):
     variant_options = {"fraction": 0.05, "refresh_every": 10, "beta": 0.9}
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         fraction = self.fraction
         _check(
@@ -64,7 +75,7 @@ class FlatPO(SAM):
             c["mask"] = [self.state[p]["mask"] for p in params]
         return c["fisher"], c["mask"]
 
-    def sharpest(self, fisher) -> list:
+    def sharpest(self, fisher: Sequence[torch.Tensor]) -> list:
         """The 0/1 mask of the ⌈fraction·N⌉ coordinates with the largest F (ties by topk)."""
         local = torch.cat([f.reshape(-1) for f in fisher])
         flat, start = self.gathered(local)  # sharded: every process's coordinates
@@ -75,7 +86,11 @@ class FlatPO(SAM):
         return [m.view_as(f) for m, f in zip(mask.split([f.numel() for f in fisher]), fisher)]
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """SAM's ε on the sharpest coordinates of the Fisher EMA (the update staged until the
+        step is known not skipped)."""
         fisher, mask = self._buffers(params)
         new_f = torch._foreach_mul(grads, grads)
         if self.perturb_count > 0:
@@ -93,7 +108,8 @@ class FlatPO(SAM):
         torch._foreach_mul_(eps, self.current_rho / (self.global_norm(eps) + 1e-12))
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """Commit the staged Fisher EMA and mask, unless the fp16 step was skipped."""
         if self._found_inf is not None and self._found_inf.item():  # fp16 only: a skipped step
             self._staged = None
             return
@@ -105,9 +121,11 @@ class FlatPO(SAM):
         self._staged = None
         self.perturb_count += 1
 
-    def variant_state(self):
+    def variant_state(self) -> dict:
+        """The engine's state and the count of perturbing steps."""
         return {**super().variant_state(), "perturb_count": self.perturb_count}
 
-    def load_variant_state(self, state):
+    def load_variant_state(self, state: dict) -> None:
+        """Restore ``variant_state()``'s output."""
         super().load_variant_state(state)
         self.perturb_count = int(state["perturb_count"])

@@ -19,12 +19,22 @@ Under data parallelism pass 0 is unsynchronised unless ``sync_perturbation`` (ε
 in SAM), passes 1 and 2 are synchronised.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 @VARIANTS.register(
@@ -34,7 +44,13 @@ class FocalSAM(SAM):
     passes = 3
     variant_options = {"focal_gamma": 3.0, "sharpness": 0.5, "class_counts": None}
 
-    def __init__(self, params, base_optimizer, rho: float = 0.2, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.2,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(
             self.perturb_schedule != "adaptive",
@@ -48,7 +64,7 @@ class FocalSAM(SAM):
         self._weights = None
         self._weighted = False
 
-    def set_class_counts(self, counts) -> None:
+    def set_class_counts(self, counts: Iterable[float]) -> None:
         """The training set's count per class (a sequence of numbers >= 0, not all 0)."""
         counts = [float(n) for n in counts]
         _check(
@@ -58,7 +74,7 @@ class FocalSAM(SAM):
         self.class_counts = counts
         self._weights = None
 
-    def class_weights(self, num_classes: int, device) -> torch.Tensor:
+    def class_weights(self, num_classes: int, device: torch.device) -> torch.Tensor:
         """c_y = λ (1 − n_y/N)^γ per class (cached on the logits' device)."""
         w = self._weights
         if w is None or w.device != device or len(w) != num_classes:
@@ -76,7 +92,11 @@ class FocalSAM(SAM):
         return w
 
     @override
-    def reduce_loss(self, per_sample_loss, logits, targets):
+    def reduce_loss(
+        self, per_sample_loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """The pass's class-weighted mean loss: c_y ℓ in the first pass and the descent pass, (1
+        − c_y) ℓ in the second pass at θ; the plain mean on a plain step."""
         self._weighted = True
         if not self.last_perturbed:  # a plain step (perturb_schedule): the plain loss
             return per_sample_loss.mean()
@@ -85,7 +105,14 @@ class FocalSAM(SAM):
         return (per_sample_loss * weight.to(per_sample_loss.dtype)).mean()
 
     @override
-    def run_pass(self, closure, index, sync=True, skip=()):
+    def run_pass(
+        self,
+        closure: Callable[[], torch.Tensor],
+        index: int,
+        sync: bool = True,
+        skip: Iterable[torch.nn.Parameter] = (),
+    ) -> torch.Tensor:
+        """One pass, under the class weighting its index asks for."""
         if not self.last_perturbed:  # a plain step: the plain loss
             return super().run_pass(closure, index, sync, skip)
         self._weighted = False
@@ -98,7 +125,8 @@ class FocalSAM(SAM):
         return loss
 
     @override
-    def sharpness_step(self, closure):
+    def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """g_c at θ, ε = ρ g_c/‖g_c‖, then the passes whose gradients sum to Focal-SAM's."""
         loss, params, pgrads = self.first_pass(closure)  # g_c at θ
         c = self._cache
         self.compute_perturbation(params, pgrads, c["eps"])
@@ -114,5 +142,6 @@ class FocalSAM(SAM):
         return loss + rest  # the plain mean loss at θ
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """Add the gradient of the (1 − c_y)-weighted loss at θ to the descent gradient."""
         torch._foreach_add_(self._lists()[1], self._cache["g1"])

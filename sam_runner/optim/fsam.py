@@ -16,12 +16,22 @@ process's checkpoint resumes them all; d uses the process's own g. The official 
 one m per process.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 def _distributed() -> bool:
@@ -32,14 +42,19 @@ def _distributed() -> bool:
 class FSAM(SAM):
     variant_options = {"sigma": 1.0, "lmbda": 0.9}
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(0 <= self.sigma < float("inf"), f"sigma must be a number >= 0, got {self.sigma}")
         _check(0 <= self.lmbda <= 1, f"lmbda must be in [0, 1], got {self.lmbda}")
         self._staged = None
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = ρ d/‖d‖, d = g − σ m (d = g on the first perturbing step); the new m staged."""
         old = [self.state[p].get("fsam_momentum") for p in params]
         if any(m is None for m in old):  # the first perturbing step: d = g, m = g
             torch._foreach_copy_(eps, grads)
@@ -59,7 +74,8 @@ class FSAM(SAM):
         return out
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """Commit the staged EMA m, unless the fp16 step was skipped."""
         staged, self._staged = self._staged, None
         if staged is None or self.overflowed():  # a skipped fp16 step leaves m as it was
             return

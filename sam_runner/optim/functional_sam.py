@@ -20,12 +20,22 @@ to the surrogate as to a loss); under data parallelism δ is per process (each p
 micro-batches) and pass 1 is synchronised.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 PRECONDITIONS = ("none", "adam")
 
@@ -36,7 +46,9 @@ PRECONDITIONS = ("none", "adam")
 class FunctionalSAM(SAM):
     variant_options = {"precondition": "none"}
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(
             self.precondition in PRECONDITIONS,
@@ -50,12 +62,17 @@ class FunctionalSAM(SAM):
         self._deltas, self._next = [], 0
 
     @override
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """One Functional-SAM step (``closure`` as the engine's)."""
         self._deltas, self._next = [], 0
         return super().step(closure)
 
     @override
-    def reduce_loss(self, per_sample_loss, logits, targets):
+    def reduce_loss(
+        self, per_sample_loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """The mean loss; at θ the logits' derivative δ is kept, at θ + ε the loss's gradient
+        becomes J(θ+ε)ᵀ δ (the functional path alone)."""
         loss = per_sample_loss.mean()
         if not torch.is_grad_enabled() or not logits.requires_grad:
             return loss
@@ -74,7 +91,11 @@ class FunctionalSAM(SAM):
         return loss.detach() + (linear - linear.detach())
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """SAM's ε (Adam-preconditioned with ``precondition='adam'``), once the logits'
+        derivative is recorded."""
         _check(
             bool(self._deltas),
             "FunctionalSAM needs the logits' derivative: compute the closure's loss with "
@@ -99,5 +120,6 @@ class FunctionalSAM(SAM):
                 e.div_(denom)
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """Forget the step's logit derivatives."""
         self._deltas, self._next = [], 0

@@ -12,6 +12,10 @@ centralizes the descent gradient too; false leaves it (pytorch_optimizer). With
 ``gc_norm=raw, gc_descent=false`` the step is pytorch_optimizer's ``SAM(use_gc=True)``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
@@ -19,10 +23,16 @@ from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
+
 GC_NORMS = ("centralized", "raw")
 
 
-def centralize_(tensors) -> None:
+def centralize_(tensors: Iterable[torch.Tensor]) -> None:
     """GC in place: subtract, from each tensor of two or more dimensions, its mean per output
     channel (over every dimension but the first)."""
     for t in tensors:
@@ -34,7 +44,9 @@ def centralize_(tensors) -> None:
 class GCSAM(SAM):
     variant_options = {"gc_norm": "centralized", "gc_descent": True}
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(
             self.gc_norm in GC_NORMS,
@@ -43,13 +55,17 @@ class GCSAM(SAM):
         self.gc_descent = bool(self.gc_descent)
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = ρ GC(g)/‖·‖, the norm of GC(g) or of g (``gc_norm``)."""
         torch._foreach_copy_(eps, grads)
         centralize_(eps)
         norm = self.global_norm(eps) if self.gc_norm == "centralized" else self.g_norm
         torch._foreach_mul_(eps, self.current_rho / (norm + 1e-12))
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """Centralize the descent gradient too with ``gc_descent``."""
         if self.gc_descent:
             centralize_(self._lists()[1])

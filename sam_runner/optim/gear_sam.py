@@ -32,7 +32,10 @@ process resumes them all); ε_b = r_b g_b / ‖g_b‖ still uses the process's o
 ``sync_perturbation=True`` the gradients are already averaged and nothing more is sent.
 """
 
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
@@ -40,6 +43,12 @@ from typing_extensions import override
 from ..registry import VARIANTS
 from .blocks import top_level_blocks
 from .engine import SharpnessAware, _check
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 BLOCKS = ("group", "tensor", "layer")
 
@@ -51,7 +60,13 @@ BLOCKS = ("group", "tensor", "layer")
 class GEARSAM(SharpnessAware):
     variant_options = {"beta": 0.9, "blocks": "group"}
 
-    def __init__(self, params, base_optimizer, rho: float = 0.05, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.05,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(0 <= self.beta < 1, f"beta must be in [0, 1), got {self.beta}")
         _check(self.blocks in BLOCKS, f"blocks must be one of {BLOCKS}, got {self.blocks!r}")
@@ -120,7 +135,11 @@ class GEARSAM(SharpnessAware):
             c["num_blocks"] = len(dense)
         return c["block_index"], c["num_blocks"]
 
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε with each block's radius set from its bias-corrected gradient energy; the new EMA
+        staged."""
         index, num_blocks = self._index(params, grads[0].device)
         sq = torch.stack(self.tensor_norms(grads)).square()
         # ‖g_b‖²
@@ -143,21 +162,24 @@ class GEARSAM(SharpnessAware):
         torch._foreach_mul_(eps, scale.unbind())
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """Commit the staged block energies and step count, unless the fp16 step was skipped."""
         # a skipped fp16 step (inf/NaN in either pass) leaves the EMA and its step count as they
         # were
         energy, t = self._staged
         self.block_energy = self.keep_if_overflow(energy, self.block_energy)
         self.energy_steps = self.keep_if_overflow(t, self.energy_steps)
 
-    def variant_state(self):
+    def variant_state(self) -> dict:
+        """The engine's state, the block energies and their step count."""
         return {
             **super().variant_state(),
             "block_energy": self.block_energy,
             "energy_steps": self.energy_steps,
         }
 
-    def load_variant_state(self, state):
+    def load_variant_state(self, state: dict) -> None:
+        """Restore ``variant_state()``'s output."""
         super().load_variant_state(state)
         for key in ("block_energy", "energy_steps"):
             setattr(self, key, state[key].clone() if state[key] is not None else None)

@@ -16,12 +16,22 @@ without ``sync_perturbation``, g is averaged across processes before the decompo
 that every process applies the same direction.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 @VARIANTS.register(
@@ -30,11 +40,20 @@ from .sam import SAM
 class GSAM(SAM):
     variant_options = {"alpha": 0.1}
 
-    def __init__(self, params, base_optimizer, rho_schedule: str = "lr", **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho_schedule: str = "lr",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(params, base_optimizer, rho_schedule=rho_schedule, **kwargs)
         _check(self.alpha >= 0, f"alpha must be >= 0, got {self.alpha}")
 
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """SAM's ε = ρ g/‖g‖, with g kept for the descent's correction."""
         c = self._cache
         if "g" not in c:
             c["g"] = [torch.empty_like(p) for p in params]
@@ -43,7 +62,8 @@ class GSAM(SAM):
         super().compute_perturbation(params, grads, eps)
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """The descent gradient ∇L(θ+ε) − α g⊥, g⊥ the part of g orthogonal to it."""
         if self.alpha == 0:
             return
         g, gp = self._cache["g"], self._lists()[1]

@@ -13,13 +13,22 @@ decays the budget instead). ``log_values`` reports as ``rho`` the radius ‖ε�
 perturbation (and ``sigma``, the budget of the current step).
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
 
 from ..registry import VARIANTS
 from .engine import SharpnessAware, _check, cosine_factor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 SIGMA_SCHEDULES = ("constant", "cosine")
 
@@ -35,7 +44,9 @@ class LESAM(SharpnessAware):
         "cap on ||eps||)"
     )
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(
             self.sigma >= 0 and math.isfinite(self.sigma),
@@ -59,12 +70,16 @@ class LESAM(SharpnessAware):
 
     @property
     def current_sigma(self) -> float:
+        """σ of the current step under ``sigma_schedule``."""
         if self.sigma_schedule == "cosine":
             return self.sigma * cosine_factor(self.step_count, self.total_steps)
         return self.sigma
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = σ g / (‖g‖² + δ), its norm capped at ρ_max."""
         n = self.g_norm
         # σ / (‖g‖² + δ), or ρ_max / ‖g‖ when that would make ‖ε‖ exceed ρ_max
         scale = torch.minimum(
@@ -74,7 +89,8 @@ class LESAM(SharpnessAware):
         torch._foreach_mul_(eps, scale)
         self.eps_norm = scale * n
 
-    def log_values(self):
+    def log_values(self) -> dict:
+        """σ, the largest first-pass ‖g‖ and the last step's ‖ε‖ (as ``rho``)."""
         out = {"sigma": self.current_sigma, **self.pop_grad_norm_max()}
         if self.eps_norm is not None:
             out["rho"] = float(self.eps_norm)

@@ -10,7 +10,14 @@ whole tensor; 0 where u = 0) or ``huber`` (∇K(u) = clip(u/δ, −1, 1), elemen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch.optim.optimizer import ParamsT
 
 KS = ("l1", "l2", "huber")
 
@@ -26,7 +33,15 @@ def grad_k(u: torch.Tensor, k: str, delta: float) -> torch.Tensor:
 
 
 class LionK(torch.optim.Optimizer):
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, k="l1", delta=1.0):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        k: str = "l1",
+        delta: float = 1.0,
+    ) -> None:
         if k not in KS:
             raise ValueError(f"k={k!r} is unknown; choose {', '.join(KS)}")
         if not lr > 0:
@@ -39,7 +54,8 @@ class LionK(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """One Lion-K step on every parameter with a gradient (``closure``: the loss, optional)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -64,5 +80,11 @@ class LionK(torch.optim.Optimizer):
 class Lion(LionK):
     """Lion: the ``l1`` member of the family (the sign of the interpolated momentum)."""
 
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, k="l1")

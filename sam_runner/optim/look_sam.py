@@ -17,7 +17,10 @@ optimizer's single pass and the k counts the steps it perturbs; ``perturbed_frac
 the refresh steps. g_v lives in the optimizer state (per parameter), so a resume is exact.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
@@ -26,6 +29,12 @@ from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
+
 DECOMPOSE = ("per_tensor", "global")
 
 
@@ -33,7 +42,9 @@ DECOMPOSE = ("per_tensor", "global")
 class LookSAM(SAM):
     variant_options = {"k": 5, "alpha": 0.7, "decompose": "per_tensor"}
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(
             isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1,
@@ -51,7 +62,8 @@ class LookSAM(SAM):
         self._pending = None  # a refresh's g_v, kept once the step is not skipped (fp16)
 
     @override
-    def sharpness_step(self, closure):
+    def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """SAM's two passes every ``k``-th step (g_v kept); one pass between, with g_v added."""
         refresh = self.look_count % self.k == 0
         self.look_count += 1
         if refresh:
@@ -106,10 +118,12 @@ class LookSAM(SAM):
         return self.tensor_norms(tensors)
 
     @override
-    def variant_state(self):
+    def variant_state(self) -> dict:
+        """The engine's state and the count of steps since the start."""
         return {**super().variant_state(), "look_count": self.look_count}
 
     @override
-    def load_variant_state(self, state):
+    def load_variant_state(self, state: dict) -> None:
+        """Restore ``variant_state()``'s output."""
         super().load_variant_state(state)
         self.look_count = int(state.get("look_count", 0))

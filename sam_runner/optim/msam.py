@@ -19,6 +19,10 @@ wd·ρ·v/‖v‖ in the gradient). BatchNorm running statistics come from the p
 the official code.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
@@ -26,13 +30,25 @@ from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
+
 
 @VARIANTS.register("msam", "one pass at θ + ρΔ/‖Δ‖, Δ the last update (momentum-SAM)")
 class MSAM(SAM):
     passes = 1
     single_pass_perturbation = True
 
-    def __init__(self, params, base_optimizer, rho: float = 0.3, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.3,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(
             self.perturb_schedule != "adaptive",
@@ -50,7 +66,8 @@ class MSAM(SAM):
         return self._buffers[key]
 
     @override
-    def sharpness_step(self, closure):
+    def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The one pass at θ + ρ Δ/‖Δ‖ (Δ the last update; at θ before any), θ then restored."""
         groups = self.param_groups
         every = self.shards([p for g in groups for p in g["params"]])  # sharded: local shards
         params = [p for p in every if "msam_delta" in self.state[p]]
@@ -71,7 +88,8 @@ class MSAM(SAM):
         return loss
 
     @override
-    def base_step(self):
+    def base_step(self) -> None:
+        """The base optimizer's step, its update Δ kept for the next step."""
         params = self._lists()[0]
         before = self._buffer(params, "theta")
         torch._foreach_copy_(before, params)

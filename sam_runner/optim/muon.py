@@ -6,11 +6,27 @@ Muon's learning rate is matched to AdamW's update RMS (``adjust_lr_fn='match_rms
 so that one ``lr`` serves both.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch.optim.optimizer import ParamsT
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    def __init__(self, params, lr=1e-3, momentum=0.95, betas=(0.9, 0.999), weight_decay=0.05):
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        momentum: float = 0.95,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.05,
+    ) -> None:
         super().__init__(
             params, dict(lr=lr, momentum=momentum, betas=betas, weight_decay=weight_decay)
         )
@@ -49,16 +65,19 @@ class MuonWithAdamW(torch.optim.Optimizer):
         ]
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """One step of both inner optimizers (``closure``: the loss, optional)."""
         loss = closure() if closure is not None else None
         for o in self._inner:
             o.step()
         return loss
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
+        """The inner optimizers' states."""
         return {"inner": [o.state_dict() for o in self._inner]}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the inner optimizers and share their groups again."""
         for o, sd in zip(self._inner, state_dict["inner"]):
             o.load_state_dict(sd)
         # inner loads replace their group dicts: share them again

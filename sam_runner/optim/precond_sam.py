@@ -21,12 +21,22 @@ process keeps the same F and U (and a checkpoint of one process resumes them all
 uses the process's own g. With ``sync_perturbation=True`` g is already averaged.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 @VARIANTS.register(
@@ -35,7 +45,9 @@ from .sam import SAM
 class PrecondSAM(SAM):
     variant_options = {"refresh_every": 100, "beta": 0.95, "delta": 1e-8}
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(
             int(self.refresh_every) >= 1,
@@ -60,7 +72,10 @@ class PrecondSAM(SAM):
             c["root_u"] = [self.state[p]["root_u"] for p in params]
         return c["fisher"], c["root_u"]
 
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = ρ U g / ‖U g‖; every ``refresh_every`` perturbing steps a new F and U staged."""
         fisher, root_u = self._buffers(params)
         self._staged = None
         if self.perturb_count % self.refresh_every == 0:
@@ -82,7 +97,8 @@ class PrecondSAM(SAM):
         torch._foreach_mul_(eps, self.current_rho / self.global_norm(eps).clamp_min(1e-30))
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """Commit the staged F and U and count the step, unless the fp16 step was skipped."""
         # found_inf exists under fp16 scaling only: one host sync there (the count lives on the
         # host)
         if self._found_inf is not None and self._found_inf.item():
@@ -93,9 +109,11 @@ class PrecondSAM(SAM):
         self._staged = None  # free the staged copies
         self.perturb_count += 1
 
-    def variant_state(self):
+    def variant_state(self) -> dict:
+        """The engine's state and the count of perturbing steps."""
         return {**super().variant_state(), "perturb_count": self.perturb_count}
 
-    def load_variant_state(self, state):
+    def load_variant_state(self, state: dict) -> None:
+        """Restore ``variant_state()``'s output."""
         super().load_variant_state(state)
         self.perturb_count = int(state["perturb_count"])

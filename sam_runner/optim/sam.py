@@ -8,6 +8,8 @@ parameters fewer than writing ε first (the same products, so the same bits). A 
 own ``compute_perturbation`` takes the engine's way, with ε in its buffers.
 """
 
+from __future__ import annotations
+
 import torch
 from typing_extensions import override
 
@@ -21,12 +23,17 @@ class SAM(SharpnessAware):
         return self.current_rho / (self.g_norm + 1e-12)
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = ρ g / ‖g‖."""
         torch._foreach_copy_(eps, grads)
         torch._foreach_mul_(eps, self._scale())
 
     @override
-    def perturb_(self, params, pgrads) -> None:
+    def perturb_(self, params: list[torch.Tensor], pgrads: list[torch.Tensor]) -> None:
+        """θ ← θ + ε with ε built in the gradients' own storage (the engine's way under a filter
+        or another rule)."""
         # a subclass's own rule, or a filter on ε (a federated algorithm's): the engine's way
         own_rule = type(self).compute_perturbation is SAM.compute_perturbation
         if self._perturbation_filters or not own_rule:

@@ -15,12 +15,22 @@ to ∇L(e) before γ is computed. Under data parallelism the numerator is averag
 processes so that every process takes the same step. ``log_values`` reports γ as ``sps_step``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 @VARIANTS.register("sam_sps", "SAM with a Polyak step size in place of the learning rate (SAM-SPS)")
@@ -29,7 +39,13 @@ class SAMSPS(SAM):
     variant_options = {"lam": 1.0, "loss_floor": 0.0, "gamma_max": 1.0}
     replaces_lr = True
 
-    def __init__(self, params, base_optimizer, rho: float = 0.1, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.1,
+        **kwargs: Any,
+    ) -> None:
         _check(
             isinstance(base_optimizer, type) and issubclass(base_optimizer, torch.optim.SGD),
             "SAMSPS replaces the learning rate with a Polyak step, so base_optimizer must be "
@@ -53,12 +69,16 @@ class SAMSPS(SAM):
         self.sps_step = None  # γ of the last step (device tensor)
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = ρ (1 − λ + λ / ‖g‖) g."""
         scale = self.current_rho * (1 - self.lam + self.lam / (self.g_norm + 1e-12))
         torch._foreach_copy_(eps, grads)
         torch._foreach_mul_(eps, scale)
 
-    def base_step(self):
+    def base_step(self) -> None:
+        """θ ← θ − γ (∇L(e) + wd θ) with the clipped stochastic Polyak step γ."""
         params, grads, slices = self._lists()
         num = self.descent_loss.detach() - self.loss_floor  # in the run's dtype (float64 stays so)
         if self.last_perturbed:
@@ -75,7 +95,8 @@ class SAMSPS(SAM):
         torch._foreach_sub_(params, step)
         self.sps_step = gamma
 
-    def log_values(self):
+    def log_values(self) -> dict:
+        """The engine's values and the last Polyak step (``sps_step``)."""
         out = super().log_values()
         if self.sps_step is not None:
             out["sps_step"] = float(self.sps_step)

@@ -22,7 +22,10 @@ in the official code; the loss a step returns is f(x̃_t). BatchNorm running sta
 the pass at x̃_t.
 """
 
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
@@ -31,12 +34,24 @@ from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
+
 
 @VARIANTS.register("sampa", "ε from the gradient at y_t = x − η∇f(y): two independent passes")
 class SAMPa(SAM):
     variant_options = {"lam": 0.2}
 
-    def __init__(self, params, base_optimizer, rho: float = 0.1, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.1,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(0 <= self.lam <= 1, f"lam must be in [0, 1], got {self.lam}")
         warnings.warn(
@@ -54,7 +69,9 @@ class SAMPa(SAM):
         return self._buffers[key]
 
     @override
-    def sharpness_step(self, closure):
+    def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The gradient at the auxiliary point y_t (for the next step's ε) and the descent pass
+        at x_t + ε."""
         trained = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         trained = self.shards(trained)  # sharded: the local shards
         gy = [self.state[p].get("sampa_gy") for p in trained]

@@ -22,13 +22,22 @@ keeps the same κ; ρ_t uses the process's own ‖g‖, as SAM's ε does. ``log_
 last ρ_t as ``rho``, κ as ``sample_curvature`` and the last measured rise as ``sample_rise``.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
 
 from ..registry import VARIANTS
 from .engine import SharpnessAware, _check
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 @VARIANTS.register(
@@ -38,7 +47,13 @@ class SAMPLe(SharpnessAware):
     step_needs_losses = True  # first_step/second_step take loss= (L(θ), L(θ+ε))
     variant_options = {"budget": 0.05, "curvature_decay": 0.9}
 
-    def __init__(self, params, base_optimizer, rho: float = 0.5, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.5,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         budget = self.budget
         _check(
@@ -57,7 +72,7 @@ class SAMPLe(SharpnessAware):
         self.step_rho = None  # ρ_t of the last perturbing step (device scalar)
         self.rise = None  # its L(θ + ε) − L(θ)
 
-    def radius(self, g_norm):
+    def radius(self, g_norm: torch.Tensor) -> torch.Tensor:
         """ρ_t for this step's ‖g‖ (a device scalar)."""
         cap = torch.full_like(g_norm, self.current_rho)
         if self.curvature is None:
@@ -67,14 +82,19 @@ class SAMPLe(SharpnessAware):
         return torch.where(disc < 0, cap, torch.minimum(cap, root))
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = ρ_t g/‖g‖ with this step's radius ``radius(‖g‖)``."""
         self.step_rho = self.radius(self.g_norm)
         self._step_g_norm = self.g_norm
         torch._foreach_copy_(eps, grads)
         torch._foreach_mul_(eps, self.step_rho / (self.g_norm + 1e-12))
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """Update the curvature estimate κ from the measured rise, unless the fp16 step was
+        skipped."""
         if self.overflowed():  # fp16 only (a host sync there): a skipped step leaves κ
             return
         rho, g_norm = self.step_rho, self._step_g_norm
@@ -86,7 +106,8 @@ class SAMPLe(SharpnessAware):
             measured = torch.lerp(measured, self.curvature.to(measured), self.curvature_decay)
         self.curvature, self.rise = measured, rise
 
-    def log_values(self):
+    def log_values(self) -> dict:
+        """The step's ρ, κ and the rise of the perturbed loss, and the largest first-pass ‖g‖."""
         out = {"rho": self.current_rho, **self.pop_grad_norm_max()}
         if self.step_rho is not None:
             out["rho"] = float(self.step_rho)
@@ -94,12 +115,14 @@ class SAMPLe(SharpnessAware):
             out["sample_rise"] = float(self.rise)
         return out
 
-    def variant_state(self):
+    def variant_state(self) -> dict:
+        """The engine's state and the curvature estimate κ."""
         state = super().variant_state()
         if self.curvature is not None:
             state["curvature"] = self.curvature.detach().clone()
         return state
 
-    def load_variant_state(self, state):
+    def load_variant_state(self, state: dict) -> None:
+        """Restore ``variant_state()``'s output."""
         super().load_variant_state(state)
         self.curvature = state.get("curvature")

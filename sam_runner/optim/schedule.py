@@ -27,13 +27,13 @@ import random
 SCHEDULES = ("every", "random", "late", "adaptive")
 
 
-def is_epoch(start) -> bool:
+def is_epoch(start: float) -> bool:
     """Whether ``perturb_from`` names an epoch (an integer >= 1) rather than a fraction of
     training (a float in [0, 1], or the integer 0)."""
     return isinstance(start, int) and not isinstance(start, bool) and start >= 1
 
 
-def last_epoch(total_steps, steps_per_epoch) -> int | None:
+def last_epoch(total_steps: int | None, steps_per_epoch: int | None) -> int | None:
     """The run's last epoch (1-based; a step budget may end it early), None when unknown."""
     if not (total_steps or 0) > 0 or not (steps_per_epoch or 0) > 0:
         return None
@@ -60,7 +60,13 @@ def _check_start(schedule, start, total_steps, steps_per_epoch) -> str | None:
 
 
 def check_schedule(
-    schedule, prob, start, interval, total_steps, delta, steps_per_epoch=None
+    schedule: str,
+    prob: float,
+    start: float,
+    interval: int,
+    total_steps: int,
+    delta: float,
+    steps_per_epoch: int | None = None,
 ) -> str | None:
     """The first problem with the schedule's options, or None."""
     if schedule not in SCHEDULES:
@@ -81,9 +87,18 @@ def check_schedule(
 
 class PerturbSchedule:
     def __init__(
-        self, schedule, interval, prob, start, delta, lambda1, lambda2, seed, total,
-        steps_per_epoch=None,
-    ):  # fmt: skip
+        self,
+        schedule: str,
+        interval: int,
+        prob: float,
+        start: float,
+        delta: float,
+        lambda1: float,
+        lambda2: float,
+        seed: int,
+        total: int,
+        steps_per_epoch: int | None = None,
+    ) -> None:
         self.schedule, self.interval, self.total = schedule, int(interval), total
         self.prob, self.start = float(prob), float(start)
         # ``late``: steps k with k − 1 >= start_step perturb (k 1-based)
@@ -122,9 +137,11 @@ class PerturbSchedule:
         return q >= self.mu + c * math.sqrt(self.var)
 
     def state(self) -> dict:
+        """The schedule's random state and running statistics, for a checkpoint."""
         return dict(rng=self.rng.getstate(), mu=self.mu, var=self.var, perturbed=self.perturbed)
 
     def load(self, state: dict) -> None:
+        """Restore the random state and running statistics from ``state``."""
         version, internal, gauss = state["rng"]
         self.rng.setstate((int(version), tuple(int(i) for i in internal), gauss))
         self.mu, self.var = float(state["mu"]), float(state["var"])

@@ -21,6 +21,10 @@ values of msign(G) are close to 1 but not exactly 1 (the quintic's band, roughly
 iteration, and wide ones run it in Gram form (same iterates; see ``msign``).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from torch.optim import _muon
 
@@ -28,6 +32,12 @@ from ..registry import VARIANTS
 from .blocks import hidden_weights
 from .engine import _check
 from .sam import SAM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 NS_COEFFICIENTS = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
 NS_STEPS = _muon.DEFAULT_NS_STEPS
@@ -128,7 +138,9 @@ class SpectralSAM(SAM):
     variant_options = {"rho_spectral": 0.05}
     fsdp_refused = "msign(G) orthogonalises each whole hidden matrix, which no process holds"
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(self.rho_spectral >= 0, f"rho_spectral must be >= 0, got {self.rho_spectral}")
 
@@ -157,7 +169,10 @@ class SpectralSAM(SAM):
             c["others"] = [i for i, f in enumerate(flags) if not f]
         return c["matrices"], c["others"]
 
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε_W = ρ_s msign(G) √max(1, d_out/d_in) on hidden matrices, Euclidean SAM on the rest."""
         matrices, others = self._layout(params)
         if others:
             g, e = [grads[i] for i in others], [eps[i] for i in others]

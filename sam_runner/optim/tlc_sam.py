@@ -19,13 +19,22 @@ across processes so every process keeps the same ρ, and ``rho_schedule`` must b
 controller owns ρ).
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from typing_extensions import override
 
 from ..registry import VARIANTS
 from .engine import SharpnessAware, _check
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
 
 
 @VARIANTS.register("tlc_sam", "ρ steered by the observed Taylor error of the loss rise (TLC-SAM)")
@@ -40,7 +49,13 @@ class TLCSAM(SharpnessAware):
         "delta": 1e-12,
     }
 
-    def __init__(self, params, base_optimizer, rho: float = 0.05, **kwargs):
+    def __init__(
+        self,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
+        rho: float = 0.05,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(
             0 < self.rho_min <= self.rho_max,
@@ -72,7 +87,10 @@ class TLCSAM(SharpnessAware):
         return float(self.rho_t) if self.rho_t is not None else self.rho
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """ε = ρ_t g/‖g‖ with the controlled radius ρ_t."""
         if self.rho_t is None:
             # controller state in float64
             self.rho_t = torch.tensor(self.rho, dtype=torch.float64, device=grads[0].device)
@@ -85,7 +103,8 @@ class TLCSAM(SharpnessAware):
             # ⟨g, ε⟩ = ρ‖g‖
             self._predicted = self.rho_t * self.g_norm.square() / (self.g_norm + 1e-12)
 
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """The Taylor error τ of this step into its EMA τ̄, and ρ_t moved towards τ*."""
         pred = self._predicted
         tau = (perturbed_loss.detach() - loss.detach() - pred).abs() / (pred.abs() + self.delta)
         tau = self.all_reduce_mean_(tau.double())
@@ -106,13 +125,15 @@ class TLCSAM(SharpnessAware):
         self.tau_set = self.keep_if_overflow(torch.ones_like(self.tau_set), self.tau_set)
         self.rho_t = self.keep_if_overflow(rho, self.rho_t)
 
-    def log_values(self):
+    def log_values(self) -> dict:
+        """The engine's values and the Taylor error's EMA ``tau_bar``."""
         out = super().log_values()
         if self.tau_bar is not None and bool(self.tau_set):  # log-time host sync
             out["tau_bar"] = float(self.tau_bar)
         return out
 
-    def variant_state(self):
+    def variant_state(self) -> dict:
+        """The engine's state, ρ_t and the Taylor error's EMA."""
         return {
             **super().variant_state(),
             "rho_t": self.rho_t,
@@ -120,7 +141,8 @@ class TLCSAM(SharpnessAware):
             "tau_set": self.tau_set,
         }
 
-    def load_variant_state(self, state):
+    def load_variant_state(self, state: dict) -> None:
+        """Restore ``variant_state()``'s output."""
         super().load_variant_state(state)
         for key in ("rho_t", "tau_bar", "tau_set"):
             value = state.get(key)

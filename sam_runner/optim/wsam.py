@@ -14,6 +14,10 @@ step. Gradient clipping (the engine's ``clip_grad_norm``) applies to the mixed g
 pytorch_optimizer's ``max_norm`` clips g_s before the mix.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from typing_extensions import override
 
@@ -21,12 +25,20 @@ from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from torch.optim.optimizer import ParamsT
+
 
 @VARIANTS.register("wsam", "g + γ/(1−γ)·(g_s − g): sharpness as a weighted term (WSAM)")
 class WSAM(SAM):
     variant_options = {"gamma": 0.9, "decouple": True}
 
-    def __init__(self, params, base_optimizer, **kwargs):
+    def __init__(
+        self, params: ParamsT, base_optimizer: Callable[..., torch.optim.Optimizer], **kwargs: Any
+    ) -> None:
         super().__init__(params, base_optimizer, **kwargs)
         _check(
             isinstance(self.gamma, (int, float)) and 0 <= self.gamma < 1,
@@ -37,12 +49,16 @@ class WSAM(SAM):
         self._sharpness = None  # g_s − g of this step, applied after the base step (decoupled)
 
     @override
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """One WSAM step (``closure`` as the engine's)."""
         self._sharpness = None  # never a skipped step's: set anew by each perturbing step
         return super().step(closure)
 
     @override
-    def compute_perturbation(self, params, grads, eps):
+    def compute_perturbation(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
+    ) -> None:
+        """SAM's ε, with g kept for the weighted update."""
         c = self._cache
         if "g" not in c:
             c["g"] = [torch.empty_like(p) for p in params]
@@ -50,7 +66,9 @@ class WSAM(SAM):
         super().compute_perturbation(params, grads, eps)
 
     @override
-    def after_second_pass(self, loss, perturbed_loss):
+    def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
+        """The weighted gradient g + α (g_s − g), or with ``decouple`` g alone and g_s − g kept
+        for after the base step."""
         g, gs = self._cache["g"], self._lists()[1]
         if not self.sync_perturbation:
             self.all_reduce_mean_list_(g)  # g is this process's own: the same step everywhere
@@ -62,7 +80,8 @@ class WSAM(SAM):
             torch._foreach_add_(gs, g, alpha=1 - self.alpha)
 
     @override
-    def base_step(self):
+    def base_step(self) -> None:
+        """The base optimizer's step, then with ``decouple`` θ ← θ − η α (g_s − g)."""
         super().base_step()
         if self._sharpness is None:
             return

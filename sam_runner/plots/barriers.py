@@ -6,11 +6,15 @@ of different seeds (results/barriers.py)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from .style import FONT, figure
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def plot_barriers(matrix: dict, shown: dict):
+
+def plot_barriers(matrix: dict, shown: dict) -> Figure:
     """``matrix``: results.barriers.barrier_matrix's; ``shown``: {barrier key: panel title}."""
     names = matrix["optimizers"]
     k = len(names)

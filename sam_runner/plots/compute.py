@@ -3,8 +3,13 @@ gradient evaluations, one point per group in its variant's colour, the Pareto fr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..runfiles import finite
 from .style import FONT, figure, log_scale, variant_color
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PANELS = (("test_acc", "test accuracy", True), ("lambda_max", "λ_max (log scale)", False))
 
@@ -14,7 +19,7 @@ def _short(label: str) -> str:
     return label.split("=", 1)[1] if " " not in label and "=" in label else label
 
 
-def plot_compute(points: list[dict], fronts: dict):
+def plot_compute(points: list[dict], fronts: dict) -> Figure:
     """``points``: results/compute.py's; ``fronts``: key → on-the-front flags, one per point."""
     fig, axes = figure(1, 2, size=(11.0, 4.5))
     for ax, (key, label, _) in zip(axes[0], PANELS):

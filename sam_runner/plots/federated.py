@@ -5,13 +5,18 @@ model's test accuracy by round, one line per method, one panel per client split)
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
 from .style import FONT, figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 METHOD_COLORS = {"fedavg+base": "0.45", "fedsam": "C0", "fedfft": "C3", "fedvssam": "C2"}
 
 
-def plot_clients(split: dict):
+def plot_clients(split: dict) -> Figure:
+    """clients.png: each client's class histogram as stacked bars, clients by size."""
     hist = split["class_histograms"]
     k, c = len(hist), len(hist[0]) if hist else 0
     fig, axes = figure(1, 1, size=(min(3 + 0.25 * k, 16), 3.4))
@@ -32,7 +37,7 @@ def plot_clients(split: dict):
     return fig
 
 
-def plot_rounds(series: dict):
+def plot_rounds(series: dict) -> Figure:
     """``series``: {split label: {method: {round: [test_acc of each seed]}}}."""
     splits = sorted(series)
     fig, axes = figure(1, len(splits), size=(4.6 * len(splits), 3.6), sharey=True)

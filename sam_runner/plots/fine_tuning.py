@@ -6,11 +6,16 @@ line where it trained adapters (LoRA, a prompt) rather than every weight."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..runfiles import finite
 from .style import FONT, PALETTE, figure, natural_key
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def plot_trade_off(table: list[dict]):
+
+def plot_trade_off(table: list[dict]) -> Figure:
     """``table``: results.fine_tuning.rows."""
     models = sorted({r["model"] for r in table}, key=natural_key)
     fig, axes = figure(1, len(models), size=(5.2 * len(models), 4.0))

@@ -5,11 +5,16 @@ setting in its variant's colour."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..runfiles import finite
 from .style import FONT, figure, variant_color
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def plot_forgetting(table: list[dict]):
+
+def plot_forgetting(table: list[dict]) -> Figure:
     """``table``: results/forgetting.py's rows."""
     lm = "ppl_before" in table[0]["stats"]  # a language model: its losses, not token accuracy
     first, quantized = (

@@ -4,11 +4,22 @@ R² of gen_gap on both, and the Pareto agreement, each cell annotated with its v
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from .style import FONT, figure
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
-def plot_joint(rows, label, sharpness_order, complexity_order):
+    from matplotlib.figure import Figure
+
+
+def plot_joint(
+    rows: list[dict],
+    label: Callable[[str], str],
+    sharpness_order: Sequence[str],
+    complexity_order: Sequence[str],
+) -> Figure:
     """The figure of ``results.joint.joint_rows``' rows, the measures in the orders given;
     ``label(key)`` names a measure."""
     sharp = [k for k in sharpness_order if any(r["sharpness"] == k for r in rows)]

@@ -6,11 +6,17 @@ variant's jobs without the regularizer as a dashed line (results/jsd.py)."""
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
 from .style import FONT, figure, variant_color
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def plot_jsd(points: dict, shown: dict):
+
+def plot_jsd(points: dict, shown: dict) -> Figure:
+    """One panel per key of ``shown`` against α(1−α), one line per variant, its jobs without the
+    regularizer as a horizontal line."""
     keys = list(shown)
     fig, axes = figure(1, len(keys), size=(4.6 * len(keys), 3.6))
     variants = sorted({v for v, _ in points["rows"]}, key=lambda v: (v != "base", v))

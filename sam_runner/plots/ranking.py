@@ -6,14 +6,21 @@ span a decade or more is drawn on a log axis."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .style import FONT, figure, log_scale, variant_color
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from matplotlib.figure import Figure
+
 NCOLS = 4
 
 
-def plot_measures(table, label):
+def plot_measures(table: Any, label: Callable[[str], str]) -> Figure:
     """The grid of a ``results.measure_ranking.Table``; ``label(key)`` names a measure."""
     from matplotlib.lines import Line2D
 

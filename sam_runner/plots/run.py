@@ -11,10 +11,14 @@ text on its panel, not drawn as a lone dot.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..rundir import RunDir
 from ..runfiles import finite
 from .style import FONT, figure, log_scale, save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PANELS = (
     ("loss", (("train_loss", "train"), ("test_loss", "test")), False),
@@ -68,7 +72,7 @@ def run_title(summary: dict) -> str:
     return " · ".join(parts) + (f" — {status}" if status and status != "completed" else "")
 
 
-def plot_curves(rows: list[dict], title: str = ""):
+def plot_curves(rows: list[dict], title: str = "") -> Figure:
     """2×2: loss, accuracy, ECE, λ_max over epochs (train and test where both are logged); a
     λ_max measured once or never is no curve: 1×3 then, the one value in the title."""
     xs = _epoch_axis(rows)
@@ -149,7 +153,7 @@ def find_reliability(summary: dict) -> dict | None:
 GAP_COLOR = "tab:red"  # the gap bars and their legend entry: one colour, no hatching
 
 
-def plot_reliability(bins: dict, title: str = ""):
+def plot_reliability(bins: dict, title: str = "") -> Figure:
     """Accuracy per confidence bin against the diagonal, the gap to the bin's mean confidence in
     red; under it, the number of samples per bin (most sit in the top bins)."""
     conf, acc, count = bins["confidence"], bins["accuracy"], bins["count"]
@@ -209,7 +213,7 @@ def step_curvature(rows: list[dict]) -> bool:
     return sum(1 for r in rows if finite(r.get("lambda_max")) and "train_loss" not in r) >= 3
 
 
-def plot_eos(rows: list[dict], title: str = ""):
+def plot_eos(rows: list[dict], title: str = "") -> Figure:
     """The edge-of-stability figure: λ_max against the step with the stability threshold of the
     step (2/η for gradient descent) dashed and labelled, the SAM edge where logged, and the loss
     below on the same steps."""
@@ -271,7 +275,7 @@ def _threshold_label(label: str, values: list) -> str:
     )
 
 
-def write_run_plots(run_dir, fmt: str = "png") -> list[Path]:
+def write_run_plots(run_dir: Path | str, fmt: str = "png") -> list[Path]:
     """Write curves.<fmt> (and reliability.<fmt> when the run logged reliability bins) into the
     run folder."""
     run_dir = Path(run_dir)

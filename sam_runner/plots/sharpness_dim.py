@@ -4,13 +4,18 @@ per batch size (the study's axis), a marker per variant."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..runfiles import finite
 from .style import FONT, PALETTE, figure, natural_key
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MARKERS = "osD^v<>"
 
 
-def plot_sharpness_dim(lines: dict, points: list, key: str):
+def plot_sharpness_dim(lines: dict, points: list, key: str) -> Figure:
     """``lines``: results.sharpness_dim.lines_by_step; ``points``: the jobs with ``key``."""
     fig, axes = figure(1, 2, size=(10.0, 3.8))
     left, right = axes[0, 0], axes[0, 1]

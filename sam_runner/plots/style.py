@@ -8,15 +8,26 @@ import io
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..cli_words import check_format
 from ..runfiles import atomic_write_bytes, finite
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+    import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 FONT = 10  # points: legends and labels readable at 100% zoom
 BASE_COLOR = "black"  # the baseline (optimizer=base) in every figure
 
 
-def figure(nrows=1, ncols=1, size=(6.0, 4.0), **kwargs):
+def figure(
+    nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.0, 4.0), **kwargs: Any
+) -> tuple[Figure, np.ndarray]:
     """A Figure on the Agg canvas with a grid of axes (always 2-D)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -32,7 +43,7 @@ SAVE_RC = {"pdf.fonttype": 42, "svg.hashsalt": "sam-runner"}
 NO_DATE = {"png": None, "pdf": {"CreationDate": None}, "svg": {"Date": None}}
 
 
-def save_figure(fig, folder, stem: str, fmt: str = "png") -> Path:
+def save_figure(fig: Figure, folder: Path | str, stem: str, fmt: str = "png") -> Path:
     """Render ``fig`` into ``folder/stem.fmt``, written atomically (a half-written figure never
     lands); every figure of the project is written here."""
     import matplotlib
@@ -45,7 +56,7 @@ def save_figure(fig, folder, stem: str, fmt: str = "png") -> Path:
     return path
 
 
-def log_scale(ax, which: str, values) -> None:
+def log_scale(ax: Axes, which: str, values: Iterable[float]) -> None:
     """Log scale on the ``which`` ("x"/"y") axis, its ticks at ``log_ticks(values)`` as plain
     numbers (20, not 2×10¹) and the axis reaching the outer ones: every point lies between two
     labelled ticks, so each can be read off (#42)."""
@@ -65,7 +76,7 @@ def log_scale(ax, which: str, values) -> None:
 MAX_LOG_TICKS = 9  # more 1-2-5 ticks than this: decades alone (every k-th over many decades)
 
 
-def log_ticks(values) -> list[float]:
+def log_ticks(values: Iterable[float]) -> list[float]:
     """The ticks of a log axis over ``values`` (those > 0 count), the first at or below the
     lowest value and the last at or above the highest: under a decade a few plain steps
     (40, 45, ... 60), over a few decades 1, 2, 5 per decade, over more the decades."""
@@ -107,7 +118,7 @@ def natural_key(text: str) -> list:
     return [float(p) if i % 2 else p for i, p in enumerate(parts)]
 
 
-def variant_color(variant: str):
+def variant_color(variant: str) -> str:
     """The colour of a SAM variant: fixed by its place among the registered variants, so a
     variant looks the same in every figure of every sweep; ``base`` is black."""
     from ..registry import VARIANTS

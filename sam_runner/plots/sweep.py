@@ -13,9 +13,15 @@ One legend for the figure, under the panels, so that it never takes a panel's wi
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .style import FONT, figure, log_scale, natural_key, variant_color
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from matplotlib.figure import Figure
 
 MAX_PANELS = 12  # more combinations than this: one panel, the combination in the legend
 MAX_RHO_TICKS = 8  # up to this many ρ values: a tick at each, none between
@@ -43,7 +49,7 @@ def plot_metric_vs_rho(
     logy: bool = False,
     bounds: bool = False,
     title: str = "",
-):
+) -> Figure:
     """Mean ± std of ``metric`` per group against ρ: one line per variant in its colour, one
     panel per combination of the sweep's other values. A variant without ρ (``base``) is a
     dotted level with its ±std band. ``bounds``: each group's TLC-SAM stability bounds (its
@@ -197,7 +203,7 @@ def _figure_legend(fig, axes, title: str = SPREAD) -> None:
         )
 
 
-def plot_acc_vs_lambda(points):
+def plot_acc_vs_lambda(points: Iterable[tuple[str, float, float]]) -> Figure:
     """Test accuracy against λ_max, one point per job (``points``: (variant, λ_max, accuracy)),
     each variant in its colour."""
     fig, axes = figure(size=(6.5, 4.5))
@@ -228,7 +234,7 @@ def plot_acc_vs_lambda(points):
     return fig
 
 
-def plot_eos_traces(traces: list[dict]):
+def plot_eos_traces(traces: list[dict]) -> Figure:
     """One λ_max trace per job against the step, coloured by its step size, each with its own
     stability threshold dashed (and the SAM edge dotted, where logged) in the same colour; one
     panel per variant (and per value of the

@@ -11,16 +11,28 @@ for bit.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..part import Part
 from ..registry import REGULARIZERS
 
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from omegaconf import DictConfig
+
+    from ..part import Run
+
 
 @REGULARIZERS.register("none", "the training loss alone")
-def none(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
+def none(cfg: DictConfig, autocast: AbstractContextManager | None = None) -> None:  # noqa: ARG001 (every entry's signature)
+    """No regularizer: no term, no part."""
     return None  # no term, no part
 
 
-def build_regularizer(cfg, autocast=None) -> Part | None:
+def build_regularizer(
+    cfg: DictConfig | None, autocast: AbstractContextManager | None = None
+) -> Part | None:
     """The regularizer ``cfg`` (the ``regularizer`` group; absent: none) names, keys checked;
     None when it adds nothing."""
     if cfg is None:
@@ -28,9 +40,11 @@ def build_regularizer(cfg, autocast=None) -> Part | None:
     return REGULARIZERS.build(cfg.get("name", "none"), cfg, autocast)
 
 
-def build_part(run) -> Part | None:
+def build_part(run: Run) -> Part | None:
+    """The run's regularizer part (None when it adds nothing)."""
     return build_regularizer(run.cfg.get("regularizer"), run.loop.autocast)
 
 
-def check(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+def check(cfg: DictConfig, where: object = None) -> None:  # noqa: ARG001 (every check's signature)
+    """The ``regularizer`` group's keys (every check's signature)."""
     build_regularizer(cfg.get("regularizer"))

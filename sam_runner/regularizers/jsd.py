@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch.func import functional_call
@@ -14,6 +15,12 @@ from ..losses import skew_jsd
 from ..module_state import is_trainable
 from ..part import Part, PassInputs
 from ..registry import REGULARIZERS
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from omegaconf import DictConfig
+    from torch import nn
 
 SPACES = ("parameter", "input")
 
@@ -29,12 +36,21 @@ class SkewJSD(Part):
 
     extra_forwards = 1
 
-    def __init__(self, alpha: float, weight: float, space: str, radius: float, autocast=None,
-                 detach: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        alpha: float,
+        weight: float,
+        space: str,
+        radius: float,
+        autocast: AbstractContextManager | None = None,
+        detach: bool = False,
+    ) -> None:
         self.alpha, self.weight, self.space, self.radius = alpha, weight, space, radius
         self.autocast, self.detach = autocast, detach
 
-    def perturbed_inputs(self, model, x):
+    def perturbed_inputs(
+        self, model: nn.Module, x: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(parameters and buffers of the second forward, its input)."""
         params = {n: p for n, p in model.named_parameters()}
         buffers = {n: b.clone() for n, b in model.named_buffers()}
@@ -48,7 +64,7 @@ class SkewJSD(Part):
         shifted = {n: params[n] + z[n] * scale for n in trainable}  # out of place: grads reach θ
         return {**params, **shifted, **buffers}, x
 
-    def divergence(self, model, x, logits):
+    def divergence(self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The mean α-skew JSD of this micro-batch (before the weight)."""
         with torch.no_grad() if self.detach else contextlib.nullcontext():
             state, x2 = self.perturbed_inputs(model, x)
@@ -58,10 +74,20 @@ class SkewJSD(Part):
         p, q = torch.softmax(logits.to(dtype), 1), torch.softmax(other.to(dtype), 1)
         return skew_jsd(p, q, self.alpha).mean()
 
-    def loss_term(self, objective, inputs: PassInputs):
+    def loss_term(self, objective: torch.Tensor, inputs: PassInputs) -> torch.Tensor:
+        """``objective`` plus the weighted divergence of the pass's micro-batch."""
         return self.add(objective, inputs.model, inputs.inputs, inputs.logits, inputs.share)
 
-    def add(self, loss, model, x, logits, share):
+    def add(
+        self,
+        loss: torch.Tensor,
+        model: nn.Module,
+        x: torch.Tensor,
+        logits: torch.Tensor,
+        share: float,
+    ) -> torch.Tensor:
+        """``loss`` plus weight · share · the divergence (unchanged on a forward no gradient
+        flows from)."""
         if not logits.requires_grad:  # a forward no gradient flows from (ESAM's selection pass)
             return loss
         return loss + self.weight * share * self.divergence(model, x, logits)
@@ -82,7 +108,8 @@ def _keys(cfg) -> tuple:
 
 
 @REGULARIZERS.register("jsd", "+ weight·JSD_α(p(x; θ) ‖ p(x̃; θ̃)), θ or x perturbed")
-def jsd(cfg, autocast=None):
+def jsd(cfg: DictConfig, autocast: AbstractContextManager | None = None) -> SkewJSD | None:
+    """The ``jsd`` regularizer, keys checked (None at weight 0: nothing added)."""
     alpha, weight, space, radius, detach = _keys(cfg)
     if weight == 0:
         return None  # nothing added: the plain run exactly, without the extra forward

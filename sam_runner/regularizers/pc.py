@@ -5,10 +5,16 @@ CircuitRegularizer`` (its gradient form and its closed-form EM pseudo-counts; do
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..circuits.regularizers import CircuitRegularizer
 from ..errors import number
 from ..registry import REGULARIZERS
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from omegaconf import DictConfig
 
 
 def _weight(cfg) -> float:
@@ -17,12 +23,20 @@ def _weight(cfg) -> float:
 
 
 @REGULARIZERS.register("pc_trace", "+ weight·(−tr H) of a circuit (model=pc), H in the sum weights")
-def pc_trace(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
+def pc_trace(
+    cfg: DictConfig,
+    autocast: AbstractContextManager | None = None,  # noqa: ARG001 (every entry's signature)
+) -> CircuitRegularizer | None:
+    """``pc_trace``: + weight·(−tr H) of the circuit, H in the sum weights (None at weight 0)."""
     weight = _weight(cfg)
     return CircuitRegularizer(weight, adaptive=False) if weight else None
 
 
 @REGULARIZERS.register("pc_adaptive", "+ weight·Σ each sum node's local curvature (model=pc)")
-def pc_adaptive(cfg, autocast=None):  # noqa: ARG001 (every entry's signature)
+def pc_adaptive(
+    cfg: DictConfig,
+    autocast: AbstractContextManager | None = None,  # noqa: ARG001 (every entry's signature)
+) -> CircuitRegularizer | None:
+    """``pc_adaptive``: + weight·Σ each sum node's local curvature (None at weight 0)."""
     weight = _weight(cfg)
     return CircuitRegularizer(weight, adaptive=True) if weight else None

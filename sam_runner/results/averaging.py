@@ -6,9 +6,16 @@ and so on), so that SWA reads against SAM in one table.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..rundir import RunDir
 from .sections import SECTIONS
 from .sweep import stats, stats_cell
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .sweep import Report
 
 # (the last weights' key, the averaged weights' key, the column's label)
 PAIRS = (
@@ -28,7 +35,7 @@ def _kind(summary: dict) -> str | None:
     return None if kind in (None, "none") else str(kind)
 
 
-def averaged_groups(report) -> list[tuple[dict, str, dict]]:
+def averaged_groups(report: Report) -> list[tuple[dict, str, dict]]:
     """(group, averaging kind, statistics per key) for each group with averaged weights."""
     out = []
     for g in report.groups:
@@ -42,7 +49,8 @@ def averaged_groups(report) -> list[tuple[dict, str, dict]]:
 
 
 @SECTIONS.register("averaging", "last against averaged weights (SWA, EMA)", order=35)
-def section(report, _plots=None) -> list[str]:
+def section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's averaging section: last against averaged weights (SWA, EMA), per group."""
     rows = averaged_groups(report)
     if not rows:
         return []

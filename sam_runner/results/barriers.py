@@ -16,10 +16,14 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .landscape import PAIR_KEYS
 from .sections import SECTIONS, figure
 from .sweep import group_overrides, stats
+
+if TYPE_CHECKING:
+    from .sweep import Job, Report
 
 IGNORE = ("base_optimizer",)  # with seed: what a pair's two jobs may differ in
 SHOWN = {"barrier_train_loss": "train loss", "barrier_test_error": "test error"}
@@ -27,7 +31,8 @@ STEM = "barriers"
 STATS = ("mean", "std", "n")
 
 
-def optimizer_of(job) -> str:
+def optimizer_of(job: Job) -> str:
+    """A job's base optimizer's name (from its config, else its overrides), or ``unknown``."""
     name = job.run.get("base_optimizer.name")
     if name is None:
         name = next(
@@ -44,7 +49,7 @@ def _order(report) -> dict:
     return order
 
 
-def pair_barriers(report) -> list[dict]:
+def pair_barriers(report: Report) -> list[dict]:
     """One entry per connected pair: ``optimizers`` (the two names, the sweep's order),
     ``seeds`` (``same``: two optimizers from one initialization; ``different``) and the pair's
     barriers (PAIR_KEYS; None where not computed)."""
@@ -70,7 +75,7 @@ def pair_barriers(report) -> list[dict]:
     return out
 
 
-def barrier_matrix(report) -> dict | None:
+def barrier_matrix(report: Report) -> dict | None:
     """{"optimizers": names in the sweep's order, "cells": {(a, b, seeds): {key: stats}}} over
     the pairs of each optimizer pair (a before b or a = b) of different or the same seeds (the
     matrix: ``different``, as every pair within one optimizer is); None without a pair across
@@ -92,6 +97,7 @@ def barrier_matrix(report) -> dict | None:
 
 
 def render_csv(matrix: dict) -> str:
+    """barriers.csv: one row per optimizer pair, seeds and barrier key (its statistics)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(
@@ -106,7 +112,7 @@ def render_csv(matrix: dict) -> str:
     return buf.getvalue()
 
 
-def write_barriers(report, out_dir: Path) -> list[Path]:
+def write_barriers(report: Report, out_dir: Path) -> list[Path]:
     """barriers.csv and the heat map, when some pair joins two optimizers (else nothing)."""
     matrix = barrier_matrix(report)
     if matrix is None:
@@ -145,7 +151,9 @@ def _table(matrix: dict, key: str, seeds: str = "different") -> list[str]:
 @SECTIONS.register(
     "barriers", "the mean barrier by base-optimizer pair", order=55, files=write_barriers
 )
-def barriers_section(report, _plots=None) -> list[str]:
+def barriers_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's barriers by optimizer pair: mean barrier tables (different seeds, then one
+    seed) and the heat map."""
     matrix = barrier_matrix(report)
     if matrix is None:
         return []

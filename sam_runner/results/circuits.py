@@ -7,9 +7,13 @@ run: those jobs are one row, ``none``. Present when a job holds ``hessian_trace_
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .sections import SECTIONS, figure
 from .sweep import stats, stats_cell
+
+if TYPE_CHECKING:
+    from .sweep import Report
 
 KEYS = ("test_bpd", "gap", "hessian_trace_exact", "lambda_max")
 HEAD = ("test bpd", "train − test ll", "tr H (exact)", "λ_max")
@@ -21,7 +25,7 @@ def _setting(run) -> tuple:
     return (str(run.get("base_optimizer.name")), "none" if not weight else name, float(weight))
 
 
-def circuit_rows(report) -> tuple[dict, int]:
+def circuit_rows(report: Report) -> tuple[dict, int]:
     """({setting: {key: stats}}, the deepest depth logged + 1)."""
     values: dict = {}
     depth, seen = 0, set()
@@ -48,7 +52,9 @@ def circuit_rows(report) -> tuple[dict, int]:
 STEM = "circuits"
 
 
-def write_circuits(report, out_dir: Path) -> list[Path]:
+def write_circuits(report: Report, out_dir: Path) -> list[Path]:
+    """The circuits figure: per setting, density, gap and curvature by depth (nothing without
+    circuit jobs)."""
     rows, depth = circuit_rows(report)
     if not rows:
         return []
@@ -64,7 +70,9 @@ def write_circuits(report, out_dir: Path) -> list[Path]:
     order=46,
     files=write_circuits,
 )
-def circuits_section(report, _plots=None) -> list[str]:
+def circuits_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's circuits section: density, train–test gap and exact curvature by depth, per
+    setting."""
     rows, depth = circuit_rows(report)
     if not rows:
         return []

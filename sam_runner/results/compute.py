@@ -14,16 +14,22 @@ pretraining run and a post-training run are not alternatives to each other).
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
 from ..rundir import RunDir
 from ..runfiles import finite
 from .sections import SECTIONS
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .sweep import Report
+
 ACC_POINTS = 0.3  # "reaches SAM's accuracy": within 0.3 percentage points
 LAMBDA_SHARE = 0.10  # ... and its λ_max within 10%
 
 
-def compute_points(report) -> list[dict]:
+def compute_points(report: Report) -> list[dict]:
     """One dict per group with counted passes: label, variant, passes (per step), evals
     (total), test_acc, lambda_max (group means; None where not logged)."""
     out = []
@@ -113,7 +119,9 @@ def _fmt(v, spec=".4g"):
 
 
 @SECTIONS.register("compute", "accuracy and λ_max against the gradient evaluations", order=33)
-def section(report, _plots=None) -> list[str]:
+def section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's compute section: accuracy and λ_max against the gradient evaluations (nothing
+    when every group costs the same)."""
     points = compute_points(report)
     if not costs_differ(points):
         return []

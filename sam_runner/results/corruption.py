@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .measure_ranking import CORRUPTION_PREFIX, Point, measures_table
 from .sections import SECTIONS
 from .sweep import group_overrides
 
+if TYPE_CHECKING:
+    from pathlib import Path
 
-def mce_rows(report, points: list[Point]) -> list[tuple[str, float, float | None, int]]:
+    from .sweep import Report
+
+
+def mce_rows(report: Report, points: list[Point]) -> list[tuple[str, float, float | None, int]]:
     """(group, mean mCE %, its sample std, n) per group of the jobs with corruption accuracies,
     relative to the mean corruption errors of the completed base jobs; [] without base jobs."""
     names = sorted({k for p in points for k in p.values if k.startswith(CORRUPTION_PREFIX)})
@@ -52,7 +58,8 @@ def _completed(report, points):
 
 
 @SECTIONS.register("corruption", "mCE relative to the base jobs", order=20)
-def section(report, _plots=None) -> list[str]:
+def section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's corruption section: mCE relative to the base jobs."""
     table = measures_table(report)  # the jobs the measures section ranks
     return [] if table is None else _mce_lines(report, table.points)
 

@@ -7,15 +7,21 @@ stability), and for SAM the same against the SAM edge of Long & Bartlett (2023).
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .sections import SECTIONS
 from .sweep import group_overrides, stats
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .sweep import Report
+
 LAST = 1 / 3  # the plateau: the last third of the measured steps
 
 
-def traces(report) -> list[dict]:
+def traces(report: Report) -> list[dict]:
     """One trace per completed job that measured λ_max at three or more steps within epochs."""
     out = []
     for job in report.completed():
@@ -49,11 +55,12 @@ def plateau(trace: dict, key: str) -> float | None:
 
 
 @SECTIONS.register("edge_of_stability", "λ_max against its stability threshold", order=40)
-def eos_section(report, _plots=None) -> list[str]:
+def eos_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's edge-of-stability section: λ_max against its stability threshold."""
     return section(report, traces(report))
 
 
-def section(report, traces_: list[dict]) -> list[str]:
+def section(report: Report, traces_: list[dict]) -> list[str]:
     """report.md's edge-of-stability table: one row per group (the jobs differing in seed)."""
     if not traces_:
         return []

@@ -10,10 +10,14 @@ split IID or Dirichlet α. Present when the jobs hold a federated run.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .sections import SECTIONS, figure
 from .sweep import stats, stats_cell
+
+if TYPE_CHECKING:
+    from .sweep import Job, Report
 
 STEM = "federated"
 # the table's columns: summary.json's key → header
@@ -27,19 +31,22 @@ KEYS = {
 }
 
 
-def method_of(job) -> str:
+def method_of(job: Job) -> str:
+    """A federated job's method as the report names it (``fedsam`` for FedAvg with SAM, else
+    ``<name>+<variant>``)."""
     name = str(job.run.get("federated.name"))
     if name == "fedavg":
         return {"base": "fedavg+base", "sam": "fedsam"}.get(job.variant, f"fedavg+{job.variant}")
     return name if job.variant == "sam" else f"{name}+{job.variant}"
 
 
-def split_of(job) -> str:
+def split_of(job: Job) -> str:
+    """``IID``, or the Dirichlet split's α."""
     alpha = job.run.get("federated.dirichlet_alpha")
     return "IID" if alpha is None else f"Dirichlet α={float(alpha):g}"
 
 
-def federated_jobs(report) -> dict:
+def federated_jobs(report: Report) -> dict:
     """{(split, method): [job, ...]} of the completed federated jobs."""
     out: dict = {}
     for job in report.completed():
@@ -49,7 +56,9 @@ def federated_jobs(report) -> dict:
     return out
 
 
-def write_federated(report, out_dir: Path) -> list[Path]:
+def write_federated(report: Report, out_dir: Path) -> list[Path]:
+    """The figure of the test accuracy by round, per split and method (nothing without federated
+    jobs)."""
     groups = federated_jobs(report)
     if not groups:
         return []
@@ -70,7 +79,9 @@ def write_federated(report, out_dir: Path) -> list[Path]:
     "federated", "the global model by round and method, and the federated measures", order=46,
     files=write_federated,
 )  # fmt: skip
-def federated_section(report, _plots=None) -> list[str]:
+def federated_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's federated table: per split and method, the last round's measures over seeds,
+    and its figure."""
     groups = federated_jobs(report)
     if not groups:
         return []

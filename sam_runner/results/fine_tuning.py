@@ -24,15 +24,19 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .forgetting import _last, _source
 from .sections import SECTIONS
 from .sweep import stats, stats_cell
 
+if TYPE_CHECKING:
+    from .sweep import Report
+
 COLUMNS = ("new_loss", "new_acc", "loss_rise", "acc_drop", "lambda_max", "lambda_max_pretrained")
 
 
-def pairs(report) -> list[tuple]:
+def pairs(report: Report) -> list[tuple]:
     """(pretrained job, fine-tuned job) for each completed job that started from a completed job
     of the report, which started from none of them, and that no job started from: a chain of
     three stages (pretrain → mid-train → post-train) is the forgetting section's, not this."""
@@ -71,7 +75,7 @@ def _value(job, key):
     return _last(job, key)
 
 
-def rows(report) -> list[dict]:
+def rows(report: Report) -> list[dict]:
     """One row per (model, pretraining, fine-tuning, lr): means over its seeds."""
     groups: dict[tuple, list] = {}
     for source, tuned in pairs(report):
@@ -106,7 +110,7 @@ def rows(report) -> list[dict]:
     return out
 
 
-def pretrained_rows(report) -> list[dict]:
+def pretrained_rows(report: Report) -> list[dict]:
     """One row per pretrained job: its model, optimizer, first-task loss and λ_max."""
     seen, out = set(), []
     for source, _ in pairs(report):
@@ -132,7 +136,9 @@ def _csv_cell(v):
     return "" if v is None else v
 
 
-def write_fine_tuning(report, out_dir: Path) -> list[Path]:
+def write_fine_tuning(report: Report, out_dir: Path) -> list[Path]:
+    """fine_tuning.csv (one row per model, pretraining, fine-tuning and lr) and its trade-off
+    figure."""
     table = rows(report)
     if not table:
         return []
@@ -162,7 +168,9 @@ def _cell(v) -> str:
 @SECTIONS.register(
     "fine_tuning", "learning and forgetting of fine-tuned jobs", order=37, files=write_fine_tuning
 )
-def section(report, _plots=None) -> list[str]:
+def section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's fine-tuning section: learning and forgetting, one row per (model, pretraining,
+    fine-tuning, lr)."""
     table = rows(report)
     if not table:
         return []

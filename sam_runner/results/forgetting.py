@@ -25,9 +25,13 @@ import csv
 import io
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .sections import SECTIONS, figure
 from .sweep import stats, stats_cell
+
+if TYPE_CHECKING:
+    from .sweep import Report
 
 
 def _source(job, by_dir: dict):
@@ -48,7 +52,7 @@ def _last(job, key: str):
     return next((float(r[key]) for r in reversed(job.run.rows()) if key in r), None)
 
 
-def chains(report) -> list[tuple]:
+def chains(report: Report) -> list[tuple]:
     """(mid-trained job, post-trained job) for each completed post-trained job whose source
     started from another job of the report."""
     done = [j for j in report.jobs if j.path is not None and j.status == "completed"]
@@ -76,7 +80,7 @@ COLUMNS = {  # forgetting.csv's measured columns -> report.md's headers
 STEM = "forgetting"
 
 
-def rows(report) -> list[dict]:
+def rows(report: Report) -> list[dict]:
     """One row per mid-training setting: each measured column's statistics over its seeds
     (``stats``), and the reductions against ``optimizer=base`` mid-training (of the means)."""
     groups: dict[str, list] = {}
@@ -144,7 +148,8 @@ def _csv_row(r: dict) -> dict:
     return {**flat, **r["reductions"]}
 
 
-def write_forgetting(report, out_dir: Path) -> list[Path]:
+def write_forgetting(report: Report, out_dir: Path) -> list[Path]:
+    """forgetting.csv and its figure: one row per mid-training setting (nothing without chains)."""
     table = rows(report)
     if not table:
         return []
@@ -186,7 +191,9 @@ def _percent(v) -> str:
     "forgetting", "forgetting after post-training and quantization", order=36,
     files=write_forgetting,
 )  # fmt: skip
-def section(report, _plots=None) -> list[str]:
+def section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's forgetting table: per mid-training setting, the measured columns over seeds
+    and the reductions against base."""
     table = rows(report)
     if not table:
         return []

@@ -33,6 +33,7 @@ import sqlite3
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import interrupts
 from ..cli_words import say_version
@@ -53,6 +54,9 @@ from ..rundir import (
 )
 from ..runfiles import atomic_write_bytes
 from ..settings import flatten
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
 
 SCHEMA = 1  # bump when the tables' meaning changes: an older database is rebuilt by itself
 DEFAULT_DB = "sam-results.sqlite"
@@ -77,6 +81,7 @@ TABLES = {
 
 
 def quote(name: str) -> str:
+    """``name`` as an SQL identifier (double quotes, inner ones doubled)."""
     return '"' + name.replace('"', '""') + '"'
 
 
@@ -221,7 +226,7 @@ def _delete(con, run_dir: str) -> None:
         con.execute(f"DELETE FROM {table} WHERE run_dir = ?", (run_dir,))
 
 
-def index_folder(con, run_dir: Path, sweep_dir: Path) -> str:
+def index_folder(con: sqlite3.Connection, run_dir: Path, sweep_dir: Path) -> str:
     """``read``, ``unchanged`` or ``unreadable``: a file of the folder is there but cannot be
     read (corrupt, or its permissions): one warning line naming it, and a row with status
     ``unreadable`` and the reason in ``problem``, holding what could be read; such a folder is
@@ -276,7 +281,7 @@ def folders(path: Path) -> list[tuple[Path, Path]]:
     return [(d.resolve(), path) for d in job_dirs(path)]
 
 
-def index(paths, db: Path) -> dict:
+def index(paths: Iterable[Path | str], db: Path) -> dict:
     """Index every run folder under ``paths`` into ``db``; the counts of what was done."""
     require_database_file(db)
     found_in = {}
@@ -306,7 +311,7 @@ def index(paths, db: Path) -> dict:
 
 
 @contextlib.contextmanager
-def indexer_lock(db: Path):
+def indexer_lock(db: Path) -> Iterator[None]:
     """One indexer of ``db`` at a time: a second waits (saying who it waits for), then finds the
     folders unchanged instead of reading them again."""
     from ..lock import job_lock
@@ -346,6 +351,7 @@ def _like_prefix(root: Path) -> str:
 
 
 def query(db: Path, sql: str) -> tuple[list[str], list[tuple]]:
+    """The columns and rows of ``sql`` on the index ``db`` (one line for a bad query)."""
     require(Path(db).is_file(), f"--db {db} does not exist; index folders first: sam-index PATH")
     require_database_file(db)
     con = connect(db)
@@ -384,6 +390,7 @@ def _show(v) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
+    """``sam-index``'s argument parser."""
     ap = argparse.ArgumentParser(
         prog="sam-index",
         description="Index run and sweep folders into an SQLite database (tables runs, epochs).",
@@ -397,7 +404,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def write_csv(path: Path, cols, rows) -> None:
+def write_csv(path: Path, cols: Sequence[str], rows: Iterable[Sequence]) -> None:
     """A query's result as CSV (a place that cannot be written: one line)."""
     text = io.StringIO(newline="")
     csv.writer(text).writerows([cols, *rows])
@@ -409,7 +416,8 @@ def write_csv(path: Path, cols, rows) -> None:
         ) from None
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """``sam-index``: index run folders, or query the index; the exit status."""
     if say_version(sys.argv[1:] if argv is None else argv):
         return 0
     interrupts.catch_signals()
@@ -428,7 +436,8 @@ def main(argv=None) -> int:
         return interrupts.exit_code()
 
 
-def index_main(argv) -> int:
+def index_main(argv: Sequence[str] | None) -> int:
+    """``sam-index`` after ``--version``: its arguments parsed and run; the exit status."""
     args = parser().parse_args(argv)
     try:
         require(args.paths or args.query, "give PATH... to index, or --query SQL (or both)")

@@ -20,10 +20,17 @@ import csv
 import io
 import itertools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .measure_ranking import label, points_of
 from .sections import SECTIONS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from .measure_ranking import Point
+    from .sweep import Report
 
 SHARPNESS = (
     "lambda_max",
@@ -83,7 +90,7 @@ def pareto_agreement(s: list, c: list, gap: list) -> tuple[int, float | None]:
 ROWS = 1024  # pareto_agreement's block: 1024 × n booleans at a time
 
 
-def joint_rows(points) -> tuple[list[dict], int]:
+def joint_rows(points: Iterable[Point]) -> tuple[list[dict], int]:
     """The rows (ranked by r2, undefined last) and the largest n any pair had."""
     rows, most = [], 0
     for s_key, c_key in itertools.product(SHARPNESS, COMPLEXITY):
@@ -124,6 +131,7 @@ def _has_both_sides(report) -> bool:
 
 
 def render_joint_csv(rows: list[dict]) -> str:
+    """joint.csv: one row per (sharpness, complexity) pair."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(COLUMNS)
@@ -137,7 +145,8 @@ def render_joint_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def write_joint(report, out_dir: Path) -> list[Path]:
+def write_joint(report: Report, out_dir: Path) -> list[Path]:
+    """joint.csv and its figure, when jobs carry both sharpness and complexity measures."""
     rows, _ = _joint(report)
     if not rows:
         return []
@@ -162,7 +171,8 @@ def _f(v, spec=".3f") -> str:
 @SECTIONS.register(
     "joint", "sharpness and complexity together (R², Pareto agreement)", order=12, files=write_joint
 )
-def joint_section(report, _plots=None) -> list[str]:
+def joint_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's joint section: sharpness and complexity together (R², Pareto agreement)."""
     if not _has_both_sides(report):
         return []
     rows, most = _joint(report)

@@ -13,17 +13,21 @@ regularizer) are each variant's reference, a dashed line. Present when the jobs 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .measure_ranking import job_values
 from .sections import SECTIONS, figure
 from .sweep import stats, stats_cell
 
+if TYPE_CHECKING:
+    from .sweep import Report
+
 KEYS = {"lambda_max": "λ_max", "fisher_trace_ratio": "Fisher trace ratio"}
 STEM = "jsd"
 
 
-def jsd_points(report) -> dict | None:
+def jsd_points(report: Report) -> dict | None:
     """{"rows": {(variant, α): {key: stats}}, "reference": {variant: {key: stats}}, "keys": the
     KEYS some job has}; None with fewer than two α."""
     by_alpha: dict = {}
@@ -50,7 +54,8 @@ def jsd_points(report) -> dict | None:
     }
 
 
-def write_jsd(report, out_dir: Path) -> list[Path]:
+def write_jsd(report: Report, out_dir: Path) -> list[Path]:
+    """The figure of λ_max and the Fisher trace ratio against α(1−α), with two α or more."""
     points = jsd_points(report)
     if points is None or not points["keys"]:
         return []
@@ -64,7 +69,8 @@ def write_jsd(report, out_dir: Path) -> list[Path]:
 @SECTIONS.register(
     "jsd", "λ_max and the Fisher trace ratio against α(1−α)", order=45, files=write_jsd
 )
-def jsd_section(report, _plots=None) -> list[str]:
+def jsd_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's JSD section: λ_max and the Fisher trace ratio against α(1−α)."""
     points = jsd_points(report)
     if points is None or not points["keys"]:
         return []

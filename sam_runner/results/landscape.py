@@ -13,10 +13,16 @@ report's ``landscape`` section.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..rundir import RunDir
 from .sections import SECTIONS
 from .sweep import stats
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from .sweep import Report
 
 JOB_KEYS = {"basin_width": "basin_width_1d", "curvature": "curvature_1d"}
 PAIR_KEYS = ("barrier_train_loss", "barrier_test_loss", "barrier_train_error", "barrier_test_error")
@@ -37,7 +43,7 @@ def pair_summaries(job: Path) -> list[dict]:
     return RunDir(job).pair_summaries()
 
 
-def group_landscape(dirs) -> dict:
+def group_landscape(dirs: Iterable[Path | str | None]) -> dict:
     """{key: stats} over a group's job folders (``dirs``): slice numbers per job, barriers per
     pair of them."""
     dirs = [d for d in dirs if d is not None]
@@ -62,11 +68,13 @@ def _cell(s: dict) -> str:
 
 
 def csv_columns() -> list[str]:
+    """report.csv's landscape columns: mean, std and n of each landscape key."""
     keys = [f"landscape_{k}" for k in JOB_KEYS] + list(PAIR_KEYS)
     return [f"{k}_{s}" for k in keys for s in ("mean", "std", "n")]
 
 
 def csv_cells(group: dict) -> list:
+    """One group's landscape cells for report.csv."""
     s = group_landscape(group.get("dirs", []))
     cells = []
     for k in (*JOB_KEYS, *PAIR_KEYS):
@@ -83,7 +91,7 @@ def csv_cells(group: dict) -> list:
     csv_columns=csv_columns,
     csv_cells=csv_cells,
 )
-def landscape_section(report, _plots) -> list[str]:
+def landscape_section(report: Report, _plots: list[Path]) -> list[str]:
     """report.md's landscape section: one row per group with landscape files."""
     rows = []
     for g in report.groups:

@@ -37,11 +37,17 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..rundir import RunDir, eval_file
 from ..runfiles import finite
 from ..settings import override_key, run_only
 from .sections import SECTIONS, figure
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .sweep import Report
 
 MEASURED = eval_file("last")  # a point's source when sam-eval measured it (its file's name)
 
@@ -80,11 +86,13 @@ CORRUPTION_PREFIX = "test_acc_c_"
 
 
 def label(key: str) -> str:
+    """A measure's label in tables and figures (λ_k for the top-k eigenvalues)."""
     k = LAMBDA_K.match(key)
     return f"λ_{k.group(1)}" if k else LABELS.get(key, key)
 
 
 def is_measure(key: str) -> bool:
+    """Whether ``key`` names a ranked measure."""
     return key in LABELS or bool(LAMBDA_K.match(key))
 
 
@@ -100,11 +108,13 @@ class Point:
     why: str = ""  # with source training: why not eval.json (none, failed, unreadable)
 
     @property
-    def gen_gap(self):
+    def gen_gap(self) -> float | None:
+        """The job's generalization gap."""
         return self.values.get("gen_gap")
 
     @property
-    def test_error(self):
+    def test_error(self) -> float | None:
+        """1 − test accuracy (None without a finite accuracy)."""
         acc = self.values.get("test_acc")
         return 1.0 - acc if finite(acc) else None
 
@@ -116,6 +126,7 @@ class Table:
     rows: list = field(default_factory=list)  # one dict per measure, ranked
 
     def sources(self) -> dict:
+        """The number of points per source (measured afterwards, or logged in training)."""
         return {s: sum(p.source == s for p in self.points) for s in (MEASURED, "training")}
 
 
@@ -161,7 +172,7 @@ def _settings(overrides) -> dict:
     return {override_key(o): o.split("=", 1)[1] for o in keep if not o.startswith("hydra")}
 
 
-def points_of(report) -> list[Point]:
+def points_of(report: Report) -> list[Point]:
     """Every completed job's Point, read once per report (the sections share the pass)."""
     return report.once("points", lambda: _read_points(report))
 
@@ -184,7 +195,7 @@ def sweep_axes(points: list[Point]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- statistics
-def kendall_tau(x, y) -> float:
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
     """Kendall's tau-b of paired values (``scipy.stats.kendalltau``, O(n log n)); NaN when
     undefined (fewer than 2 pairs, or a constant side)."""
     import warnings
@@ -236,7 +247,7 @@ def granulated_tau(points: list[Point], key: str, axes: list[str]) -> tuple[floa
     return (statistics.fmean(defined) if defined else math.nan), per_axis
 
 
-def measures_table(report) -> Table | None:
+def measures_table(report: Report) -> Table | None:
     """Every measure's τ, Ψ and n, ranked by |τ| with gen_gap; None with fewer than
     ``MIN_JOBS`` completed jobs that have gen_gap and a measure. Once per report: report.md and
     the files share it."""
@@ -285,7 +296,7 @@ def _f(v, spec="+.3f") -> str:
     return format(v, spec) if finite(v) else "—"
 
 
-def write_measures(report, out_dir: Path) -> list[Path]:
+def write_measures(report: Report, out_dir: Path) -> list[Path]:
     """measures.csv and measures.png, when the jobs carry measures (else nothing)."""
     table = measures_table(report)
     if table is None:
@@ -303,7 +314,7 @@ def write_measures(report, out_dir: Path) -> list[Path]:
 @SECTIONS.register(
     "measures", "which measure tracks generalization (Kendall τ, Ψ)", order=10, files=write_measures
 )
-def measures_section(report, _plots=None) -> list[str]:
+def measures_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
     """The report.md section: the ranking table and measures.png, after the sweep's own table;
     a ranking on fewer than ``FEW_JOBS`` jobs goes further down (``measures_on_few_jobs``)."""
     table = measures_table(report)
@@ -315,7 +326,7 @@ def measures_section(report, _plots=None) -> list[str]:
 @SECTIONS.register(
     "measures_few", "the measures' ranking when it rests on few jobs, after the analyses", order=65
 )
-def measures_on_few_jobs(report, _plots=None) -> list[str]:
+def measures_on_few_jobs(report: Report, _plots: list[Path] | None = None) -> list[str]:
     """A ranking of fewer than ``FEW_JOBS`` jobs describes those jobs, not the measures: it
     follows the sweep's table and analyses rather than open the report (with its caution)."""
     table = measures_table(report)
@@ -324,13 +335,14 @@ def measures_on_few_jobs(report, _plots=None) -> list[str]:
     return ranking_lines(report, table)
 
 
-def few_jobs(table) -> bool:
+def few_jobs(table: Table) -> bool:
     """Whether some measure's ranking rests on fewer than ``FEW_JOBS`` jobs."""
     counts = [r["n"] for r in table.rows if r["n"] >= 2]
     return bool(counts) and min(counts) < FEW_JOBS
 
 
-def ranking_lines(report, table) -> list[str]:
+def ranking_lines(report: Report, table: Table) -> list[str]:
+    """report.md's ranking table of the measures, with its axes and cautions."""
     axes = ", ".join(f"`{a}`" for a in table.axes) or "none: Ψ is undefined"
     head = ["rank", "measure", "τ with gen gap", "p", "τ with test error", "Ψ"]
     head += [f"ψ {a}" for a in table.axes] + ["n"]
@@ -412,6 +424,7 @@ def caution_lines(table: Table) -> list[str]:
 
 
 def render_measures_csv(table: Table) -> str:
+    """measures.csv: one row per measure (τ, Ψ and its axes, p, n, label)."""
     buf = io.StringIO()
     cols = ["measure", "tau_gen_gap", "tau_test_error", "psi"]
     cols += [f"psi_{a}" for a in table.axes] + ["p_gen_gap", "n", "label"]

@@ -12,16 +12,22 @@ The numbers are eval.json's when sam-eval measured the job, else the training's
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .measure_ranking import job_values, kendall_tau
 from .sections import SECTIONS
 from .sweep import stats, stats_cell
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .sweep import Report
+
 BITS_KEY = re.compile(r"^quant_drop_(\d+)bit$")
 
 
-def quantization_rows(report) -> dict | None:
+def quantization_rows(report: Report) -> dict | None:
     """{"bits": [widths, descending], "rows": {variant: {key: stats}}, "tau": {bits: (τ, n)}};
     None when no completed job carries a quantization drop."""
     values = [(job.variant, job_values(job.run)[0]) for job in report.completed()]
@@ -55,7 +61,9 @@ def quantization_rows(report) -> dict | None:
 
 
 @SECTIONS.register("quantization", "accuracy and loss after rounding the weights", order=47)
-def quantization_section(report, _plots=None) -> list[str]:
+def quantization_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's quantization section: accuracy and loss after rounding the weights, per
+    variant and bit width."""
     found = quantization_rows(report)
     if found is None:
         return []

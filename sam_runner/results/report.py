@@ -35,6 +35,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import interrupts
 from ..cli_words import say_version
@@ -44,6 +45,9 @@ from .runs_table import _job_name, counts_line
 from .sections import ordered
 from .sweep import BOUND_STATS, STATUSES, Report, build_report
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 __all__ = ["build_report", "write_report", "render_markdown", "render_csv", "main"]
 
 # what the last report wrote into its folder, so that the next one removes the files of what no
@@ -52,12 +56,13 @@ __all__ = ["build_report", "write_report", "render_markdown", "render_csv", "mai
 MANIFEST = ".sam-report-files.json"
 
 
-def render_markdown(report: Report, plots) -> str:
+def render_markdown(report: Report, plots: list[Path]) -> str:
     """report.md: one registered section after another."""
     return "\n".join(line for e in ordered() for line in e.target(report, plots))
 
 
 def render_csv(report: Report) -> str:
+    """report.csv: one row per group (its series, variant, ρ, job counts and statistics)."""
     buf = io.StringIO()
     cols = ["group", "series", "variant", "rho", "jobs", *STATUSES]
     cols += [f"{k}_{s}" for k in report.metrics + BOUND_STATS for s in ("mean", "std", "n")] + [
@@ -90,6 +95,7 @@ def render_csv(report: Report) -> str:
 
 
 def write_plots(report: Report, out_dir: Path) -> list[Path]:
+    """The report's figures into ``out_dir``; their paths."""
     from ..plots.compute import PANELS, plot_compute
     from ..plots.style import save_figure
     from ..plots.sweep import plot_acc_vs_lambda, plot_eos_traces, plot_metric_vs_rho
@@ -130,7 +136,9 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
     return [save_figure(fig, out_dir, name, report.plot_format) for name, fig in figures]
 
 
-def write_report(report: Report, out_dir=None) -> list[Path]:
+def write_report(report: Report, out_dir: Path | str | None = None) -> list[Path]:
+    """report.md, report.csv, the figures and every section's files into ``out_dir`` (default:
+    the sweep folder); their paths."""
     out_dir = Path(out_dir or report.sweep_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -159,6 +167,7 @@ def _drop_stale(out_dir: Path, written: list[Path]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    """``sam-report``'s argument parser."""
     ap = argparse.ArgumentParser(
         prog="sam-report",
         description="Tables and plots for sam-run sweep folders (one, or several in one report).",
@@ -203,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def build(args) -> Report:
+def build(args: argparse.Namespace) -> Report:
     """The report the arguments ask for (one-line errors for bad ones)."""
     require(
         bool(args.folders) != bool(args.db),
@@ -235,7 +244,7 @@ def build(args) -> Report:
     )
 
 
-def check_asked(report: Report, args) -> Report:
+def check_asked(report: Report, args: argparse.Namespace) -> Report:
     """The report, unless a ``--metric`` no job logged or an ``--ignore`` no job overrides was
     asked for (a typo that would leave a blank column or pool nothing): a one-line error naming
     the nearest key, else the keys there are."""
@@ -311,7 +320,8 @@ def split_settings(argv: list[str]) -> tuple[list[str], dict]:
     return rest, given
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """``sam-report``: the report of the folders given; the exit status."""
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     if say_version(argv):
         return 0
@@ -332,6 +342,8 @@ def main(argv=None) -> int:
 
 
 def report_main(argv: list[str]) -> int:
+    """``sam-report`` after ``--version``: its settings split off, the report built and written;
+    the exit status."""
     try:
         argv, settings = split_settings(argv)
         from ..cli_words import check_format

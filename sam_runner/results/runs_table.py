@@ -3,9 +3,14 @@ std of each metric, the jobs not completed, the figures, one row per job, and th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..rundir import SUMMARY
 from .sections import SECTIONS, figure
 from .sweep import BOUND_STATS, LABELS, NEAR_END, STATUSES, Job, Report
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def _fmt(v, spec=".4g"):
@@ -20,6 +25,7 @@ def _cell(s: dict, completed: int) -> str:
 
 
 def counts_line(report: Report) -> str:
+    """report.md's line of the jobs' counts by status (and the missing ones' numbers)."""
     c = report.counts()
     missing = [j for j in report.jobs if j.status == "missing"]
     not_started = sum(1 for j in missing if j.path is None)
@@ -45,7 +51,8 @@ def _job_name(_report: Report, job: Job) -> str:
 
 
 @SECTIONS.register("head", "the sources, the study preset and the job counts", order=0)
-def head(report: Report, _plots) -> list[str]:
+def head(report: Report, _plots: list[Path]) -> list[str]:
+    """report.md's title, its study and sources."""
     out = [f"# Sweep report: {report.title}", ""]
     if report.study:
         out += [
@@ -62,7 +69,8 @@ def _several(report: Report) -> bool:
 
 
 @SECTIONS.register("runs", "one row per group: mean ± std of each metric", order=5)
-def group_table(report: Report, _plots) -> list[str]:
+def group_table(report: Report, _plots: list[Path]) -> list[str]:
+    """report.md's table of the groups: each metric's statistics over their completed jobs."""
     bounded = report.bound_shown  # the bound's columns where TLC-SAM's jobs make it relevant
     cols = report.metrics + BOUND_STATS if bounded else report.metrics
     head = ["group", "variant", "ρ", "n"] + [LABELS.get(k, k) for k in cols]
@@ -96,7 +104,8 @@ def group_table(report: Report, _plots) -> list[str]:
 
 
 @SECTIONS.register("unfinished", "the jobs not completed and why", order=60)
-def unfinished(report: Report, _plots) -> list[str]:
+def unfinished(report: Report, _plots: list[Path]) -> list[str]:
+    """report.md's list of the jobs that did not complete, with their reasons."""
     jobs = [j for j in report.jobs if j.status != "completed"]
     if not jobs:
         return []
@@ -113,12 +122,14 @@ def unfinished(report: Report, _plots) -> list[str]:
 
 
 @SECTIONS.register("plots", "links to the figures", order=70)
-def plot_links(_report: Report, plots) -> list[str]:
+def plot_links(_report: Report, plots: list[Path]) -> list[str]:
+    """report.md's links to the figures written."""
     return ["## Plots", "", *(figure(p.name) for p in plots), ""] if plots else []
 
 
 @SECTIONS.register("jobs", "one row per job", order=80)
-def job_table(report: Report, _plots) -> list[str]:
+def job_table(report: Report, _plots: list[Path]) -> list[str]:
+    """report.md's table of every job: status, metrics and overrides."""
     out = [
         "## Jobs",
         "",
@@ -133,7 +144,8 @@ def job_table(report: Report, _plots) -> list[str]:
 
 
 @SECTIONS.register("notes", "the notes and the bound's definition", order=90)
-def notes(report: Report, _plots) -> list[str]:
+def notes(report: Report, _plots: list[Path]) -> list[str]:
+    """report.md's notes (and the bound's, where TLC-SAM's jobs make it relevant)."""
     if not report.bound_shown:
         return ["", "## Notes", "", *(f"- {n}" for n in report.notes), ""]
     bound = (

@@ -25,12 +25,16 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..rundir import RunDir
 from ..runfiles import atomic_write_bytes
 from ..sweep.objective import OLD_STORAGE_FILE, STORAGE_FILE, STUDY_NAME
 from .sections import SECTIONS, figure
+
+if TYPE_CHECKING:
+    from .sweep import Report
 
 METRICS = ("loss", "acc", "ece", "nll")
 
@@ -47,6 +51,7 @@ class Trial:
 
     @property
     def summary(self) -> dict:
+        """The trial's summary.json ({} when absent)."""
         return self.run.summary or {}
 
     @property
@@ -73,6 +78,7 @@ class Study:
 
     @property
     def several(self) -> bool:
+        """Whether the study has several objectives."""
         return len(self.directions) > 1
 
     def pareto(self) -> list[Trial]:
@@ -104,12 +110,13 @@ class Study:
         return best(done) + best(pruned) + rest
 
 
-def is_search(sweep_dir) -> bool:
+def is_search(sweep_dir: Path | str) -> bool:
     """Whether a folder holds a search's study (the sweeper's journal, or an older SQLite file)."""
     return any((Path(sweep_dir) / f).is_file() for f in (STORAGE_FILE, OLD_STORAGE_FILE))
 
 
-def load_study(sweep_dir) -> Study:
+def load_study(sweep_dir: Path | str) -> Study:
+    """The study of a search's sweep folder, read from its storage (one line when it cannot be)."""
     import optuna
 
     from ..sweep.study import open_storage
@@ -146,7 +153,9 @@ def load_study(sweep_dir) -> Study:
     return Study(sweep_dir, directions[0], keys[0], trials, log_keys, directions, list(keys), study)
 
 
-def write_search_report(sweep_dir, out_dir=None, fmt: str = "png") -> list[Path]:
+def write_search_report(
+    sweep_dir: Path | str, out_dir: Path | str | None = None, fmt: str = "png"
+) -> list[Path]:
     """search.md, search.csv and one search_<key>.<fmt> per searched key, into ``out_dir``
     (default: the sweep folder); their paths."""
     study = load_study(sweep_dir)
@@ -226,6 +235,7 @@ def importances_csv(study: Study) -> str | None:
 
 
 def searched_keys(study: Study) -> list[str]:
+    """The keys the study's trials searched, in first-seen order."""
     return list(dict.fromkeys(k for t in study.trials for k in t.params))
 
 
@@ -236,6 +246,7 @@ def _cell(v) -> str:
 
 
 def table_rows(study: Study) -> tuple[list[str], list[list]]:
+    """The header and one row per trial: number, state, values and searched values."""
     keys = searched_keys(study)
     head = [
         "rank",
@@ -264,6 +275,7 @@ def table_rows(study: Study) -> tuple[list[str], list[list]]:
 
 
 def render_csv(study: Study) -> str:
+    """search.csv: one row per trial."""
     buf = io.StringIO()
     head, rows = table_rows(study)
     w = csv.writer(buf)
@@ -295,6 +307,7 @@ def outcome_lines(study: Study) -> list[str]:
 
 
 def render_markdown(study: Study, plots: list[Path]) -> str:
+    """search.md: the study's best trial(s), its table of trials and its figures."""
     head, rows = table_rows(study)
     lines = [
         f"# Search {study.sweep_dir}",
@@ -388,6 +401,7 @@ def _last(trial: Trial, key: str):
 
 
 def scatter(study: Study, key: str, out_dir: Path, fmt: str = "png") -> Path:
+    """search_<key>.<fmt>: the objective against one searched key, one point per trial."""
     from ..plots.style import figure, log_scale, save_figure
 
     points = [
@@ -425,7 +439,8 @@ def _search_files(report, out_dir) -> list[Path]:
 
 
 @SECTIONS.register("search", "an Optuna search's trials", order=15, files=_search_files)
-def search_section(report, _plots=None) -> list[str]:
+def search_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's search section: each search source's best trial and trials table."""
     sources = _search_sources(report)
     if not sources:
         return []

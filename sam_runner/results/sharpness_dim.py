@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..plots.style import natural_key
 from ..runfiles import finite
 from .measure_ranking import kendall_tau, points_of
 from .sections import SECTIONS
 from .sweep import stats, stats_cell
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from .measure_ranking import Point
+    from .sweep import Report
 
 KEY = "sharpness_dim"
 
@@ -23,7 +30,7 @@ def _points(report) -> list:
     return [p for p in points_of(report) if finite(p.values.get(KEY))]
 
 
-def lines_by_step(points) -> dict:
+def lines_by_step(points: Iterable[Point]) -> dict:
     """{(variant, batch size): [(η, mean dimension, jobs), ...] by η}, for jobs with an η."""
     cells: dict = {}
     for p in points:
@@ -42,7 +49,7 @@ def lines_by_step(points) -> dict:
     }
 
 
-def table(points) -> list[str]:
+def table(points: Iterable[Point]) -> list[str]:
     """report.md's table: per (variant, batch size, η), the dimension beside the number of
     parameters (its upper bound), the gap and λ_max, mean ± std over seeds."""
     cells: dict = {}
@@ -62,7 +69,9 @@ def table(points) -> list[str]:
     return out
 
 
-def write_figure(report, out_dir: Path) -> list[Path]:
+def write_figure(report: Report, out_dir: Path) -> list[Path]:
+    """sharpness_dim.<fmt>: the dimension against η per (variant, batch size), when jobs measured
+    it."""
     points = _points(report)
     if not points:
         return []
@@ -76,7 +85,8 @@ def write_figure(report, out_dir: Path) -> list[Path]:
 @SECTIONS.register(
     "sharpness_dim", "the sharpness dimension against η and the gap", order=14, files=write_figure
 )
-def section(report, _plots=None) -> list[str]:
+def section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's sharpness-dimension section: its table and τ against the generalization gap."""
     points = _points(report)
     if not points:
         return []

@@ -28,6 +28,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import require
 from ..plots.style import natural_key  # matplotlib is imported only when drawing
@@ -35,6 +36,10 @@ from ..rundir import RunDir, has_rho, is_run, job_dirs
 from ..runfiles import finite
 from ..settings import override_key, run_only
 from ..sweep.plan import expected_jobs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any
 
 # grad_evals_per_step: the cost column (forward-backward passes per step, counted by the run)
 DEFAULT_METRICS = ("test_acc", "test_ece", "test_nll", "lambda_max", "grad_evals_per_step")
@@ -56,7 +61,7 @@ TOKEN_METRICS = ("test_bpc", "test_ppl")  # language-model runs (model=gpt): per
 NEAR_END = 0.1  # Γ: the last 10% of the logged epochs
 
 
-def group_overrides(overrides, ignore=()) -> tuple:
+def group_overrides(overrides: Iterable[str], ignore: Iterable[str] = ()) -> tuple:
     """The overrides that define a job's group: all but seed and the ones that don't change the
     experiment."""
     return tuple(
@@ -64,19 +69,26 @@ def group_overrides(overrides, ignore=()) -> tuple:
     )
 
 
-def experiment_overrides(overrides) -> tuple:
+def experiment_overrides(overrides: Iterable[str]) -> tuple:
     """A job's overrides without the how-it-runs keys (what identifies the job in its sweep)."""
     return tuple(o for o in overrides if not run_only(override_key(o)))
 
 
-def tlc_bound(batch_size, gamma, rho, lr):
+def tlc_bound(
+    batch_size: float | None, gamma: float | None, rho: float | None, lr: float | None
+) -> float | None:
     """(b Γ / (2 ρ η²))^(1/3): the λ_max that SAM-type dynamics stay under (TLC-SAM abstract)."""
     if not all(finite(v) and v > 0 for v in (batch_size, gamma, rho, lr)):
         return None
     return (batch_size * gamma / (2 * rho * lr**2)) ** (1 / 3)
 
 
-def near_end(rows, key, reduce=max, fraction=NEAR_END):
+def near_end(
+    rows: list[dict],
+    key: str,
+    reduce: Callable[[list[float]], float] = max,
+    fraction: float = NEAR_END,
+) -> float | None:
     """``reduce`` (max: Γ; mean: ρ) of ``key`` over the last ``fraction`` of the logged epochs
     (at least the last epoch); None if ``key`` was not logged there."""
     last = max((r["epoch"] for r in rows if finite(r.get("epoch"))), default=None)
@@ -91,7 +103,8 @@ def near_end(rows, key, reduce=max, fraction=NEAR_END):
     return reduce(vals) if vals else None
 
 
-def stats(values) -> dict:
+def stats(values: Iterable[float | None]) -> dict:
+    """Mean, standard deviation and count of the finite values (None without any)."""
     vals = [v for v in values if finite(v)]
     if not vals:
         return {"mean": None, "std": None, "n": 0}
@@ -148,12 +161,14 @@ class Report:
 
     @property
     def title(self) -> str:
+        """The report's heading: its sources, or the sweep folder."""
         return ", ".join(str(s) for s in self.sources) or str(self.sweep_dir)
 
     def counts(self) -> Counter:
+        """The number of jobs of each status."""
         return Counter(j.status for j in self.jobs)
 
-    def once(self, key: str, make):
+    def once(self, key: str, make: Callable[[], Any]) -> Any:
         """``make()``, made once per report and shared by every section that asks for ``key``
         (the jobs' measures: one pass over the jobs' files, not one per section)."""
         if key not in self._once:
@@ -189,7 +204,9 @@ def has_tlc_sam(groups: list) -> bool:
     return tlc and any(g["stats"]["bound"]["n"] for g in groups)
 
 
-def load_job(path: Path, metrics, name: str = "", source: str = "") -> Job:
+def load_job(path: Path, metrics: Iterable[str], name: str = "", source: str = "") -> Job:
+    """One job folder's overrides, status and metrics (the last logged value where the summary
+    lacks one)."""
     run = RunDir(path)
     job = Job(path=path, overrides=run.overrides, name=name or path.name, source=source, run=run)
     cfg = run.config(checkpoint=False)
@@ -245,7 +262,7 @@ def _panel(key: tuple, common: set) -> str:
     )
 
 
-def source_jobs(path: Path, metrics, label: str) -> tuple[list[Job], list[str]]:
+def source_jobs(path: Path, metrics: Iterable[str], label: str) -> tuple[list[Job], list[str]]:
     """The jobs of one source folder (a sweep, or one run) and its notes."""
     if is_run(path):
         return [load_job(path, metrics, label or path.name, str(path))], []
@@ -301,7 +318,11 @@ def _labels(paths: list[Path]) -> list[str]:
     return [str(p) for p in paths]
 
 
-def build_report(sweep_dir, metrics=(), ignore=()) -> Report:
+def build_report(
+    sweep_dir: Path | str | Sequence[Path | str],
+    metrics: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+) -> Report:
     """The report of one source folder or several (a list): sweep folders or run folders."""
     paths = [Path(p) for p in (sweep_dir if isinstance(sweep_dir, (list, tuple)) else [sweep_dir])]
     for p in paths:
@@ -333,7 +354,13 @@ def distinct_sources(paths: list[Path]) -> tuple[list[Path], list[str]]:
     return kept, notes
 
 
-def build_from_dirs(paths: list[Path], dirs: list[Path], metrics=(), ignore=(), jobs=None):
+def build_from_dirs(
+    paths: list[Path],
+    dirs: list[Path],
+    metrics: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    jobs: list[tuple[Path, str, str]] | None = None,
+) -> Report:
     """The report over ``paths`` (the sources), with ``dirs`` their job folders (for the
     metrics they logged) and ``jobs`` already loaded (else read from ``paths``)."""
     # long-tail studies log per-split accuracies: report them without being asked
@@ -387,7 +414,9 @@ def not_started(jobs: list[Job], expected: list[list[str]], source: str = "") ->
     return missing
 
 
-def group_rows(jobs: list[Job], metrics, ignore=()) -> tuple[list[dict], list[str]]:
+def group_rows(
+    jobs: list[Job], metrics: Iterable[str], ignore: Iterable[str] = ()
+) -> tuple[list[dict], list[str]]:
     """One row per group of jobs (statistics over its completed jobs), in display order, and the
     overrides every group shares (said once, not on every row and plot label). In a preset in
     stages, a group is a stage's, and the overrides its stage's groups share are said by the

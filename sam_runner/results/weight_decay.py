@@ -12,10 +12,14 @@ the presets set), their coefficients being 1 × λ by definition.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..runfiles import finite
 from .sections import SECTIONS, figure
 from .sweep import stats, stats_cell
+
+if TYPE_CHECKING:
+    from .sweep import Report
 
 STEM = "weight_decay"
 
@@ -32,7 +36,7 @@ def _job(run) -> dict:
     return {"multiples": multiples, "oui": oui, "last_oui": oui[max(oui)] if oui else None}
 
 
-def weight_decay_groups(report) -> list[dict] | None:
+def weight_decay_groups(report: Report) -> list[dict] | None:
     """Per group (report.md's order) with a rescaled decay or a logged OUI: {"label", "layers":
     {layer: stats of the multiple}, "oui": {epoch: [OUI of each job]}, "last_oui": stats, "n"};
     None when no job rescaled its decay (found from the summaries alone: no metrics file read)."""
@@ -62,7 +66,8 @@ def weight_decay_groups(report) -> list[dict] | None:
     return out
 
 
-def write_weight_decay(report, out_dir: Path) -> list[Path]:
+def write_weight_decay(report: Report, out_dir: Path) -> list[Path]:
+    """The figure of each layer's decay multiple and the OUI, when a job rescaled its decay."""
     groups = weight_decay_groups(report)
     if groups is None:
         return []
@@ -76,7 +81,8 @@ def write_weight_decay(report, out_dir: Path) -> list[Path]:
     "weight_decay", "each layer's weight decay under OUIDecay, and the OUI", order=47,
     files=write_weight_decay,
 )  # fmt: skip
-def weight_decay_section(report, _plots=None) -> list[str]:
+def weight_decay_section(report: Report, _plots: list[Path] | None = None) -> list[str]:
+    """report.md's weight-decay section: each layer's decay under OUIDecay, and the OUI."""
     groups = weight_decay_groups(report)
     if groups is None:
         return []

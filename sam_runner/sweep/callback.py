@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
@@ -31,8 +32,13 @@ from .plan import (
     saved_overrides,
 )
 
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
-def report(sweep_dir, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
+    from omegaconf import DictConfig
+
+
+def report(sweep_dir: Path | str, n_jobs: int | None = None) -> tuple[list[str], list[str]]:
     """One line per job (number, status, test accuracy, overrides), and the failed jobs'
     descriptions.
     """
@@ -91,7 +97,9 @@ def print_report(
         )
 
 
-def fail(message: str, code: int = 2, prog: str = "sam-run"):
+def fail(message: str, code: int = 2, prog: str = "sam-run") -> NoReturn:
+    """Print ``prog: error: message`` and exit with ``code`` (a callback's exceptions are only
+    warnings to Hydra)."""
     # a callback's exceptions are only warnings to Hydra; SystemExit is not an Exception
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
@@ -104,7 +112,9 @@ class SweepCallback(Callback):
         self.jobs: list[list[str]] | None = None
 
     @override
-    def on_multirun_start(self, config, **kwargs) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Refuse a launcher that cannot run here, check the sweep folder against the jobs, and
+        leave completed jobs out."""
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
         if launcher.endswith("SlurmLauncher") and shutil.which("sbatch") is None:
             fail(
@@ -123,7 +133,9 @@ class SweepCallback(Callback):
             fail(str(e))
 
     @override
-    def on_run_start(self, config, **kwargs) -> None:
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Refuse a run folder that holds another job's run, before Hydra rewrites its
+        ``.hydra/``."""
         # before Hydra rewrites <run dir>/.hydra/ with this run's config
         run_dir = Path(str(config.hydra.run.dir))
         overrides = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
@@ -137,7 +149,8 @@ class SweepCallback(Callback):
             fail(str(e))
 
     @override
-    def on_multirun_end(self, config, **kwargs) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """One line per job and the sweep's closing line."""
         sweep_dir = str(config.hydra.sweep.dir)
         lines, failed = report(sweep_dir, len(self.jobs) if self.jobs is not None else None)
         print(closing_line(sweep_dir, lines, failed), flush=True)

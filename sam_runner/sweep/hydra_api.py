@@ -16,6 +16,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
+
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Override
+    from omegaconf import DictConfig
 
 # sweepers whose jobs are the Cartesian product of the swept overrides (numbers known upfront)
 GRID_SWEEPERS = ("BasicSweeper", "sam_runner_sweeper.sweeper.Sweeper")
@@ -25,7 +34,7 @@ GRID_SWEEPERS = ("BasicSweeper", "sam_runner_sweeper.sweeper.Sweeper")
 SEARCH_SWEEPERS = ("sam_runner_sweeper.search.SearchSweeper",)
 
 
-def args_parser():
+def args_parser() -> argparse.ArgumentParser:
     """Hydra's own command-line parser (``-m``, ``--cfg``, overrides ...)."""
     from hydra._internal.utils import get_args_parser
 
@@ -33,7 +42,7 @@ def args_parser():
 
 
 @functools.lru_cache(maxsize=None)
-def overrides_parser():
+def overrides_parser() -> OverridesParser:
     """Hydra's overrides parser, with the runner's config tree as its search path."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
@@ -46,18 +55,19 @@ def overrides_parser():
     )
 
 
-def parse_overrides(lines: list[str]):
+def parse_overrides(lines: list[str]) -> list[Override]:
+    """Override lines parsed by Hydra's parser (with the runner's config path)."""
     return overrides_parser().parse_overrides(list(lines))
 
 
-def basic_sweeper_class():
+def basic_sweeper_class() -> type[BasicSweeper]:
     """Hydra's basic sweeper (the base of the runner's grid sweeper)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     return BasicSweeper
 
 
-def sweeper_params(sweeper) -> list[str]:
+def sweeper_params(sweeper: BasicSweeper) -> list[str]:
     """A basic sweeper's ``hydra.sweeper.params`` as override lines (``key=value``), as Hydra's
     own sweep reads them before the command's overrides."""
     return [f"{k}={v}" for k, v in (sweeper.params or {}).items()]
@@ -71,13 +81,13 @@ def submitit_shared_parameters() -> set[str]:
     return set(submitit.AutoExecutor._valid_parameters())
 
 
-def basic_product(parsed) -> list[list[str]]:
+def basic_product(parsed: list[Override]) -> list[list[str]]:
     """Every combination of parsed overrides, in Hydra's basic-sweeper order."""
     batches = basic_sweeper_class().split_arguments(parsed, None)
     return [job for batch in batches for job in batch]
 
 
-def compose(overrides: list[str], config_name: str = "config"):
+def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     """One job's config, Hydra's part included, composed by Hydra's own compose."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -88,7 +98,7 @@ def compose(overrides: list[str], config_name: str = "config"):
         return hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
 
 
-def task_record(cfg, overrides: list[str]) -> tuple[list[str], str]:
+def task_record(cfg: DictConfig, overrides: list[str]) -> tuple[list[str], str]:
     """(``hydra.overrides.task``, ``hydra.job.override_dirname``) of a config composed with
     ``overrides``, as Hydra's compose sets them: the overrides that are not Hydra's, in order,
     and their folder name by the config's ``kv_sep``, ``item_sep`` and ``exclude_keys``."""
@@ -105,12 +115,12 @@ def task_record(cfg, overrides: list[str]) -> tuple[list[str], str]:
     return [o.input_line for o in task], dirname
 
 
-def knows_jobs(sweeper_target) -> bool:
+def knows_jobs(sweeper_target: str | None) -> bool:
     """Whether a sweeper's jobs are known in advance (Hydra's basic sweeper, and ours on it)."""
     return str(sweeper_target).endswith(GRID_SWEEPERS)
 
 
-def is_search(sweeper_target) -> bool:
+def is_search(sweeper_target: str | None) -> bool:
     """Whether a sweeper searches a space for an objective (ours, on Optuna)."""
     return str(sweeper_target).endswith(SEARCH_SWEEPERS)
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import RunFolderConflict, first_line, one_line
 from ..rundir import SUMMARY, RunDir
 from ..runfiles import read_json, write_json
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
+
+def run_parallel(cfg: DictConfig, run_dir: Path | str, overrides: list[str]) -> dict:
     """Train one job: joins an outside launcher's group (torchrun, srun), starts
     ``trainer.devices`` processes itself, or trains in this process."""
     from .. import distributed
@@ -57,7 +61,9 @@ def run_parallel(cfg, run_dir, overrides: list[str]) -> dict:
 INTERRUPTIONS = (KeyboardInterrupt, SystemExit)
 
 
-def record_failure(run_dir, overrides: list[str], message: str, replace: bool = False) -> dict:
+def record_failure(
+    run_dir: Path | str, overrides: list[str], message: str, replace: bool = False
+) -> dict:
     """summary.json with status failed and the one-line error (kept when train() already wrote one,
     unless ``replace``)."""
     path = Path(run_dir) / SUMMARY

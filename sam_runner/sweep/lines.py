@@ -8,19 +8,26 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
 from ..cli_words import say_version
 from ..errors import UserError, first_line, require
+from ..interrupts import raise_pending
 from . import hydra_api
 from .callback import fail, print_report, report
 from .plan import expand, fixed_config, sweeper_params
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 PROG = "sam-sweep-lines"
 
 
-def lines_main(argv=None) -> None:
+def lines_main(argv: Sequence[str] | None = None) -> None:
+    """``sam-sweep-lines``: a sweep's jobs, one line of overrides each (``--report``: a sweep
+    folder's report)."""
     if say_version(sys.argv[1:] if argv is None else argv):
         return
     ap = argparse.ArgumentParser(
@@ -68,6 +75,7 @@ def lines_main(argv=None) -> None:
     except UserError as e:
         fail(str(e), 2, PROG)
     except Exception as e:  # Hydra's grammar and config errors
+        raise_pending()  # Ctrl-C inside Hydra's compose comes out as Hydra's own error
         fail(
             f"cannot expand {' '.join(args.overrides)}: {first_line(str(e)) or type(e).__name__}",
             2,

@@ -17,10 +17,14 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError, require
 from ..rundir import METRICS
 from ..settings import objective_key, objective_keys
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 # where a search keeps its Optuna study (in the sweep folder), and the study's name; searches
 # before the journal kept it in SQLite (sweep/study.py migrates such a file)
@@ -30,7 +34,7 @@ OLD_STORAGE_FILE = "optuna.db"
 DIRECTIONS = ("auto", "maximize", "minimize")
 
 
-def direction(cfg, key: str | None = None) -> str:
+def direction(cfg: DictConfig, key: str | None = None) -> str:
     """``maximize`` or ``minimize`` for the config's objective (or for ``key``, one of its
     several): ``trainer.objective_direction`` when it names one, else by the key's name."""
     way = str(cfg.trainer.get("objective_direction", "auto"))
@@ -40,7 +44,9 @@ def direction(cfg, key: str | None = None) -> str:
     return "maximize" if key.endswith("acc") or "_acc_" in key else "minimize"
 
 
-def validate(cfg) -> None:
+def validate(cfg: DictConfig) -> None:
+    """``trainer.objective`` and ``trainer.objective_direction``: known directions, one per
+    objective key."""
     way = cfg.trainer.get("objective_direction", "auto")
     require(
         way in DIRECTIONS,
@@ -63,7 +69,7 @@ def validate(cfg) -> None:
     )
 
 
-def require_for_search(cfg) -> None:
+def require_for_search(cfg: DictConfig) -> None:
     """A search needs an objective, and one measured on held-out training data unless the user
     names a test metric explicitly."""
     keys = objective_keys(cfg)
@@ -84,7 +90,7 @@ VAL_LOGGED = ("val_acc", "val_loss", "val_ece", "val_nll", "best_val_acc", "best
 HESSIAN_LOGGED = ("lambda_max",)
 
 
-def logged_keys(cfg) -> list[str]:
+def logged_keys(cfg: DictConfig) -> list[str]:
     """The keys a run of this config is known to log: every run's, the validation split's
     with ``dataset.val_split``, λ_max with ``metrics.hessian.enabled``, and the top
     eigenvalues with ``metrics.hessian.k``."""
@@ -116,7 +122,13 @@ def may_be_logged(key: str) -> bool:
     return key in PART_KEYS or key.startswith(PART_FAMILIES) or bool(TOP_K.fullmatch(key))
 
 
-def require_logged(cfg) -> None:
+def misspelt_from(key: str, known: list[str]) -> list[str]:
+    """The logged keys ``key`` spells longer without a part's ``_`` suffix (``val_accuracy``
+    for ``val_acc``); ``test_acc_few`` and ``test_mce`` are parts' keys, not typos."""
+    return [k for k in known if key.startswith(k) and key != k and key[len(k)] != "_"]
+
+
+def require_logged(cfg: DictConfig) -> None:
     """UserError naming an objective key this run does not log (checked before anything runs):
     a key the settings switch off (``val_acc`` without a validation split, ``lambda_max``
     without the Hessian), one a letter or two off a logged key (a typo), or one no run logs
@@ -127,8 +139,13 @@ def require_logged(cfg) -> None:
     for key in objective_keys(cfg):
         if key in known:
             continue
-        # a part's keys are many (test_acc_few, hessian_time_s, ...): a near one is not a typo
-        near = [] if may_be_logged(key) else difflib.get_close_matches(key, known, n=1)
+        # a part's keys are many (test_acc_few, hessian_time_s, ...): a near one is not a typo,
+        # but one that spells a logged key longer is (val_accuracy)
+        near = difflib.get_close_matches(key, known, n=1)
+        if key in PART_KEYS or TOP_K.fullmatch(key):
+            near = []
+        elif may_be_logged(key):
+            near = misspelt_from(key, known)
         if key in switched_off or near:
             hint = f" (did you mean {near[0]}?)" if near and key not in switched_off else ""
             why = ""
@@ -148,10 +165,11 @@ def require_logged(cfg) -> None:
 
 
 def worst(way: str) -> float:
+    """The worst value in direction ``way`` (−∞ when maximizing, +∞ when minimizing)."""
     return -math.inf if way == "maximize" else math.inf
 
 
-def final_line(run_dir) -> dict:
+def final_line(run_dir: Path | str) -> dict:
     """The run's last evaluated metrics line (the one with test_acc), or {}."""
     path = Path(run_dir) / METRICS
     if not path.exists():
@@ -160,7 +178,7 @@ def final_line(run_dir) -> dict:
     return next((r for r in reversed(rows) if "test_acc" in r), {})
 
 
-def job_value(cfg, run_dir, summary: dict):
+def job_value(cfg: DictConfig, run_dir: Path | str, summary: dict) -> float | list[float] | None:
     """What a job returns to the sweeper: its objective (a list of them for several), the
     worst value when it failed or diverged, the value it stopped at when the search pruned
     it; None when the config has no objective. UserError when a completed run has no such key
@@ -172,11 +190,14 @@ def job_value(cfg, run_dir, summary: dict):
     return values[0] if len(values) == 1 else values
 
 
-def key_value(cfg, run_dir, summary: dict, key: str, several: bool) -> float:
+def key_value(
+    cfg: DictConfig, run_dir: Path | str, summary: dict, key: str, several: bool
+) -> float:
+    """``outcome_value`` of ``key`` in its direction (that key's own when there are ``several``)."""
     return outcome_value(run_dir, summary, key, direction(cfg, key if several else None))
 
 
-def outcome_value(run_dir, summary: dict, key: str, way: str) -> float:
+def outcome_value(run_dir: Path | str, summary: dict, key: str, way: str) -> float:
     """The value of ``key`` a job of this summary returns (``way``: its direction), as
     ``job_value`` has it; also what a rebuilt study takes from a trial folder."""
     status = summary.get("status")

@@ -13,6 +13,7 @@ import hashlib
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -20,6 +21,13 @@ from ..errors import RunFolderConflict, UserError
 from ..rundir import RunDir, holds_results
 from ..settings import RUN_ONLY_KEYS, describe_changes, override_key, run_only
 from . import hydra_api
+
+if TYPE_CHECKING:
+    from collections.abc import Container, Mapping, Sequence
+    from typing import Any
+
+    from hydra.core.override_parser.types import Override
+    from omegaconf import DictConfig
 
 DEFAULT_EXCLUDE = ("trainer.device", "trainer.progress")
 NAME_LIMIT = 120  # characters of a folder name; longer names end in a hash of the whole
@@ -53,14 +61,18 @@ def _parser():
     return hydra_api.overrides_parser()
 
 
-def expand(arguments: list[str], sweeper_params=None) -> list[list[str]]:
+def expand(
+    arguments: list[str], sweeper_params: Mapping[str, object] | None = None
+) -> list[list[str]]:
     """The jobs of a sweep, one overrides list per job number: Hydra's basic-sweeper order, with
     the repeats ``collapse`` finds left out."""
     params = [f"{k}={v}" for k, v in (sweeper_params or {}).items()]
     return collapse(product(_parser().parse_overrides(params + list(arguments))))[0]
 
 
-def sweep_size(arguments: list[str], sweeper_params=None) -> tuple[int, list[str]]:
+def sweep_size(
+    arguments: list[str], sweeper_params: Mapping[str, object] | None = None
+) -> tuple[int, list[str]]:
     """(the number of jobs of a sweep before ``collapse`` leaves repeats out, ``key: n values``
     for each swept key), counted without listing the jobs: a sweep of a million jobs is known
     to be one in a blink."""
@@ -74,7 +86,7 @@ def sweep_size(arguments: list[str], sweeper_params=None) -> tuple[int, list[str
     return math.prod(counts.values()), [f"{k}: {n} values" for k, n in counts.items()]
 
 
-def product(parsed) -> list[list[str]]:
+def product(parsed: list[Override]) -> list[list[str]]:
     """Every combination of parsed overrides, in Hydra's basic-sweeper order."""
     return hydra_api.basic_product(parsed)
 
@@ -119,7 +131,7 @@ def _without_idle_regularizer(job: list[str]) -> list[str]:
             override_key(o) in keep]  # fmt: skip
 
 
-def compose(overrides: list[str], config_name: str = "config"):
+def compose(overrides: list[str], config_name: str = "config") -> DictConfig:
     """The config of one job (or of ``sam-eval``: ``config_name="eval"``), Hydra's part included,
     composed by Hydra's own compose."""
     return hydra_api.compose(overrides, config_name)
@@ -136,7 +148,7 @@ class ValueVariants:
     config, key for key (tested against Hydra's own compose), at a copy's cost: a sweep of
     3,000 seeds composed 3,000 times took minutes to check. Our choice, not Hydra's."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._composed: dict = {}
 
     def __call__(self, job: list[str]):
@@ -172,14 +184,14 @@ def _plain_value(o) -> bool:
     return isinstance(o.value(), (int, float, str, bool, type(None)))
 
 
-def fixed_config(arguments: list[str]):
+def fixed_config(arguments: list[str]) -> DictConfig:
     """The composed config of a sweep's overrides that do not sweep."""
     return compose(
         [o.input_line for o in _parser().parse_overrides(arguments) if not o.is_sweep_override()]
     )
 
 
-def sweeper_params(cfg) -> dict:
+def sweeper_params(cfg: DictConfig) -> dict:
     """``hydra.sweeper.params`` of a composed config (an experiment preset may sweep)."""
     params = OmegaConf.select(cfg, "hydra.sweeper.params")
     return dict(OmegaConf.to_container(params, resolve=False)) if params else {}
@@ -188,7 +200,7 @@ def sweeper_params(cfg) -> dict:
 knows_jobs = hydra_api.knows_jobs
 
 
-def expected_jobs(sweep_dir) -> list[list[str]] | None:
+def expected_jobs(sweep_dir: Path | str) -> list[list[str]] | None:
     """The jobs a sweep folder's multirun.yaml calls for, or None when that can't be known (no
     multirun.yaml, another sweeper, an unparsable sweep)."""
     import yaml
@@ -215,7 +227,7 @@ def saved_overrides(job_dir: Path) -> list[str] | None:
     return RunDir(job_dir).saved_overrides
 
 
-def load_yaml(path):
+def load_yaml(path: Path | str) -> Any:
     """A YAML file Hydra wrote, read with libyaml's C loader where PyYAML has it (a sweep of a
     thousand jobs reads a thousand of them)."""
     import yaml
@@ -224,7 +236,9 @@ def load_yaml(path):
 
 
 # ---------------------------------------------------------------------------- finished jobs
-def completed_jobs(sweep_dir, jobs: list[list[str]], exclude=DEFAULT_EXCLUDE) -> dict[int, dict]:
+def completed_jobs(
+    sweep_dir: Path | str, jobs: list[list[str]], exclude: Sequence[str] = DEFAULT_EXCLUDE
+) -> dict[int, dict]:
     """{number: summary} of the jobs that ``sweep_dir`` holds completed: ``<number>/summary.json``
     says completed and was made by the same job (``job_key``). Read from the folders alone,
     nothing composed: a sweep of a thousand finished jobs knows it in a second. (A completed
@@ -242,7 +256,7 @@ def completed_jobs(sweep_dir, jobs: list[list[str]], exclude=DEFAULT_EXCLUDE) ->
     return done
 
 
-def report_completed(sweep_dir, done: dict[int, dict]) -> None:
+def report_completed(sweep_dir: Path | str, done: dict[int, dict]) -> None:
     """The line a completed run prints when run again, for each job left out as completed."""
     from ..progress import print_final
 
@@ -250,7 +264,9 @@ def report_completed(sweep_dir, done: dict[int, dict]) -> None:
         print_final(summary, Path(sweep_dir) / str(num), already=True)
 
 
-def numbered_batches(n_jobs: int, done, max_batch_size=None):
+def numbered_batches(
+    n_jobs: int, done: Container[int], max_batch_size: int | None = None
+) -> list[tuple[int, list[int]]]:
     """(first job number, job numbers) for each launch of the jobs left: runs of consecutive
     numbers (a launcher numbers a batch's jobs from its first), at most ``max_batch_size``
     each, so that leaving finished jobs out never renumbers the others' folders."""
@@ -264,14 +280,16 @@ def numbered_batches(n_jobs: int, done, max_batch_size=None):
     return [(b[0], b) for b in batches]
 
 
-def exclude_keys(config) -> tuple:
+def exclude_keys(config: DictConfig) -> tuple:
     """``hydra.job.config.override_dirname.exclude_keys`` of a composed config."""
     keys = OmegaConf.select(config, "hydra.job.config.override_dirname.exclude_keys")
     return tuple(str(k) for k in keys) if keys is not None else DEFAULT_EXCLUDE
 
 
 # ---------------------------------------------------------------------------- the same job
-def same_job(old, new, exclude=DEFAULT_EXCLUDE) -> bool:
+def same_job(
+    old: Sequence[str], new: Sequence[str], exclude: Sequence[str] = DEFAULT_EXCLUDE
+) -> bool:
     """Whether two overrides lists are the same job (the same lists but for Hydra's own keys
     are, without parsing: a parse costs milliseconds, and a sweep has thousands)."""
     return _own(old) == _own(new) or job_key(old, exclude) == job_key(new, exclude)
@@ -293,12 +311,14 @@ def _settings(overrides, exclude) -> dict:
     }
 
 
-def job_key(overrides, exclude=DEFAULT_EXCLUDE) -> list[str]:
+def job_key(overrides: Sequence[str], exclude: Sequence[str] = DEFAULT_EXCLUDE) -> list[str]:
     """What makes two jobs the same job: their overrides without how-to-run keys."""
     return sorted(f"{k}={v}" for k, v in _settings(overrides, exclude).items())
 
 
-def override_changes(old, new, exclude=DEFAULT_EXCLUDE) -> list[str]:
+def override_changes(
+    old: Sequence[str], new: Sequence[str], exclude: Sequence[str] = DEFAULT_EXCLUDE
+) -> list[str]:
     """'key old -> new' for each override that differs; '(default)' where one side does not set
     it."""
     a, b = _settings(old, exclude), _settings(new, exclude)
@@ -310,7 +330,9 @@ def override_changes(old, new, exclude=DEFAULT_EXCLUDE) -> list[str]:
     ]
 
 
-def check_folder(sweep_dir, jobs: list[list[str]], exclude=DEFAULT_EXCLUDE) -> None:
+def check_folder(
+    sweep_dir: Path | str, jobs: list[list[str]], exclude: Sequence[str] = DEFAULT_EXCLUDE
+) -> None:
     """UserError when a job folder of ``sweep_dir`` was made by a different job at its number."""
     sweep_dir, present = Path(sweep_dir), numbered_folders(sweep_dir)
     for num, overrides in enumerate(jobs):
@@ -318,7 +340,7 @@ def check_folder(sweep_dir, jobs: list[list[str]], exclude=DEFAULT_EXCLUDE) -> N
             check_job(sweep_dir / str(num), overrides, exclude, sweep_dir)
 
 
-def numbered_folders(sweep_dir) -> set[int]:
+def numbered_folders(sweep_dir: Path | str) -> set[int]:
     """The job numbers that have a folder in ``sweep_dir`` (one listing: a sweep of 100,000
     jobs asks the file system once, not once per job)."""
     try:
@@ -327,7 +349,10 @@ def numbered_folders(sweep_dir) -> set[int]:
         return set()
 
 
-def check_job(job_dir: Path, overrides, exclude, sweep_dir) -> None:
+def check_job(
+    job_dir: Path, overrides: Sequence[str], exclude: Sequence[str], sweep_dir: Path
+) -> None:
+    """UserError when ``job_dir`` was made by a job other than ``overrides``."""
     old = saved_overrides(job_dir)
     if old is not None and not same_job(old, overrides, exclude):
         raise UserError(
@@ -337,7 +362,9 @@ def check_job(job_dir: Path, overrides, exclude, sweep_dir) -> None:
         )
 
 
-def check_run_folder(run_dir, overrides, exclude=DEFAULT_EXCLUDE) -> None:
+def check_run_folder(
+    run_dir: Path | str, overrides: Sequence[str], exclude: Sequence[str] = DEFAULT_EXCLUDE
+) -> None:
     """RunFolderConflict when ``run_dir`` holds a run that these overrides would continue (resume
     its checkpoint, or take its completed summary as theirs) but that was made with other ones.
     A folder whose run left nothing to continue (it failed on bad input) is free to reuse."""

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +36,13 @@ from .study import make_sampler, open_storage, parse_space, pruner_settings, set
 from .study_folders import add_folder_trials, trial_folders
 from .trial import env_overrides
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    from hydra.core.utils import JobReturn
+    from hydra.types import HydraContext, TaskFunction
+
 LIVE = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
 KEYS = ("direction", "directions", "study_name", "storage", "n_trials", "n_jobs", "sampler")
 KEYS += ("pruner", "pruning", "params")
@@ -44,7 +52,9 @@ WORDS = {"complete": "completed", "pruned": "pruned", "running": "to run again"}
 WORDS["fail"] = "numbers without a job"
 
 
-def plain(conf) -> dict:
+def plain(conf: dict | DictConfig | None) -> dict:
+    """``hydra.sweeper.sampler``/``pruner`` as a plain dict (refused when built by a
+    ``_target_``)."""
     if conf is not None and not isinstance(conf, (dict, DictConfig)):  # built by a _target_
         fail(
             f"hydra.sweeper.sampler is a built {type(conf).__name__}; name it instead "
@@ -53,7 +63,7 @@ def plain(conf) -> dict:
     return OmegaConf.to_container(conf) if isinstance(conf, DictConfig) else dict(conf or {})
 
 
-def orphaned(trial, sweep_dir: Path) -> bool:
+def orphaned(trial: optuna.trial.FrozenTrial, sweep_dir: Path) -> bool:
     """Whether a running trial was left by a killed command (run it again) rather than being
     run now by another sweeper of the same study: its job holds no lock in its folder and the
     sweeper that asked it is not alive on this host (another host's is judged by the lock)."""
@@ -72,7 +82,7 @@ def orphaned(trial, sweep_dir: Path) -> bool:
 
 
 class Search:
-    def __init__(self, **settings) -> None:  # the keys of conf/hydra/sweeper/optuna.yaml
+    def __init__(self, **settings: Any) -> None:  # the keys of conf/hydra/sweeper/optuna.yaml
         unknown = sorted(set(settings) - set(KEYS))
         if unknown:
             fail(
@@ -93,7 +103,10 @@ class Search:
         if self.n_trials < 1:
             fail(f"hydra.sweeper.n_trials={self.n_trials} must be at least 1")
 
-    def setup(self, *, hydra_context, task_function, config) -> None:
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        """Keep the job's config and make the launcher Hydra configured."""
         from hydra.core.plugins import Plugins
 
         self.config = config
@@ -102,6 +115,8 @@ class Search:
         )
 
     def sweep(self, arguments: list[str]) -> None:
+        """Run the search: the trials a killed command left, then new ones until ``n_trials``;
+        announce the best."""
         lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         self.space, self.fixed = parse_space(lines)
         self.check(self.config)
@@ -117,7 +132,7 @@ class Search:
             self.run(study, [self.ask(study) for _ in range(size)])
         self.announce(study)
 
-    def check(self, config) -> None:
+    def check(self, config: DictConfig) -> None:
         """The settings against the job's config (``sam-run`` checks them before anything is
         written, the sweeper again): one direction per objective, a known sampler and pruner,
         and no pruning of several objectives (one line, exit 2)."""
@@ -134,7 +149,7 @@ class Search:
                 "objectives (Optuna's pruners compare one objective); use hydra.sweeper.pruner=none"
             )
 
-    def ask(self, study):
+    def ask(self, study: optuna.Study) -> optuna.trial.Trial:
         """A new trial, marked with this process (another sweeper of the study leaves it be)."""
         trial = study.ask(self.space)
         trial.set_user_attr("sweeper", f"{os.getpid()} {socket.gethostname()}")
@@ -164,7 +179,7 @@ class Search:
         way = str(self.direction)
         return [objective.direction(config) if way == "auto" else way]
 
-    def open_study(self):
+    def open_study(self) -> optuna.Study:
         """The study of this sweep folder (created on the first start). A folder holding a
         study of another search (other space, settings or direction) is refused; trial folders
         the study lacks (its storage deleted, unreadable or cut short) are added to it again
@@ -192,7 +207,7 @@ class Search:
         study.set_user_attr("pruner", self.pruned)  # what each job rebuilds its pruner from
         return study
 
-    def create_study(self, sweep_dir: Path, sampler):
+    def create_study(self, sweep_dir: Path, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
         """The study in its storage; the folder's journal (or older SQLite file) moved aside
         when it cannot be read (one line says so; the study is then rebuilt from the folders)."""
         self.set_aside = None
@@ -226,7 +241,7 @@ class Search:
         self.set_aside = "; ".join(moved) or None
         return study
 
-    def rebuild(self, study, sweep_dir: Path, folders) -> None:
+    def rebuild(self, study: optuna.Study, sweep_dir: Path, folders: dict[int, RunDir]) -> None:
         """The trials of the folders the study lacks, added (listed before the study was read:
         a folder is made after its trial is asked, so another sweeper's new trial is never
         taken for a lost one); one line says what was rebuilt."""
@@ -250,7 +265,9 @@ class Search:
         print(f"sam-run: {why}: {what}; the search goes on", file=sys.stderr, flush=True)
 
     @staticmethod
-    def check_same_search(study, what: dict, sweep_dir: Path) -> None:
+    def check_same_search(study: optuna.Study, what: dict, sweep_dir: Path) -> None:
+        """UserError when the study in ``sweep_dir`` was made by another search (space,
+        objective)."""
         held = study.user_attrs.get("search")
         if held is None:
             study.set_user_attr("search", what)
@@ -275,10 +292,13 @@ class Search:
                 out.append([n])
         return out
 
-    def overrides(self, trial) -> list[str]:
+    def overrides(self, trial: optuna.trial.BaseTrial) -> list[str]:
+        """A trial's job: its sampled values, then the fixed overrides."""
         return [*(f"{k}={v}" for k, v in trial.params.items()), *self.fixed]
 
-    def run(self, study, trials) -> None:
+    def run(
+        self, study: optuna.Study, trials: Sequence[optuna.trial.Trial | optuna.trial.FrozenTrial]
+    ) -> None:
         """Launch trials (consecutive numbers) at once; tell the study each one's value."""
         jobs = [self.overrides(t) for t in trials]
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -316,7 +336,7 @@ class Search:
             except (RuntimeError, ValueError) as e:  # told already, by another sweeper
                 print(f"sam-run: trial #{t.number} not told again ({e})", file=sys.stderr)
 
-    def value(self, number: int, ret):
+    def value(self, number: int, ret: JobReturn) -> float | list[float]:
         """A job's objective (a list for several); the worst one where the job raised or
         returned no number."""
         worst = [objective.worst(w) for w in self.ways]
@@ -331,7 +351,7 @@ class Search:
         values = [w if math.isnan(v) else v for v, w in zip(values, worst)]
         return values if self.several else values[0]
 
-    def announce(self, study) -> None:
+    def announce(self, study: optuna.Study) -> None:
         """The best trial (the Pareto front's, with several objectives), as a line and as
         Hydra's optimization_results.yaml."""
         sweep_dir = str(self.config.hydra.sweep.dir)
@@ -355,7 +375,9 @@ class Search:
             Path(sweep_dir) / "optimization_results.yaml",
         )
 
-    def announce_front(self, study, sweep_dir: str) -> None:
+    def announce_front(self, study: optuna.Study, sweep_dir: str) -> None:
+        """The Pareto front's trials with finite values, as lines and as
+        optimization_results.yaml."""
         finite = [
             t
             for t in study.best_trials

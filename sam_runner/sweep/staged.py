@@ -4,6 +4,7 @@ every stage before the first one runs, then each stage's sweep in order, in this
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..preflight import _not_a_run, check_jobs, fail, sweep_folder
@@ -12,8 +13,11 @@ from . import hydra_api, stages
 from .plan import fixed_config
 from .stages import Stage, declared, plan
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def command(argv: list[str]):
+
+def command(argv: list[str]) -> list[Stage] | None:
     """The stages of a ``sam-run -m`` command whose preset has stages; None
     for any other command (and inside a stage's own sweep). Bad input: one line, exit 2."""
     if stages.current is not None or not any(override_key(a) == "experiment" for a in argv):
@@ -44,7 +48,7 @@ def check(staged: list[Stage]) -> None:
             fail(f"stage {stage.name}: {message}")
 
 
-def run(staged: list[Stage], run_sweep) -> None:
+def run(staged: list[Stage], run_sweep: Callable[[list[str]], object]) -> None:
     """Each stage's sweep in order (``run_sweep(argv)``: sam-run's own, in this process); stops
     at the first stage that does not end with every job completed (exit 1: run again to resume)."""
     check(staged)

@@ -24,12 +24,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf, open_dict
 
 from ..errors import UserError, require
 from ..settings import override_key, run_only
 from . import hydra_api
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 PREFIX = "stage:"
 NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
@@ -144,13 +148,13 @@ def _stage_of(key: str, value: str, earlier: list[str], stage: str, names: list[
 
 
 # ---------------------------------------------------------------------------- the plan
-def declared(cfg) -> dict | None:
+def declared(cfg: DictConfig) -> dict | None:
     """A composed config's ``stages`` ({name: {key: value}}), None when it has none."""
     node = OmegaConf.select(cfg, "stages")
     return None if node is None else OmegaConf.to_container(node, resolve=False)
 
 
-def plan(overrides: list[str], sweep_dir: Path, cfg) -> list[Stage]:
+def plan(overrides: list[str], sweep_dir: Path, cfg: DictConfig) -> list[Stage]:
     """The stages of a staged preset's command, each with its sweep and jobs, every ``stage:``
     reference checked (UserError on a bad one)."""
     from .plan import expand, sweeper_params
@@ -185,7 +189,7 @@ def plan(overrides: list[str], sweep_dir: Path, cfg) -> list[Stage]:
 
 
 # ---------------------------------------------------------------------------- a job's folders
-def resolve(cfg, job: list[str], root, read: bool = True) -> frozenset:
+def resolve(cfg: DictConfig, job: list[str], root: Path, read: bool = True) -> frozenset:
     """Each ``stage:`` reference of ``job`` in ``cfg`` replaced by the folder it names: a job
     of stage S runs in ``<root>/S/<number>``, the job it names in ``<root>/NAME/<n>``. Without
     ``read`` (the checks before the first stage runs), by null: the earlier stage's job is

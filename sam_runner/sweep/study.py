@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
 
 from . import hydra_api
 from .callback import fail
 from .objective import OLD_STORAGE_FILE, STORAGE_FILE
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
 
 # the samplers a search may name (hydra.sweeper.sampler.name, or a preset of
 # conf/hydra/sweeper/sampler/); the grid is a grid sweep's job, not a search's
@@ -26,7 +30,7 @@ SAMPLERS = {
 }
 
 
-def make_sampler(conf: dict, seed: int | None):
+def make_sampler(conf: dict, seed: int | None) -> tuple[optuna.samplers.BaseSampler, dict]:
     """The sampler ``hydra.sweeper.sampler`` names, built with exactly its keys (the presets
     write every setting a result depends on), and those settings as recorded in the study."""
     conf = dict(conf or {})
@@ -68,7 +72,7 @@ def pruner_settings(name: str, conf: dict, epochs: int) -> dict:
     return {"name": name, **settings}
 
 
-def make_pruner(settings: dict):
+def make_pruner(settings: dict) -> optuna.pruners.BasePruner:
     """The Optuna pruner of recorded settings (``pruner_settings``)."""
     settings = dict(settings)
     target = PRUNERS[settings.pop("name")][0]
@@ -92,7 +96,9 @@ def parse_space(lines: list[str]) -> tuple[dict, list[str]]:
     return space, list(fixed.values())
 
 
-def distribution(o):
+def distribution(o: Override) -> optuna.distributions.BaseDistribution:
+    """The Optuna distribution of a searched key's override: an interval (int or float, log when
+    tagged), an integer range, or a categorical choice."""
     key, d = o.get_key_element(), optuna.distributions
     if o.is_interval_sweep():
         v = o.value()
@@ -109,7 +115,9 @@ def distribution(o):
     return d.CategoricalDistribution(values)
 
 
-def open_storage(sweep_dir: Path, url: str | None, migrate: bool = True):
+def open_storage(
+    sweep_dir: Path, url: str | None, migrate: bool = True
+) -> optuna.storages.BaseStorage | str:
     """``url`` (an RDB, e.g. ``postgresql://...``) or the sweep folder's journal file. A folder
     holding only an older search's ``optuna.db`` has its studies copied into the journal (with a
     notice; the SQLite file is left as it was)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import optuna
 
@@ -28,12 +29,15 @@ from ..settings import override_key
 from .objective import outcome_value
 from .plan import same_job
 
+if TYPE_CHECKING:
+    from typing import Any
+
 FINISHED = ("completed", "diverged", "failed")
 State = optuna.trial.TrialState
 FAIL = State.FAIL
 
 
-def trial_folders(sweep_dir) -> dict[int, RunDir]:
+def trial_folders(sweep_dir: Path | str) -> dict[int, RunDir]:
     """{number: folder} of the numbered folders directly in the sweep folder."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
@@ -41,7 +45,9 @@ def trial_folders(sweep_dir) -> dict[int, RunDir]:
     return {int(p.name): RunDir(p) for p in sweep_dir.iterdir() if p.name.isdigit() and p.is_dir()}
 
 
-def add_folder_trials(study, folders: dict[int, RunDir], search) -> dict[str, int]:
+def add_folder_trials(
+    study: optuna.Study, folders: dict[int, RunDir], search: Any
+) -> dict[str, int]:
     """Add a trial to ``study`` for each folder numbered at or past its trials, in number
     order; {state name: count} of what was added. ``search`` gives the space (``space``: key
     -> distribution), the fixed overrides (``fixed``), the objective keys and directions
@@ -61,7 +67,7 @@ def add_folder_trials(study, folders: dict[int, RunDir], search) -> dict[str, in
     return added
 
 
-def folder_trial(run: RunDir, search):
+def folder_trial(run: RunDir, search: Any) -> optuna.trial.FrozenTrial:
     """The trial a folder records (see the module docstring)."""
     overrides = run.saved_overrides
     if overrides is None:  # a folder made, no job begun in it
@@ -91,7 +97,7 @@ def folder_trial(run: RunDir, search):
     return optuna.trial.create_trial(state=State.COMPLETE, values=values, **common)
 
 
-def searched_value(text: str, dist):
+def searched_value(text: str, dist: optuna.distributions.BaseDistribution) -> Any:
     """A searched value as the sweeper wrote it (``key=value``), in its distribution's type;
     None when it is not one of the distribution's."""
     d = optuna.distributions
@@ -115,6 +121,7 @@ def evaluations(run: RunDir, key: str) -> dict[int, float]:
 
 
 def not_this_search(run: RunDir, why: str) -> UserError:
+    """The UserError of a folder holding a job of another search (``why``)."""
     return UserError(
         f"sweep folder {run.path.parent} holds a job of another search: job {run.path.name} "
         f"cannot be a trial of this one ({why}); use another hydra.sweep.dir"

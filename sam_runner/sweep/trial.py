@@ -25,7 +25,7 @@ ENV = {
 }
 
 
-def env_overrides(sweep_dir, storage: str | None, study: str, number: int) -> list[str]:
+def env_overrides(sweep_dir: Path | str, storage: str | None, study: str, number: int) -> list[str]:
     """The overrides that tell trial ``number``'s job where its trial is (Hydra sets them as
     environment variables of the job, and they are no part of what the job computes)."""
     values = {"sweep_dir": str(Path(sweep_dir).absolute()), "storage": storage or ""}
@@ -37,7 +37,7 @@ class TrialLink:
     """The running trial of this job, and the search's pruner: plain names until first used
     (a job of ``trainer.devices`` processes hands it to its rank 0, which opens it)."""
 
-    def __init__(self, sweep_dir: str, storage: str, study_name: str, number: int):
+    def __init__(self, sweep_dir: str, storage: str, study_name: str, number: int) -> None:
         self.where = (str(sweep_dir), storage or "", str(study_name), int(number))
         self.opened = None
 
@@ -52,7 +52,7 @@ class TrialLink:
     def __getstate__(self) -> dict:
         return {"where": self.where, "opened": None}
 
-    def open(self):
+    def open(self) -> tuple:
         """(storage, study, pruner, trial id), opened once."""
         if self.opened is None:
             import optuna
@@ -70,7 +70,7 @@ class TrialLink:
             self.opened = (storage, study, make_pruner(study.user_attrs["pruner"]), trial_id)
         return self.opened
 
-    def should_stop(self, epoch: int, value, last: bool = False) -> bool:
+    def should_stop(self, epoch: int, value: float, last: bool = False) -> bool:
         """Report the objective at this epoch; whether the pruner stops the trial here (never
         at the ``last`` epoch: the trial is complete)."""
         import optuna

@@ -41,7 +41,7 @@ class ConfigReads:
 
     _active: ConfigReads | None = None
 
-    def __init__(self, root):
+    def __init__(self, root: DictConfig) -> None:
         self.root, self.keys = root, set()
 
     def __enter__(self):
@@ -162,7 +162,7 @@ class ValueChecks:
 
     RESOLVE = "resolve"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._shapes: dict[tuple, _Shape] = {}
         self.ran: Counter = Counter()  # check name -> times run (the rest answered from runs)
 

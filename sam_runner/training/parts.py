@@ -18,6 +18,7 @@ from ..adapters import part as adapters
 from ..data import augment
 from ..federated import rounds
 from ..metrics import robustness, tracker
+from ..models import hf
 from ..optim import build as optim_build
 from ..part import Part, PartBuilder, PartCheck
 from . import density, pruning
@@ -57,6 +58,7 @@ class Where:
 
 FEATURES: tuple[Feature, ...] = (
     Feature("model=pc (density estimation)", density.build_part, density.check, early=True),
+    Feature("model=hf", hf.build_part, hf.check, early=True),
     Feature("model.init_from", adapters.build_pretrained, adapters.check_pretrained, early=True),
     Feature("model.peft", adapters.build_part, adapters.check, early=True),
     Feature("trainer.distill", distill.build_part, distill.check),

@@ -160,6 +160,7 @@ def test_an_unknown_launcher_option_names_the_keys(sweep, capsys):
     assert not (sweep / ".sam-landscape").exists()
 
 
+@pytest.mark.slow  # 10-30 s: outside CI's 30-minute budget; run with -m slow
 def test_a_done_sweep_asked_in_another_format_is_drawn_from_its_files(sweep, capsys):
     """plots.format=pdf on seed pairs and slices already computed as PNG: each figure is drawn
     again as a PDF from the folder's files, and nothing is computed (landscape.json untouched);

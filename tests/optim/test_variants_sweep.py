@@ -21,6 +21,7 @@ def test_every_variant_completes_a_tiny_sweep(tmp_path):
     _sweep(tmp_path, sorted(VARIANTS))
 
 
+@pytest.mark.slow  # 10-30 s: outside CI's 30-minute budget; run with -m slow
 def test_variants_with_their_own_wiring_complete_a_tiny_sweep(tmp_path):
     _sweep(tmp_path, ["bsam", "csam", "eisam", "focal_sam", "functional_sam", "msam", "sam_sps"])
 

@@ -139,6 +139,7 @@ def test_a_running_job_is_reported_missing_and_left_out_of_the_means(tmp_path):
     assert "summary.json is corrupt (not JSON" in md
 
 
+@pytest.mark.slow  # 10-30 s: outside CI's 30-minute budget; run with -m slow
 def test_a_sweep_with_a_failed_job_is_reported_not_crashed_on(tmp_path):
     """A real sweep whose second job fails (a batch larger than the training set of 800: only
     the data tells, so the job runs and fails)."""

@@ -138,14 +138,14 @@ def _openmp_then_wait(pid_dir):
 def _train_failing_on_rank1(cfg, run_dir, overrides, trial=None):
     """train(), with process 1's evaluation failing: process 0 then fails too, a moment later, in
     the collective process 1 left ("Connection closed by peer")."""
-    import sam_runner.train as train_module
+    import sam_runner.training.evaluation as evaluation  # where the run's evaluation looks it up
 
     if distributed.current().rank == 1:
 
         def evaluate(*_args, **_kwargs):
             raise RuntimeError("boom on rank 1")
 
-        train_module.evaluate = evaluate
+        evaluation.evaluate = evaluate
     # the real one (a test replaces sam_runner.train.train by this)
     return train(cfg, run_dir, overrides, trial)
 
@@ -378,6 +378,7 @@ def test_stateful_variants_keep_one_global_state_under_per_process_perturbations
         assert state.abs().sum() > 0, name
 
 
+@pytest.mark.slow  # 10-30 s: outside CI's 30-minute budget; run with -m slow
 def test_resume_under_ddp_with_per_process_perturbations_is_exact(tmp_path):
     """1 epoch, then a resume to 2, equals 2 epochs straight (gear_sam, sync_perturbation=false:
     its block energies are global, so rank 0's checkpoint holds every process's state).

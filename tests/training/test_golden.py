@@ -4,10 +4,11 @@ structure after it (and after any later change that is meant to move no result).
 
 The files in tests/training/golden/ were written by this module with
 ``SAM_RUNNER_RECORD_GOLDEN=1``. Keys, strings, integers and the checkpoint's structure compare
-exactly. Floats compare to 1e-5 relative here: a run is bit-identical on one machine (checked
+exactly. Floats compare to 1e-4 relative here: a run is bit-identical on one machine (checked
 with ``SAM_RUNNER_GOLDEN_EXACT=1`` when the files were recorded and after the move), but another
 CPU's kernels may round a float32 sum differently in its last bits, which a few steps carry into
-the sixth digit.
+the fifth digit (an AMD EPYC against the Intel Xeon that recorded them: 1.2e-5 relative on a
+GPT's, a LoRA run's and a distilled student's weight sums).
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def _same(got, want, where: str) -> None:
         if EXACT or not math.isfinite(want):
             assert got == want or (got != got and want != want), (where, got, want)
         else:
-            assert math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-7), (where, got, want)
+            assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-7), (where, got, want)
     else:
         assert got == want, (where, got, want)
 

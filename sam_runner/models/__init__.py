@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .circuits.circuit import ProbabilisticCircuit
-from .errors import UserError, integer, number, one_line, require
-from .registry import MODELS
-from .rundir import AVERAGED, CHECKPOINT
-from .runfiles import Checkpoint
+from ..circuits.circuit import ProbabilisticCircuit
+from ..errors import UserError, integer, number, one_line, require
+from ..registry import MODELS
+from ..rundir import AVERAGED, CHECKPOINT
+from ..runfiles import Checkpoint
 
 INPUTS = {
     "1d": "1-D signals (channels, length)",
@@ -254,8 +254,7 @@ def mlp(cfg, input_shape, num_classes):
 
 @MODELS.register(
     "pc",
-    "a probabilistic circuit over discrete variables (model.depth, model.sum_units, "
-    "model.repetitions): log p(x) per example, trainer.loss=nll",
+    "a probabilistic circuit over discrete variables: log p(x) per example (trainer.loss=nll)",
     inputs=None,
 )
 def pc(cfg, input_shape, num_classes):  # noqa: ARG001 (a density model has no classes)
@@ -523,6 +522,8 @@ def build_model(cfg, input_shape: tuple, num_classes: int, arch: str | None = No
     """The model ``model.arch`` names (or ``arch``) for inputs of ``input_shape``."""
     entry = MODELS.entry(arch or cfg.arch)
     kind = {1: "tokens", 2: "1d", 3: "image"}.get(len(input_shape))
+    if entry.inputs == "any":  # the model checks its inputs itself (model=hf, by its task)
+        return entry.target(cfg, tuple(input_shape), num_classes)
     wrong = entry.inputs is not None and entry.inputs != kind
     if wrong or (entry.inputs is None and kind == "tokens"):  # an MLP on token ids: no
         needs = INPUTS[entry.inputs] if entry.inputs else "1-D signals or images"
