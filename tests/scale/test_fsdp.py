@@ -468,3 +468,34 @@ def test_a_bf16_gpt_with_activation_checkpointing_trains_under_either_strategy(
     a, b = _rows(tmp_path / "one")[-1], _rows(tmp_path / "two")[-1]
     assert b["train_loss"] == pytest.approx(a["train_loss"], rel=5e-3)  # bf16: ~3 digits
     assert b["test_loss"] == pytest.approx(a["test_loss"], rel=5e-3)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_llama_sharded_by_its_decoder_layers_equals_one_process(tmp_path):
+    """model=hf (a tiny Llama from its config): fully_shard on each LlamaDecoderLayer (its
+    _no_split_modules), activation checkpointing on them, 2 processes against 1."""
+    pytest.importorskip("transformers")
+    args = [
+        "dataset=text",
+        "dataset.block_size=16",
+        "dataset.batch_size=8",
+        "dataset.steps_per_epoch=3",
+        "trainer.epochs=2",
+        "model=hf",
+        "model.config={model_type: llama, hidden_size: 32, intermediate_size: 64, "
+        "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, "
+        "max_position_embeddings: 64}",
+        "base_optimizer=adamw",
+        "base_optimizer.lr=3e-3",
+        "scheduler=constant",
+        "metrics=off",
+        "trainer.progress=none",
+        "trainer.device=cpu",
+        "trainer.activation_checkpointing=true",
+    ]
+    train(compose(*args), tmp_path / "one", ["x"])
+    two = compose(*args, "trainer.strategy=fsdp")
+    distributed.launch(train, (two, str(tmp_path / "two"), ["x"]), 2, CPU)
+    for a, b in zip(_rows(tmp_path / "one"), _rows(tmp_path / "two")):
+        for k in ("train_loss", "test_loss", "test_acc"):
+            assert b[k] == pytest.approx(a[k], rel=1e-5), k
