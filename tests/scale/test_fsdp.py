@@ -111,7 +111,7 @@ def _initial():
 def test_every_variant_sharded_equals_one_process_on_the_whole_batch_or_is_refused():
     out = distributed.launch(_registry_probe, (cases(),), 2, CPU)
     refused = {name for name, r in out.items() if "refused" in r}
-    assert refused == {"spectral_sam", "esam", "sam+muon"}, refused
+    assert refused == {"spectral_sam", "esam", "flat_lora", "sam+muon"}, refused
     for name in refused:
         (line,) = out[name]["refused"]
         assert "cannot shard" in line and "\n" not in line
