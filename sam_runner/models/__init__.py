@@ -282,11 +282,7 @@ def mlp(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.M
     "a probabilistic circuit over discrete variables: log p(x) per example (trainer.loss=nll)",
     inputs=None,
 )
-def pc(
-    cfg: DictConfig,
-    input_shape: tuple[int, ...],
-    num_classes: int | None,  # noqa: ARG001 (a density model has no classes)
-) -> nn.Module:
+def pc(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int | None) -> nn.Module:  # noqa: ARG001 (a density model has no classes)
     """model=pc: a probabilistic circuit over the flattened input's variables."""
     n = 1
     for d in input_shape:
