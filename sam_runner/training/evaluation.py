@@ -72,6 +72,7 @@ class EpochStats:
         return bad if bad >= 0 else None
 
     def log_values(self) -> dict:
+        """``train_loss`` and ``train_acc`` of the epoch so far, over every process."""
         seen = self.seen * self.dist.world  # every process saw an equal share of each global batch
         return {
             "train_loss": float(self.dist.sum(self.loss_sum) / seen),
