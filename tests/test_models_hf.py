@@ -212,3 +212,11 @@ def test_the_wandb_config_holds_the_model_id_and_revision():
     cfg = compose(*TEXT, *HF_TINY, "model.name=allenai/OLMo-2-0425-1B", "model.revision=stage1")
     logged = _config_dict(cfg)["model"]
     assert (logged["name"], logged["revision"]) == ("allenai/OLMo-2-0425-1B", "stage1")
+
+
+def test_model_dtype_bf16_loads_trains_and_measures_in_bf16(tmp_path):
+    cfg = compose(*TEXT, *HF_TINY, LLAMA, "model.dtype=bf16", "optimizer=sam", "trainer.steps=3")
+    summary = train(cfg, tmp_path / "bf16")
+    assert summary["status"] == "completed" and summary["hf_model"]["dtype"] == "bf16"
+    assert math.isfinite(summary["lambda_max"])
+    assert {v.dtype for v in _weights(tmp_path / "bf16").values()} == {torch.bfloat16}
