@@ -165,12 +165,13 @@ def test_a_task_without_a_head_is_one_line(tmp_path, capsys):
     _one_line_exit_2(tmp_path, capsys, argv, "llama model has no image_classification head")
 
 
-def test_model_hf_without_transformers_names_the_extra(monkeypatch):
+def test_model_hf_without_transformers_names_the_extra(monkeypatch, tmp_path, capsys):
     from sam_runner.models import hf
 
-    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: ImportError
     with pytest.raises(UserError, match=r"pip install -e '\.\[hf\]'"):
         hf.transformers()
+    _one_line_exit_2(tmp_path, capsys, [*TEXT, *HF_TINY, LLAMA], "pip install -e '.[hf]'")
 
 
 @pytest.mark.slow  # two started processes importing transformers: ~30 s on 2 shared cores
