@@ -300,3 +300,37 @@ def test_every_variant_moves_the_adapters_alone(name):
     assert trained and all("lora_" in n for n in trained)
     assert all(torch.equal(after[n], v) for n, v in before.items() if n not in trained)
     assert any(not torch.equal(after[n], before[n]) for n in trained)
+
+
+VIT = (
+    "model.config={model_type: vit, hidden_size: 32, num_hidden_layers: 1, "
+    "num_attention_heads: 2, intermediate_size: 64, patch_size: 4}"
+)
+BERT = (
+    "model.config={model_type: bert, hidden_size: 16, intermediate_size: 32, "
+    "num_hidden_layers: 1, num_attention_heads: 2, max_position_embeddings: 32, vocab_size: 256}"
+)
+
+
+@pytest.mark.parametrize("method", ["lora", "ia3"])
+def test_a_vit_classifier_takes_adapters_and_trains_its_new_head(tmp_path, method):
+    cfg = compose("dataset=digits", *COMMON[3:], VIT, "model.task=image_classification",
+                  f"model.peft={method}", "trainer.epochs=1")  # fmt: skip
+    summary = train(cfg, tmp_path / "vit")
+    assert summary["status"] == "completed"
+    state = torch.load(tmp_path / "vit" / "checkpoints" / "last.pt")["model"]
+    assert any("modules_to_save" in k and "classifier" in k for k in state)  # the head trains
+
+
+def test_prefix_tuning_on_a_model_without_a_cache_is_one_line(tmp_path, capsys):
+    table = tmp_path / "t.jsonl"
+    table.write_text("".join(json.dumps({"text": f"doc {i}", "label": i % 2}) + "\n"
+                             for i in range(20)))  # fmt: skip
+    run = tmp_path / "run"
+    argv = ["dataset=table", f"dataset.path={table}", "dataset.block_size=8", *COMMON[3:], BERT,
+            "model.task=sequence_classification", "model.peft=prefix",
+            f"hydra.run.dir={run}"]  # fmt: skip
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "model.peft=prefix on this model" in err and "past key values" in err
+    assert not run.exists()
