@@ -171,6 +171,8 @@ def _dry_run(model: nn.Module, chosen: str, task: str) -> None:
     device = next(model.parameters()).device
     import torch
 
+    training = model.training
+    model.eval()  # no dropout: the run's random numbers stay as they were
     try:
         with torch.no_grad():
             model(torch.zeros(1, 2, dtype=torch.long, device=device))
@@ -178,6 +180,8 @@ def _dry_run(model: nn.Module, chosen: str, task: str) -> None:
         raise UserError(f"model.peft={chosen} on this model: {one_line(e)}") from None
     except Exception:  # anything else shows when the run starts, with its own message
         pass
+    finally:
+        model.train(training)
 
 
 def save_adapter(model: nn.Module, run_dir: Path) -> Path:
