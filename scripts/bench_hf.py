@@ -13,8 +13,9 @@ hf_sam_peak_memory_over_base_plus_params
                               the peak memory two SAM-AdamW steps add from a fresh optimizer
                               (our SAM, LBFGS-convention closure; its state included) over that
                               of two base-AdamW steps plus one copy of the trainable parameters
-                              (a 4-layer, 256-wide model of the same kind, batch 8; measured in a fresh process each, as bench_memory.py:
-                              CUDA's peak allocated, or the CPU's resident high-water mark);
+                              (a 4-layer, 256-wide model of the same kind, batch 8; measured
+                              in a fresh process each, as bench_memory.py: CUDA's peak
+                              allocated, or the CPU's resident high-water mark);
                               target ≤ 1.0
 own_lora_over_peft_step       a training step (forward, backward, AdamW) of the runner's GPT
                               (model=gpt, 2 layers, 64 wide) with our LoRA layers (rank 8 on every
