@@ -238,11 +238,10 @@ def test_flat_lora_runs_resume_exactly(pretrained, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_flat_lora_without_lora_layers_is_refused(tmp_path, capsys):
-    run = tmp_path / "run"
-    argv = [*COMMON, LLAMA, "optimizer=flat_lora", "trainer.steps=2", f"hydra.run.dir={run}"]
-    code, _, err = run_cli(argv, capsys)
-    assert code != 0 and "flat_lora perturbs merged LoRA weights" in err
+def test_flat_lora_without_lora_layers_perturbs_the_trainable_matrices(tmp_path):
+    cfg = compose(*COMMON, LLAMA, "optimizer=flat_lora", "trainer.steps=2")
+    summary = train(cfg, tmp_path / "rwp")  # full fine-tuning: random weight perturbation
+    assert summary["status"] == "completed" and summary["grad_evals_per_step"] == 1.0
 
 
 def test_flat_lora_perturbs_our_own_lora_layers_on_the_runners_models(tmp_path):
