@@ -221,3 +221,17 @@ def test_model_dtype_bf16_loads_trains_and_measures_in_bf16(tmp_path):
     assert summary["status"] == "completed" and summary["hf_model"]["dtype"] == "bf16"
     assert math.isfinite(summary["lambda_max"])
     assert {v.dtype for v in _weights(tmp_path / "bf16").values()} == {torch.bfloat16}
+
+
+def test_the_blocks_are_the_embeddings_each_layer_and_the_head(tmp_path):
+    from sam_runner.optim.build import parameter_groups
+
+    model = build_model(compose(*TEXT, *HF_TINY, LLAMA).model, (16,), 256)
+    blocks = [g["block"] for g in parameter_groups(model)]
+    assert set(blocks) == {"embed", "layer1", "layer2", "head"}
+    cfg = compose(*TEXT, *HF_TINY, LLAMA, "optimizer=gear_sam", "trainer.steps=2",
+                  "metrics.blocks.enabled=true")  # fmt: skip
+    summary = train(cfg, tmp_path / "gear")
+    assert summary["status"] == "completed"
+    last = [x for x in lines(tmp_path / "gear") if "lambda_max" in x][-1]
+    assert {f"lambda_max_block_{b}" for b in ("embed", "layer1", "layer2", "head")} <= set(last)
