@@ -54,14 +54,16 @@ def _held_bytes(opt, model) -> int:
 
 
 def _step_probe(strategy_name: str, steps: int):
-    """(median seconds of a SAM step, held bytes) of the GPT in this process of 2."""
+    """(median seconds of a SAM step, held bytes, peak bytes on a GPU else None) of the GPT in
+    this process of 2."""
     from sam_runner import distributed
     from sam_runner.models import blocks_of
     from sam_runner.optim import SAM
     from sam_runner.training import strategy
 
     topo = distributed.current()
-    model = _gpt()
+    device = topo.device or CPU
+    model = _gpt().to(device)
     if strategy_name == "fsdp":
         strategy.shard(model, blocks_of(model), topo)
         net = model
@@ -72,8 +74,11 @@ def _step_probe(strategy_name: str, steps: int):
     opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.01, momentum=0.9,
               sync_perturbation=True).bind(model=net)  # fmt: skip
     g = torch.Generator().manual_seed(topo.rank)
-    x = torch.randint(0, 256, (8, 64), generator=g)
-    y = torch.randint(0, 256, (8, 64), generator=g)
+    x = torch.randint(0, 256, (8, 64), generator=g).to(device)
+    y = torch.randint(0, 256, (8, 64), generator=g).to(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
 
     def closure():
         opt.zero_grad(set_to_none=True)
@@ -85,12 +90,15 @@ def _step_probe(strategy_name: str, steps: int):
     for i in range(steps + 2):  # two warm-up steps
         t0 = time.perf_counter()
         opt.step(closure)
+        if cuda:
+            torch.cuda.synchronize(device)
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times), _held_bytes(opt, model)
+    peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    return statistics.median(times), _held_bytes(opt, model), peak
 
 
-def _lanczos_probe(split: bool, iterations: int) -> tuple[float, float]:
+def _lanczos_probe(split: bool, iterations: int, device=None) -> tuple[float, float]:
     """(wall, CPU) seconds of a λ_max measurement of fixed length (no early stop) on 2048
     samples, in this process."""
     from sam_runner import distributed
@@ -98,10 +106,12 @@ def _lanczos_probe(split: bool, iterations: int) -> tuple[float, float]:
     from sam_runner.metrics.solvers import hessian_eigenpairs
     from sam_runner.models import SmallCNN
 
+    device = distributed.current().device or device or CPU
     torch.manual_seed(0)
-    model = SmallCNN(2, 1, 10, channels=16)
+    model = SmallCNN(2, 1, 10, channels=16).to(device)
     g = torch.Generator().manual_seed(5)
     x, y = torch.randn(2048, 1, 16, 16, generator=g), torch.randint(0, 10, (2048,), generator=g)
+    x, y = x.to(device), y.to(device)
     batches = [(x[i : i + 256], y[i : i + 256]) for i in range(0, 2048, 256)]
     model.eval()
     dist = distributed.current() if split else None
@@ -123,20 +133,24 @@ def _alone(fn, *args):
         torch.set_num_threads(threads)
 
 
-def run(args) -> dict:
+def run(args, device=CPU) -> dict:
+    """The figures with 2 processes on ``device`` (the CPU, gloo; or 2 GPUs, NCCL: then also
+    ``fsdp_over_ddp_peak_memory``, the peak of allocated GPU memory over a step)."""
     from sam_runner import distributed
 
     repeats = 1 if args.quick else 3
     steps, iterations = (3, 10) if args.quick else (8, 30)
     ddp, fsdp, ones, twos = [], [], [], []
     for _ in range(repeats):  # alternated, so that load on the machine hits both alike
-        ddp.append(distributed.launch(_step_probe, ("ddp", steps), 2, CPU))
-        fsdp.append(distributed.launch(_step_probe, ("fsdp", steps), 2, CPU))
-        twos.append(distributed.launch(_lanczos_probe, (True, iterations), 2, CPU))
-        ones.append(_alone(_lanczos_probe, False, iterations))
+        ddp.append(distributed.launch(_step_probe, ("ddp", steps), 2, device))
+        fsdp.append(distributed.launch(_step_probe, ("fsdp", steps), 2, device))
+        twos.append(distributed.launch(_lanczos_probe, (True, iterations), 2, device))
+        ones.append(_alone(_lanczos_probe, False, iterations, device))
+    peak = {} if fsdp[0][2] is None else {"fsdp_over_ddp_peak_memory": fsdp[0][2] / ddp[0][2]}
     return {
-        "ddp_gpt_sam_step_s": statistics.median(t for t, _ in ddp),
-        "fsdp_gpt_sam_step_s": statistics.median(t for t, _ in fsdp),
+        **peak,
+        "ddp_gpt_sam_step_s": statistics.median(d[0] for d in ddp),
+        "fsdp_gpt_sam_step_s": statistics.median(f[0] for f in fsdp),
         "fsdp_over_ddp_step": statistics.median(f[0] / d[0] for f, d in zip(fsdp, ddp)),
         "fsdp_over_ddp_state_memory": fsdp[0][1] / ddp[0][1],
         "lanczos_1proc_s": statistics.median(o[0] for o in ones),

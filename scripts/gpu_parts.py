@@ -3,9 +3,10 @@
     python scripts/gpu_parts.py PART --scratch DIR [--cpu] [--results gpu_check.json]
 
 PART is ``env``, ``data``, ``train:<model>``, ``compile:<model>``, ``curvature:<model>``,
-``models`` or ``estimates``. Each writes DIR/<PART>.json ({"result": ..., "errors": {...}})
-after every sub-measurement, so that a part stopped at its timeout still leaves what it measured,
-and records an error in one sub-measurement without giving up the others.
+``models``, ``sharded`` or ``estimates``. Each writes DIR/<PART>.json ({"result": ...,
+"errors": {...}}) after every sub-measurement, so that a part stopped at its timeout still
+leaves what it measured, and records an error in one sub-measurement without giving up the
+others.
 
 Training goes through the runner itself: ``Run.setup()`` builds data (CIFAR-100 written in
 torchvision's on-disk format, held on the device), model, optimizer, scaler, autocast,
@@ -419,6 +420,119 @@ def lambda_max(part: Part, run) -> None:
     )
 
 
+# ---------------------------------------------------------------------------- sharded
+def sharded_part(part: Part) -> None:
+    """trainer.strategy=fsdp and its companions (docs/running.md, sharded training):
+    scripts/bench_fsdp.py's figures with 2 gloo processes on this machine's CPU cores (a quiet
+    machine: the figures the project's loaded 2-core machine cannot show), and with 2 NCCL
+    processes where there are 2 GPUs or more (then the peak GPU memory of FSDP over DDP too);
+    activation checkpointing's peak memory, time and bit-exactness on the GPU; bf16 curvature's
+    error against fp32 on the GPU."""
+    import bench_fsdp
+
+    quick = argparse.Namespace(quick=part.cpu)
+    if part.cpu:  # the dry run: the code path, one sharded step of 2 processes
+        from sam_runner import distributed
+
+        step = lambda: distributed.launch(
+            bench_fsdp._step_probe, ("fsdp", 1), 2, torch.device("cpu")
+        )
+        part.attempt("cpu_gloo", lambda: part.result.update(fsdp_step_s=step()[0]))
+    else:
+        part.attempt("cpu_gloo", lambda: part.result.update(cpu_gloo=bench_fsdp.run(quick)))
+    part.attempt("activation_checkpointing", activation_checkpointing, part)
+    part.attempt("bf16_curvature", bf16_curvature, part)
+    if not part.cpu and torch.cuda.device_count() >= 2:
+        cuda = torch.device("cuda")
+        part.attempt("nccl", lambda: part.result.update(nccl=bench_fsdp.run(quick, cuda)))
+
+
+def _gpt_step(part: Part, recompute: bool, steps: int):
+    """(median seconds of a SAM step, peak allocated bytes or None, the parameters after) of
+    a GPT with dropout, its blocks recomputed in the backward pass when ``recompute``."""
+    import torch.nn.functional as F
+
+    from sam_runner.models import GPT, blocks_of
+    from sam_runner.optim import SAM
+    from sam_runner.training import strategy
+
+    big = not part.cpu
+    torch.manual_seed(0)
+    width, layers, context, batch = (512, 8, 256, 16) if big else (32, 2, 16, 2)
+    model = GPT(256, context, n_layer=layers, n_head=8 if big else 2, n_embd=width, dropout=0.1)
+    model = model.to(part.device)
+    if recompute:
+        for block in blocks_of(model):
+            strategy.checkpoint_activations(block)
+    opt = SAM(model.parameters(), torch.optim.SGD, rho=0.05, lr=0.01).bind(model=model)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (batch, context), generator=g).to(part.device)
+
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        return loss.detach()
+
+    if not part.cpu:
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(2)  # the same dropout draws in both
+    times = []
+    for _ in range(steps):
+        part.sync()
+        t0 = time.perf_counter()
+        opt.step(closure)
+        part.sync()
+        times.append(time.perf_counter() - t0)
+    peak = None if part.cpu else torch.cuda.max_memory_allocated()
+    return (
+        statistics.median(times[1:] or times),
+        peak,
+        [p.detach().clone() for p in model.parameters()],
+    )
+
+
+def activation_checkpointing(part: Part) -> None:
+    steps = 3 if part.cpu else 8
+    plain_s, plain_peak, plain = _gpt_step(part, False, steps)
+    ac_s, ac_peak, recomputed = _gpt_step(part, True, steps)
+    part.result["activation_checkpointing"] = {
+        "time_over_plain": ac_s / plain_s,
+        "peak_memory_over_plain": None if plain_peak is None else ac_peak / plain_peak,
+        "max_abs_param_diff": max(float((a - b).abs().max()) for a, b in zip(plain, recomputed)),
+    }
+
+
+def bf16_curvature(part: Part) -> None:
+    """λ_max and Hutchinson's trace with metrics.hessian.precision=bf16 against fp32."""
+    import torch.nn.functional as F
+
+    from sam_runner.metrics.hvp import HessianOperator
+    from sam_runner.metrics.solvers import hessian_eigenpairs, hessian_trace
+    from sam_runner.models import GPT
+
+    torch.manual_seed(0)
+    model = GPT(256, 64, n_layer=2, n_head=2, n_embd=64).to(part.device).eval()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 256, (64 if not part.cpu else 4, 65), generator=g).to(part.device)
+    batches = [(x[:, :-1], x[:, 1:])]
+
+    def loss(out, y):
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+    values = {}
+    for precision in ("fp32", "bf16"):
+        with HessianOperator(model, loss, batches, "double_backward", precision=precision) as op:
+            eig = hessian_eigenpairs(model, None, batches, tol=1e-4, max_iter=60, operator=op)
+            values[precision] = (float(eig.values[0]), float(hessian_trace(op, 20, seed=0)[0]))
+    (l32, t32), (l16, t16) = values["fp32"], values["bf16"]
+    part.result["bf16_curvature"] = {
+        "lambda_max_fp32": l32,
+        "lambda_max_rel_err": abs(l16 - l32) / abs(l32),
+        "trace_rel_err": abs(t16 - t32) / abs(t32),
+    }
+
+
 # ---------------------------------------------------------------------------- main
 def estimates(part: Part, results: Path) -> None:
     from gpu_presets import preset_estimates
@@ -442,6 +556,7 @@ def main(argv=None) -> int:
         "compile": lambda: compile_part(part, model),
         "curvature": lambda: curvature_part(part, model),
         "models": lambda: models_part(part),
+        "sharded": lambda: sharded_part(part),
         "estimates": lambda: estimates(part, args.results),
     }[kind]
     torch.manual_seed(0)

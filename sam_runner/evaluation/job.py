@@ -52,15 +52,34 @@ if TYPE_CHECKING:
 
 
 def measure_job(job_dir: Path | str, settings: dict) -> dict:
-    """Measure one job and write its eval.json (a failure too: status failed, the error)."""
+    """Measure one job and write its eval.json (a failure too: status failed, the error).
+
+    Measured by several processes together (``sam-eval trainer.devices=N``): rank 0 takes the
+    job's lock and writes, the others measure beside it (the curvature's samples split among
+    them) and return nothing; rank 0 tells them whether the job is measured at all."""
+    from .. import distributed
+
     job_dir, start = Path(job_dir), time.perf_counter()
+    topo = distributed.current()
+    if not topo.is_main:
+        if _go(topo, False):
+            measure(job_dir, settings)
+        return {}
     if not writable(job_dir):  # this job fails alone, before measuring; the others go on
+        _go(topo, False)
         return {"status": "failed", "error": f"job folder {job_dir} is not writable"}
     # a second sam-eval on the same folder measures the other jobs
     with job_lock(job_dir, "eval", "skip", "sam-eval") as held:
-        if not held:
+        if not _go(topo, held):
             return {"status": "skipped", "error": f"measured by {held_by(job_dir, 'eval')}"}
         return _measure_job(job_dir, settings, start)
+
+
+def _go(topo, ok: bool) -> bool:
+    """Rank 0's ``ok``, in every process measuring the job (one process: ``ok``)."""
+    import torch
+
+    return bool(topo.sum(torch.tensor(int(bool(ok) and topo.is_main), device=topo.device)))
 
 
 def _measure_job(job_dir: Path, settings: dict, start: float) -> dict:
@@ -96,8 +115,9 @@ def measure(job_dir: Path, settings: dict) -> dict:
     from ..metrics import robustness
 
     metrics = OmegaConf.create(settings["metrics"])
-    device = distributed.resolve_device(str(settings["trainer"]["device"]))
-    say = phase_lines(job_dir, settings)
+    topo = distributed.current()  # several processes: each its own device
+    device = topo.device or distributed.resolve_device(str(settings["trainer"]["device"]))
+    say = phase_lines(job_dir, settings) if topo.is_main else (lambda _what: None)
     require(  # a density model has no accuracy: its measures are logged in training
         RunDir(job_dir).get("model.arch") != "pc",
         "a probabilistic circuit's run (model=pc): sam-eval measures classifiers; its "

@@ -72,11 +72,26 @@ def run_jobs(jobs: list[PlannedJob], settings: dict, launcher: str, launcher_par
             return _pool(jobs, settings, progress)
         out = {}
         for job in jobs:
-            out[job.name] = measure_job(job.path, settings)
+            out[job.name] = _measured(job, settings)
             progress.finished(job, out[job.name])
         return out
     finally:
         progress.close()
+
+
+def _measured(job: PlannedJob, settings: dict) -> dict:
+    """One job's record: measured in this process, or by ``trainer.devices`` processes together
+    (one large job: the curvature's samples split among them)."""
+    devices = int(settings["trainer"].get("devices", 1) or 1)
+    if devices == 1:
+        return measure_job(job.path, settings)
+    from .. import distributed
+
+    device = distributed.check_devices(devices, str(settings["trainer"]["device"]))
+    try:
+        return distributed.launch(measure_job, (str(job.path), settings), devices, device)
+    except Exception as e:  # a process died: this job fails, the others are measured
+        return lost(job, settings, one_line(e))
 
 
 def lost(job: PlannedJob, settings: dict, why: str) -> dict:

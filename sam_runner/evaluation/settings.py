@@ -42,6 +42,13 @@ def check(cfg: DictConfig) -> None:
     """Every eval key, as a run checks its own (the metrics keys: ``check_metrics``)."""
     e = cfg.eval
     integer("eval.workers", e.workers, "an integer >= 1", lambda w: w >= 1)
+    devices = cfg.trainer.get("devices", 1)
+    integer("trainer.devices", devices, "an integer >= 1", lambda d: d >= 1)
+    require(
+        devices == 1 or (e.workers == 1 and launcher(cfg) == "local"),
+        f"trainer.devices={devices} (processes measuring each job together) goes with "
+        "eval.workers=1 and the local launcher; choose one way to use the processes",
+    )
     device = check_device(cfg.trainer.device)
     check_progress(cfg.trainer.progress)
     cores = usable_cores()

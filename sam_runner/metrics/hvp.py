@@ -32,6 +32,7 @@ import torch
 from .objective import Objective, grad_or_zero
 
 HVP_METHODS = ("auto", "double_backward", "forward_over_reverse")
+HVP_PRECISIONS = ("fp32", "bf16")  # bf16: the HVP's forward under autocast
 BATCHINGS = ("auto", "batched", "loop")
 _method_choice: dict = {}  # (model type, device, params, batch shape, cached) -> method name
 _batching_choice: dict = {}  # (the same, number of vectors) -> whether one batched backward pays
@@ -78,6 +79,13 @@ class _BatchPool:
             self._pool.shutdown()
             self._pool = None
             torch.set_num_threads(self._threads)  # the workers' setting is process-wide in ATen
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX)."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, c, lambda: False)()) for c in checks)
 
 
 def _share(batches, rank: int, world: int) -> tuple[list, int] | None:
@@ -153,6 +161,7 @@ class HessianOperator(Objective):
         graph_cache_mb: float = 1024,
         batching: str = "auto",
         dist=None,
+        precision: str = "fp32",
     ):
         """``dist``: the run's processes (``distributed.Topology``); with several, the samples
         are split among them (each its share, batched as before, weighted by the whole set's
@@ -170,6 +179,7 @@ class HessianOperator(Objective):
                 f"hvp batching={batching!r} is unknown; choose one of {', '.join(BATCHINGS)}"
             )
         self.dist = dist if split is not None else None
+        self.precision = precision
         super().__init__(model, loss_fn, batches if split is None else split[0])
         if split is not None:  # each batch weighted by its share of the whole set
             self.weights = [len(y) / split[1] for _, y in self.batches]
@@ -179,6 +189,14 @@ class HessianOperator(Objective):
         self._pool = _BatchPool(self.device, len(self.batches))
         self._cache_ok = self._graph_fits(graph_cache_mb)
         self.method = self._choose(method)
+
+    def batch_loss(self, i, params=None):
+        """The batch's weighted mean loss; under ``precision=bf16`` its forward in autocast
+        (bf16 matrix products, fp32 reductions), so H v is bf16's."""
+        if self.precision != "bf16":
+            return super().batch_loss(i, params)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            return super().batch_loss(i, params).float()
 
     def close(self):
         self._graphs = self._first_graph = None

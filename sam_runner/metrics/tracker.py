@@ -51,7 +51,7 @@ from ..registry import MEASURES
 from ..rundir import INIT_WEIGHTS
 from ..runfiles import InitialWeights
 from .dynamics import dynamics
-from .hvp import HVP_METHODS, HessianOperator
+from .hvp import HVP_METHODS, HVP_PRECISIONS, HessianOperator, cpu_has_bf16
 from .measures import Measurement, leading_batches
 from .preconditioned import preconditioned_sharpness
 from .sharpness_dim import step_for
@@ -89,6 +89,7 @@ HESSIAN_SCHEMA = {
     "bn_mode": "choice",
     "params": "choice",
     "method": "choice",
+    "precision": "choice",
     "grad_topk_overlap": "bool",
 }
 
@@ -145,6 +146,20 @@ def check_options(section: str, options, schema: dict) -> None:
             number(name, value, *SCHEMA[kind])
 
 
+def check_precision(precision) -> None:
+    """``metrics.hessian.precision``: fp32, or bf16 where the machine computes in bf16 (a GPU,
+    or a CPU with AVX-512 BF16 or AMX)."""
+    require(
+        precision in HVP_PRECISIONS,
+        f"metrics.hessian.precision={precision!r} is unknown; choose fp32 or bf16",
+    )
+    require(
+        precision != "bf16" or torch.cuda.is_available() or cpu_has_bf16(),
+        "metrics.hessian.precision=bf16 but this CPU has no bf16 arithmetic (AVX-512 BF16 or "
+        "AMX) and there is no GPU; use metrics.hessian.precision=fp32",
+    )
+
+
 def validate(cfg) -> None:
     """Every curvature and measure option of a ``metrics`` config, before anything trains."""
     h = cfg.get("hessian") or {}
@@ -162,6 +177,7 @@ def validate(cfg) -> None:
         f"metrics.hessian.params={h.get('params')!r} is unknown; choose trainable or all",
     )
     check_options("hessian", h, HESSIAN_SCHEMA)
+    check_precision(h.get("precision", "fp32"))
     k, max_iter = h.get("k", 1), h.get("max_iter", 100)
     require(
         k <= max_iter,
@@ -313,6 +329,7 @@ class CurvatureTracker:
                 str(self.h.get("method", "auto")),
                 float(self.h.get("graph_cache_mb", 1024)),
                 dist=distributed.current(),  # several processes: each its share of the samples
+                precision=str(self.h.get("precision", "fp32")),
             ) as op:
                 self.times = {}
                 out = self._eigenvalues(op)

@@ -593,8 +593,9 @@ def blocks_of(model: nn.Module) -> list[nn.Module]:
     (``fully_shard`` on each, then the root) and ``trainer.activation_checkpointing``
     recomputes. One rule per family (docs/running.md): gpt its transformer blocks; resnet and
     wrn their residual stages (layer1..); vgg its pooling stages; mlp its hidden layers (fc1..);
-    vit_tiny and timm models their ``blocks`` (or ``stages``, ``layers``); a Hugging Face
-    model the modules its ``_no_split_modules`` names. cnn, cnn1d and pc declare none (an empty
+    vit_tiny and timm models their ``blocks`` (or ``stages``, ``layers``, else numbered children
+    ``layer1``.., ``stage1``.., ``block1``..); a Hugging Face model the modules its
+    ``_no_split_modules`` names. cnn, cnn1d and pc declare none (an empty
     list)."""
     blocks = _own_blocks(model)
     inner = getattr(model, "base_model", None)  # a peft model: the wrapped model's blocks
@@ -608,6 +609,8 @@ def _numbered(name: str, prefix: str) -> bool:
 
 
 def _own_blocks(model: nn.Module) -> list[nn.Module]:
+    if isinstance(model, (SmallCNN, ProbabilisticCircuit)):  # cnn, cnn1d, pc: none declared
+        return []
     children = dict(model.named_children())
     prefix = {GPT: "block", ResNet: "layer", WideResNet: "layer", VGG: "stage", MLP: "fc"}
     for family, start in prefix.items():
@@ -621,6 +624,10 @@ def _own_blocks(model: nn.Module) -> list[nn.Module]:
         group = children.get(name)
         if isinstance(group, (nn.Sequential, nn.ModuleList)) and len(group) > 0:
             return list(group)
+    for start in ("layer", "stage", "block"):  # numbered children (timm's ResNets: layer1..)
+        numbered = [m for n, m in children.items() if _numbered(n, start)]
+        if numbered:
+            return numbered
     return []
 
 

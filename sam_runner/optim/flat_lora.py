@@ -70,7 +70,10 @@ class FlatLoRA(SharpnessAware):
     passes = 1
     single_pass_perturbation = True
     variant_options = {"sigma_schedule": "increasing", "noise_seed": 0}
-    fsdp_refused = "its noise is drawn on each whole merged weight W + sBA, which no process holds"
+    fsdp_refused = (
+        "its noise scales each row of the merged weight W + s·BA, which needs the whole "
+        "adapter matrices B and A, which no process holds"
+    )
 
     def __init__(self, params, base_optimizer, rho: float = 0.05, **kwargs):
         super().__init__(params, base_optimizer, rho=rho, **kwargs)

@@ -159,6 +159,19 @@ def test_blocks_of_each_model_family():
         with torch.device("meta"):
             model = build_model(compose(f"model={arch}").model, shape, 10)
         assert len(blocks_of(model)) == n, arch
+    timm = pytest.importorskip("timm")
+    from timm.models.vision_transformer import VisionTransformer
+
+    assert len(blocks_of(VisionTransformer(img_size=32, patch_size=4, embed_dim=48, depth=3))) == 3
+    assert len(blocks_of(timm.create_model("resnet18", num_classes=10))) == 4
+
+
+def test_blocks_of_a_hugging_face_model_are_its_no_split_modules():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    blocks = blocks_of(model)
+    assert len(blocks) == 3 and all(type(b).__name__ == "GPT2Block" for b in blocks)
 
 
 # ---------------------------------------------------------------- curvature across processes
@@ -282,7 +295,8 @@ def _rows(run_dir):
 def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path):
     """2 processes, FSDP: 1 epoch then a resume to 2 equals 2 straight (the metrics lines bit for
     bit); the checkpoint is sharded (last.pt points at it) and reads back whole in one process
-    (sam-eval, sam-landscape, model.init_from); resuming it with 1 process is one line."""
+    (sam-eval, sam-landscape, model.init_from); resuming it with another number of processes is
+    one line. sam-eval trainer.devices=2 measures the job with 2 processes (λ_max split)."""
     from conftest import stopped_early_of
 
     from sam_runner.rundir import RunDir
@@ -312,6 +326,15 @@ def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path
 
     given, record = initial_state(compose(*COMMON, f"model.init_from={straight}").model)
     assert record["kind"] == "checkpoint" and all(torch.equal(given[k], whole[k]) for k in whole)
+    # sam-eval of the same weights: one process, and 2 measuring the job together
+    from sam_runner.evaluation.cli import main as sam_eval
+
+    assert sam_eval([str(straight), "trainer.progress=none"]) == 0
+    assert sam_eval([str(resumed), "trainer.devices=2", "trainer.progress=none"]) == 0
+    one, two = (json.loads((d / "eval.json").read_text()) for d in (straight, resumed))
+    assert one["status"] == two["status"] == "completed"
+    assert two["lambda_max"] == pytest.approx(one["lambda_max"], rel=1e-5)
+    assert two["test_acc"] == one["test_acc"]
     assert "optimizer" not in RunDir(straight).checkpoint()  # rank 0's shards are not the state
 
 
@@ -391,3 +414,88 @@ def test_two_nodes_on_localhost_equal_one_node(strategy_name, tmp_path):
         if isinstance(v, float):
             assert rows_two[0][k] == pytest.approx(v, rel=1e-6), k
     assert rows_one[0]["lambda_max"] > 0
+
+
+# ---------------------------------------------------------------- curvature in bf16
+def test_hessian_precision_is_checked_and_bf16_is_close_to_fp32(monkeypatch):
+    from sam_runner.metrics import tracker
+    from sam_runner.metrics.hvp import HessianOperator, cpu_has_bf16
+    from sam_runner.metrics.solvers import hessian_eigenpairs
+
+    with pytest.raises(UserError, match="metrics.hessian.precision='fp16' is unknown"):
+        tracker.validate(compose("metrics.hessian.precision=fp16").metrics)
+    monkeypatch.setattr(tracker, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="this CPU has no bf16 arithmetic") as e:
+        tracker.validate(compose("metrics.hessian.precision=bf16").metrics)
+    assert "\n" not in str(e.value)
+    monkeypatch.undo()
+    if not cpu_has_bf16():
+        pytest.skip("this CPU has no bf16 arithmetic")
+    torch.manual_seed(0)
+    model = MLP(8, 3, hidden=(32,))
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g))]
+    values = {}
+    for precision in ("fp32", "bf16"):
+        op = HessianOperator(
+            model, F.cross_entropy, batches, "double_backward", precision=precision
+        )
+        with op:
+            eig = hessian_eigenpairs(model, None, batches, tol=1e-5, max_iter=40, operator=op)
+        values[precision] = float(eig.values[0])
+    assert values["bf16"] == pytest.approx(values["fp32"], rel=0.05)
+    assert values["bf16"] != values["fp32"]  # it did compute in bf16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy_name", ["ddp", "fsdp"])
+def test_a_bf16_gpt_with_activation_checkpointing_trains_under_either_strategy(
+    strategy_name, tmp_path
+):
+    """bf16 (fsdp: MixedPrecisionPolicy, bf16 passes, fp32 reductions and sharded weights) with
+    activation checkpointing, 2 processes, against one process's bf16 run: close (the casts
+    round differently), not equal."""
+    args = [*GPT, "trainer.precision=bf16", "trainer.activation_checkpointing=true"]
+    one = train(compose(*args), tmp_path / "one", ["x"])
+    two = distributed.launch(
+        train,
+        (compose(*args, f"trainer.strategy={strategy_name}"), str(tmp_path / "two"), ["x"]),
+        2,
+        CPU,
+    )
+    assert one["status"] == two["status"] == "completed"
+    a, b = _rows(tmp_path / "one")[-1], _rows(tmp_path / "two")[-1]
+    assert b["train_loss"] == pytest.approx(a["train_loss"], rel=5e-3)  # bf16: ~3 digits
+    assert b["test_loss"] == pytest.approx(a["test_loss"], rel=5e-3)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_llama_sharded_by_its_decoder_layers_equals_one_process(tmp_path):
+    """model=hf (a tiny Llama from its config): fully_shard on each LlamaDecoderLayer (its
+    _no_split_modules), activation checkpointing on them, 2 processes against 1."""
+    pytest.importorskip("transformers")
+    args = [
+        "dataset=text",
+        "dataset.block_size=16",
+        "dataset.batch_size=8",
+        "dataset.steps_per_epoch=3",
+        "trainer.epochs=2",
+        "model=hf",
+        "model.config={model_type: llama, hidden_size: 32, intermediate_size: 64, "
+        "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, "
+        "max_position_embeddings: 64}",
+        "base_optimizer=adamw",
+        "base_optimizer.lr=3e-3",
+        "scheduler=constant",
+        "metrics=off",
+        "trainer.progress=none",
+        "trainer.device=cpu",
+        "trainer.activation_checkpointing=true",
+    ]
+    train(compose(*args), tmp_path / "one", ["x"])
+    two = compose(*args, "trainer.strategy=fsdp")
+    distributed.launch(train, (two, str(tmp_path / "two"), ["x"]), 2, CPU)
+    for a, b in zip(_rows(tmp_path / "one"), _rows(tmp_path / "two")):
+        for k in ("train_loss", "test_loss", "test_acc"):
+            assert b[k] == pytest.approx(a[k], rel=1e-5), k
