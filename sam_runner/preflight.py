@@ -12,6 +12,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -19,6 +20,14 @@ from .errors import UserError, first_line
 from .paths import config_dir
 from .rundir import RunDir
 from .settings import override_key
+
+if TYPE_CHECKING:
+    from argparse import Namespace
+
+    from hydra.errors import MissingConfigException
+    from omegaconf import DictConfig
+
+    from .progress import Counter
 
 # the config groups whose keys the runner reads: a key added under them with "+" must exist
 RUNNER_GROUPS = (
@@ -69,7 +78,7 @@ def preflight(argv: list[str]) -> list[str]:
     return argv
 
 
-def _not_a_run(args) -> bool:
+def _not_a_run(args: Namespace) -> bool:
     return bool(
         args.help
         or args.hydra_help
@@ -83,7 +92,7 @@ def _not_a_run(args) -> bool:
     )
 
 
-def config_source_error(args) -> str | None:
+def config_source_error(args: Namespace) -> str | None:
     """``--config-dir``, ``--config-path`` and ``--config-name`` that name no folder or config:
     the message (Hydra's own is several lines, exit 1), else None."""
     for flag, folder in (("--config-dir", args.config_dir), ("--config-path", args.config_path)):
@@ -105,11 +114,12 @@ def config_source_error(args) -> str | None:
 
 
 def fail(message: str) -> None:
+    """``sam-run: error: <message>`` on stderr, and exit 2."""
     print(f"sam-run: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
-def jobs_of(args) -> list[tuple[list[str], str | None]]:
+def jobs_of(args: Namespace) -> list[tuple[list[str], str | None]]:
     """The overrides of every job of the command (one for a run), without repeats, each with
     the search bound it stands for (None: a job that runs). A search's jobs are not known
     before it runs: its fixed settings stand for them, once alone and once with each bound of
@@ -172,7 +182,7 @@ def _choice_or_hydra(override: str) -> bool:
     return "." not in key or key.startswith("hydra")
 
 
-def say_if_completed(args) -> None:
+def say_if_completed(args: Namespace) -> None:
     """A run whose folder holds it completed (the same job, the same config): its closing line
     again, and exit 0, composed once and before Hydra or torch load (what ``train()`` does for
     it, at a fraction of the start-up). Anything else goes the usual way."""
@@ -197,7 +207,7 @@ def say_if_completed(args) -> None:
     sys.exit(0)
 
 
-def redraw_in_format(run_dir: Path, overrides) -> None:
+def redraw_in_format(run_dir: Path, overrides: list[str]) -> None:
     """A completed run asked for with ``plots.format=F``: its figures in F, drawn from its files
     when it has none in F yet (a bad F: one line, exit 2)."""
     given = [o.split("=", 1)[1] for o in overrides if override_key(o) == "plots.format"]
@@ -212,19 +222,19 @@ def redraw_in_format(run_dir: Path, overrides) -> None:
         write_run_plots(run_dir, fmt)
 
 
-def run_folder(args) -> Path:
+def run_folder(args: Namespace) -> Path:
     """The run folder of a single run: its ``hydra.run.dir``, else the default one."""
     given = [o.split("=", 1)[1] for o in args.overrides if override_key(o) == "hydra.run.dir"]
     return Path(given[-1] if given else default_folder(args))
 
 
-def sweep_folder(args) -> Path:
+def sweep_folder(args: Namespace) -> Path:
     """The sweep folder of a ``-m`` command: its ``hydra.sweep.dir``, else the default one."""
     given = [o.split("=", 1)[1] for o in args.overrides if override_key(o) == "hydra.sweep.dir"]
     return Path(given[-1] if given else default_folder(args))
 
 
-def require_same_result(run_dir: Path, overrides, summary: dict) -> None:
+def require_same_result(run_dir: Path, overrides: list[str], summary: dict) -> None:
     """RunFolderConflict when a completed run's recorded config is not what its overrides
     compose to now (a default changed since it ran): the check ``train()`` makes of a completed
     run; in a sweep, made on its first completed job instead of once per finished job."""
@@ -243,7 +253,7 @@ def require_same_result(run_dir: Path, overrides, summary: dict) -> None:
     )
 
 
-def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None]]:
+def search_jobs(arguments: list[str], fixed: DictConfig) -> list[tuple[list[str], str | None]]:
     """A search's settings without the searched keys, then with each bound of each searched key
     (UserError on a malformed space, or without an objective to select on)."""
     from .errors import integer
@@ -271,7 +281,7 @@ def search_jobs(arguments: list[str], fixed) -> list[tuple[list[str], str | None
     return jobs
 
 
-def check_search_settings(fixed, cfg) -> None:
+def check_search_settings(fixed: DictConfig, cfg: DictConfig) -> None:
     """The search sweeper's settings (``hydra.sweeper.*``) against the job's config, before
     anything is written (one line, exit 2, on a bad one)."""
     from .sweep.search import Search
@@ -281,7 +291,7 @@ def check_search_settings(fixed, cfg) -> None:
     Search(**settings).check(cfg)
 
 
-def _require_used(key: str, cfg, where: str) -> None:
+def _require_used(key: str, cfg: DictConfig, where: str) -> None:
     """A searched optimizer option the variant ignores (``optimizer=base`` and ρ) would spend
     every trial on one setting: refused."""
     from .registry import VARIANTS
@@ -295,7 +305,7 @@ def _require_used(key: str, cfg, where: str) -> None:
         )
 
 
-def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
+def check_jobs(args: Namespace, validate: bool = True) -> tuple[str | None, list[str]]:
     """(the first bad input's message or None, the warnings of every job, once each); without
     ``validate``, only whether each job composes (``--cfg``: a config to look at)."""
     from hydra.errors import (
@@ -354,7 +364,7 @@ def check_jobs(args, validate: bool = True) -> tuple[str | None, list[str]]:
     return None, list(notes)
 
 
-def _check_job(args, job: list[str], checks, notes: dict) -> str | None:
+def _check_job(args: Namespace, job: list[str], checks, notes: dict) -> str | None:
     """The checks of one job (the values a run accepts), through ``checks``
     (``sweep.value_checks.ValueChecks``: each check once per shape of job, again only where a
     value it reads changes): a bad input's message, or None with the job's notices added to
@@ -396,7 +406,7 @@ def _no_notices(check):
     return lambda: check() and None
 
 
-def checks_counter(total: int):
+def checks_counter(total: int) -> Counter:
     """How the checks of a sweep of ``PROGRESS_FROM`` jobs or more go, on stderr, once they
     have taken ``CHECKS_QUIET_S`` seconds: a bar on a terminal, else a line then, at every
     tenth and every half minute (a sweep of thousands takes minutes to check, and said
@@ -408,7 +418,7 @@ def checks_counter(total: int):
     return Counter(total, desc, mode, unit="jobs", every=30.0, delay=CHECKS_QUIET_S)
 
 
-def _in_job(args, job: list[str], message: str) -> str:
+def _in_job(args: Namespace, job: list[str], message: str) -> str:
     """A sweep job's error names the job (its swept values) when the sweep has several."""
     if not args.multirun:
         return message
@@ -419,7 +429,7 @@ def _in_job(args, job: list[str], message: str) -> str:
 DIGITS_LIMIT = 4300  # Python's (and so Hydra's) limit on the digits of an int it parses
 
 
-def _odd_values(args) -> str | None:
+def _odd_values(args: Namespace) -> str | None:
     """An empty ``hydra.run.dir``/``hydra.sweep.dir`` (Hydra would write into the current folder),
     or a number too long for Hydra's parser: the message, else None."""
     for o in args.overrides:
@@ -465,7 +475,7 @@ def _sweep_values(overrides: list[str]) -> str | None:
     return None
 
 
-def _removed_keys(job: list[str], cfg) -> str | None:
+def _removed_keys(job: list[str], cfg: DictConfig) -> str | None:
     """``~optimizer``, ``~trainer.epochs``: a key the runner reads, removed (it has no default
     to fall back on); the message, else None. Keys added by the user may go."""
     from .sweep.plan import compose
@@ -498,7 +508,7 @@ def _two_budgets(job: list[str]) -> str | None:
     return None
 
 
-def _resolve(cfg) -> None:
+def _resolve(cfg: DictConfig) -> None:
     """Every interpolation of the run's part of the config resolved, so that one naming no key
     (``optimizer.rho=${nope}``) is an error here, not in the middle of a run."""
     OmegaConf.to_container(
@@ -580,7 +590,7 @@ NEEDS = (
 )
 
 
-def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
+def idle_settings(job: list[str], cfg: DictConfig, multirun: bool) -> list[str]:
     """A notice for each setting the user gave that changes nothing in this job: an option of
     weight averaging without it, ``model.reset_head`` without ``model.init_from``, a preset's
     sweep run without ``-m``."""
@@ -610,13 +620,14 @@ def idle_settings(job: list[str], cfg, multirun: bool) -> list[str]:
     return out
 
 
-def never_acting(cfg) -> list[str]:
+def never_acting(cfg: DictConfig) -> list[str]:
+    """A notice for each period longer than the run (``idle_periods.never_acting``)."""
     from .idle_periods import never_acting as periods
 
     return periods(cfg)
 
 
-def _idle_augment(given: str | None, cfg) -> list[str]:
+def _idle_augment(given: str | None, cfg: DictConfig) -> list[str]:
     """``dataset.augment=true`` (basic crop and flip) given for a dataset that is not augmented
     (the policies with an image operation are refused there: data/augment.py)."""
     from .data.augment import augmented, policy_name
@@ -630,7 +641,7 @@ def _idle_augment(given: str | None, cfg) -> list[str]:
             "without it"]  # fmt: skip
 
 
-def _idle_eval_period(given: dict, cfg) -> list[str]:
+def _idle_eval_period(given: dict, cfg: DictConfig) -> list[str]:
     """``trainer.eval_every_n_epochs`` beside ``trainer.eval_every_n_steps``: the steps decide."""
     steps = OmegaConf.select(cfg, "trainer.eval_every_n_steps")
     if "trainer.eval_every_n_epochs" in given and steps is not None:
@@ -641,7 +652,7 @@ def _idle_eval_period(given: dict, cfg) -> list[str]:
     return []
 
 
-def _idle_curvature_period(given: dict, cfg) -> list[str]:
+def _idle_curvature_period(given: dict, cfg: DictConfig) -> list[str]:
     """A federated run measures λ_max every ``every_n_rounds`` rounds, a centralized one every
     ``every_n_epochs`` epochs: a notice for the one a job gives that its run does not read."""
     federated = str(OmegaConf.select(cfg, "federated.name", default="none")) != "none"
@@ -655,7 +666,7 @@ def _idle_curvature_period(given: dict, cfg) -> list[str]:
     return []
 
 
-def ignored_options(job: list[str], cfg) -> list[str]:
+def ignored_options(job: list[str], cfg: DictConfig) -> list[str]:
     """A notice for each ``optimizer.<option>`` a job sets that its variant ignores (``optimizer=
     base optimizer.rho=0.5``: nothing is perturbed), as a sweep leaves them out of its jobs."""
     from .registry import VARIANTS
@@ -712,7 +723,7 @@ def _added_keys(job: list[str]) -> str | None:
     return None
 
 
-def unknown_option(e) -> str:
+def unknown_option(e: MissingConfigException) -> str:
     """``optimizer=foo is unknown (did you mean ...?); choose one of ...`` from Hydra's
     MissingConfigException (sam-run's and sam-eval's)."""
     found = re.search(r"Could not find '([^']+)'", str(e))
@@ -764,7 +775,7 @@ def config_paths(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def with_default_folder(argv: list[str], args) -> list[str]:
+def with_default_folder(argv: list[str], args: Namespace) -> list[str]:
     """``argv`` with ``hydra.run.dir`` (a run) or ``hydra.sweep.dir`` (a sweep) set to the folder
     the command's overrides name, unless it sets one: the same command lands in the same folder."""
     key = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
@@ -773,7 +784,7 @@ def with_default_folder(argv: list[str], args) -> list[str]:
     return [*argv, f"{key}={default_folder(args)}"]
 
 
-def default_folder(args) -> str:
+def default_folder(args: Namespace) -> str:
     """The folder the command's overrides name: outputs/<name> (a run), multirun/<name>."""
     from .sweep.plan import folder_name
 

@@ -10,13 +10,25 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import UserError, require
 from .rundir import CACHE, CHECKPOINT, RunDir, has_rho, run_label
 from .rundir import model_state as state_dict
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def load(run: RunDir, device, weights: str = "last", purpose: str = "sam-landscape", strict=False):
+    import torch
+
+
+def load(
+    run: RunDir,
+    device: torch.device,
+    weights: str = "last",
+    purpose: str = "sam-landscape",
+    strict: bool = False,
+) -> LoadedRun:
     """The run at its final (or averaged) weights, with its data; ``strict``: the
     checkpoint's recorded settings must be the config's (sam-eval)."""
     from .adapters import attach_adapters
@@ -88,7 +100,7 @@ class LoadedRun:
     device: object  # torch.device
     weights: str = "last"  # last | averaged
 
-    def criterion(self):
+    def criterion(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The run's own per-sample loss (its label smoothing included), as its test evaluation
         (a sequence model's: per window, losses.per_sequence)."""
         from .losses import per_example
@@ -96,7 +108,8 @@ class LoadedRun:
         smoothing = float(self.cfg.trainer.get("label_smoothing", 0.0))
         return per_example("cross_entropy", smoothing)
 
-    def autocast(self):
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The run's ``trainer.precision`` autocast on its device (none for fp32)."""
         import torch
 
         from .train import DTYPES
@@ -114,10 +127,12 @@ class LoadedRun:
 
     @property
     def variant(self) -> str:
+        """``optimizer.name``."""
         return str(self.cfg.optimizer.name)
 
     @property
     def rho(self) -> float | None:
+        """``optimizer.rho``, or None for a variant without one."""
         rho = self.cfg.optimizer.get("rho")
         return float(rho) if has_rho(self.variant) and rho is not None else None
 
@@ -126,6 +141,7 @@ class LoadedRun:
         return run_label(self.describe())
 
     def describe(self) -> dict:
+        """The run, variant, ρ, seed, model and dataset (and the weights, when averaged)."""
         from .provenance import built_model
 
         out = {
@@ -141,6 +157,12 @@ class LoadedRun:
         return out
 
 
-def load_run(run_dir, device, weights: str = "last", purpose: str = "sam-landscape", strict=False):
+def load_run(
+    run_dir: Path | str,
+    device: torch.device,
+    weights: str = "last",
+    purpose: str = "sam-landscape",
+    strict: bool = False,
+) -> LoadedRun:
     """``load(RunDir(run_dir), ...)``: the run at its checkpoint's weights."""
     return load(RunDir(run_dir), device, weights, purpose, strict)

@@ -9,8 +9,15 @@ same run). The sweep rule adds ``hydra.job.config.override_dirname.exclude_keys`
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from .errors import RunFolderConflict
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    from omegaconf import DictConfig
 
 # the words a run's config accepts that commands above the trainer read too (sam-eval, sam-report,
 # a sweep's objective): here, so that none of them imports the trainer for a constant
@@ -18,14 +25,14 @@ MAX_SEED = 2**32 - 1  # torch seeds are 64-bit, and runs derive further seeds fr
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def plot_format(cfg) -> str:
+def plot_format(cfg: DictConfig) -> str:
     """``plots.format``: the format of the run's figures (png without the key: a config
     composed before it existed)."""
     plots = cfg.get("plots") or {}
     return str(plots.get("format", "png"))
 
 
-def objective_keys(cfg) -> list[str]:
+def objective_keys(cfg: DictConfig) -> list[str]:
     """``trainer.objective``'s keys for a composed config: one key, several (a list, for a
     search of several objectives), or none (``auto`` without a validation split)."""
     given = cfg.trainer.get("objective", "auto") or "auto"
@@ -36,7 +43,7 @@ def objective_keys(cfg) -> list[str]:
     return ["val_acc"] if cfg.dataset.get("val_split") else []
 
 
-def objective_key(cfg) -> str | None:
+def objective_key(cfg: DictConfig) -> str | None:
     """``trainer.objective``'s (first) key for a composed config, or None (``auto`` without a
     validation split)."""
     keys = objective_keys(cfg)
@@ -68,7 +75,7 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
 
 
-def run_only(key: str, exclude=RUN_ONLY_KEYS) -> bool:
+def run_only(key: str, exclude: tuple[str, ...] = RUN_ONLY_KEYS) -> bool:
     """Whether a config key or override key (``logger.project``, ``hydra/launcher``) is a
     how-it-runs
     key."""
@@ -87,7 +94,7 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def result_config(cfg) -> dict:
+def result_config(cfg: DictConfig | Mapping) -> dict:
     """What a run's results depend on: the resolved config as dotted keys, how-it-runs keys left
     out.
     """
@@ -102,12 +109,13 @@ def _show(value) -> str:
 
 
 def describe_changes(changes: list[str], limit: int = 3) -> str:
+    """The first ``limit`` changes, joined, and how many more there are."""
     return ", ".join(changes[:limit]) + (
         f" and {len(changes) - limit} more" if len(changes) > limit else ""
     )
 
 
-def require_same_config(saved: dict | None, now: dict, what: str, run_dir) -> None:
+def require_same_config(saved: dict | None, now: dict, what: str, run_dir: Path | str) -> None:
     """RunFolderConflict naming the keys (old -> new) whose values differ between a stored result
     config and this run's. A run stored before configs were (``saved`` None) matches; so do keys
     only one side has: options a newer or older version added or dropped, not another run."""

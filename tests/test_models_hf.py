@@ -165,12 +165,13 @@ def test_a_task_without_a_head_is_one_line(tmp_path, capsys):
     _one_line_exit_2(tmp_path, capsys, argv, "llama model has no image_classification head")
 
 
-def test_model_hf_without_transformers_names_the_extra(monkeypatch):
+def test_model_hf_without_transformers_names_the_extra(monkeypatch, tmp_path, capsys):
     from sam_runner.models import hf
 
-    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: ImportError
     with pytest.raises(UserError, match=r"pip install -e '\.\[hf\]'"):
         hf.transformers()
+    _one_line_exit_2(tmp_path, capsys, [*TEXT, *HF_TINY, LLAMA], "pip install -e '.[hf]'")
 
 
 @pytest.mark.slow  # two started processes importing transformers: ~30 s on 2 shared cores
@@ -212,3 +213,25 @@ def test_the_wandb_config_holds_the_model_id_and_revision():
     cfg = compose(*TEXT, *HF_TINY, "model.name=allenai/OLMo-2-0425-1B", "model.revision=stage1")
     logged = _config_dict(cfg)["model"]
     assert (logged["name"], logged["revision"]) == ("allenai/OLMo-2-0425-1B", "stage1")
+
+
+def test_model_dtype_bf16_loads_trains_and_measures_in_bf16(tmp_path):
+    cfg = compose(*TEXT, *HF_TINY, LLAMA, "model.dtype=bf16", "optimizer=sam", "trainer.steps=3")
+    summary = train(cfg, tmp_path / "bf16")
+    assert summary["status"] == "completed" and summary["hf_model"]["dtype"] == "bf16"
+    assert math.isfinite(summary["lambda_max"])
+    assert {v.dtype for v in _weights(tmp_path / "bf16").values()} == {torch.bfloat16}
+
+
+def test_the_blocks_are_the_embeddings_each_layer_and_the_head(tmp_path):
+    from sam_runner.optim.build import parameter_groups
+
+    model = build_model(compose(*TEXT, *HF_TINY, LLAMA).model, (16,), 256)
+    blocks = [g["block"] for g in parameter_groups(model)]
+    assert set(blocks) == {"embed", "layer1", "layer2", "head"}
+    cfg = compose(*TEXT, *HF_TINY, LLAMA, "optimizer=gear_sam", "trainer.steps=2",
+                  "metrics.blocks.enabled=true")  # fmt: skip
+    summary = train(cfg, tmp_path / "gear")
+    assert summary["status"] == "completed"
+    last = [x for x in lines(tmp_path / "gear") if "lambda_max" in x][-1]
+    assert {f"lambda_max_block_{b}" for b in ("embed", "layer1", "layer2", "head")} <= set(last)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
+from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -30,12 +31,15 @@ from ..errors import UserError, integer, number, require
 from .lora import ADAPTABLE, LoRA, adaptable, add_lora, max_rank
 from .prompt import SoftPrompt, add_prompt
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 METHODS = ("none", "lora", "prompt")  # on the runner's own models
 HF_METHODS = ("none", "lora", "dora", "ia3", "prompt", "prefix")  # model=hf, through peft
 SHOWN = 12  # layer names an error lists at most
 
 
-def method(model_cfg) -> str:
+def method(model_cfg: DictConfig) -> str:
     """``model.peft``, checked: none, lora or prompt (model=hf: also dora, ia3, prefix)."""
     value = model_cfg.get("peft", "none") or "none"
     hf = str(model_cfg.get("arch")) == "hf"
@@ -52,6 +56,7 @@ def method(model_cfg) -> str:
 
 
 def trainable_parameters(model: nn.Module) -> int:
+    """How many scalars of the model are trained (``requires_grad``)."""
     return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
@@ -77,7 +82,7 @@ def _listed(names: list[str]) -> str:
     return ", ".join(names[:SHOWN]) + more
 
 
-def _fully_trained(model_cfg, model: nn.Module) -> list[str]:
+def _fully_trained(model_cfg: DictConfig, model: nn.Module) -> list[str]:
     """Names of the modules trained in full: the classifier under ``model.reset_head`` and
     those ``model.lora.train_also`` names."""
     from ..models import classifier_name
@@ -96,7 +101,7 @@ def _fully_trained(model_cfg, model: nn.Module) -> list[str]:
     return names + ([head] if head else [])
 
 
-def lora_options(model_cfg) -> tuple[int, float, float, list[str]]:
+def lora_options(model_cfg: DictConfig) -> tuple[int, float, float, list[str]]:
     """(rank, alpha, dropout, targets) of ``model.lora``, checked."""
     lora = model_cfg.get("lora") or {}
     rank = integer("model.lora.rank", lora.get("rank", 4), "an integer >= 1", lambda r: r >= 1)
@@ -119,7 +124,7 @@ def _freeze_norm_statistics(module: _BatchNorm, _args) -> None:
     module.training = False
 
 
-def prompt_length(model_cfg) -> int:
+def prompt_length(model_cfg: DictConfig) -> int:
     """``model.prompt.length``, checked."""
     given = (model_cfg.get("prompt") or {}).get("length", 8)
     return integer("model.prompt.length", given, "an integer >= 1", lambda n: n >= 1)
@@ -141,7 +146,7 @@ def _attach_prompt(model_cfg, model: nn.Module, input_shape) -> dict:
     return {"method": "prompt", "length": length, "layers": ["embed.prompt"]}
 
 
-def attach_adapters(model_cfg, model: nn.Module, input_shape=None) -> dict | None:
+def attach_adapters(model_cfg: DictConfig, model: nn.Module, input_shape=None) -> dict | None:
     """Apply ``model.peft`` to ``model`` (its pretrained weights already loaded, or about to be
     loaded over it, as a rebuilt run's are): adapters added, everything else frozen. Returns a
     record for summary.json, or None with ``model.peft=none``. ``input_shape`` (the data's):

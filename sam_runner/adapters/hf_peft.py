@@ -84,7 +84,7 @@ def peft_config(model_cfg, chosen: str, task: str, base: nn.Module):
             "images: use model.peft=lora, dora or ia3",
         )
         head = _head_name(base)
-        if head is not None and chosen != "ia3":
+        if head is not None:
             options.setdefault("modules_to_save", [head])
     if chosen == "ia3" and "target_modules" in options and "feedforward_modules" not in options:
         options["feedforward_modules"] = []
@@ -121,23 +121,67 @@ def attach(model_cfg, model: nn.Module, input_shape=None) -> dict:
             f"dataset.block_size={input_shape[0]} = {total} is more than the model's context "
             f"{limit}",
         )
-    try:
-        model.hf = peft.get_peft_model(base, config)
-    except ValueError as e:
-        text = str(e)
-        if "not found in the base model" in text or "target_modules" in text:
-            names = layer_names(base)
-            more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-            raise UserError(
-                f"model.peft_config.target_modules={getattr(config, 'target_modules', None)} "
-                f"matches no layer of this model; its layers: {', '.join(names[:SHOWN])}{more}"
-            ) from None
-        raise UserError(f"model.peft={chosen}: {one_line(e)}") from None
+    model.hf = _wrapped(peft, base, config, chosen)
+    _dry_run(model, chosen, task)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     require(trainable, f"model.peft={chosen} left no trainable parameter in this model")
     shown = {k: v for k, v in _plain(model_cfg.get("peft_config")).items()}
     return {"method": chosen, "library": "peft", "peft_version": peft.__version__,
             "config": shown, "adapter_dir": ADAPTER}  # fmt: skip
+
+
+# the attention projections LoRA adapts by default, by naming convention, where peft's table of
+# defaults does not know the architecture (or knows older names: ViT's query/value)
+DEFAULT_TARGETS = (("q_proj", "v_proj"), ("query", "value"), ("c_attn",), ("qkv",))
+
+
+def _wrapped(peft, base: nn.Module, config, chosen: str) -> nn.Module:
+    """``peft.get_peft_model``; target modules that match nothing are one line naming the model's
+    layers (left unset, the attention projections by name are tried first)."""
+    given = getattr(config, "target_modules", None)
+    names = layer_names(base)
+    try:
+        return peft.get_peft_model(base, config)
+    except ValueError as e:
+        text = str(e)
+        if "target_modules" not in text and "not found in the base model" not in text:
+            raise UserError(f"model.peft={chosen}: {one_line(e)}") from None
+    fallback = next((t for t in DEFAULT_TARGETS if all(n in names for n in t)), None)
+    if given is None and fallback is not None and hasattr(config, "target_modules"):
+        config.target_modules = set(fallback)
+        if hasattr(config, "feedforward_modules"):
+            config.feedforward_modules = set()
+        return peft.get_peft_model(base, config)
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    what = (
+        f"model.peft_config.target_modules={sorted(given)} matches no layer of this model"
+        if given is not None
+        else "peft has no default target_modules for this architecture; set "
+        "model.peft_config.target_modules"
+    )
+    raise UserError(f"{what}; its layers: {', '.join(names[:SHOWN])}{more}")
+
+
+def _dry_run(model: nn.Module, chosen: str, task: str) -> None:
+    """One forward of two tokens (on the meta device in the preflight check): what ``peft``
+    refuses only when it runs (prefix tuning on a model without a key-value cache) is one line
+    before anything is written."""
+    if task == "image_classification":
+        return
+    device = next(model.parameters()).device
+    import torch
+
+    training = model.training
+    model.eval()  # no dropout: the run's random numbers stay as they were
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 2, dtype=torch.long, device=device))
+    except ValueError as e:
+        raise UserError(f"model.peft={chosen} on this model: {one_line(e)}") from None
+    except Exception:  # anything else shows when the run starts, with its own message
+        pass
+    finally:
+        model.train(training)
 
 
 def save_adapter(model: nn.Module, run_dir: Path) -> Path:

@@ -32,6 +32,7 @@ class LoRA:
     lora_B: nn.Parameter
 
     def add_adapter(self, rank: int, alpha: float, dropout: float) -> None:
+        """Adds A (Kaiming-uniform) and B (zeros) of rank ``rank``, scaled by ``alpha / rank``."""
         self.lora_rank, self.lora_alpha = int(rank), float(alpha)
         self.lora_scaling = self.lora_alpha / self.lora_rank
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
@@ -47,7 +48,7 @@ class LoRA:
         if w.device.type != "meta":
             nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
 
-    def lora_delta(self, x):
+    def lora_delta(self, x: torch.Tensor) -> torch.Tensor:
         """(α/r)·B A dropout(x), in the layer's output shape."""
         h = self.lora_dropout(x)
         if isinstance(self, nn.Linear):
@@ -57,10 +58,12 @@ class LoRA:
         conv = F.conv1d if isinstance(self, nn.Conv1d) else F.conv2d
         return conv(h, self.lora_B) * self.lora_scaling
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's own output plus the adapter's."""
         return super().forward(x) + self.lora_delta(x)
 
     def extra_repr(self) -> str:
+        """The layer's own, with the rank and alpha."""
         return f"{super().extra_repr()}, lora_rank={self.lora_rank}, lora_alpha={self.lora_alpha:g}"
 
 

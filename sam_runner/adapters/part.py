@@ -4,6 +4,8 @@ parameters."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from omegaconf import OmegaConf
 
@@ -13,31 +15,37 @@ from ..part import Part
 from ..registry import DATASETS
 from . import attach_adapters, method
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from ..part import Run
+
 
 class Record(Part):
     """A part that only reports what was applied to the model, under one summary key."""
 
-    def __init__(self, key: str, record: dict):
+    def __init__(self, key: str, record: dict) -> None:
         self.key, self.record = key, record
 
     def summary_values(self, last: dict) -> dict:  # noqa: ARG002 (the hook's signature)
+        """``{key: record}``."""
         return {self.key: self.record}
 
 
-def build_pretrained(run) -> Record | None:
+def build_pretrained(run: Run) -> Record | None:
     """``model.init_from``'s weights loaded into the model (None without them)."""
     record = load_initial_weights(run.cfg.model, run.model)
     return None if record is None else Record("init_from", record)
 
 
-def check_pretrained(cfg, where=None) -> None:  # noqa: ARG001 (every check's signature)
+def check_pretrained(cfg: DictConfig, where: object = None) -> None:  # noqa: ARG001 (every check's signature)
     """``model.init_from`` exists and fits the model, before anything is read or trained."""
     shape, classes = data_shape(cfg.dataset)
     known = DATASETS.entry(cfg.dataset.name).num_classes is not None
     check_initial_weights(without_download(cfg.model), shape, classes, known)
 
 
-def build_part(run) -> Record | None:
+def build_part(run: Run) -> Record | None:
     """``model.peft``'s adapters on the model, everything else frozen (None without them)."""
     record = attach_adapters(run.cfg.model, run.model, run.data.input_shape)
     if record is not None and record.get("library") == "peft":
@@ -47,7 +55,7 @@ def build_part(run) -> Record | None:
     return None if record is None else Record("peft", record)
 
 
-def check(cfg, where=None) -> None:
+def check(cfg: DictConfig, where: object = None) -> None:
     """``model.peft``'s keys and targets on the model (built on the meta device); an earlier
     stage's ``model.init_from`` (``where.awaiting``) is taken as set."""
     if method(cfg.model) == "none":

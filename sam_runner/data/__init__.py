@@ -8,6 +8,7 @@ through a ``TensorLoader``; image folders go through a torchvision DataLoader wi
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from .augment import validate as validate_augment
 from .folder import subset_indices
 from .labels import batch_size, training_labels, validation_split
 from .loaders import Normalize, TensorLoader
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass
@@ -79,7 +83,8 @@ class Arrays:
     stats: tuple | None = None
 
 
-def validate(cfg) -> None:
+def validate(cfg: DictConfig) -> None:
+    """The ``dataset`` keys every source shares, then the source's own check (one-line errors)."""
     entry = DATASETS.entry(cfg.name)
     if cfg.batch_size != "full":  # full: one batch is the whole training set (full-batch GD)
         integer("dataset.batch_size", cfg.batch_size, "a positive integer or full", lambda b: b > 0)
@@ -106,7 +111,7 @@ def validate(cfg) -> None:
         entry.check(cfg)
 
 
-def validate_val_split(value) -> None:
+def validate_val_split(value: float | None) -> None:
     """``dataset.val_split``: 0 (off), a fraction in (0, 1), or a count (an integer >= 1)."""
     accepted = "0 (off), a fraction in (0, 1) or a count (an integer >= 1)"
     x = number("dataset.val_split", 0 if value is None else value, accepted, lambda v: v >= 0)
@@ -114,7 +119,11 @@ def validate_val_split(value) -> None:
         integer("dataset.val_split", value, accepted)
 
 
-def build_data(cfg, device, seed: int, rank: int = 0, world: int = 1) -> Data:
+def build_data(
+    cfg: DictConfig, device: torch.device | str, seed: int, rank: int = 0, world: int = 1
+) -> Data:
+    """The ``dataset`` settings' data, checked, on ``device``: this process's share of it
+    (``rank`` of ``world``)."""
     validate(cfg)
     entry = DATASETS.entry(cfg.name)
     if not entry.tensors:  # a source that makes its own loaders (image folders)

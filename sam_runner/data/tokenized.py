@@ -92,6 +92,8 @@ def read_table(path: Path, columns: list[str], key: str):
             import datasets
         except ImportError:
             raise UserError(f"{key}={path}: tables are read with datasets; {INSTALL}") from None
+        datasets.disable_progress_bars()  # a local file: no bars between a run's lines
+        datasets.logging.set_verbosity_error()
         try:
             table = datasets.load_dataset(
                 TABLES[path.suffix.lower()], data_files=str(path), split="train"

@@ -22,7 +22,8 @@ PROG = "sam-eval"
 SHOWN = ("lambda_max", "gen_gap", "test_acc", "test_acc_c")  # on each job's closing line
 
 
-def parse(argv) -> argparse.Namespace:
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line: PATH and its overrides."""
     ap = argparse.ArgumentParser(
         prog=PROG,
         description="Measure the completed runs of a run or sweep folder at their final weights "
@@ -40,12 +41,14 @@ def parse(argv) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def fail(message: str, code: int = 2):
+def fail(message: str, code: int = 2) -> int:
+    """``sam-eval: error: <message>`` on stderr; returns ``code``, the exit status."""
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     return code
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``sam-eval PATH [overrides]``; returns the exit status (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     if say_version(argv):
         return 0

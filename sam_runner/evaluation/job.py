@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 from torch import nn
@@ -42,8 +43,15 @@ from ..rebuild import load
 from ..rundir import INIT_WEIGHTS, RunDir, eval_file
 from ..runfiles import InitialWeights, writable, write_json
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
 
-def measure_job(job_dir, settings: dict) -> dict:
+    from omegaconf import DictConfig
+
+    from ..data import Data
+
+
+def measure_job(job_dir: Path | str, settings: dict) -> dict:
     """Measure one job and write its eval.json (a failure too: status failed, the error).
 
     Measured by several processes together (``sam-eval trainer.devices=N``): rank 0 takes the
@@ -102,6 +110,7 @@ def _completed(path: Path) -> bool:
 
 
 def measure(job_dir: Path, settings: dict) -> dict:
+    """The values of one job (see the module docstring); errors raised."""
     from .. import distributed
     from ..metrics import robustness
 
@@ -135,7 +144,7 @@ def measure(job_dir: Path, settings: dict) -> dict:
     return out
 
 
-def phase_lines(job_dir: Path, settings: dict):
+def phase_lines(job_dir: Path, settings: dict) -> Callable[[str], None]:
     """``say(what)``: with progress lines, one line as a job starts each part of its measurement
     (a job of ``metrics=full`` takes minutes: the log shows where it is); else nothing."""
     from ..progress import resolve_mode
@@ -165,7 +174,9 @@ def weights_of(settings: dict) -> str:
     return str(settings["eval"].get("weights", "last"))
 
 
-def set_values(model, data, metrics, dataset_cfg, bar: bool = False) -> dict:
+def set_values(
+    model: nn.Module, data: Data, metrics: DictConfig, dataset_cfg: DictConfig, bar: bool = False
+) -> dict:
     """Loss and accuracy of the whole training set and of the test set, the test set's ECE
     family, and the generalization gaps (see the module docstring)."""
     from .. import distributed
@@ -206,7 +217,7 @@ def set_values(model, data, metrics, dataset_cfg, bar: bool = False) -> dict:
     return out
 
 
-def with_bar(loader, desc: str, bar: bool = False):
+def with_bar(loader: Iterable, desc: str, bar: bool = False) -> Iterator:
     """The loader's batches, with a progress bar on stderr when ``bar``."""
     from ..progress import Counter
 
@@ -220,7 +231,14 @@ def with_bar(loader, desc: str, bar: bool = False):
 
 
 def curvature_values(
-    model, data, metrics, seed: int, loss="cross_entropy", say=None, step=None, init_state=None
+    model: nn.Module,
+    data: Data,
+    metrics: DictConfig,
+    seed: int,
+    loss: str = "cross_entropy",
+    say: Callable[[str], None] | None = None,
+    step: dict | None = None,
+    init_state: dict | None = None,
 ) -> dict:
     """λ_max and the enabled measures, as the run's final measurement takes them: of the loss
     the job trained on (``trainer.loss``: an MSE job's Hessian is the MSE's), without an

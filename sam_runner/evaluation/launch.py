@@ -29,7 +29,7 @@ from .plan import PlannedJob
 class Progress:
     """A tqdm bar over jobs on a terminal (``bar``), else one line per finished job (``lines``)."""
 
-    def __init__(self, mode: str, total: int):
+    def __init__(self, mode: str, total: int) -> None:
         from ..progress import resolve_mode
 
         self.mode = resolve_mode(mode)
@@ -40,6 +40,7 @@ class Progress:
             self.bar = tqdm(total=total, desc="sam-eval", unit="job", file=sys.stderr)
 
     def finished(self, job: PlannedJob, record: dict) -> None:
+        """One more job done: the bar moves on, or a line names it."""
         self.done += 1
         if self.bar is not None:
             self.bar.update(1)
@@ -55,6 +56,7 @@ class Progress:
             )
 
     def close(self) -> None:
+        """The bar closed (nothing to do for lines)."""
         if self.bar is not None:
             self.bar.close()
 

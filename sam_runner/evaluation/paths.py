@@ -10,6 +10,8 @@ from ..rundir import is_run, job_dirs, require_sam_run_jobs
 
 
 def job_folders(path: Path) -> list[Path]:
+    """The job folders of ``PATH``: itself (a run folder), else the jobs under it (a sweep
+    folder); a one-line error for anything else."""
     path = Path(path)
     require(
         path.is_dir(),

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError, require
 from ..rundir import AVERAGED, CHECKPOINT, RunDir, eval_file
 from ..runfiles import json_problem, read_json
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 from .paths import job_folders
 
 EVAL_FILE = eval_file("last")
@@ -81,7 +85,7 @@ def fresh(job_dir: Path, weights: str = "last") -> bool:
         return False
 
 
-def check_jobs(jobs: list[PlannedJob], metrics_cfg) -> None:
+def check_jobs(jobs: list[PlannedJob], metrics_cfg: DictConfig) -> None:
     """One line for the first job the settings do not apply to (corruptions to its dataset): bad
     input, refused before anything runs. A job that cannot be measured (its config or checkpoint
     unreadable or missing) is not refused here: it fails, into its eval.json, and the rest go on."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -23,18 +24,21 @@ from ..errors import integer, require
 from ..jobarray import check_cluster, cluster_of
 from ..settings import flatten
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 CONFIG = "eval"
 FORMAT = 1  # what eval.json holds; a change of what is computed bumps it (and measures again)
 
 
-def compose_eval(overrides: list[str], path: Path):
+def compose_eval(overrides: list[str], path: Path) -> DictConfig:
     """The eval config of ``sam-eval PATH overrides`` (Hydra's part included), checked."""
     cfg = compose_command(CONFIG, overrides, Path(path) / ".sam-eval")
     check(cfg)
     return cfg
 
 
-def check(cfg) -> None:
+def check(cfg: DictConfig) -> None:
     """Every eval key, as a run checks its own (the metrics keys: ``check_metrics``)."""
     e = cfg.eval
     integer("eval.workers", e.workers, "an integer >= 1", lambda w: w >= 1)
@@ -78,7 +82,7 @@ def usable_cores() -> int:
     return max(1, cores or 1)
 
 
-def check_metrics(cfg) -> None:
+def check_metrics(cfg: DictConfig) -> None:
     """Every metrics key, as a run checks its own. The checks import torch: made only when a
     job is to be measured (a job already measured was measured with these same settings)."""
     from ..metrics.robustness import validate as validate_corruptions
@@ -88,14 +92,14 @@ def check_metrics(cfg) -> None:
     validate_corruptions(cfg.metrics)
 
 
-def launcher(cfg) -> str:
+def launcher(cfg: DictConfig) -> str:
     """``local`` (this machine: in this process, or a pool of eval.workers processes), ``slurm``
     (a SLURM array through submitit), or ``submitit`` (submitit's local processes)."""
     cluster = cluster_of(OmegaConf.select(cfg, "hydra.launcher._target_"))
     return {"slurm": "slurm", "local": "submitit"}.get(cluster, "local")
 
 
-def eval_settings(cfg) -> dict:
+def eval_settings(cfg: DictConfig) -> dict:
     """What a measurement depends on, written into eval.json: the metrics settings as dotted
     keys, and the format of eval.json. Not the workers, device, progress or launcher: how it
     runs, not what it computes (as ``settings.RUN_ONLY_KEYS`` for a run)."""
@@ -103,7 +107,7 @@ def eval_settings(cfg) -> dict:
     return {"format": FORMAT, **flatten(metrics, "metrics.")}
 
 
-def plain(cfg) -> dict:
+def plain(cfg: DictConfig) -> dict:
     """The settings a job needs, as plain data (sent to worker processes and SLURM tasks)."""
     return {
         "metrics": OmegaConf.to_container(cfg.metrics, resolve=True),

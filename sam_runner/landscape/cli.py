@@ -20,6 +20,7 @@ import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from .. import cli_words, command_config, interrupts
 from ..cli_words import say_version
@@ -30,6 +31,11 @@ from ..runfiles import read_json
 from .figures import draw_pair, draw_slices, slice_figures
 from .files import SUMMARY, connectivity_done, folder, pair_folder, slices_done
 from .options import PAIRINGS, Options
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from omegaconf import DictConfig
 
 PROG = "sam-landscape"
 CONFIG = "landscape"
@@ -158,7 +164,7 @@ def _check_values(ls) -> dict:
     return out
 
 
-def options(cfg, given: set[str], path: Path) -> Options:
+def options(cfg: DictConfig, given: set[str], path: Path) -> Options:
     """The composed config, checked, as Options."""
     from omegaconf import OmegaConf
 
@@ -177,7 +183,7 @@ def _is_run_folder(path: Path) -> bool:
     return is_run(path) or has_checkpoint(path)
 
 
-def compose(path: Path, overrides: list[str], to: str | None):
+def compose(path: Path, overrides: list[str], to: str | None) -> tuple[DictConfig, set[str]]:
     """conf/landscape.yaml with the overrides (the other run set after composing: a path is
     not an override's grammar), and the keys the call gave."""
     from omegaconf import OmegaConf
@@ -192,7 +198,9 @@ def compose(path: Path, overrides: list[str], to: str | None):
     return cfg, given
 
 
-def run(path: Path, overrides: list[str], to: str | None = None, say=print) -> dict:
+def run(
+    path: Path, overrides: list[str], to: str | None = None, say: Callable[..., None] = print
+) -> dict:
     """What the overrides ask for; returns the landscape.json written (or the sweep's counts)."""
     require(
         path.is_dir(),
@@ -330,7 +338,7 @@ def _pair_line(run_a: Path, s: dict) -> str:
     return line + f"\nwritten: {pair_folder(run_a, Path(s['run_b']['run']), weights)}/"
 
 
-def shown_default(value) -> str:
+def shown_default(value: object) -> str:
     """A default as it is typed on the command line: ``[-1.0, 1.0]`` for a list (block YAML
     printed ``- -1.0``), ``null``, ``51``."""
     import yaml
@@ -366,7 +374,8 @@ def help_text() -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``sam-landscape PATH [overrides]``; returns the exit status."""
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     if say_version(argv):
         return 0

@@ -8,15 +8,33 @@ set and never a mean of per-process values.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..losses import token_pairs
 from .calibration import calibration_report, reliability_bins
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from contextlib import AbstractContextManager
+
+    from omegaconf import DictConfig
+    from torch import nn
+
+    from ..distributed import Topology
+
 
 @torch.no_grad()
-def evaluate(model, loader, criterion, autocast, dist, metrics_cfg, class_counts=None) -> dict:
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    autocast: AbstractContextManager,
+    dist: Topology,
+    metrics_cfg: DictConfig,
+    class_counts: Sequence[int] | None = None,
+) -> dict:
     """The test_* keys of a metrics row, plus ``reliability`` (diagram bins, for summary.json
     only: the caller pops it out of the row). With ``metrics.class_splits`` set and the
     training set's per-class counts given, also the long-tail split accuracies."""
@@ -39,7 +57,9 @@ def evaluate(model, loader, criterion, autocast, dist, metrics_cfg, class_counts
 
 
 @torch.no_grad()
-def predict(model, loader, autocast, dist) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(
+    model: nn.Module, loader: Iterable, autocast: AbstractContextManager, dist: Topology
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 logits, labels) of the whole set ``loader`` yields, in eval mode (the model's
     mode restored), gathered over data-parallel processes; a sequence model's, one row per
     predicted token (``losses.token_pairs``)."""
@@ -67,7 +87,9 @@ def token_values(loss: float, prefix: str = "test") -> dict:
     return {f"{prefix}_ppl": ppl, f"{prefix}_bpc": loss / math.log(2)}
 
 
-def split_accuracy(pred, labels, class_counts, many: int, few: int) -> dict:
+def split_accuracy(
+    pred: torch.Tensor, labels: torch.Tensor, class_counts: Sequence[int], many: int, few: int
+) -> dict:
     """Test accuracy over many-shot (> ``many`` training examples), medium-shot and few-shot
     (< ``few``) classes, the long-tail convention (100 and 20 on CIFAR-100-LT)."""
     counts = torch.as_tensor(class_counts, device=labels.device)[labels]

@@ -86,7 +86,14 @@ def block_eigenvalues(
     for s in sizes:
         starts.append(starts[-1] + s)
     out = {}
-    for block, idx in parameter_blocks(op.names).items():
+    own = getattr(getattr(op, "model", None), "parameter_blocks", None)
+    if callable(own):  # a model that names its blocks (model=hf's layers), as GEAR-SAM reads them
+        owner, groups = own(), {}
+        for i, p in enumerate(op.params):
+            groups.setdefault(owner.get(id(p), ROOT), []).append(i)
+    else:
+        groups = parameter_blocks(op.names)
+    for block, idx in groups.items():
         spans = [(starts[i], starts[i + 1]) for i in idx]
         n = sum(b - a for a, b in spans)
 

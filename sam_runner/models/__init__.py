@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +19,9 @@ from ..errors import UserError, integer, number, one_line, require
 from ..registry import MODELS
 from ..rundir import AVERAGED, CHECKPOINT
 from ..runfiles import Checkpoint
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 INPUTS = {
     "1d": "1-D signals (channels, length)",
@@ -34,7 +38,7 @@ FITTING = {
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU, "gelu": nn.GELU}
 
 
-def without_download(model_cfg):
+def without_download(model_cfg: DictConfig) -> DictConfig:
     """The model's config with pretrained weights off: validation builds the architecture only (and
     sam-eval, which loads the run's own weights)."""
     if not model_cfg.get("pretrained", False):
@@ -49,7 +53,8 @@ def without_download(model_cfg):
 class Blocks(nn.Module):
     """A model that is its top-level children applied in order (its functional blocks)."""
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` through each block in turn."""
         for block in self.children():
             x = block(x)
         return x
@@ -58,7 +63,13 @@ class Blocks(nn.Module):
 class MLP(Blocks):
     """Flatten, one block per hidden Linear-activation layer (fc1, fc2, ...), a linear head."""
 
-    def __init__(self, in_features, num_classes, hidden=(256, 256), activation="relu"):
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        hidden: tuple[int, ...] = (256, 256),
+        activation: str = "relu",
+    ) -> None:
         super().__init__()
         dims = [in_features, *hidden]
         self.flatten = nn.Flatten()
@@ -81,8 +92,14 @@ class SmallCNN(nn.Module):
     head; without BatchNorm when ``batchnorm`` is false."""
 
     def __init__(
-        self, dim, in_channels, num_classes, channels=32, activation="relu", batchnorm=True
-    ):
+        self,
+        dim: int,
+        in_channels: int,
+        num_classes: int,
+        channels: int = 32,
+        activation: str = "relu",
+        batchnorm: bool = True,
+    ) -> None:
         super().__init__()
         c, opts = channels, dict(activation=activation, batchnorm=batchnorm)
         self.stem = _conv_bn(dim, in_channels, c, k=5 if dim == 1 else 3, **opts)
@@ -91,12 +108,13 @@ class SmallCNN(nn.Module):
         pool = nn.AdaptiveAvgPool1d(1) if dim == 1 else nn.AdaptiveAvgPool2d(1)
         self.head = nn.Sequential(pool, nn.Flatten(), nn.Linear(4 * c, num_classes))
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of ``x``."""
         return self.head(self.stage2(self.stage1(self.stem(x))))
 
 
 class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
@@ -108,7 +126,8 @@ class BasicBlock(nn.Module):
                 nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
             )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """relu(bn(conv(relu(bn(conv(x))))) + shortcut(x))."""
         out = torch.relu(self.bn1(self.conv1(x)))
         return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
@@ -116,7 +135,7 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """CIFAR-style ResNet (He et al. 2016): 3x3 stem, no max-pool, four stages."""
 
-    def __init__(self, depths, in_channels, num_classes):
+    def __init__(self, depths: tuple[int, ...], in_channels: int, num_classes: int) -> None:
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
@@ -133,14 +152,15 @@ class ResNet(nn.Module):
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of ``x``."""
         return self.head(self.layer4(self.layer3(self.layer2(self.layer1(self.stem(x))))))
 
 
 class WideBlock(nn.Module):
     """Pre-activation wide block (BN-ReLU-conv twice), dropout between the convs."""
 
-    def __init__(self, cin, cout, stride, dropout):
+    def __init__(self, cin: int, cout: int, stride: int, dropout: float) -> None:
         super().__init__()
         self.bn1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn2, self.conv2 = nn.BatchNorm2d(cout), nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
@@ -149,7 +169,8 @@ class WideBlock(nn.Module):
             None if (stride == 1 and cin == cout) else nn.Conv2d(cin, cout, 1, stride, bias=False)
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's output plus its shortcut (``x``, or a 1x1 conv of it)."""
         o = torch.relu(self.bn1(x))
         skip = x if self.shortcut is None else self.shortcut(o)
         o = self.conv1(o)
@@ -160,7 +181,9 @@ class WideBlock(nn.Module):
 class WideResNet(nn.Module):
     """WRN-depth-width (Zagoruyko & Komodakis 2016) for 32x32 inputs."""
 
-    def __init__(self, depth, width, in_channels, num_classes, dropout=0.0):
+    def __init__(
+        self, depth: int, width: int, in_channels: int, num_classes: int, dropout: float = 0.0
+    ) -> None:
         super().__init__()
         require((depth - 4) % 6 == 0, f"WideResNet depth must be 6n+4, got {depth}")
         n, widths = (depth - 4) // 6, (16 * width, 32 * width, 64 * width)
@@ -190,7 +213,8 @@ class WideResNet(nn.Module):
             nn.Linear(cin, num_classes),
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of ``x``."""
         return self.head(self.layer3(self.layer2(self.layer1(self.stem(x)))))
 
 
@@ -206,7 +230,7 @@ class VGG(Blocks):
     head.
     """
 
-    def __init__(self, arch, in_channels, num_classes, spatial):
+    def __init__(self, arch: str, in_channels: int, num_classes: int, spatial: int) -> None:
         super().__init__()
         layers, cin, size, stage = [], in_channels, spatial, 0
         for v in VGG_CFG[arch]:
@@ -230,7 +254,7 @@ class VGG(Blocks):
         )
 
 
-def auto_arch(input_shape: tuple) -> str:
+def auto_arch(input_shape: tuple[int, ...]) -> str:
     """model=auto: cnn1d for 1-D data, cnn for images under 32x32, resnet18 otherwise."""
     if len(input_shape) == 2:
         return "cnn1d"
@@ -240,7 +264,8 @@ def auto_arch(input_shape: tuple) -> str:
 @MODELS.register(
     "mlp", "flatten, hidden layers (model.hidden, model.activation), linear head", inputs=None
 )
-def mlp(cfg, input_shape, num_classes):
+def mlp(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=mlp: flatten, ``model.hidden`` layers, a linear head."""
     n = 1
     for d in input_shape:
         n *= d
@@ -257,7 +282,8 @@ def mlp(cfg, input_shape, num_classes):
     "a probabilistic circuit over discrete variables: log p(x) per example (trainer.loss=nll)",
     inputs=None,
 )
-def pc(cfg, input_shape, num_classes):  # noqa: ARG001 (a density model has no classes)
+def pc(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int | None) -> nn.Module:  # noqa: ARG001 (a density model has no classes)
+    """model=pc: a probabilistic circuit over the flattened input's variables."""
     n = 1
     for d in input_shape:
         n *= d
@@ -270,7 +296,7 @@ def pc(cfg, input_shape, num_classes):  # noqa: ARG001 (a density model has no c
     )
 
 
-def _activation(cfg) -> str:
+def _activation(cfg: DictConfig) -> str:
     act = cfg.get("activation", "relu")
     require(
         act in ACTIVATIONS,
@@ -279,7 +305,7 @@ def _activation(cfg) -> str:
     return act
 
 
-def _cnn_options(cfg) -> dict:
+def _cnn_options(cfg: DictConfig) -> dict:
     channels = integer(
         "model.channels", cfg.get("channels", 32), "an integer >= 1", lambda c: c >= 1
     )
@@ -293,7 +319,8 @@ def _cnn_options(cfg) -> dict:
     "three conv-BN-activation stages, 1-D (model.channels, .activation, .batchnorm)",
     inputs="1d",
 )
-def cnn1d(cfg, input_shape, num_classes):
+def cnn1d(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=cnn1d: the small CNN on 1-D signals."""
     return SmallCNN(1, input_shape[0], num_classes, **_cnn_options(cfg))
 
 
@@ -302,48 +329,56 @@ def cnn1d(cfg, input_shape, num_classes):
     "three conv-BN-activation stages, 2-D (model.channels, .activation, .batchnorm)",
     inputs="image",
 )
-def cnn(cfg, input_shape, num_classes):
+def cnn(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=cnn: the small CNN on images."""
     return SmallCNN(2, input_shape[0], num_classes, **_cnn_options(cfg))
 
 
 @MODELS.register("resnet18", "CIFAR-style ResNet-18 (3×3 stem, no max-pool)", inputs="image")
-def resnet18(_cfg, input_shape, num_classes):
+def resnet18(_cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=resnet18: CIFAR-style ResNet-18."""
     return ResNet((2, 2, 2, 2), input_shape[0], num_classes)
 
 
 @MODELS.register("resnet34", "CIFAR-style ResNet-34 (3×3 stem, no max-pool)", inputs="image")
-def resnet34(_cfg, input_shape, num_classes):
+def resnet34(_cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=resnet34: CIFAR-style ResNet-34."""
     return ResNet((3, 4, 6, 3), input_shape[0], num_classes)
 
 
-def _dropout(cfg) -> float:
+def _dropout(cfg: DictConfig) -> float:
     return number(
         "model.dropout", cfg.get("dropout", 0.0), "a probability in [0, 1)", lambda p: 0 <= p < 1
     )
 
 
 @MODELS.register("wrn28_10", "Wide ResNet 28-10 (model.dropout)", inputs="image")
-def wrn28_10(cfg, input_shape, num_classes):
+def wrn28_10(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=wrn28_10: Wide ResNet 28-10."""
     return WideResNet(28, 10, input_shape[0], num_classes, _dropout(cfg))
 
 
 @MODELS.register("wrn16_8", "Wide ResNet 16-8 (model.dropout)", inputs="image")
-def wrn16_8(cfg, input_shape, num_classes):
+def wrn16_8(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=wrn16_8: Wide ResNet 16-8."""
     return WideResNet(16, 8, input_shape[0], num_classes, _dropout(cfg))
 
 
 @MODELS.register("vgg16_bn", "CIFAR-style VGG-16 with BatchNorm", inputs="image")
-def vgg16_bn(_cfg, input_shape, num_classes):
+def vgg16_bn(_cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=vgg16_bn: CIFAR-style VGG-16 with BatchNorm."""
     return VGG("vgg16_bn", input_shape[0], num_classes, input_shape[1])
 
 
 @MODELS.register("vgg19_bn", "CIFAR-style VGG-19 with BatchNorm", inputs="image")
-def vgg19_bn(_cfg, input_shape, num_classes):
+def vgg19_bn(_cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=vgg19_bn: CIFAR-style VGG-19 with BatchNorm."""
     return VGG("vgg19_bn", input_shape[0], num_classes, input_shape[1])
 
 
 @MODELS.register("vit_tiny", "ViT-Tiny (timm; model.patch_size, default 4)", inputs="image")
-def vit_tiny(cfg, input_shape, num_classes):
+def vit_tiny(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=vit_tiny: timm's ViT-Tiny with ``model.patch_size`` patches."""
     from timm.models.vision_transformer import VisionTransformer
 
     patch = integer(
@@ -365,7 +400,8 @@ def vit_tiny(cfg, input_shape, num_classes):
 
 
 @MODELS.register("timm", "any timm model (model.name=..., model.pretrained=false)", inputs="image")
-def timm_model(cfg, input_shape, num_classes):
+def timm_model(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=timm: the timm model ``model.name`` names (a one-line error when it is not one)."""
     import timm
 
     name = cfg.get("name")
@@ -398,13 +434,14 @@ def timm_model(cfg, input_shape, num_classes):
 class CausalSelfAttention(nn.Module):
     """Multi-head attention over earlier positions (``scaled_dot_product_attention``)."""
 
-    def __init__(self, n_embd, n_head, dropout):
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
         super().__init__()
         self.n_head, self.dropout = n_head, dropout
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attention of ``x`` (``[B, T, C]``) over each position and the ones before it."""
         b, t, c = x.shape
         q, k, v = (
             z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
@@ -418,7 +455,7 @@ class CausalSelfAttention(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm block: x + attention(LN(x)), then x + MLP(LN(x)) (GELU, 4x wide)."""
 
-    def __init__(self, n_embd, n_head, dropout):
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
         self.attn = CausalSelfAttention(n_embd, n_head, dropout)
@@ -429,7 +466,8 @@ class TransformerBlock(nn.Module):
             nn.Dropout(dropout),
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` plus attention, then plus the MLP."""
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -438,7 +476,7 @@ class TokenEmbedding(nn.Module):
     """Token plus position embeddings; with a soft prompt (``model.peft=prompt``,
     adapters/prompt.py) its vectors come first and take the first positions."""
 
-    def __init__(self, vocab, context, n_embd, dropout):
+    def __init__(self, vocab: int, context: int, n_embd: int, dropout: float) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, n_embd), nn.Embedding(context, n_embd)
         self.drop = nn.Dropout(dropout)
@@ -446,9 +484,11 @@ class TokenEmbedding(nn.Module):
 
     @property
     def prompt_length(self) -> int:
+        """How many soft-prompt positions come first (0 without a prompt)."""
         return 0 if self.prompt is None else self.prompt.length
 
-    def forward(self, idx):
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Embeddings ``[B, T, C]`` of token ids ``idx`` (``[B, T]``), the prompt's first."""
         x = self.tok(idx)
         if self.prompt is not None:
             x = self.prompt(x)
@@ -462,7 +502,15 @@ class GPT(nn.Module):
     embedding (the logits are h·Eᵀ, so the shared matrix is one parameter, counted once by
     SAM's norms, the Hessian and the parameter count). Returns ``[B, T, vocab]`` logits."""
 
-    def __init__(self, vocab, context, n_layer=4, n_head=4, n_embd=128, dropout=0.0):
+    def __init__(
+        self,
+        vocab: int,
+        context: int,
+        n_layer: int = 4,
+        n_head: int = 4,
+        n_embd: int = 128,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.context = context
         self.embed = TokenEmbedding(vocab, context, n_embd, dropout)
@@ -472,13 +520,14 @@ class GPT(nn.Module):
         self.apply(self._init)
 
     @staticmethod
-    def _init(m):  # GPT-2's: N(0, 0.02) weights, zero biases
+    def _init(m: nn.Module) -> None:  # GPT-2's: N(0, 0.02) weights, zero biases
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, 0.0, 0.02)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, idx):
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, T, vocab]`` of token ids ``idx`` (``[B, T]``)."""
         x = None
         for block in self.children():
             x = block(idx if x is None else x)
@@ -491,7 +540,8 @@ class GPT(nn.Module):
     "a small causal transformer, tied embeddings (model.n_layer, .n_head, .n_embd, .dropout)",
     inputs="tokens",
 )
-def gpt(cfg, input_shape, num_classes):
+def gpt(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=gpt: the small causal transformer, its context ``model.block_size`` (or the data's)."""
     n_layer, n_head, n_embd = (
         integer(f"model.{k}", cfg.get(k, d), "an integer >= 1", lambda v: v >= 1)
         for k, d in (("n_layer", 4), ("n_head", 4), ("n_embd", 128))
@@ -514,11 +564,14 @@ def gpt(cfg, input_shape, num_classes):
 @MODELS.register(
     "auto", "cnn1d for 1-D data, cnn for images under 32×32, resnet18 otherwise", inputs=None
 )
-def auto(cfg, input_shape, num_classes):
+def auto(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """model=auto: the model ``auto_arch`` picks for the input shape."""
     return build_model(cfg, input_shape, num_classes, auto_arch(tuple(input_shape)))
 
 
-def build_model(cfg, input_shape: tuple, num_classes: int, arch: str | None = None) -> nn.Module:
+def build_model(
+    cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int, arch: str | None = None
+) -> nn.Module:
     """The model ``model.arch`` names (or ``arch``) for inputs of ``input_shape``."""
     entry = MODELS.entry(arch or cfg.arch)
     kind = {1: "tokens", 2: "1d", 3: "image"}.get(len(input_shape))
@@ -583,7 +636,7 @@ INIT_WEIGHTS = {"last": CHECKPOINT, "averaged": AVERAGED}  # model.init_weights 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP, AveragedModel, torch.compile
 
 
-def init_path(model_cfg) -> Path | None:
+def init_path(model_cfg: DictConfig) -> Path | None:
     """The file ``model.init_from`` names: a run folder's checkpoints/last.pt (averaged.pt with
     ``model.init_weights=averaged``), a checkpoint file or a state_dict file; None when unset."""
     given = model_cfg.get("init_from")
@@ -605,7 +658,7 @@ def init_path(model_cfg) -> Path | None:
     return path
 
 
-def initial_state(model_cfg) -> tuple[dict, dict] | None:
+def initial_state(model_cfg: DictConfig) -> tuple[dict, dict] | None:
     """(the state dict ``model.init_from`` holds, a record of where it came from), or None."""
     path = init_path(model_cfg)
     if path is None:
@@ -674,7 +727,7 @@ def _fitting(state: dict, own: dict, path, skip: str | None, head: str | None = 
     return kept
 
 
-def load_initial_weights(model_cfg, model: nn.Module) -> dict | None:
+def load_initial_weights(model_cfg: DictConfig, model: nn.Module) -> dict | None:
     """Load ``model.init_from``'s weights into ``model`` (with ``model.reset_head``, all but the
     classifier, which keeps its fresh initialisation); returns where they came from."""
     found = initial_state(model_cfg)
@@ -688,7 +741,12 @@ def load_initial_weights(model_cfg, model: nn.Module) -> dict | None:
     return record
 
 
-def check_initial_weights(model_cfg, input_shape, num_classes, classes_known=True) -> None:
+def check_initial_weights(
+    model_cfg: DictConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    classes_known: bool = True,
+) -> None:
     """Preflight: ``model.init_from`` exists and fits the model (built on the meta device); the
     classifier is not compared when the class count is not known before the data is read."""
     found = initial_state(model_cfg)

@@ -215,12 +215,42 @@ class HFModel(nn.Module):
         logits = self.hf(input_ids=x, use_cache=False).logits
         return logits[:, -x.shape[1] :]  # a peft prompt's virtual tokens give no logits
 
+    def parameter_blocks(self) -> dict[int, str]:
+        """``id(parameter) -> block``, the functional blocks the optimizers read (GEAR-SAM's
+        blocks, per-block λ_max, parameter groups): ``embed`` (the input embeddings), ``layer1``..
+        (the transformer's repeated layers, adapters inside them included), ``head`` (the rest of
+        the model: final norm, output layer or classifier, position embeddings) and ``adapter``
+        (what ``peft`` holds outside the model: a prompt's or prefix's vectors)."""
+        base = self.base_model
+        owner: dict[int, str] = {}
+        embed = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
+        for p in embed.parameters() if embed is not None else ():
+            owner[id(p)] = "embed"
+        for i, layer in enumerate(_repeated_layers(base), 1):
+            for p in layer.parameters():
+                owner.setdefault(id(p), f"layer{i}")
+        for p in base.parameters():
+            owner.setdefault(id(p), "head")
+        for p in self.parameters():
+            owner.setdefault(id(p), "adapter")
+        return owner
+
     @property
     def base_model(self) -> nn.Module:
         """The ``transformers`` model itself (under a ``peft`` wrapper, the one it wraps)."""
         inner = self.hf
         get = getattr(inner, "get_base_model", None)
         return get() if get is not None else inner
+
+
+def _repeated_layers(model: nn.Module) -> list:
+    """The transformer's layers: the longest ModuleList of one module class."""
+    lists = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.ModuleList) and len(m) and len({type(x) for x in m}) == 1
+    ]
+    return list(max(lists, key=len)) if lists else []
 
 
 def _version(text: str) -> tuple:

@@ -2,7 +2,8 @@
 
 - Block of a parameter: the model's top-level child that owns it (normalisation layers sit
   inside the block of the layer they follow); parameters held by the root module itself
-  form one extra block, ``root``.
+  form one extra block, ``root``. A model may name its blocks itself (``parameter_blocks()``:
+  a Hugging Face model's embeddings, each of its layers, and the rest, models/hf.py).
 - Hidden: the weights of Linear and Conv layers (``transformers``' ``Conv1D`` among them),
   except the first and the last such layer in module order (the input layer and the classifier
   head, as Muon does). Nothing else is hidden: embeddings, tokens, position embeddings,
@@ -32,7 +33,11 @@ def is_bias(name: str, p: torch.Tensor) -> bool:
 
 
 def top_level_blocks(model: nn.Module) -> dict[int, str]:
-    """``id(parameter) -> block name`` for every parameter of ``model``."""
+    """``id(parameter) -> block name`` for every parameter of ``model`` (a model that names its
+    blocks itself, ``parameter_blocks()``, is read that way: ``model=hf``'s)."""
+    own = getattr(model, "parameter_blocks", None)
+    if callable(own):
+        return own()
     owner = {id(p): name for name, child in model.named_children() for p in child.parameters()}
     for p in model.parameters(recurse=False):
         owner.setdefault(id(p), ROOT)

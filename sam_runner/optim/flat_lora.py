@@ -15,10 +15,12 @@ seed, not ε) is what the restore-from-copy would replace on a large model.
 Ours (docs/fine_tuning.md#flat-lora): σ is the config's ``rho`` (one name for every variant's
 radius; default 0.05, the paper's LLM setting), the noise is added to the frozen weight of each
 adapted layer only (the paper's: the adapted linear layers), every step perturbs (the engine's
-``perturb_schedule`` may thin it, as for any variant), and a step with no adapted layer in the
-bound model is refused: Flat-LoRA perturbs a merged LoRA weight. Adapted layers are the
-runner's own (``model.peft=lora`` on its models) and ``peft``'s LoRA layers (``model=hf``); DoRA's
-magnitude rescaling is not modelled (``model.peft=lora`` there).
+``perturb_schedule`` may thin it, as for any variant). Without an adapted layer in the bound
+model (full fine-tuning, or no model bound), the noise goes to the trainable matrices (every
+parameter of two or more dimensions) themselves: random weight perturbation (RWP, the method
+Flat-LoRA carries over to the merged weight), so the variant applies to any model. Adapted layers
+are the runner's own (``model.peft=lora`` on its models) and ``peft``'s LoRA layers
+(``model=hf``); DoRA's magnitude rescaling is not modelled (``model.peft=lora`` there).
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class FlatLoRA(SharpnessAware):
             if saved is None or saved.shape != w.shape:
                 saved = self._saved[i] = torch.empty_like(w)
             saved.copy_(w)
-            if sigma == 0:
+            if sigma == 0 or w.device.type == "meta":  # meta: shapes only, no numbers to draw
                 continue
             g = torch.Generator(device=w.device)
             g.manual_seed(self.noise_seed * 1_000_003 + self.step_count * 1009 + i)
@@ -115,14 +117,18 @@ class FlatLoRA(SharpnessAware):
             noise = torch.randn(rows.shape, generator=g, device=w.device) * std[:, None]
             w.add_(noise.view_as(merged.movedim(dim, 0)).movedim(0, dim).to(w.dtype))
 
+    def perturbed_layers(self) -> list:
+        """(weight, its merged delta, output dimension) of what the noise goes to: the bound
+        model's LoRA layers, or without any, the trainable matrices themselves (RWP)."""
+        layers = lora_layers(self.model) if self.model is not None else []
+        if layers:
+            return layers
+        params = [p for g in self.param_groups for p in g["params"] if p.dim() >= 2]
+        return [(p, torch.zeros((), dtype=p.dtype, device=p.device), 0) for p in params]
+
     @override
     def sharpness_step(self, closure):
-        layers = lora_layers(self.model) if self.model is not None else []
-        _check(
-            bool(layers),
-            "flat_lora perturbs merged LoRA weights: the bound model has no LoRA layer (use "
-            "model.peft=lora; bind(model=...) in Python)",
-        )
+        layers = self.perturbed_layers()
         with torch.no_grad():
             self.noise_(layers)
         try:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+if TYPE_CHECKING:
+    from ..optim.engine import SharpnessAware
 
-def micro_batches(accumulate: int, *tensors) -> list[tuple]:
+
+def micro_batches(accumulate: int, *tensors: torch.Tensor) -> list[tuple]:
     """The step's tensors (inputs, loss targets, labels, indices) in ``accumulate`` micro-batches,
     the empty ones left out (a batch smaller than ``accumulate``)."""
     parts = (t.tensor_split(accumulate) for t in tensors)
     return [m for m in zip(*parts) if len(m[2])]
 
 
-def selected_rows(optimizer, micro: list[tuple]) -> list:
+def selected_rows(optimizer: SharpnessAware, micro: list[tuple]) -> list:
     """(the micro-batch's place in the step, its kept tensors, the kept rows or None for all)
     for the micro-batches with a row left in the optimizer's current pass (ESAM's descent pass
     keeps the samples whose loss rose most)."""

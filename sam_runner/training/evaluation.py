@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,8 +13,18 @@ from ..metrics.evaluate import evaluate, token_values
 from ..rundir import METRICS
 from ..settings import objective_keys
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
 
-def count_correct(logits, labels, counts: dict) -> None:
+    from omegaconf import DictConfig
+    from torch import nn
+
+    from ..data import Data
+    from ..distributed import Topology
+
+
+def count_correct(logits: torch.Tensor, labels: torch.Tensor, counts: dict) -> None:
     """Add a micro-batch's right predictions and targets to ``counts`` (per predicted position
     for a sequence model), on the device."""
     pred, labels = token_pairs(logits, labels)
@@ -25,14 +36,15 @@ class EpochStats:
     """The training loss and accuracy of one epoch, summed on the device (no host sync per step),
     and the first step whose loss was not finite."""
 
-    def __init__(self, device, dist):
+    def __init__(self, device: torch.device, dist: Topology) -> None:
         self.dist = dist
         self.loss_sum = torch.zeros((), device=device)
         self.correct = torch.zeros((), device=device)
         self.seen, self.batches = 0, 0  # samples and batches of the epoch so far
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
 
-    def add(self, loss, correct, n: int, step: int) -> None:
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int, step: int) -> None:
+        """One step's mean loss and right predictions over its ``n`` samples."""
         self.first_bad = torch.where(
             (self.first_bad < 0) & ~torch.isfinite(loss), step, self.first_bad
         )
@@ -47,6 +59,7 @@ class EpochStats:
         return {k: v.cpu() if torch.is_tensor(v) else v for k, v in vars(self).items() if k in keys}
 
     def load_state_dict(self, state: dict) -> None:
+        """The sums ``state_dict`` saved, on this device."""
         device = self.loss_sum.device
         self.loss_sum, self.correct = state["loss_sum"].to(device), state["correct"].to(device)
         self.seen, self.first_bad = int(state["seen"]), state["first_bad"].to(device)
@@ -59,6 +72,7 @@ class EpochStats:
         return bad if bad >= 0 else None
 
     def log_values(self) -> dict:
+        """``train_loss`` and ``train_acc`` of the epoch so far, over every process."""
         seen = self.seen * self.dist.world  # every process saw an equal share of each global batch
         return {
             "train_loss": float(self.dist.sum(self.loss_sum) / seen),
@@ -79,12 +93,21 @@ class TestSet:
         metrics_cfg: the ``metrics`` group.
     """
 
-    def __init__(self, net, data, criterion, autocast, dist, metrics_cfg):
+    def __init__(
+        self,
+        net: nn.Module,
+        data: Data,
+        criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        autocast: AbstractContextManager,
+        dist: Topology,
+        metrics_cfg: DictConfig,
+    ) -> None:
         self.net, self.data, self.criterion = net, data, criterion
         self.autocast, self.dist, self.metrics_cfg = autocast, dist, metrics_cfg
         self.reliability = None
 
     def log_values(self) -> dict:
+        """The test_* keys of the model being trained (perplexity too, on token sequences)."""
         d = self.data
         row = evaluate(self.net, d.test, self.criterion, self.autocast, self.dist,
                        self.metrics_cfg, d.class_counts)  # fmt: skip
@@ -93,7 +116,7 @@ class TestSet:
             row.update(token_values(row["test_loss"]))
         return row
 
-    def measure(self, model) -> dict:
+    def measure(self, model: nn.Module) -> dict:
         """The test-set keys of another model (the averaged weights)."""
         return evaluate(model, self.data.test, self.criterion, self.autocast, self.dist,
                         self.metrics_cfg)  # fmt: skip
@@ -107,6 +130,7 @@ class ValSet(TestSet):
     KEYS = ("loss", "acc", "ece", "nll")
 
     def log_values(self) -> dict:
+        """The val_* keys (none without a validation split)."""
         if self.data.val is None:
             return {}
         row = evaluate(self.net, self.data.val, self.criterion, self.autocast, self.dist,
@@ -116,7 +140,8 @@ class ValSet(TestSet):
             out.update(token_values(row["test_loss"], "val"))
         return out
 
-    def summary_values(self, cfg, run_dir: Path) -> dict:
+    def summary_values(self, cfg: DictConfig, run_dir: Path) -> dict:
+        """The objective, and the final and best ``val_acc`` (with its epoch) of metrics.jsonl."""
         keys, out = objective_keys(cfg), {}
         if keys:  # a model chosen on test data is no held-out result: say so
             on_test = any(k.startswith("test_") for k in keys)

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from ..data import Data
 
 # the autocast type of each of settings.PRECISIONS
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def autocast_for(device, precision: str):
+def autocast_for(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The autocast context of ``trainer.precision`` on ``device`` (none for fp32)."""
     dtype = DTYPES[precision]
     return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
@@ -26,7 +32,7 @@ class Lengths(NamedTuple):
     optimizer_steps_per_epoch: int
 
 
-def epoch_lengths(cfg, data) -> Lengths:
+def epoch_lengths(cfg: DictConfig, data: Data) -> Lengths:
     """An epoch loop's: ``trainer.steps``, or an epoch's batches × ``trainer.epochs``."""
     t, per_epoch = cfg.trainer, len(data.train)
     total = int(t.steps) if t.get("steps") else per_epoch * t.epochs

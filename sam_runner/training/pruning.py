@@ -4,8 +4,14 @@ checkpoint of that evaluation stays and the summary says ``pruned``, with where.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..part import Part
 from ..settings import objective_key
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from ..part import Run
 
 
 class TrialPruning(Part):
@@ -15,11 +21,12 @@ class TrialPruning(Part):
     clock: the run's clock (its planned epochs).
     """
 
-    def __init__(self, trial, key: str | None, clock):
+    def __init__(self, trial: Any, key: str | None, clock: Clock) -> None:
         self.trial, self.key, self.clock = trial, key, clock
         self.pruned_at: dict | None = None
 
     def stop_requested(self, epoch: int, last: dict, final: bool) -> bool:
+        """Whether the trial's pruner stops the run at this evaluation (recorded when it does)."""
         value = last.get(self.key)
         if not self.trial.should_stop(epoch, value, final):
             return False
@@ -27,12 +34,13 @@ class TrialPruning(Part):
         return True
 
     def summary_values(self, last: dict) -> dict:  # noqa: ARG002 (the hook's signature)
+        """``status: pruned`` and where, when the run was pruned."""
         if self.pruned_at is None:
             return {}
         return {"status": "pruned", **self.pruned_at, "planned_epochs": self.clock.epochs}
 
 
-def build_part(run) -> TrialPruning | None:
+def build_part(run: Run) -> TrialPruning | None:
     """The trial's pruning, for a job of a pruned search (rank 0 holds the trial)."""
     if run.trial is None:
         return None

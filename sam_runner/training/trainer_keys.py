@@ -3,20 +3,25 @@ built; features check theirs in ``parts.FEATURES``)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..cli_words import PROGRESS, check_format
 from ..errors import integer, number, require
 from ..lock import ON_LOCKED
 from ..losses import per_example
 from ..settings import MAX_SEED, PRECISIONS, plot_format
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-def validate_seed(seed) -> None:
+
+def validate_seed(seed: object) -> None:
     """``seed``: torch seeds are 64-bit, and runs derive further seeds from it (seed * 100003 +
     epoch)."""
     integer("seed", seed, f"an integer in [0, {MAX_SEED}]", lambda s: 0 <= s <= MAX_SEED)
 
 
-def validate_trainer(cfg, seed: bool = True) -> None:
+def validate_trainer(cfg: DictConfig, seed: bool = True) -> None:
     """The trainer's own keys (the other groups check theirs where they are built), and the
     seed (``seed=False``: checked on its own, ``config_checks``)."""
     t = cfg.trainer

@@ -7,6 +7,7 @@ again (``validate_run``). Each feature checks its own keys (``parts.FEATURES``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,17 +22,22 @@ from . import strategy
 from .parts import Where, check_features
 from .trainer_keys import validate_seed, validate_trainer
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from omegaconf import DictConfig
+
 PLACEHOLDER_STEPS = 1000  # the optimizer's schedules need a length; the data's is not read here
 
 
-def validate_config(cfg, awaiting=frozenset()) -> None:
+def validate_config(cfg: DictConfig, awaiting: Iterable[str] = frozenset()) -> None:
     """One-line UserErrors for anything a run would refuse on its own settings; ``awaiting``:
     keys an earlier stage's job will set (``stages.resolve``), taken as set."""
     for _, check in config_checks(cfg, awaiting):
         check()
 
 
-def config_checks(cfg, awaiting=frozenset()) -> list:
+def config_checks(cfg: DictConfig, awaiting: Iterable[str] = frozenset()) -> list:
     """``validate_config``'s checks in order, as (name, check) pairs, each reading only ``cfg``:
     a sweep's planner runs again only those that read a value its job changes
     (``sweep/value_checks.py``)."""
@@ -66,7 +72,9 @@ def config_checks(cfg, awaiting=frozenset()) -> list:
     ]
 
 
-def validate_run(cfg, run_dir: Path | None = None, awaiting=frozenset()) -> None:
+def validate_run(
+    cfg: DictConfig, run_dir: Path | None = None, awaiting: Iterable[str] = frozenset()
+) -> None:
     """What a run checks itself before it writes anything: its trainer and its features (no
     data read); ``awaiting``: keys an earlier stage's job will set."""
     validate_trainer(cfg)
@@ -74,7 +82,7 @@ def validate_run(cfg, run_dir: Path | None = None, awaiting=frozenset()) -> None
     check_features(cfg, Where(run_dir=run_dir, awaiting=frozenset(awaiting)))
 
 
-def _epochs(cfg) -> int | None:
+def _epochs(cfg: DictConfig) -> int | None:
     """The run's epochs as far as its config tells (a federated run's rounds); None under a step
     budget, whose epochs depend on the data (``perturb_from`` beyond them is then refused when
     the run builds its optimizer)."""

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from .. import distributed
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-def say_if_every_epoch_is_evaluated(every_n_steps: int, steps_per_epoch: int, clock) -> None:
+    from ..clock import Clock
+
+
+def say_if_every_epoch_is_evaluated(every_n_steps: int, steps_per_epoch: int, clock: Clock) -> None:
     """``trainer.eval_every_n_steps`` at most an epoch's steps: evaluations are made at epoch
     ends, so every epoch is evaluated, as without it (one line)."""
     if every_n_steps and every_n_steps <= steps_per_epoch and clock.epochs > 1:
@@ -21,7 +27,7 @@ def say_if_every_epoch_is_evaluated(every_n_steps: int, steps_per_epoch: int, cl
         )
 
 
-def warnings(cfg) -> list[str]:
+def warnings(cfg: DictConfig) -> list[str]:
     """Settings that are legal but almost surely not what was meant."""
     t, out = cfg.trainer, []
     device = distributed.resolve_device(str(t.device)).type
