@@ -71,8 +71,8 @@ class FlatLoRA(SharpnessAware):
     single_pass_perturbation = True
     variant_options = {"sigma_schedule": "increasing", "noise_seed": 0}
     fsdp_refused = (
-        "its noise scales each row of the merged weight W + s·BA, which needs the whole "
-        "adapter matrices B and A, which no process holds"
+        "its noise is drawn for whole weight matrices and scaled by the rows of the merged "
+        "W + s·BA (the whole adapter matrices), which no process holds"
     )
 
     def __init__(self, params, base_optimizer, rho: float = 0.05, **kwargs):
