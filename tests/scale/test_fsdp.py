@@ -29,6 +29,7 @@ TOLERANCE = 1e-5
 EXTRA = {
     "sam+adamw": ["optimizer=sam", "base_optimizer=adamw"],
     "sam+lion": ["optimizer=sam", "base_optimizer=lion"],
+    "sam+lion_k_l2": ["optimizer=sam", "base_optimizer=lion_k", "base_optimizer.k=l2"],
     "sam+clip": ["optimizer=sam", "trainer.gradient_clip=0.05"],
     "sam+adaptive": ["optimizer=sam", "optimizer.perturb_schedule=adaptive"],
     "sam+rho_cosine": ["optimizer=sam", "optimizer.rho_schedule=cosine"],
