@@ -51,6 +51,7 @@ PARTS = (
     PartSpec("train:resnet18", 90, 90),
     PartSpec("train:wrn16_8", 120, 90),
     PartSpec("curvature:resnet18", 60, 60),
+    PartSpec("sharded", 120, 60),  # FSDP and activation checkpointing (bench_fsdp and more)
     PartSpec("curvature:wrn16_8", 90, 60),
     PartSpec("models", 120, 90),
     PartSpec("compile:resnet18", 150, 90),  # the longest and likeliest to fail: last
