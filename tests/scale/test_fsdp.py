@@ -503,3 +503,41 @@ def test_a_hugging_face_llama_sharded_by_its_decoder_layers_equals_one_process(t
     for a, b in zip(_rows(tmp_path / "one"), _rows(tmp_path / "two")):
         for k in ("train_loss", "test_loss", "test_acc"):
             assert b[k] == pytest.approx(a[k], rel=1e-5), k
+
+
+def _train_stopped_at(cfg, run_dir, step: int):
+    """train() in a started process, Ctrl-C'd as it begins optimizer step ``step``."""
+    from sam_runner.training.loop import EpochLoop
+
+    real = EpochLoop.optimizer_step
+
+    def stopped(self, *args, **kwargs):
+        if self.run.clock.step == step:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    EpochLoop.optimizer_step = stopped
+    try:
+        return train(cfg, run_dir, ["x"])
+    finally:
+        EpochLoop.optimizer_step = real
+
+
+@pytest.mark.slow
+def test_a_sharded_run_stopped_mid_epoch_resumes_from_its_step_checkpoint_exactly(tmp_path):
+    """trainer.checkpoint_every_n_steps under fsdp: each process's epoch sums and RNG are its
+    own (rank<r>.pt), the shards the model's; the resumed run equals the unbroken one."""
+    cfg = [*COMMON, "trainer.strategy=fsdp", "trainer.epochs=2"]  # 10 steps an epoch
+    every = [*cfg, "trainer.checkpoint_every_n_steps=2"]
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    distributed.launch(train, (compose(*cfg), str(whole), ["x"]), 2, CPU)
+    with pytest.raises(Exception, match="step 12"):
+        distributed.launch(_train_stopped_at, (compose(*every), str(run), 13), 2, CPU)
+    pointer = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert pointer["clock"]["step"] == 12 and pointer["sharded"] == "last.shards-12"
+    distributed.launch(train, (compose(*every), str(run), ["x"]), 2, CPU)
+    assert _rows(whole) == _rows(run)
+    from sam_runner.rundir import RunDir
+
+    a, b = RunDir(whole).checkpoint()["model"], RunDir(run).checkpoint()["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
