@@ -20,7 +20,8 @@ the variants whose rule needs whole matrices or per-process state (a variant's `
 process's own gradient never exists under FSDP2: gradients are reduce-scattered in the
 backward pass; FSDP runs default to ``sync_perturbation=true``), ``trainer.precision=fp16``
 (the loss scaler's inf check is per process), ``trainer.weight_averaging`` and ``federated``
-(both keep whole copies of the weights).
+(both keep whole copies of the weights), ``regularizer=jsd`` in parameter space (a
+``functional_call`` at θ + δ) and ``trainer.sync_batchnorm``.
 """
 
 from __future__ import annotations
@@ -110,6 +111,18 @@ def refusals(cfg) -> list[str]:
         out.append(
             f"trainer.weight_averaging={t.weight_averaging} cannot shard (it keeps a whole copy "
             "of the weights); use trainer.weight_averaging=none or trainer.strategy=ddp"
+        )
+    reg = cfg.get("regularizer") or {}
+    if str(reg.get("name", "none")) == "jsd" and str(reg.get("space", "parameter")) == "parameter":
+        out.append(
+            "regularizer=jsd regularizer.space=parameter cannot shard (its second forward swaps "
+            "in θ + δ through functional_call, which sharded parameters do not take); use "
+            "regularizer.space=input or trainer.strategy=ddp"
+        )
+    if t.get("sync_batchnorm", False):
+        out.append(
+            "trainer.sync_batchnorm=true is DDP's (SyncBatchNorm); under fsdp BatchNorm "
+            "normalises each process's batch: leave it false or use trainer.strategy=ddp"
         )
     fed = cfg.get("federated") or {}
     if str(fed.get("name", "none")) != "none":

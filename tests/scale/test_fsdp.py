@@ -134,6 +134,7 @@ def test_fsdp_refusals_are_one_line_and_name_the_setting():
         (["optimizer.sync_perturbation=false"], "sync_perturbation=false"),
         (["trainer.precision=fp16"], "trainer.precision=fp16 cannot shard"),
         (["trainer.weight_averaging=ema"], "trainer.weight_averaging=ema cannot shard"),
+        (["regularizer=jsd"], "regularizer=jsd regularizer.space=parameter cannot shard"),
     ):
         with pytest.raises(UserError, match="trainer.strategy=fsdp") as e:
             strategy.check(_fsdp_cfg(overrides))
