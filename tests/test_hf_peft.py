@@ -258,12 +258,7 @@ def test_flat_lora_perturbs_our_own_lora_layers_on_the_runners_models(tmp_path):
     assert all(torch.equal(v, after[k]) for k, v in before.items())  # the conv weights, exactly
 
 
-# CSAM and Focal-SAM weigh each example by its class: on token windows ([B, T] targets) their
-# reduce_loss fails for model=gpt as for model=hf (a limitation of theirs, not of the adapters)
-PER_CLASS = ("csam", "focal_sam")
-
-
-@pytest.mark.parametrize("name", [v for v in sorted(VARIANTS) if v not in PER_CLASS])
+@pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_every_variant_moves_the_adapters_alone(name):
     from sam_runner.losses import per_example
     from sam_runner.optim.build import build_optimizer, parameter_groups

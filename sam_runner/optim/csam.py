@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from typing_extensions import override
 
+from ..losses import token_pairs
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
@@ -65,8 +66,10 @@ class CSAM(SAM):
             return per_sample_loss.mean()
         with torch.no_grad():
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp16/bf16 → fp32
-            p_true = torch.softmax(logits, dim=1).gather(1, targets[:, None]).squeeze(1)
-            w = (1 - p_true).pow(self.gamma)
+            logits, labels = token_pairs(logits, targets)  # a sequence model's: one row a token
+            p_true = torch.softmax(logits, dim=1).gather(1, labels[:, None]).squeeze(1)
+            # a window's weight is its tokens' mean (ours): one weight per per-sample loss
+            w = (1 - p_true).pow(self.gamma).view(len(per_sample_loss), -1).mean(dim=1)
             stats = torch.stack([w.sum(), w.new_tensor(float(w.numel()))])
             self._weight_sum = stats if self._weight_sum is None else self._weight_sum + stats
         return (w * per_sample_loss).mean()

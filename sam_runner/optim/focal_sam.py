@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from typing_extensions import override
 
+from ..losses import token_pairs
 from ..registry import VARIANTS
 from .engine import _check
 from .sam import SAM
@@ -100,7 +101,9 @@ class FocalSAM(SAM):
         self._weighted = True
         if not self.last_perturbed:  # a plain step (perturb_schedule): the plain loss
             return per_sample_loss.mean()
-        c = self.class_weights(logits.shape[-1], per_sample_loss.device)[targets]
+        _, labels = token_pairs(logits, targets)  # a sequence model's: one label a token
+        c = self.class_weights(logits.shape[-1], per_sample_loss.device)[labels]
+        c = c.view(len(per_sample_loss), -1).mean(dim=1)  # a window's: its tokens' mean (ours)
         weight = 1 - c if self.pass_index == 1 else c
         return (per_sample_loss * weight.to(per_sample_loss.dtype)).mean()
 
