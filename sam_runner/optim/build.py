@@ -11,6 +11,7 @@ optimizer read these keys; weight decay applies to every group, as in the SAM pa
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -19,8 +20,16 @@ from ..part import Part
 from ..registry import BASE_OPTIMIZERS, VARIANTS
 from .blocks import hidden_weights, is_bias, top_level_blocks
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from ..part import Run
+    from .engine import SharpnessAware
+
 
 def parameter_groups(model: nn.Module) -> list[dict]:
+    """The model's trainable parameters in groups, one per (block, kind, hidden, use_muon), in
+    model order: the groups every variant and base optimizer reads."""
     hidden = hidden_weights(model)
     owner = top_level_blocks(model)
     by_key: dict[tuple, list] = {}  # (block, kind, hidden, use_muon) -> params, in model order
@@ -38,7 +47,7 @@ def parameter_groups(model: nn.Module) -> list[dict]:
     ]
 
 
-def variant_kwargs(cfg) -> tuple[type, dict]:
+def variant_kwargs(cfg: DictConfig) -> tuple[type, dict]:
     """(variant class, its keyword arguments from the ``optimizer`` group), checked."""
     opt_cfg = dict(cfg.optimizer)
     entry = VARIANTS.entry(opt_cfg.pop("name"))
@@ -56,8 +65,11 @@ def variant_kwargs(cfg) -> tuple[type, dict]:
 
 
 def build_optimizer(
-    cfg, params: nn.Module | list[dict], total_steps: int, steps_per_epoch: int | None = None
-):
+    cfg: DictConfig,
+    params: nn.Module | list[dict],
+    total_steps: int,
+    steps_per_epoch: int | None = None,
+) -> SharpnessAware:
     """The SAM variant named by ``cfg.optimizer.name`` around the configured base optimizer.
 
     Args:
@@ -82,7 +94,7 @@ def build_optimizer(
         raise UserError(f"optimizer={cfg.optimizer.name}: {e}") from None
 
 
-def bind_dataset(optimizer, data) -> None:
+def bind_dataset(optimizer: SharpnessAware, data: object) -> None:
     """What a variant needs of the training set and its config left unset: Focal-SAM's class
     counts, bSAM's number of examples N."""
     if getattr(optimizer, "class_counts", 0) is None and data.class_counts:
@@ -94,11 +106,12 @@ def bind_dataset(optimizer, data) -> None:
 class DatasetFacts(Part):
     """A variant's facts from the training set (``bind_dataset``), once everything is built."""
 
-    def attach(self, run) -> None:
+    def attach(self, run: Run) -> None:
+        """Give the variant the training set's class counts and size."""
         bind_dataset(run.optimizer, run.data)
 
 
-def build_part(run) -> Part | None:
+def build_part(run: Run) -> Part | None:
     """The part for variants that read the training set (Focal-SAM, bSAM), else nothing."""
     cls = VARIANTS.entry(run.cfg.optimizer.name).target
     needs = hasattr(cls, "set_class_counts") or hasattr(cls, "set_num_data")

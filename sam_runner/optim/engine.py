@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..module_state import frozen_running_stats, gradients_skipped
 from .schedule import PerturbSchedule, check_schedule
+
+if TYPE_CHECKING:
+    from torch.optim.optimizer import ParamsT
 
 RHO_SCHEDULES = ("constant", "lr", "cosine")
 Tensors = list[torch.Tensor]  # one tensor per parameter with a gradient, in the groups' order
@@ -58,12 +62,15 @@ def _check_engine_options(base_optimizer, rho, rho_schedule, interval, total_ste
     )
 
 
-def _reuse_first(closure, loss):
+def _reuse_first(
+    closure: Callable[[], torch.Tensor], loss: torch.Tensor
+) -> Callable[[], torch.Tensor]:
     """The closure, except that its first call returns ``loss`` (that pass has already run and
     its gradients are in place)."""
     done = []
 
-    def again():
+    def again() -> torch.Tensor:
+        """The pass that already ran gives its loss; later calls run the closure."""
         if not done:
             done.append(True)
             return loss
@@ -122,8 +129,8 @@ class SharpnessAware(torch.optim.Optimizer):
 
     def __init__(
         self,
-        params,
-        base_optimizer,
+        params: ParamsT,
+        base_optimizer: Callable[..., torch.optim.Optimizer],
         rho: float = 0.05,
         rho_schedule: str = "constant",
         interval: int = 1,
@@ -139,8 +146,8 @@ class SharpnessAware(torch.optim.Optimizer):
         total_steps: int | None = None,
         steps_per_epoch: int | None = None,
         model: torch.nn.Module | None = None,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         own = {k: kwargs.pop(k, v) for k, v in self.variant_options.items()}
         _check_engine_options(base_optimizer, rho, rho_schedule, interval, total_steps)
         problem = check_schedule(perturb_schedule, perturb_prob, perturb_from, interval,
@@ -182,7 +189,12 @@ class SharpnessAware(torch.optim.Optimizer):
             self.bind(model=model)
 
     # ------------------------------------------------------------------ wiring
-    def bind(self, model=None, grad_scaler=None, clip_grad_norm=None):
+    def bind(
+        self,
+        model: torch.nn.Module | None = None,
+        grad_scaler: torch.amp.GradScaler | None = None,
+        clip_grad_norm: float | None = None,
+    ) -> SharpnessAware:
         """Attach the model (BatchNorm, DDP), a ``torch.amp.GradScaler`` and a clipping norm."""
         if model is not None:
             self.model = model
@@ -248,7 +260,7 @@ class SharpnessAware(torch.optim.Optimizer):
             if p in self.state:
                 self.state[lp] = self.state.pop(p)
 
-    def shards(self, params) -> list:
+    def shards(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
         """This process's local shards of ``params`` (an unsharded parameter: itself), always the
         same view of a parameter, the one ``_lists`` lists: a variant keys its state by it."""
         from torch.distributed.tensor import DTensor
@@ -265,7 +277,7 @@ class SharpnessAware(torch.optim.Optimizer):
             out.append(p)
         return out
 
-    def gathered(self, flat):
+    def gathered(self, flat: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(every process's ``flat`` concatenated in rank order, where this process's begins):
         for a rule that ranks all coordinates at once (FlatPO's mask). Unsharded: (flat, 0)."""
         if self._shard_group is None:
@@ -306,7 +318,13 @@ class SharpnessAware(torch.optim.Optimizer):
         return self.rho * self.rho_factor
 
     # ------------------------------------------------------------------ passes
-    def run_pass(self, closure: Callable, index: int, sync: bool = True, skip=()):
+    def run_pass(
+        self,
+        closure: Callable[[], torch.Tensor],
+        index: int,
+        sync: bool = True,
+        skip: Iterable[torch.nn.Parameter] = (),
+    ) -> torch.Tensor:
         """One forward-backward. Unsynchronised passes run forward and backward under no_sync.
         ``skip``: parameters this pass computes no gradient for (``requires_grad`` off during
         the pass, so autograd skips their weight gradients; see ``first_pass_skips``)."""
@@ -338,7 +356,7 @@ class SharpnessAware(torch.optim.Optimizer):
         self._grad_norm_max = torch.where(torch.isfinite(norm), torch.maximum(seen, norm), seen)
         return norm
 
-    def all_reduce_mean_(self, tensor):
+    def all_reduce_mean_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Average a tensor across data-parallel processes in place (a no-op on one process).
 
         Variants call it on the few scalars that steer the update (e.g. a step size), so that
@@ -350,7 +368,7 @@ class SharpnessAware(torch.optim.Optimizer):
             tensor.div_(dist.get_world_size())
         return tensor
 
-    def all_reduce_mean_list_(self, tensors) -> None:
+    def all_reduce_mean_list_(self, tensors: Tensors) -> None:
         """``all_reduce_mean_`` over a list of tensors in place, as one flat buffer (one
         collective).
         """
@@ -364,7 +382,7 @@ class SharpnessAware(torch.optim.Optimizer):
             [f.view_as(t) for f, t in zip(flat.split([t.numel() for t in tensors]), tensors)],
         )
 
-    def keep_if_overflow(self, new, old):
+    def keep_if_overflow(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """``new``, or ``old`` when this step's fp16 gradients held inf/NaN (the step is skipped):
         adaptive variant state must not absorb a skipped step. No host sync."""
         if self._found_inf is None:
@@ -403,7 +421,9 @@ class SharpnessAware(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
-    def step(self, closure: Callable | None = None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+        """One optimizer step: the variant's passes through ``closure`` (zero the grads, forward,
+        backward, return the loss), then the base optimizer's update; returns the loss at θ."""
         if closure is None:
             raise ValueError(
                 f"{type(self).__name__}.step needs a closure that recomputes the loss (zero grads, "
@@ -438,7 +458,8 @@ class SharpnessAware(torch.optim.Optimizer):
         """The closure, counting each call as ``pass_share`` of a gradient evaluation (1 unless a
         variant says otherwise for its next pass: ESAM's no-grad forward, its partial batch)."""
 
-        def counted():
+        def counted() -> torch.Tensor:
+            """The closure, its pass counted."""
             self.count_pass(self.pass_share)
             return closure()
 
@@ -457,7 +478,7 @@ class SharpnessAware(torch.optim.Optimizer):
             norm = norm.double() / self.grad_scaler._scale.double()
         return float(norm.double()) ** 2
 
-    def sharpness_step(self, closure):
+    def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
         """First pass at θ, perturb to θ+ε, second pass, restore θ (the descent gradient stays)."""
         loss, params, pgrads = self.first_pass(closure)
         self.perturb_(params, pgrads)
@@ -467,7 +488,7 @@ class SharpnessAware(torch.optim.Optimizer):
         self.descend(closure, 1, loss)
         return loss
 
-    def perturb_(self, params, pgrads) -> None:
+    def perturb_(self, params: Tensors, pgrads: Tensors) -> None:
         """θ saved, then θ ← θ + ε with ε from ``compute_perturbation`` (into the ``eps``
         buffers, where a variant may read it after the second pass)."""
         c = self._cache
@@ -475,7 +496,9 @@ class SharpnessAware(torch.optim.Optimizer):
         torch._foreach_copy_(c["theta"], params)
         torch._foreach_add_(params, c["eps"])
 
-    def first_pass(self, closure):
+    def first_pass(
+        self, closure: Callable[[], torch.Tensor]
+    ) -> tuple[torch.Tensor, Tensors, Tensors]:
         """The pass at θ (synchronised only with ``sync_perturbation``), unscaled: its loss, the
         parameters and the gradients ε is built from (their norm in ``self.g_norm``)."""
         skip = self.first_pass_skips()
@@ -489,7 +512,7 @@ class SharpnessAware(torch.optim.Optimizer):
         self._unscale(grads)
         return loss, params, self.prepare_perturbation(params, grads)
 
-    def descend(self, closure, index: int, loss) -> None:
+    def descend(self, closure: Callable[[], torch.Tensor], index: int, loss: torch.Tensor) -> None:
         """The descent pass at the perturbed point: its gradient stays, θ is restored, then the
         variant's ``after_second_pass`` sees L(θ) and L(θ+ε)."""
         perturbed_loss = self.run_pass(closure, index, sync=True)
@@ -507,7 +530,7 @@ class SharpnessAware(torch.optim.Optimizer):
         both = self._reduce_sum_(both) / torch.distributed.get_world_size(self._shard_group)
         return both[0].to(loss.dtype), both[1].to(perturbed_loss.dtype)
 
-    def prepare_perturbation(self, params, grads):
+    def prepare_perturbation(self, params: Tensors, grads: Tensors) -> Tensors:
         """Track the first-pass ‖g‖; return the gradients ε is built from, with their norm in
         ``self.g_norm``."""
         norm = self._track_grad_norm(grads)
@@ -552,7 +575,8 @@ class SharpnessAware(torch.optim.Optimizer):
                 torch._foreach_copy_(grads, adjusted)
         self.base_step()
 
-    def base_step(self):
+    def base_step(self) -> None:
+        """The base optimizer's update with the gradients in place (a hook: FedVSSAM adjusts)."""
         self.base_optimizer.step()
 
     # ------------------------------------------------------------------ davda54/sam's API
@@ -565,7 +589,7 @@ class SharpnessAware(torch.optim.Optimizer):
         )
 
     @torch.no_grad()
-    def first_step(self, zero_grad: bool = False, *, loss=None) -> None:
+    def first_step(self, zero_grad: bool = False, *, loss: torch.Tensor | None = None) -> None:
         """davda54/sam's first step: with the gradient at θ in ``.grad`` (the caller ran the
         backward pass), save θ and move to θ + ε. ``loss``: L(θ), for the variants whose update
         reads it (``step_needs_losses``). Between the two steps BatchNorm layers of a bound model
@@ -598,7 +622,7 @@ class SharpnessAware(torch.optim.Optimizer):
             self.zero_grad()
 
     @torch.no_grad()
-    def second_step(self, zero_grad: bool = False, *, loss=None) -> None:
+    def second_step(self, zero_grad: bool = False, *, loss: torch.Tensor | None = None) -> None:
         """davda54/sam's second step: with the gradient at θ + ε in ``.grad``, restore θ and take
         the base optimizer's step with that gradient (the variant's own update included).
         ``loss``: L(θ + ε), for the variants whose update reads it."""
@@ -677,7 +701,7 @@ class SharpnessAware(torch.optim.Optimizer):
             perturbed_loss: L(θ+ε), the second's.
         """
 
-    def global_norm(self, tensors):
+    def global_norm(self, tensors: Tensors) -> torch.Tensor:
         """One L2 norm over a whole list of tensors, kept on the device (sharded: over every
         process's shards, one all-reduce of the squared norm)."""
         if self._shard_group is None:
@@ -685,21 +709,21 @@ class SharpnessAware(torch.optim.Optimizer):
         sq = torch.stack(torch._foreach_norm(tensors)).square().sum()
         return self._reduce_sum_(sq).sqrt()
 
-    def dot(self, a, b):
+    def dot(self, a: Tensors, b: Tensors) -> torch.Tensor:
         """⟨a, b⟩ over two tensor lists, on the device: one dot per tensor, no temporaries (3×
         faster
         than the polarization identity over foreach sums, and without its float32 cancellation)."""
         out = torch.stack([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)]).sum()
         return out if self._shard_group is None else self._reduce_sum_(out)
 
-    def tensor_norms(self, tensors) -> list:
+    def tensor_norms(self, tensors: Tensors) -> Tensors:
         """‖·‖ of each tensor of a list (sharded: of the whole tensor, one all-reduce)."""
         if self._shard_group is None:
             return list(torch._foreach_norm(tensors))
         sq = self._reduce_sum_(torch.stack(torch._foreach_norm(tensors)).square())
         return list(sq.sqrt().unbind())
 
-    def tensor_dots(self, a, b) -> list:
+    def tensor_dots(self, a: Tensors, b: Tensors) -> Tensors:
         """⟨a_i, b_i⟩ of each pair of tensors of two lists (sharded: whole tensors)."""
         dots = [torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(a, b)]
         if self._shard_group is None:
@@ -757,7 +781,8 @@ class SharpnessAware(torch.optim.Optimizer):
             for lp, p in pairs:
                 self.state[lp] = self.state.pop(p)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state with the base optimizer's, the variant's and the schedule's."""
         with self._state_by_parameter():
             sd = super().state_dict()
         sd["base"] = self.base_optimizer.state_dict()
@@ -767,7 +792,8 @@ class SharpnessAware(torch.optim.Optimizer):
             sd["grad_norm_max"] = self._grad_norm_max.detach().cpu()
         return sd
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` saved (older checkpoints without a schedule too)."""
         sd = dict(state_dict)
         base, variant = sd.pop("base"), sd.pop("variant")
         schedule = sd.pop("schedule", None)  # absent in checkpoints older than the schedules
