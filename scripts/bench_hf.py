@@ -35,10 +35,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_lm import bare_adamw_block  # noqa: E402
 from benchutil import interleaved_ratio, median_time, single_threaded  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,27 +77,6 @@ def _trainer_block(optimizer: str, folder: str):
     run.setup()
     run.resume()
     return run, run.loop.train_epoch
-
-
-def _bare_block(model, ids, lr, t=64, b=32):
-    model = copy.deepcopy(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.05)
-    rng = np.random.default_rng(0)
-
-    def block():
-        for _ in range(STEPS):
-            ix = rng.integers(0, len(ids) - t, b)
-            w = torch.from_numpy(ids[ix[:, None] + np.arange(t + 1)].astype(np.int64))
-            x, y = w[:, :-1], w[:, 1:]
-            logits = model(x)
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.size(-1)), y.reshape(-1)
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-
-    return block
 
 
 # ---------------------------------------------------------------- peak memory (fresh processes)
@@ -196,7 +175,8 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
         adamw, ours = _trainer_block("base", d1)
         _, sam = _trainer_block("sam", d2)
-        bare = _bare_block(adamw.model, adamw.data.train.ids, float(adamw.cfg.base_optimizer.lr))
+        lr = float(adamw.cfg.base_optimizer.lr)
+        bare = bare_adamw_block(adamw.model, adamw.data.train.ids, lr)
         out["hf_step_over_bare_loop"] = interleaved_ratio(ours, bare, repeats)
         out["hf_sam_over_base_step"] = interleaved_ratio(sam, ours, repeats)
         out["hf_base_step_ms"] = 1000 * median_time(ours, repeats) / STEPS

@@ -51,7 +51,9 @@ def _trainer_block(optimizer: str, folder: str):
     return run, run.loop.train_epoch
 
 
-def _bare_block(model, ids, lr, t=64, b=32):
+def bare_adamw_block(model, ids, lr, t=64, b=32):
+    """A bare loop of STEPS AdamW steps on random windows of ``ids`` (a copy of ``model``): the
+    reference the trainer's step is priced against (here and in bench_hf.py)."""
     model = copy.deepcopy(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.05)
     rng = np.random.default_rng(0)
@@ -63,7 +65,7 @@ def _bare_block(model, ids, lr, t=64, b=32):
             x, y = w[:, :-1], w[:, 1:]
             logits = model(x)
             loss = torch.nn.functional.cross_entropy(
-                logits.view(-1, logits.size(-1)), y.reshape(-1)
+                logits.reshape(-1, logits.size(-1)), y.reshape(-1)
             )
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -78,7 +80,8 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
         adamw, ours = _trainer_block("base", d1)
         _, sam = _trainer_block("sam", d2)
-        bare = _bare_block(adamw.model, adamw.data.train.ids, float(adamw.cfg.base_optimizer.lr))
+        lr = float(adamw.cfg.base_optimizer.lr)
+        bare = bare_adamw_block(adamw.model, adamw.data.train.ids, lr)
         return {
             "gpt_step_over_bare_loop": interleaved_ratio(ours, bare, repeats),
             "sam_adamw_over_adamw_step": interleaved_ratio(sam, ours, repeats),
