@@ -17,6 +17,17 @@ _DATA = Path(
 )
 
 # small, fast settings shared by the tests that train
+# model=hf on a tiny from-config model (tests/test_models_hf.py, test_tokenized.py)
+HF_TINY = [
+    "model=hf",
+    "base_optimizer=adamw",
+    "base_optimizer.lr=3e-3",
+    "scheduler=constant",
+    "metrics.hessian.num_samples=16",
+    "metrics.hessian.max_iter=10",
+    "trainer.progress=none",
+]
+
 TINY = [
     "trainer.epochs=2",
     "dataset.num_samples=1000",

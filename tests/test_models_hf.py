@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import compose, run_cli, stopped_early_of
+from conftest import HF_TINY, compose, run_cli, stopped_early_of
 
 from sam_runner.errors import UserError
 from sam_runner.models import build_model
@@ -29,15 +29,6 @@ VIT = (
     "model.config={model_type: vit, hidden_size: 32, num_hidden_layers: 1, "
     "num_attention_heads: 2, intermediate_size: 64, patch_size: 4}"
 )
-HF_TINY = [
-    "model=hf",
-    "base_optimizer=adamw",
-    "base_optimizer.lr=3e-3",
-    "scheduler=constant",
-    "metrics.hessian.num_samples=16",
-    "metrics.hessian.max_iter=10",
-    "trainer.progress=none",
-]
 TEXT = ["dataset=text", "dataset.block_size=16", "dataset.batch_size=8"]
 
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import compose, run_cli, stopped_early_of
+from conftest import HF_TINY, compose, run_cli, stopped_early_of
 
 from sam_runner.data.text import load_corpus
 from sam_runner.train import train
@@ -29,15 +29,6 @@ BERT = (
     "model.config={model_type: bert, hidden_size: 16, intermediate_size: 32, "
     "num_hidden_layers: 1, num_attention_heads: 2, max_position_embeddings: 32, vocab_size: 256}"
 )
-HF = [
-    "model=hf",
-    "base_optimizer=adamw",
-    "base_optimizer.lr=3e-3",
-    "scheduler=constant",
-    "metrics.hessian.num_samples=16",
-    "metrics.hessian.max_iter=10",
-    "trainer.progress=none",
-]
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +95,7 @@ def test_a_tiny_llama_trains_on_tokenized_text(tables, tokenizer, tmp_path):
     cfg = compose(
         "dataset=text", f"dataset.path={tables / 'docs.txt'}", f"dataset.tokenizer={folder}",
         f"dataset.data_dir={tmp_path}", "dataset.block_size=8", "dataset.batch_size=4",
-        "trainer.steps=3", *HF, LLAMA,
+        "trainer.steps=3", *HF_TINY, LLAMA,
     )  # fmt: skip
     summary = train(cfg, tmp_path / "run")
     assert summary["status"] == "completed" and "tokenizer" in summary["corpus"]
@@ -114,7 +105,8 @@ def test_a_tiny_llama_trains_on_tokenized_text(tables, tokenizer, tmp_path):
 def test_a_bert_style_classifier_trains_on_a_table_and_resumes_exactly(tables, tmp_path):
     common = [
         "dataset=table", f"dataset.path={tables / 'docs.parquet'}", "dataset.block_size=24",
-        "dataset.batch_size=8", *HF, BERT, "model.task=sequence_classification", "optimizer=sam",
+        "dataset.batch_size=8", *HF_TINY, BERT, "model.task=sequence_classification",
+        "optimizer=sam",
     ]  # fmt: skip
     two = [*common, "trainer.epochs=2"]
     full = train(compose(*two), tmp_path / "full")
@@ -140,13 +132,13 @@ def _one_line_exit_2(tmp_path, capsys, argv, *needles):
 
 def test_a_missing_text_column_is_one_line(tables, tmp_path, capsys):
     argv = ["dataset=text", f"dataset.path={tables / 'docs.jsonl'}", "dataset.text_column=body",
-            *HF, LLAMA]  # fmt: skip
+            *HF_TINY, LLAMA]  # fmt: skip
     _one_line_exit_2(tmp_path, capsys, argv, "dataset.text_column='body'", "text, label, id")
 
 
 def test_a_missing_label_column_is_one_line(tables, tmp_path, capsys):
     argv = ["dataset=table", f"dataset.path={tables / 'docs.csv'}", "dataset.label_column=y",
-            *HF, BERT, "model.task=sequence_classification"]  # fmt: skip
+            *HF_TINY, BERT, "model.task=sequence_classification"]  # fmt: skip
     _one_line_exit_2(tmp_path, capsys, argv, "dataset.label_column='y' is not a column")
 
 
@@ -155,11 +147,11 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_one_line(tables, token
     folder, fast = tokenizer
     small = LLAMA.replace("max_position_embeddings: 32", "vocab_size: 64")
     argv = ["dataset=text", f"dataset.path={tables / 'docs.txt'}", f"dataset.tokenizer={folder}",
-            f"dataset.data_dir={tmp_path / 'data'}", *HF, small]  # fmt: skip
+            f"dataset.data_dir={tmp_path / 'data'}", *HF_TINY, small]  # fmt: skip
     _one_line_exit_2(tmp_path, capsys, argv, f"{len(fast)} token ids", "vocabulary 64")
 
 
 def test_a_tokenizer_that_is_not_there_is_one_line(tmp_path, capsys):
-    argv = ["dataset=text", "dataset.tokenizer=sam-runner-tests/no-such-tokenizer", *HF, LLAMA]
+    argv = ["dataset=text", "dataset.tokenizer=sam-runner-tests/no-such-tokenizer", *HF_TINY, LLAMA]
     _one_line_exit_2(tmp_path, capsys, argv, "dataset.tokenizer=sam-runner-tests/no-such-tokenizer",
                      "huggingface-cli download")  # fmt: skip

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError, integer, number, one_line, require
+from ..paths import folder_or_hub_id
 from ..registry import DATASETS
 from . import Arrays
 
@@ -50,15 +51,11 @@ def load_tokenizer(name: str):
         from transformers import AutoTokenizer
     except ImportError:
         raise UserError(f"dataset.tokenizer needs the transformers library; {INSTALL}") from None
-    path = Path(name).expanduser()
-    local = name.startswith((".", "/", "~")) or path.exists()
-    require(
-        not local or path.is_dir(),
-        f"dataset.tokenizer={name}: no such folder; give a folder a tokenizer was saved to "
-        "(save_pretrained) or a hub id",
+    ref, local = folder_or_hub_id(
+        "dataset.tokenizer", name, "a folder a tokenizer was saved to (save_pretrained) or a hub id"
     )
     try:
-        tok = AutoTokenizer.from_pretrained(str(path) if local else name, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(ref, local_files_only=True)
     except (OSError, ValueError) as e:
         where = "the folder" if local else "the Hugging Face cache"
         raise UserError(

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..errors import UserError, one_line, require
 from ..part import Part
+from ..paths import folder_or_hub_id
 from ..registry import MODELS
 
 INSTALL = "pip install -e '.[hf]'"
@@ -145,16 +146,12 @@ def _named_config(tf, model_cfg):
         "model=hf needs model.name (a hub id or a local folder) or model.config (a mapping "
         "with model_type: a fresh model, no download)",
     )
-    path = Path(name).expanduser()
-    looks_local = name.startswith((".", "/", "~")) or path.exists()
-    require(
-        not looks_local or path.is_dir(),
-        f"model.name={name}: no such folder; give a folder a save_pretrained model was "
-        "written to, or a hub id",
+    ref, looks_local = folder_or_hub_id(
+        "model.name", name, "a folder a save_pretrained model was written to, or a hub id"
     )
     try:
         return tf.AutoConfig.from_pretrained(
-            str(path) if looks_local else name,
+            ref,
             revision=model_cfg.get("revision") or None,
             local_files_only=_offline(model_cfg),
         )
