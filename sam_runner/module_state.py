@@ -1,5 +1,5 @@
-"""Context managers over a model's modules: their train/eval flags, and BatchNorm running
-statistics.
+"""Context managers over a model's modules: their train/eval flags, BatchNorm running
+statistics, and the gradient synchronisation of a data-parallel model.
 """
 
 from __future__ import annotations
@@ -59,6 +59,31 @@ def gradients_skipped(params: Iterable[torch.Tensor]) -> Iterator[None]:
         for p in skipped:
             p.requires_grad_(True)
             del p._gradient_skipped
+
+
+@contextlib.contextmanager
+def gradient_sync_paused(net: nn.Module) -> Iterator[None]:
+    """The forwards and backwards run inside keep each process's gradients to itself: DDP's
+    ``no_sync`` (no all-reduce), FSDP2's ``set_requires_gradient_sync(False)`` (no
+    reduce-scatter: each process accumulates its own unsharded gradient until a synchronised
+    backward reduces the sum). A model of one process has nothing to pause.
+
+    Args:
+        net: the model as the run trains it (a DDP module, an FSDP2-sharded module, or a plain
+            one).
+    """
+    if hasattr(net, "no_sync"):
+        with net.no_sync():
+            yield
+        return
+    if not hasattr(net, "set_requires_gradient_sync"):
+        yield
+        return
+    net.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        net.set_requires_gradient_sync(True)
 
 
 def is_trainable(p: torch.Tensor) -> bool:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..module_state import frozen_running_stats, gradients_skipped
+from ..module_state import frozen_running_stats, gradient_sync_paused, gradients_skipped
 from .schedule import PerturbSchedule, check_schedule
 
 if TYPE_CHECKING:
@@ -325,12 +325,13 @@ class SharpnessAware(torch.optim.Optimizer):
         sync: bool = True,
         skip: Iterable[torch.nn.Parameter] = (),
     ) -> torch.Tensor:
-        """One forward-backward. Unsynchronised passes run forward and backward under no_sync.
+        """One forward-backward. Unsynchronised passes run forward and backward with the
+        gradient synchronisation paused (``gradient_sync_paused``: DDP's no_sync).
         ``skip``: parameters this pass computes no gradient for (``requires_grad`` off during
         the pass, so autograd skips their weight gradients; see ``first_pass_skips``)."""
         self.pass_index, self.pass_syncs = index, sync
-        no_sync = getattr(self.model, "no_sync", None)
-        ctx = no_sync() if (not sync and no_sync is not None) else contextlib.nullcontext()
+        paused = not sync and self.model is not None
+        ctx = gradient_sync_paused(self.model) if paused else contextlib.nullcontext()
         # later passes normalise with batch statistics but leave running statistics alone
         frozen = frozen_running_stats(self._bn) if index > 0 else contextlib.nullcontext()
         skipped = gradients_skipped(skip) if skip else contextlib.nullcontext()

@@ -12,6 +12,7 @@ import time
 import torch
 
 from ..losses import per_example
+from ..module_state import gradient_sync_paused
 from ..part import PassInputs
 from .batches import micro_batches, selected_rows
 from .checkpoint import rank_seed
@@ -124,16 +125,16 @@ class EpochLoop:
         kept = selected_rows(opt, micro)
         batch = sum(len(m[2]) for _, m, _ in kept)
         for i, (j, (xm, tm, ym, im), rows) in enumerate(kept):
-            # under DDP a synced pass all-reduces once, on its last micro-batch
-            quiet = opt.pass_syncs and i < len(kept) - 1 and hasattr(r.net, "no_sync")
-            with r.net.no_sync() if quiet else contextlib.nullcontext(), self.autocast:
-                with parts.forward_context(opt.pass_index):
+            # a synced pass reduces the gradients once, in its last micro-batch's backward
+            quiet = opt.pass_syncs and i < len(kept) - 1
+            with gradient_sync_paused(r.net) if quiet else contextlib.nullcontext():
+                with self.autocast, parts.forward_context(opt.pass_index):
                     out = r.net(xm)
-            per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
-            share = len(ym) / batch  # weighted by size: the step's mean even when uneven
-            loss = opt.reduce_loss(per_sample, out, ym) * share
-            objective = parts.loss(loss, PassInputs(r.model, xm, out, j, share, rows))
-            self.scaler.scale(objective).backward()  # the logged loss stays the task's
+                per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
+                share = len(ym) / batch  # weighted by size: the step's mean even when uneven
+                loss = opt.reduce_loss(per_sample, out, ym) * share
+                objective = parts.loss(loss, PassInputs(r.model, xm, out, j, share, rows))
+                self.scaler.scale(objective).backward()  # the logged loss stays the task's
             total += loss.detach()
             parts.call("observe", opt.pass_index, im, ym, per_sample.detach())
             if opt.pass_index == 0:

@@ -3,6 +3,7 @@ activation checkpointing, and curvature split across processes."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 
@@ -177,6 +178,60 @@ def test_blocks_of_a_hugging_face_model_are_its_no_split_modules():
     model = transformers.GPT2LMHeadModel(config)
     blocks = blocks_of(model)
     assert len(blocks) == 3 and all(type(b).__name__ == "GPT2Block" for b in blocks)
+
+
+# ---------------------------------------------------------------- gradient accumulation
+def _accumulation_probe():
+    """A sharded MLP's gradient over 3 micro-batches, reduce-scattered each micro-batch and with
+    the synchronisation paused on all but the last; whether a paused micro-batch left a sharded
+    gradient (a reduce-scatter ran)."""
+    from sam_runner.module_state import gradient_sync_paused
+
+    topo = distributed.current()
+    torch.manual_seed(0)
+    model = MLP(8, 3, hidden=(16, 16))
+    strategy.shard(model, blocks_of(model), topo)
+    x, y = _batch(topo.rank)
+    out = {}
+    for paused in (False, True):
+        model.zero_grad(set_to_none=True)
+        reduced_early = False
+        for i, (xm, ym) in enumerate(zip(x.tensor_split(3), y.tensor_split(3))):
+            quiet = paused and i < 2
+            with gradient_sync_paused(model) if quiet else contextlib.nullcontext():
+                (F.cross_entropy(model(xm), ym) * len(ym) / len(y)).backward()
+            if i < 2:
+                reduced_early |= any(p.grad is not None for p in model.parameters())
+        out[paused] = {
+            "grads": [p.grad.full_tensor() for p in model.parameters()],
+            "reduced_early": reduced_early,
+        }
+    return {
+        "gap": max(
+            float((a - b).abs().max()) for a, b in zip(out[True]["grads"], out[False]["grads"])
+        ),
+        "reduced_early": {paused: r["reduced_early"] for paused, r in out.items()},
+    }
+
+
+def test_paused_micro_batches_reduce_scatter_once_with_the_same_gradient():
+    out = distributed.launch(_accumulation_probe, (), 2, CPU)
+    # each micro-batch reduce-scatters, unless paused: then only the last
+    assert out["reduced_early"] == {False: True, True: False}
+    assert out["gap"] < 1e-6
+
+
+def test_a_sharded_run_with_accumulation_equals_ddp(tmp_path):
+    """trainer.accumulate=3 under fsdp (one reduce-scatter a pass) and under ddp (one all-reduce
+    a pass): the same metrics lines to float error."""
+    cfg = [*COMMON, "trainer.epochs=1", "trainer.accumulate=3", "optimizer.sync_perturbation=true"]
+    for name in ("ddp", "fsdp"):
+        run = compose(*cfg, f"trainer.strategy={name}")
+        distributed.launch(train, (run, str(tmp_path / name), ["x"]), 2, CPU)
+    (a,), (b,) = _rows(tmp_path / "ddp"), _rows(tmp_path / "fsdp")
+    for k, v in a.items():
+        if isinstance(v, float):
+            assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
 
 
 # ---------------------------------------------------------------- curvature across processes
