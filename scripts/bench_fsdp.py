@@ -5,6 +5,9 @@
 - ``fsdp_over_ddp_state_memory``: the bytes one process holds between steps for the parameters,
   their gradients, the optimizer's state and SAM's saved θ, fsdp over ddp (target <= 0.6 with 2
   processes; the transient all-gathered block of a pass is not counted);
+- ``fsdp_accumulate4_paused_over_synced``: the fsdp SAM step over 4 micro-batches with the
+  gradient synchronisation paused on all but the last (one reduce-scatter a pass, as training
+  does) over the same step reduce-scattering every micro-batch (below 1: the saving);
 - ``lanczos_2proc_speedup``: seconds of one λ_max measurement (the same Lanczos iterations) in
   one process over the same measurement split between two (target >= 1.6); each process has
   the thread share the launcher gives it (one process alone: the same share);
@@ -18,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -29,6 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CPU = torch.device("cpu")
+ACCUMULATE = 4  # micro-batches a pass in the accumulation figures (2 sequences each)
 
 
 def _gpt():
@@ -53,11 +58,13 @@ def _held_bytes(opt, model) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _step_probe(strategy_name: str, steps: int):
+def _step_probe(strategy_name: str, steps: int, accumulate: int = 1, paused: bool = True):
     """(median seconds of a SAM step, held bytes, peak bytes on a GPU else None) of the GPT in
-    this process of 2."""
+    this process of 2; each pass over ``accumulate`` micro-batches, the gradient synchronisation
+    ``paused`` on all but the last (as the training loop does) or not."""
     from sam_runner import distributed
     from sam_runner.models import blocks_of
+    from sam_runner.module_state import gradient_sync_paused
     from sam_runner.optim import SAM
     from sam_runner.training import strategy
 
@@ -82,9 +89,14 @@ def _step_probe(strategy_name: str, steps: int):
 
     def closure():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        return loss.detach()
+        total = torch.zeros((), device=device)
+        for i, (xm, ym) in enumerate(zip(x.tensor_split(accumulate), y.tensor_split(accumulate))):
+            quiet = paused and opt.pass_syncs and i < accumulate - 1
+            with gradient_sync_paused(net) if quiet else contextlib.nullcontext():
+                loss = F.cross_entropy(net(xm).flatten(0, 1), ym.flatten()) / accumulate
+                loss.backward()
+            total += loss.detach()
+        return total
 
     times = []
     for i in range(steps + 2):  # two warm-up steps
@@ -140,10 +152,13 @@ def run(args, device=CPU) -> dict:
 
     repeats = 1 if args.quick else 3
     steps, iterations = (3, 10) if args.quick else (8, 30)
-    ddp, fsdp, ones, twos = [], [], [], []
+    ddp, fsdp, ones, twos, paused, synced = [], [], [], [], [], []
     for _ in range(repeats):  # alternated, so that load on the machine hits both alike
         ddp.append(distributed.launch(_step_probe, ("ddp", steps), 2, device))
         fsdp.append(distributed.launch(_step_probe, ("fsdp", steps), 2, device))
+        args_4 = ("fsdp", steps, ACCUMULATE)
+        paused.append(distributed.launch(_step_probe, (*args_4, True), 2, device)[0])
+        synced.append(distributed.launch(_step_probe, (*args_4, False), 2, device)[0])
         twos.append(distributed.launch(_lanczos_probe, (True, iterations), 2, device))
         ones.append(_alone(_lanczos_probe, False, iterations, device))
     peak = {} if fsdp[0][2] is None else {"fsdp_over_ddp_peak_memory": fsdp[0][2] / ddp[0][2]}
@@ -153,6 +168,11 @@ def run(args, device=CPU) -> dict:
         "fsdp_gpt_sam_step_s": statistics.median(f[0] for f in fsdp),
         "fsdp_over_ddp_step": statistics.median(f[0] / d[0] for f, d in zip(fsdp, ddp)),
         "fsdp_over_ddp_state_memory": fsdp[0][1] / ddp[0][1],
+        "fsdp_accumulate4_paused_s": statistics.median(paused),
+        "fsdp_accumulate4_synced_s": statistics.median(synced),
+        "fsdp_accumulate4_paused_over_synced": statistics.median(
+            p / s for p, s in zip(paused, synced)
+        ),
         "lanczos_1proc_s": statistics.median(o[0] for o in ones),
         "lanczos_2proc_s": statistics.median(t[0] for t in twos),
         "lanczos_2proc_speedup": statistics.median(o[0] / t[0] for o, t in zip(ones, twos)),
