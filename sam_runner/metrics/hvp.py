@@ -23,7 +23,10 @@ added in a fixed order. The choice, the cache and the threads are ours, not from
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
+import sys
 import time
 import warnings
 
@@ -138,6 +141,55 @@ def graph_cache_budget(graph_cache_mb: float, device) -> float:
     return budget if free is None else min(budget, GRAPH_CACHE_FREE_SHARE * free)
 
 
+# glibc's mallopt parameters, and what a CPU operator sets them to while it is open
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+HEAP_KEPT_BYTES = 1 << 30
+# after it: glibc's dynamic mmap threshold at its maximum and its trim threshold, twice that
+# (mallopt turns the dynamic adjustment off, so the defaults cannot be put back as such)
+MMAP_THRESHOLD_AFTER, TRIM_THRESHOLD_AFTER = 32 << 20, 64 << 20
+_heap_kept_depth = [0]
+
+
+def _glibc():
+    """The C library, where it is glibc (mallopt, malloc_trim); else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def heap_kept(device):
+    """On a CPU with glibc: freed memory stays in the process's heap while the context is open
+    (no mmap for large blocks, no trim), so that each HVP's backward reuses the pages of the
+    last instead of faulting in fresh zeroed ones; afterwards the free heap goes back to the
+    system. On the default model's 30-HVP λ_max the page faults were ~20% of the CPU time (kernel
+    time; 27% of the time of each of 2 processes sharing the memory bus).
+
+    Args:
+        device: where the HVPs run (only a CPU's heap is concerned).
+    """
+    libc = _glibc() if torch.device(device).type == "cpu" else None
+    if libc is None:
+        yield
+        return
+    if _heap_kept_depth[0] == 0:
+        libc.mallopt(M_MMAP_THRESHOLD, HEAP_KEPT_BYTES)
+        libc.mallopt(M_TRIM_THRESHOLD, HEAP_KEPT_BYTES)
+    _heap_kept_depth[0] += 1
+    try:
+        yield
+    finally:
+        _heap_kept_depth[0] -= 1
+        if _heap_kept_depth[0] == 0:
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_AFTER)
+            libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_AFTER)
+            libc.malloc_trim(0)
+
+
 class _SavedBytes:
     """Counts the bytes autograd saves for backward (an estimate of a graph's memory)."""
 
@@ -181,6 +233,7 @@ class HessianOperator(Objective):
         self.dist = dist if split is not None else None
         self.precision = precision
         super().__init__(model, loss_fn, batches if split is None else split[0])
+        self._stack.enter_context(heap_kept(self.device))
         if split is not None:  # each batch weighted by its share of the whole set
             self.weights = [len(y) / split[1] for _, y in self.batches]
         self.graph_cache_mb, self.batching = graph_cache_mb, batching

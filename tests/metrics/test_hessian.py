@@ -68,8 +68,12 @@ def test_batchnorm_train_mode_uses_batch_statistics_and_keeps_running_stats():
 
 
 def test_hvp_equals_dense_hessian_times_v_with_worker_threads_and_restores_the_model():
-    """The HVP (BatchNorm as its affine map, batches over worker threads) is H v of the real
-    model; afterwards the BatchNorm layers run their own forward and the thread count is back."""
+    """The HVP (BatchNorm as its affine map, batches over worker threads, the heap kept) is H v
+    of the real model; afterwards the BatchNorm layers run their own forward, the thread count
+    and the heap's settings are back."""
+    from sam_runner.metrics import hvp
+
+    kept = 1 if hvp._glibc() else 0
     m, x, y = bn_cnn()
     H = dense_hessian(m, F.cross_entropy, x, y)
     threads = torch.get_num_threads()
@@ -79,11 +83,13 @@ def test_hvp_equals_dense_hessian_times_v_with_worker_threads_and_restores_the_m
             assert op._pool.workers == 2
             # the affine map is in place
             assert all("forward" in bn.__dict__ for bn in (m[1], m[4]))
+            assert hvp._heap_kept_depth == [kept]  # freed pages stay in the process
             v = torch.randn(op.numel, generator=torch.Generator().manual_seed(0))
             hv = op(v)
         assert torch.allclose(hv.double(), H @ v.double(), rtol=1e-4, atol=1e-5)
         assert torch.get_num_threads() == 2
         assert all("forward" not in bn.__dict__ for bn in (m[1], m[4]))
+        assert hvp._heap_kept_depth == [0]
     finally:
         torch.set_num_threads(threads)
 
