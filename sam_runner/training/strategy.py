@@ -8,7 +8,9 @@
   their gradients, of the optimizer's state and of SAM's saved θ and ε. Parameters are
   all-gathered block by block for each forward and backward, gradients reduce-scattered. The
   mixed-precision policy follows ``trainer.precision`` (bf16: bf16 parameters in the passes,
-  fp32 reductions and fp32 sharded weights; fp32: none).
+  fp32 reductions and fp32 sharded weights; fp32: none). With ``trainer.accumulate`` a pass
+  reduce-scatters once, in its last micro-batch (``module_state.gradient_sync_paused`` on the
+  others: each process sums its own unsharded gradient meanwhile).
 * ``activation_checkpointing`` (both strategies): each block's activations are recomputed in
   the backward pass instead of kept (``torch.utils.checkpoint``, non-reentrant, the RNG state
   kept so dropout draws alike; BatchNorm running statistics are restored after the recompute so
