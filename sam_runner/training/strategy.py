@@ -18,9 +18,12 @@
 
 What cannot run sharded is refused in one line (``check``): one process (nothing to shard),
 the variants whose rule needs whole matrices or per-process state (a variant's ``fsdp_refused``),
-``base_optimizer=muon`` (whole-matrix orthogonalisation), ``sync_perturbation=false`` (each
-process's own gradient never exists under FSDP2: gradients are reduce-scattered in the
-backward pass; FSDP runs default to ``sync_perturbation=true``), ``trainer.precision=fp16``
+``base_optimizer=muon`` (whole-matrix orthogonalisation), ``sync_perturbation=false`` (not
+implemented; FSDP runs default to ``sync_perturbation=true``: with the gradient sync paused a
+process's own gradient exists only unsharded, inside FSDP2's parameter objects, and θ + ε
+differs per process while the shards it is gathered from are shared, so ε would have to be
+added to the gathered parameters of the second pass's forward and backward — DDP's memory for
+that step, and each variant's rule on whole tensors), ``trainer.precision=fp16``
 (the loss scaler's inf check is per process), ``trainer.weight_averaging`` and ``federated``
 (both keep whole copies of the weights), ``regularizer=jsd`` in parameter space (a
 ``functional_call`` at θ + δ) and ``trainer.sync_batchnorm``.
@@ -101,8 +104,9 @@ def refusals(cfg) -> list[str]:
     if name != "base" and cfg.optimizer.get("sync_perturbation") is False:
         out.append(
             f"optimizer={name} optimizer.sync_perturbation=false (ε from each process's own "
-            "gradient) cannot shard: FSDP2 reduce-scatters gradients in the backward pass, so no "
-            "process holds its own; leave it unset (true under fsdp) or use trainer.strategy=ddp"
+            "gradient) is not implemented sharded: θ + ε would differ per process while the "
+            "shards it is gathered from are shared; leave it unset (true under fsdp) or use "
+            "trainer.strategy=ddp"
         )
     if t.precision == "fp16":
         out.append(
