@@ -91,10 +91,11 @@ def cpu_has_bf16() -> bool:
     return any(bool(getattr(cpu, c, lambda: False)()) for c in checks)
 
 
-def _share(batches, rank: int, world: int) -> tuple[list, int] | None:
-    """(process ``rank``'s share of the samples of ``batches``, batched as they were; the whole
-    set's count), or None (no split) with fewer samples than processes. Samples are dealt in
-    contiguous runs of ``⌈n/world⌉``."""
+def _share(batches, rank: int, world: int, as_many: bool = False) -> tuple[list, int] | None:
+    """(process ``rank``'s share of the samples of ``batches``, batched as they were, or with
+    ``as_many`` in as many batches as the whole set had; the whole set's count), or None (no
+    split) with fewer samples than processes. Samples are dealt in contiguous runs of
+    ``⌈n/world⌉``."""
     batches = [(x, y) for x, y in batches]
     size = max(len(y) for _, y in batches)
     xs, ys = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
@@ -104,6 +105,8 @@ def _share(batches, rank: int, world: int) -> tuple[list, int] | None:
         return None
     lo, hi = min(rank * per, n), min((rank + 1) * per, n)
     x, y = xs[lo:hi], ys[lo:hi]
+    if as_many:
+        size = -(-len(y) // len(batches))
     return [(x[i : i + size], y[i : i + size]) for i in range(0, len(y), size)], n
 
 
@@ -216,12 +219,16 @@ class HessianOperator(Objective):
         precision: str = "fp32",
     ):
         """``dist``: the run's processes (``distributed.Topology``); with several, the samples
-        are split among them (each its share, batched as before, weighted by the whole set's
-        count) and every H v, loss and gradient is all-reduced (summed): the same operator as
-        one process over all the samples, each process computing 1/N of it."""
-        split = (
-            _share(batches, dist.rank, dist.world) if dist is not None and dist.parallel else None
-        )
+        are split among them (each its share, batched as before, on a CPU in as many batches
+        as before, weighted by the whole set's count) and every H v, loss and gradient is
+        all-reduced (summed): the same operator as one process over all the samples, each
+        process computing 1/N of it."""
+        split = None
+        if dist is not None and dist.parallel:
+            # on a CPU the share keeps the batch count, so that its HVPs spread over as many
+            # worker threads as one process's would (batches of 256 or 128 cost alike per sample)
+            on_cpu = next(model.parameters()).device.type == "cpu"
+            split = _share(batches, dist.rank, dist.world, as_many=on_cpu)
         if method not in HVP_METHODS:
             raise ValueError(
                 f"hvp method={method!r} is unknown; choose one of {', '.join(HVP_METHODS)}"

@@ -259,6 +259,7 @@ def _curvature_probe():
                 "trace": float(trace),
                 "nodes": [[float(n) for n in r] for r in density["nodes"]],
                 "samples": sum(len(b[1]) for b in op.batches),
+                "batches": len(op.batches),
             }
     return out
 
@@ -267,6 +268,7 @@ def test_curvature_split_across_processes_equals_one_process():
     out = distributed.launch(_curvature_probe, (), 2, CPU)
     whole, split = out[False], out[True]
     assert whole["samples"] == 100 and split["samples"] == 50  # each process half the samples
+    assert whole["batches"] == split["batches"] == 4  # on a CPU, in as many batches as the whole
     assert split["lambda"] == pytest.approx(whole["lambda"], rel=1e-5)
     assert split["trace"] == pytest.approx(whole["trace"], rel=1e-5)
     for a, b in zip(split["nodes"], whole["nodes"]):
