@@ -158,6 +158,7 @@ class SharpnessAware(torch.optim.Optimizer):
         # one set of groups, shared with the base
         self.param_groups = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
+        self._foreach_on_shards()
         self.rho = float(rho)
         self.rho_schedule = rho_schedule
         self.interval = int(interval)
@@ -187,6 +188,20 @@ class SharpnessAware(torch.optim.Optimizer):
         self._perturbation_filters, self._gradient_adjusters = [], []
         if model is not None:
             self.bind(model=model)
+
+    def _foreach_on_shards(self) -> None:
+        """Sharded parameters (FSDP2's DTensors): the base optimizer's multi-tensor (foreach)
+        update, where it has one and was left to choose. On a CPU torch chooses the per-tensor
+        loop, one DTensor dispatch per operation and tensor: an SGD step of the fsdp bench's GPT
+        (52 tensors, 2 processes) took 7.8 ms so, 1.8 ms with foreach."""
+        from torch.distributed.tensor import DTensor
+
+        first = next((p for g in self.param_groups for p in g["params"]), None)
+        if not isinstance(first, DTensor):
+            return
+        for g in self.param_groups:
+            if "foreach" in g and g["foreach"] is None:
+                g["foreach"] = True
 
     # ------------------------------------------------------------------ wiring
     def bind(

@@ -104,7 +104,11 @@ def _registry_probe(cases: dict):
             opt.step(_closure(opt, sharded, x[half], y[half]))
             full = [p.full_tensor() for p in sharded.parameters()]
             gaps.append(max(float((a - b).abs().max()) for a, b in zip(full, whole.parameters())))
-        out[name] = {"gaps": gaps, "moved": float((full[0] - _initial()[0]).abs().max())}
+        out[name] = {
+            "gaps": gaps,
+            "moved": float((full[0] - _initial()[0]).abs().max()),
+            "foreach": {g.get("foreach") for g in opt.param_groups},
+        }
     return out
 
 
@@ -125,6 +129,8 @@ def test_every_variant_sharded_equals_one_process_on_the_whole_batch_or_is_refus
             continue
         assert max(r["gaps"]) < LOOSER.get(name, TOLERANCE), (name, r["gaps"])
         assert r["moved"] > 1e-4, name  # the step did something
+    # torch's base optimizers take their multi-tensor step on the shards (DTensors)
+    assert out["sam"]["foreach"] == out["sam+adamw"]["foreach"] == {True}
 
 
 def test_fsdp_refusals_are_one_line_and_name_the_setting():
