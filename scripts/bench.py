@@ -39,6 +39,7 @@ SECTIONS = [
     "circuits",
     "hf",
     "fsdp",
+    "compile",
 ]
 
 
