@@ -32,9 +32,25 @@ def modes_restored(model: nn.Module) -> Iterator[None]:
 @contextlib.contextmanager
 def frozen_running_stats(modules: Iterable[nn.Module]) -> Iterator[None]:
     """BatchNorm layers among ``modules`` normalise as their mode says (batch statistics in train
-    mode), and their running statistics are as before when the context closes: the passes
-    inside update them, and they are put back. Not by turning ``track_running_stats`` off: a
-    compiled model guards on that flag and would compile the pass again."""
+    mode) but update no running statistics until the context closes (an eval-mode pass inside
+    reads them unchanged)."""
+    tracked = [m for m in modules if isinstance(m, _BatchNorm) and m.track_running_stats]
+    for m in tracked:
+        m.track_running_stats = False
+    try:
+        yield
+    finally:
+        for m in tracked:
+            m.track_running_stats = True
+
+
+@contextlib.contextmanager
+def running_stats_restored(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """BatchNorm layers among ``modules`` have their running statistics as before when the
+    context closes: the passes inside (train mode: batch statistics) update them, and they are
+    put back. For a training step's later passes: unlike ``frozen_running_stats`` no flag
+    changes, so a compiled model runs them on the first pass's graph (no guard fails, no
+    recompile)."""
     tracked = [
         m
         for m in modules

@@ -10,7 +10,7 @@ import torch
 from conftest import compose, run_cli
 from torch import nn
 
-from sam_runner.module_state import frozen_running_stats
+from sam_runner.module_state import running_stats_restored
 from sam_runner.optim import SAM
 from sam_runner.train import train
 from sam_runner.training.compile import compiled, compiler_missing
@@ -23,11 +23,11 @@ def _bn_net() -> nn.Module:
     )
 
 
-def test_frozen_running_stats_puts_them_back_and_changes_no_output():
+def test_running_stats_restored_puts_them_back_and_changes_no_output():
     net, x = _bn_net().train(), torch.randn(8, 1, 16)
     bn = net[1]
     before = [bn.running_mean.clone(), bn.running_var.clone(), bn.num_batches_tracked.clone()]
-    with frozen_running_stats(net.modules()):
+    with running_stats_restored(net.modules()):
         inside = net(x)
         assert bn.track_running_stats  # the flag a compiled model guards on stays as it was
     after = [bn.running_mean, bn.running_var, bn.num_batches_tracked]
