@@ -40,6 +40,7 @@ SECTIONS = [
     "hf",
     "fsdp",
     "compile",
+    "host",
 ]
 
 

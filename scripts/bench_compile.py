@@ -12,27 +12,9 @@ compile_s                 seconds of the compiled run's first step (the compilat
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
-from benchutil import interleaved_ratio, single_threaded
-
-
-def _run(*overrides):
-    from hydra import compose, initialize_config_dir
-
-    from sam_runner.cli import register_resolvers
-    from sam_runner.paths import config_dir
-    from sam_runner.training.run import Run
-
-    register_resolvers()
-    overrides = ["optimizer=sam", "trainer.progress=none", "trainer.epochs=1000", *overrides]
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    run = Run(cfg, Path(tempfile.mkdtemp()), overrides)
-    run.setup()
-    return run
+from benchutil import interleaved_ratio, set_up_run, single_threaded
 
 
 @single_threaded
@@ -40,7 +22,8 @@ def run(args) -> dict:
     repeats = 3 if args.quick else args.repeats
     from gpu_parts import Stepper  # the epoch loop's body, as the GPU check times it
 
-    eager, fast = Stepper(_run(), None), Stepper(_run("trainer.compile=true"), None)
+    eager = Stepper(set_up_run("optimizer=sam"), None)
+    fast = Stepper(set_up_run("optimizer=sam", "trainer.compile=true"), None)
     t0 = time.perf_counter()
     fast.step()
     compile_s = time.perf_counter() - t0
