@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import UserError, require
-from .registry import VARIANTS
 from .runfiles import Checkpoint, json_problem, read_json, read_rows, scan_rows
 
 if TYPE_CHECKING:
@@ -186,10 +185,22 @@ def get(cfg: Mapping | None, dotted: str) -> Any:
     return cfg
 
 
+# the variants whose class says ``has_rho = False``, named here so that the readers of run
+# folders need not import the variants (torch) to tell; tests/test_registry.py checks it
+NO_RHO = frozenset({"base", "le_sam"})
+
+
 def has_rho(variant: str) -> bool:
     """Whether a variant's ``optimizer.rho`` is a perturbation radius (not for ``base``; an unknown
-    variant is taken at its configured ρ)."""
-    return VARIANTS.entry(variant).has_rho if variant in VARIANTS else True
+    variant is taken at its configured ρ).
+
+    Args:
+        variant: the variant's name (``optimizer.name``).
+
+    Returns:
+        False for the variants in ``NO_RHO``, else True.
+    """
+    return variant not in NO_RHO
 
 
 class RunDir:
