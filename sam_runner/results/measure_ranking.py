@@ -351,7 +351,7 @@ def _measures_table(report) -> Table | None:
     table = Table(points, sweep_axes(points))
     for key in keys:
         x, gap = _pairs(points, key, lambda p: p.gen_gap)
-        _, err = _pairs(points, key, lambda p: p.test_error)
+        x_err, err = _pairs(points, key, lambda p: p.test_error)
         psi, per_axis = granulated_tau(points, key, table.axes)
         tau, p_value = kendall(x, gap)
         table.rows.append(
@@ -359,7 +359,7 @@ def _measures_table(report) -> Table | None:
                 "measure": key,
                 "tau_gen_gap": tau,
                 "p_gen_gap": p_value,
-                "tau_test_error": kendall_tau(_pairs(points, key, lambda p: p.test_error)[0], err),
+                "tau_test_error": kendall_tau(x_err, err),
                 "psi": psi,
                 **{f"psi_{a}": v for a, v in per_axis.items()},
                 "n": len(x),
