@@ -23,7 +23,9 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
   ``measures.<format>``).
 
 Written again into one folder, a report removes the files the last one wrote there and this one
-does not (``MANIFEST``). The choices (groups, statistics, missing jobs, the bound) are sweep.py's.
+does not (``MANIFEST``), and reuses the jobs' YAML files as the last one parsed them while they
+are unchanged (``CACHE``, ``rundir.ParsedYaml``). The choices (groups, statistics, missing
+jobs, the bound) are sweep.py's.
 """
 
 from __future__ import annotations
