@@ -7,12 +7,12 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
+import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-    import torch
     from torch import nn
 
 
@@ -32,7 +32,8 @@ def modes_restored(model: nn.Module) -> Iterator[None]:
 @contextlib.contextmanager
 def frozen_running_stats(modules: Iterable[nn.Module]) -> Iterator[None]:
     """BatchNorm layers among ``modules`` normalise as their mode says (batch statistics in train
-    mode) but update no running statistics until the context closes."""
+    mode) but update no running statistics until the context closes (an eval-mode pass inside
+    reads them unchanged)."""
     tracked = [m for m in modules if isinstance(m, _BatchNorm) and m.track_running_stats]
     for m in tracked:
         m.track_running_stats = False
@@ -41,6 +42,27 @@ def frozen_running_stats(modules: Iterable[nn.Module]) -> Iterator[None]:
     finally:
         for m in tracked:
             m.track_running_stats = True
+
+
+@contextlib.contextmanager
+def running_stats_restored(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """BatchNorm layers among ``modules`` have their running statistics as before when the
+    context closes: the passes inside (train mode: batch statistics) update them, and they are
+    put back. For a training step's later passes: unlike ``frozen_running_stats`` no flag
+    changes, so a compiled model runs them on the first pass's graph (no guard fails, no
+    recompile)."""
+    tracked = [
+        m
+        for m in modules
+        if isinstance(m, _BatchNorm) and m.track_running_stats and m.running_mean is not None
+    ]
+    running = [b for m in tracked for b in (m.running_mean, m.running_var, m.num_batches_tracked)]
+    kept = [b.clone() for b in running]
+    try:
+        yield
+    finally:
+        if running:
+            torch._foreach_copy_(running, kept)
 
 
 @contextlib.contextmanager

@@ -22,17 +22,26 @@ sam-index read folders with it; ``checkpoint()`` imports torch.
 
 from __future__ import annotations
 
+import json
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import UserError, require
-from .registry import VARIANTS
-from .runfiles import Checkpoint, json_problem, read_json, read_rows, scan_rows
+from .runfiles import (
+    Checkpoint,
+    atomic_write_bytes,
+    json_problem,
+    read_json,
+    read_rows,
+    scan_rows,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
     from typing import Any
 
     from omegaconf import DictConfig
@@ -156,6 +165,11 @@ def landscape_folder(weights: str = "last") -> str:
 
 
 def _read_yaml(path: Path):
+    parsed = _PARSED.get()
+    return parsed.read(path) if parsed is not None else _parse_yaml(path)
+
+
+def _parse_yaml(path: Path):
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where built: 10x faster
@@ -163,6 +177,78 @@ def _read_yaml(path: Path):
         return yaml.load(path.read_text(), Loader=loader)
     except (OSError, yaml.YAMLError):
         return None
+
+
+class ParsedYaml:
+    """The YAML files of run folders already parsed, kept as JSON in one file: a file whose
+    size, mtime, ctime and inode are those it had when parsed is not parsed again (a thousand
+    jobs' ``.hydra/config.yaml`` parse in seconds, their JSON in a blink). Values that JSON does
+    not give back equal (dates, keys that are not strings, NaN) are parsed every time."""
+
+    VERSION = 1
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        kept = read_json(self.path) or {}
+        self._kept = kept.get("files") if kept.get("version") == self.VERSION else None
+        self._kept = self._kept if isinstance(self._kept, dict) else {}
+        self._read: dict[str, list] = {}  # what this run read: what the next one may reuse
+
+    def read(self, path: Path) -> Any:
+        """``path``'s YAML: the kept value while the file is unchanged, else parsed anew."""
+        key = os.path.abspath(path)
+        try:
+            st = os.stat(path)  # before the read: a file changed meanwhile is parsed next time
+        except OSError:
+            return None
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        kept = self._kept.get(key)
+        if isinstance(kept, list) and len(kept) == 5 and kept[:4] == stamp:
+            self._read[key] = kept
+            return json.loads(kept[4])  # kept as text: each read is the caller's own copy
+        value = _parse_yaml(path)
+        try:
+            text = json.dumps(value, allow_nan=False)
+            same = value is not None and json.loads(text) == value
+        except (TypeError, ValueError):
+            same = False
+        if same:
+            self._read[key] = [*stamp, text]
+        return value
+
+    def save(self) -> None:
+        """Keep what this run read (atomically; nothing when it changed nothing, or the folder
+        cannot be written: the files are parsed again next time)."""
+        if self._read == self._kept:
+            return
+        data = json.dumps({"version": self.VERSION, "files": self._read}, separators=(",", ":"))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.path, data.encode())
+        except OSError:
+            pass
+
+
+_PARSED: ContextVar[ParsedYaml | None] = ContextVar("parsed_yaml", default=None)
+
+
+@contextmanager
+def parsed_yaml_kept_in(path: Path | str) -> Iterator[ParsedYaml]:
+    """Within it, run folders' YAML files are read through ``ParsedYaml(path)``, saved at the end.
+
+    Args:
+        path: the JSON file that keeps the parsed files (a report's ``.sam-report-cache.json``).
+
+    Yields:
+        The ``ParsedYaml`` in use.
+    """
+    parsed = ParsedYaml(path)
+    token = _PARSED.set(parsed)
+    try:
+        yield parsed
+        parsed.save()
+    finally:
+        _PARSED.reset(token)
 
 
 def unflatten(flat: dict) -> dict:
@@ -186,10 +272,22 @@ def get(cfg: Mapping | None, dotted: str) -> Any:
     return cfg
 
 
+# the variants whose class says ``has_rho = False``, named here so that the readers of run
+# folders need not import the variants (torch) to tell; tests/test_registry.py checks it
+NO_RHO = frozenset({"base", "le_sam"})
+
+
 def has_rho(variant: str) -> bool:
     """Whether a variant's ``optimizer.rho`` is a perturbation radius (not for ``base``; an unknown
-    variant is taken at its configured ρ)."""
-    return VARIANTS.entry(variant).has_rho if variant in VARIANTS else True
+    variant is taken at its configured ρ).
+
+    Args:
+        variant: the variant's name (``optimizer.name``).
+
+    Returns:
+        False for the variants in ``NO_RHO``, else True.
+    """
+    return variant not in NO_RHO
 
 
 class RunDir:

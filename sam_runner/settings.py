@@ -59,6 +59,7 @@ RUN_ONLY_KEYS = (
     "trainer.on_locked",
     "trainer.threads",  # how many CPU threads, not what a run computes
     "trainer.compile",
+    "trainer.compile_mode",
     "trainer.activation_checkpointing",  # recomputes activations: memory, not results
     "trainer.channels_last",
     "logger",

@@ -87,15 +87,17 @@ class OUIDecay(Part):
             "weight_decay=ouidecay needs a model with conv or linear layers (their OUI drives "
             "the coefficients); this model has none: use weight_decay=constant",
         )
+        from .optim.build import subgroup
+
         names = {id(m.weight): n for n, m in self.layers.items()}
         out = []
         for g in groups:
-            rest = [p for p in g["params"] if id(p) not in names]
-            for p in g["params"]:
+            rest = [i for i, p in enumerate(g["params"]) if id(p) not in names]
+            for i, p in enumerate(g["params"]):
                 if id(p) in names:
-                    out.append({**g, "params": [p], "layer": names[id(p)]})
+                    out.append(subgroup(g, [i], layer=names[id(p)]))
             if rest:
-                out.append({**g, "params": rest})
+                out.append(subgroup(g, rest))
         return out
 
     def attach(self, run: Run) -> None:

@@ -39,6 +39,8 @@ SECTIONS = [
     "circuits",
     "hf",
     "fsdp",
+    "compile",
+    "host",
 ]
 
 

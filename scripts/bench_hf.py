@@ -14,8 +14,8 @@ hf_sam_peak_memory_over_base_plus_params
                               (our SAM, LBFGS-convention closure; its state included) over that
                               of two base-AdamW steps plus one copy of the trainable parameters
                               (a 4-layer, 256-wide model of the same kind, batch 8; measured
-                              in a fresh process each, as bench_memory.py: CUDA's peak
-                              allocated, or the CPU's resident high-water mark);
+                              in a fresh process each, as bench_memory.py: the peak of
+                              torch's own allocations, CUDA's or the CPU profiler's);
                               target ≤ 1.0
 own_lora_over_peft_step       a training step (forward, backward, AdamW) of the runner's GPT
                               (model=gpt, 2 layers, 64 wide) with our LoRA layers (rank 8 on every
@@ -126,7 +126,7 @@ def _memory_child(kind: str) -> dict:
 
 def _in_child(kind: str) -> dict:
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     out = subprocess.run(
         [sys.executable, __file__, kind], env=env, capture_output=True, text=True, check=True
     )

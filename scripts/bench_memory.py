@@ -1,9 +1,8 @@
 """Bench section: peak memory (python scripts/bench.py --only memory). Each figure is the peak
 memory a piece of work adds, over a reference size, measured in a fresh process per sample
-(median of the samples): on CUDA the peak allocated by torch, on a CPU the peak resident set
-(the kernel's high-water mark, reset just before the work; /proc/self/clear_refs) of a process
-whose allocator gives freed blocks back at once (MALLOC_MMAP_THRESHOLD_=65536: live memory, as
-CUDA's allocator counts it, not what glibc keeps for reuse).
+(median of the samples): the peak of torch's own allocations, on CUDA its allocator's peak, on a
+CPU the running sum of the profiler's allocation and free events (live tensors, as CUDA's
+allocator counts them; not what the C library keeps for reuse or the process loads once).
 
 lanczos_peak_memory_over_params  a 100-step Lanczos run for λ_max (tol 1e-5, so that it does
                              not stop: the float32 basis of the default tolerance) on a
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -36,13 +34,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _status_bytes(key: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{key}:\s+(\d+) kB", text).group(1)) * 1024
-
-
 def peak_added(fn) -> int:
-    """Bytes of memory ``fn()`` adds at its peak, over what was held before it."""
+    """Bytes of memory ``fn()`` adds at its peak, over what was held before it: torch's own
+    allocations on either device (CUDA's peak allocated; on a CPU the running sum of the
+    profiler's allocation and free events), so that the figure counts tensors, not what the
+    C library keeps or the process loads."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -50,10 +46,17 @@ def peak_added(fn) -> int:
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before
-    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark back to the current set
-    before = _status_bytes("VmRSS")
-    fn()
-    return _status_bytes("VmHWM") - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = prof.profiler.kineto_results.events()
+    changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    held = peak = 0
+    for _, nbytes in changes:
+        held += nbytes
+        peak = max(peak, held)
+    return peak
 
 
 def _lanczos_child() -> dict:
@@ -111,7 +114,7 @@ class Davda54SAM(torch.optim.Optimizer):
             self.zero_grad()
 
 
-def _resnet18():
+def _resnet18(batch: int = 32):
     from omegaconf import OmegaConf
 
     from sam_runner.models import build_model
@@ -119,12 +122,14 @@ def _resnet18():
     torch.manual_seed(0)
     model = build_model(OmegaConf.create({"arch": "resnet18"}), (3, 32, 32), 10)
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
+    x = torch.randn(batch, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (batch,), generator=g)
     return model, x, y
 
 
-def _steps_child(kind: str) -> dict:
-    """Peak memory of building ResNet-18 and its optimizer and taking two steps (bytes)."""
+def _steps_child(kind: str, batch: int = 32) -> dict:
+    """Peak memory of building ResNet-18 and its optimizer and taking two steps on batches of
+    ``batch`` (bytes)."""
     from sam_runner.optim import SAM
     from sam_runner.optim.base import Base
 
@@ -137,7 +142,7 @@ def _steps_child(kind: str) -> dict:
     }
 
     def run():
-        model, x, y = _resnet18()
+        model, x, y = _resnet18(batch)
         _two_steps(kind, model, makers[kind](model), x, y)
 
     return {"bytes": peak_added(run)}
@@ -173,7 +178,7 @@ CHILDREN = {
 
 def _in_child(name: str) -> dict:
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, MALLOC_MMAP_THRESHOLD_="65536")
+    env = dict(os.environ, PYTHONPATH=path)
     out = subprocess.run(
         [sys.executable, __file__, name], env=env, capture_output=True, text=True, check=True
     )

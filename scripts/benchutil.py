@@ -51,3 +51,24 @@ def single_threaded(fn):
             torch.set_num_threads(threads)
 
     return run
+
+
+def set_up_run(*overrides: str):
+    """A ``Run`` set up as ``sam-run`` builds one (composed config, data, model, optimizer,
+    scheduler, parts), in a temporary folder, for timing its steps (``gpu_parts.Stepper``)."""
+    import tempfile
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from sam_runner.cli import register_resolvers
+    from sam_runner.paths import config_dir
+    from sam_runner.training.run import Run
+
+    register_resolvers()
+    overrides = ["trainer.progress=none", "trainer.epochs=1000", *overrides]
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    run = Run(cfg, Path(tempfile.mkdtemp()), overrides)
+    run.setup()
+    return run

@@ -63,28 +63,32 @@ def test_image_model_on_1d_data_is_one_line():
         build_model(OmegaConf.create({"arch": "resnet18"}), (1, 40), 10)
 
 
-def test_groups_are_blocks_with_norm_weights_in_their_layer():
+def _structure(groups) -> dict:
+    """id(parameter) -> (block, kind, hidden, use_muon), from the groups' per-parameter lists."""
+    return {
+        id(p): (b, k, h, g["use_muon"])
+        for g in groups
+        for p, b, k, h in zip(g["params"], g["blocks"], g["kinds"], g["hidden_flags"])
+    }
+
+
+def test_groups_are_few_with_blocks_and_norm_weights_in_their_layer():
     model = build_model(OmegaConf.create({"arch": "resnet18"}), (3, 32, 32), 10)
     groups = parameter_groups(model)
-    blocks = [g["block"] for g in groups]
+    assert len(groups) == 1  # no 2-D hidden matrix (no Muon group): one launch per foreach op
+    structure = _structure(groups)
+    blocks = [structure[id(p)][0] for p in model.parameters()]
     assert blocks[0] == "stem" and blocks[-1] == "head"
     assert {"layer1", "layer2", "layer3", "layer4"} <= set(blocks)
     stem_bn = model.stem[1]
-    stem_weights = [
-        p for g in groups if g["block"] == "stem" and g["kind"] == "weight" for p in g["params"]
-    ]
-    assert any(p is stem_bn.weight for p in stem_weights), (
-        "BN weight is a weight of its layer's block"
-    )
-    stem_biases = [
-        p for g in groups if g["block"] == "stem" and g["kind"] == "bias" for p in g["params"]
-    ]
-    assert any(p is stem_bn.bias for p in stem_biases)
+    assert structure[id(stem_bn.weight)][:2] == ("stem", "weight"), "a BN weight is its layer's"
+    assert structure[id(stem_bn.bias)][:2] == ("stem", "bias")
     every = [p for g in groups for p in g["params"]]
     assert len(every) == len(list(model.parameters())) == len({id(p) for p in every})
-    assert not any(g["hidden"] for g in groups if g["block"] in ("stem", "head"))
-    assert not any(g["hidden"] for g in groups if g["kind"] == "bias")
-    assert all(all(p.ndim == 2 for p in g["params"]) for g in groups if g["use_muon"])
+    assert not any(h for b, k, h, _ in structure.values() if b in ("stem", "head") or k == "bias")
+    gpt = build_model(OmegaConf.create({"arch": "gpt"}), (16,), 256)
+    assert [g["use_muon"] for g in parameter_groups(gpt)] == [True, False]  # Muon's, the rest
+    assert all(p.ndim == 2 for p in parameter_groups(gpt)[0]["params"])
 
 
 def _flags(model):
@@ -93,7 +97,7 @@ def _flags(model):
     groups = parameter_groups(model)
     every = [names[id(p)] for g in groups for p in g["params"]]
     assert sorted(every) == sorted(names.values())  # each parameter once
-    hidden = {names[id(p)] for g in groups if g["hidden"] for p in g["params"]}
+    hidden = {names[id(p)] for g in groups for p, h in zip(g["params"], g["hidden_flags"]) if h}
     muon = {names[id(p)] for g in groups if g["use_muon"] for p in g["params"]}
     return hidden, muon
 
@@ -122,7 +126,7 @@ def test_hidden_is_every_linear_and_conv_weight_but_the_input_layer_and_the_head
     convs = _weights(vgg, *conv)
     assert convs[0] == "stage1.0.weight" and len(convs) == 13
     assert _flags(vgg) == (set(convs[1:]), set())
-    assert {g["block"] for g in parameter_groups(vgg) if g["hidden"]} == {
+    assert {b for b, _, h, _ in _structure(parameter_groups(vgg)).values() if h} == {
         f"stage{i}" for i in range(1, 6)
     }
 

@@ -39,6 +39,22 @@ def test_a_class_states_its_metadata_once_and_a_name_is_registered_once():
         registry.register("two", "another", target=object)
 
 
+def test_what_readers_know_of_the_variants_without_them_is_the_registrys():
+    # sam-report tells which variants have a ρ from rundir.NO_RHO, without importing torch
+    from sam_runner.rundir import NO_RHO, has_rho
+
+    assert set(NO_RHO) == {e.name for e in VARIANTS.entries() if not e.has_rho}
+    # ... and the variants' colours from conf/optimizer/*.yaml
+    from sam_runner.plots.style import variant_names
+
+    assert variant_names() == tuple(sorted(VARIANTS))
+    assert [has_rho(n) for n in ("base", "sam", "a_variant_of_a_newer_runner")] == [
+        False,
+        True,
+        True,
+    ]
+
+
 def test_the_readme_option_table_is_the_registries():
     from sam_runner.help import markdown_options
 

@@ -5,6 +5,7 @@ jobs; its answers are the files' (and those sam-report, sam-eval and sam-landsca
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -101,3 +102,50 @@ def test_weights_a_run_does_not_have_are_one_line(without_hydra):
     assert "\n" not in str(e.value)
     with pytest.raises(UserError, match="weights='best' is unknown"):
         state_dict(RunDir(without_hydra[0]), "best")
+
+
+def test_parsed_yaml_is_reused_while_its_file_is_unchanged_and_parsed_again_after(
+    tmp_path, monkeypatch
+):
+    from sam_runner import rundir
+
+    parses = []
+    parse = rundir._parse_yaml
+    monkeypatch.setattr(rundir, "_parse_yaml", lambda p: parses.append(p.name) or parse(p))
+    kept = tmp_path / "report" / "cache.json"
+    job = tmp_path / "job"
+    (job / ".hydra").mkdir(parents=True)
+    config = job / ".hydra" / "config.yaml"
+    config.write_text("optimizer:\n  name: sam\n  rho: 0.05\nseed: 0\n")
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("1: one\nwhen: 2026-12-06\n")  # JSON cannot say these: parsed every time
+
+    def read_both():
+        with rundir.parsed_yaml_kept_in(kept):
+            return RunDir(job).hydra_config, rundir._read_yaml(odd)
+
+    first = read_both()
+    assert first == ({"optimizer": {"name": "sam", "rho": 0.05}, "seed": 0}, parse(odd))
+    assert parses == ["config.yaml", "odd.yaml"] and kept.is_file()
+    parses.clear()
+    assert read_both() == first and parses == ["odd.yaml"]  # config.yaml from the kept JSON
+
+    # the same size and mtime, another file (an atomic rewrite): parsed again
+    stat = config.stat()
+    new = config.with_name("new.yaml")
+    new.write_text(config.read_text().replace("0.05", "0.10"))
+    os.replace(new, config)
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    parses.clear()
+    assert read_both()[0]["optimizer"]["rho"] == 0.10 and parses == ["config.yaml", "odd.yaml"]
+    # edited in place (another size): parsed again; a value read is the caller's to change
+    config.write_text("optimizer:\n  name: base\n")
+    with rundir.parsed_yaml_kept_in(kept):
+        cfg = RunDir(job).hydra_config
+        cfg["optimizer"]["name"] = "changed by the caller"
+    with rundir.parsed_yaml_kept_in(kept):
+        assert RunDir(job).hydra_config == {"optimizer": {"name": "base"}}
+    # outside the context nothing is kept; a kept file that is not ours is ignored
+    kept.write_text("[not, ours]")
+    assert RunDir(job).hydra_config == {"optimizer": {"name": "base"}}
+    assert read_both()[0] == {"optimizer": {"name": "base"}}

@@ -155,3 +155,33 @@ def test_a_tokenizer_that_is_not_there_is_one_line(tmp_path, capsys):
     argv = ["dataset=text", "dataset.tokenizer=sam-runner-tests/no-such-tokenizer", *HF_TINY, LLAMA]
     _one_line_exit_2(tmp_path, capsys, argv, "dataset.tokenizer=sam-runner-tests/no-such-tokenizer",
                      "huggingface-cli download")  # fmt: skip
+
+
+def test_a_classifier_masks_the_pad_token_of_the_datas_tokenizer(tables, tmp_path):
+    """The pad id comes from dataset.tokenizer (here 2), not the architecture's config: a
+    right-padded row is classified as the row without its padding (a Llama classifier pools
+    at each row's last non-pad token)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from sam_runner.models import build_model
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    specials = ["[UNK]", "<eos>", "[PAD]"]
+    tok.train_from_iterator(DOCS, trainers.BpeTrainer(vocab_size=120, special_tokens=specials))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]")
+    fast.save_pretrained(tmp_path / "tok")
+    cfg = compose(
+        "dataset=table", f"dataset.path={tables / 'docs.jsonl'}",
+        f"dataset.tokenizer={tmp_path / 'tok'}", "dataset.block_size=24", *HF_TINY, LLAMA,
+        "model.task=sequence_classification",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(cfg.model, (24,), 2).eval()
+    assert fast.pad_token_id == 2 and model.pad_token_id == 2 == model.hf.config.pad_token_id
+    ids = fast("the loss landscape is flat")["input_ids"]
+    padded = torch.full((1, 24), 2)
+    padded[0, : len(ids)] = torch.tensor(ids)
+    with torch.no_grad():
+        assert torch.allclose(model(padded), model(torch.tensor([ids])), atol=1e-6)

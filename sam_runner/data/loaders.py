@@ -179,16 +179,18 @@ class Normalize:
         late = self.policy is not None and self.policy.after_normalisation
         if self.policy is not None and not late:  # on the stored images (uint8: their range)
             x = self.policy.apply(x, seeds[share])
-        mean, std = self.constants(x.device)
-        # one float32 copy, normalised in place: a whole measurement subset passes here, and
-        # temporaries would hold it three more times
-        x = x.to(torch.float32, copy=True).div_(self.scale).sub_(mean).div_(std)
+        gain, shift = self.constants(x.device)
+        # one float32 copy, normalised in place (a whole measurement subset passes here, and
+        # temporaries would hold it three more times) as (x/scale − mean)/std = x·gain + shift:
+        # two passes over the floats instead of three (float error, ~1 ulp)
+        x = x.to(torch.float32, copy=True).mul_(gain).add_(shift)
         return self.policy.apply(x, seeds[share]) if late else x
 
     def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, std) on ``device``, copied there once."""
+        """(gain, shift) = (1/(scale·std), −mean/std) on ``device``, copied there once."""
         if device not in self._constants:
-            self._constants[device] = (to_device(self.mean, device), to_device(self.std, device))
+            gain, shift = 1 / (self.scale * self.std), -self.mean / self.std
+            self._constants[device] = (to_device(gain, device), to_device(shift, device))
         return self._constants[device]
 
 

@@ -66,6 +66,19 @@ def load_tokenizer(name: str):
     return tok
 
 
+def pad_id(name: str | None) -> int:
+    """The id ``dataset=table`` right-pads its rows with, and the id a ``model=hf`` classifier
+    masks: the pad token of the tokenizer ``name``, else 0 (bytes: 0).
+
+    Args:
+        name: the tokenizer (``dataset.tokenizer``), None for bytes.
+    """
+    if name is None:
+        return 0
+    pad = load_tokenizer(name).pad_token_id
+    return 0 if pad is None else int(pad)
+
+
 def vocab_size(cfg) -> int | None:
     """The tokenizer's vocabulary (None: bytes)."""
     name = tokenizer_name(cfg)
@@ -239,8 +252,8 @@ def table_shape(cfg) -> tuple[tuple, int]:
 
 
 def _encode(texts, cfg, length: int) -> torch.Tensor:
-    """[N, length] token ids, truncated and right-padded (bytes pad with 0; a tokenizer with its
-    pad token, else 0: the id model=hf masks)."""
+    """[N, length] token ids, truncated and right-padded with ``pad_id`` (the id model=hf
+    masks)."""
     name = tokenizer_name(cfg)
     out = torch.zeros(len(texts), length, dtype=torch.long)
     if name is None:
@@ -249,8 +262,7 @@ def _encode(texts, cfg, length: int) -> torch.Tensor:
             out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         return out
     tok = load_tokenizer(name)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    out.fill_(pad)
+    out.fill_(pad_id(name))
     for i, ids in enumerate(
         tok([str(t) for t in texts], truncation=True, max_length=length)["input_ids"]
     ):

@@ -318,11 +318,19 @@ def hf(cfg, input_shape, num_classes):
         raise UserError(f"model=hf model.name={name}: {one_line(e)}") from None
     if chosen == "causal_lm" and hasattr(model.config, "use_cache"):
         model.config.use_cache = False
-    pad = getattr(config, "pad_token_id", None)
-    if chosen == "sequence_classification" and pad is None:
-        pad = 0
-        model.config.pad_token_id = 0
-    return HFModel(model, chosen, pad)
+    return HFModel(model, chosen, _padding(cfg, chosen, model))
+
+
+def _padding(cfg, chosen: str, model: nn.Module) -> int | None:
+    """The id a classifier masks, set in its config too: the id the data is padded with (the
+    data's tokenizer's pad token, else 0), whatever the checkpoint's config says, since the
+    mask and the classifier's last-token pooling find each row's end by it."""
+    if chosen != "sequence_classification":
+        return getattr(model.config, "pad_token_id", None)
+    from ..data.tokenized import pad_id, tokenizer_name
+
+    model.config.pad_token_id = pad_id(tokenizer_name(cfg))
+    return model.config.pad_token_id
 
 
 def describe(model_cfg, model: nn.Module | None = None) -> dict:

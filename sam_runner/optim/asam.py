@@ -44,12 +44,8 @@ class ASAM(SharpnessAware):
         """Indices of weight tensors and of bias tensors in the engine's flat list (cached)."""
         c = self._cache
         if "weights" not in c:
-            flags = []
-            for (a, b), g in zip(c["slices"], self.param_groups):
-                kind = g.get("kind")
-                flags += [
-                    (kind == "weight") if kind is not None else p.ndim > 1 for p in params[a:b]
-                ]
+            kinds = self.per_parameter("kind", lambda p, _: "weight" if p.ndim > 1 else "bias")
+            flags = [kind == "weight" for kind in kinds]
             c["weights"] = [i for i, w in enumerate(flags) if w]
             c["biases"] = [i for i, w in enumerate(flags) if not w]
             c["t"] = [torch.empty_like(params[i]) for i in c["weights"]]  # persistent T buffer

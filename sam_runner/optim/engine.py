@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..module_state import frozen_running_stats, gradient_sync_paused, gradients_skipped
+from ..module_state import gradient_sync_paused, gradients_skipped, running_stats_restored
 from .schedule import PerturbSchedule, check_schedule
 
 if TYPE_CHECKING:
     from torch.optim.optimizer import ParamsT
 
 RHO_SCHEDULES = ("constant", "lr", "cosine")
+# a parameter's structure in the runner's groups: one list entry per parameter (optim/build.py)
+PER_PARAMETER = {"block": "blocks", "kind": "kinds", "hidden": "hidden_flags"}
 Tensors = list[torch.Tensor]  # one tensor per parameter with a gradient, in the groups' order
 
 
@@ -158,7 +160,6 @@ class SharpnessAware(torch.optim.Optimizer):
         # one set of groups, shared with the base
         self.param_groups = self.base_optimizer.param_groups
         self.defaults.update(self.base_optimizer.defaults)
-        self._foreach_on_shards()
         self.rho = float(rho)
         self.rho_schedule = rho_schedule
         self.interval = int(interval)
@@ -188,20 +189,6 @@ class SharpnessAware(torch.optim.Optimizer):
         self._perturbation_filters, self._gradient_adjusters = [], []
         if model is not None:
             self.bind(model=model)
-
-    def _foreach_on_shards(self) -> None:
-        """Sharded parameters (FSDP2's DTensors): the base optimizer's multi-tensor (foreach)
-        update, where it has one and was left to choose. On a CPU torch chooses the per-tensor
-        loop, one DTensor dispatch per operation and tensor: an SGD step of the fsdp bench's GPT
-        (52 tensors, 2 processes) took 7.8 ms so, 1.8 ms with foreach."""
-        from torch.distributed.tensor import DTensor
-
-        first = next((p for g in self.param_groups for p in g["params"]), None)
-        if not isinstance(first, DTensor):
-            return
-        for g in self.param_groups:
-            if "foreach" in g and g["foreach"] is None:
-                g["foreach"] = True
 
     # ------------------------------------------------------------------ wiring
     def bind(
@@ -259,6 +246,30 @@ class SharpnessAware(torch.optim.Optimizer):
             with torch.no_grad():
                 return c["params"], [p.grad.to_local() for p in c["sharded"]], c["slices"]
         return c["params"], [p.grad for p in c["params"]], c["slices"]
+
+    def per_parameter(
+        self, key: str, default: Callable[[torch.Tensor, int], Any], with_grads: bool = True
+    ) -> list:
+        """Each parameter's ``key`` (``block``, ``kind`` or ``hidden``), in the order of the
+        engine's flat lists: the group's per-parameter list (``PER_PARAMETER[key]``, the
+        runner's groups), else the group's own ``key`` (groups built by hand), else
+        ``default(parameter, group index)``.
+
+        Args:
+            key: ``block``, ``kind`` or ``hidden``.
+            default: the value of a parameter whose group says nothing.
+            with_grads: only the parameters with a gradient (``_lists()``'s); False: all.
+        """
+        out = []
+        for gi, g in enumerate(self.param_groups):
+            listed, own = g.get(PER_PARAMETER[key]), g.get(key)
+            for i, p in enumerate(g["params"]):
+                if with_grads and p.grad is None:
+                    continue
+                out.append(
+                    listed[i] if listed is not None else own if own is not None else default(p, gi)
+                )
+        return out
 
     def _local_shards(self, c) -> None:
         """Under sharding: ``params`` become the local shards (``sharded`` the parameters), and
@@ -347,8 +358,9 @@ class SharpnessAware(torch.optim.Optimizer):
         self.pass_index, self.pass_syncs = index, sync
         paused = not sync and self.model is not None
         ctx = gradient_sync_paused(self.model) if paused else contextlib.nullcontext()
-        # later passes normalise with batch statistics but leave running statistics alone
-        frozen = frozen_running_stats(self._bn) if index > 0 else contextlib.nullcontext()
+        # later passes normalise with batch statistics; the running statistics are the first
+        # pass's when they end
+        frozen = running_stats_restored(self._bn) if index > 0 else contextlib.nullcontext()
         skipped = gradients_skipped(skip) if skip else contextlib.nullcontext()
         with ctx, frozen, skipped, torch.enable_grad():
             return closure()
@@ -630,7 +642,7 @@ class SharpnessAware(torch.optim.Optimizer):
         SharpnessAware.perturb_(self, params, pgrads)  # ε into its buffers, the gradients kept
         self._first_loss = loss
         stack = contextlib.ExitStack()
-        stack.enter_context(frozen_running_stats(self._bn))
+        stack.enter_context(running_stats_restored(self._bn))
         self._between_steps = stack
         # the caller's next forward is the perturbed pass (reduce_loss reads it)
         self.pass_index = 1

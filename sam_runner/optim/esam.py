@@ -83,6 +83,7 @@ class ESAM(SAM):
         self.generator = None  # made on the parameters' device at the first perturbed step
         self._generator_state = None
         self._before, self._after, self._kept, self._probing = [], [], [], False
+        self._rows = []  # each kept micro-batch's rows in the first pass
         self._warned = False
         self._drawn_from = None
         self._keep = None  # faithful: (the trained tensors, the mask drawn over them this step)
@@ -184,15 +185,17 @@ class ESAM(SAM):
         most); all in the other passes."""
         if not self._kept:
             return tensors
-        keep = self._kept.pop(0)
+        keep, rows = self._kept.pop(0), self._rows.pop(0)
         if keep is None:
             return tensors
         n = len(tensors[0])
         _check(
-            len(keep) == n,
+            rows == n,
             f"ESAM's descent pass got a micro-batch of {n} rows where the first pass had "
-            f"{len(keep)}: pass the same micro-batches, in the same order, to every pass",
+            f"{rows}: pass the same micro-batches, in the same order, to every pass",
         )
+        if keep.dtype != torch.bool:  # row indices, in order: no host sync
+            return tuple(t if t is None else t.index_select(0, keep) for t in tensors)
         return tuple(t if t is None else t[keep.to(t.device)] for t in tensors)
 
     def _probe(self, closure):
@@ -208,11 +211,17 @@ class ESAM(SAM):
         rise = torch.cat(self._after).float() - torch.cat(self._before).float()
         batch = len(rise)
         n = int(batch * self.gamma)
+        self._rows = list(sizes)
         if rise.device.type == "meta":  # no values to rank: the whole batch (shapes only)
             self._kept, self.pass_share = [None] * len(sizes), max(n, 1) / batch
             return
         keep = torch.zeros(batch, dtype=torch.bool, device=rise.device)
         top = torch.topk(rise, max(n, 1))
+        if not self.faithful and len(sizes) == 1:
+            # one micro-batch keeps exactly max(n, 1) rows, known here: their indices in batch
+            # order select them without reading the device (the same rows as the mask)
+            self._kept, self.pass_share = [top.indices.sort().values], max(n, 1) / batch
+            return
         if self.faithful:
             keep = rise > top.values[-1]
             if not bool(keep.any()):  # the strict rule kept nothing: keep the largest rise
@@ -220,7 +229,9 @@ class ESAM(SAM):
         else:
             keep[top.indices] = True
         self._kept = list(keep.split(sizes))
-        self.pass_share = int(keep.sum()) / batch  # one host sync (so does the indexing)
+        # one host sync (so does the indexing): the faithful rule's count, or how the kept rows
+        # fall into several micro-batches, depends on the values
+        self.pass_share = int(keep.sum()) / batch
 
     @override
     def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -244,7 +255,7 @@ class ESAM(SAM):
         finally:
             self.pass_share = 1.0
         if self._kept:  # select_rows was not called: the descent pass ran on the whole batch
-            self._kept = []
+            self._kept, self._rows = [], []
             self.count_pass(1.0 - share)
             self._unselected("pass each micro-batch through optimizer.select_rows(...)")
         return loss

@@ -80,10 +80,8 @@ class GEARSAM(SharpnessAware):
         all_params = [p for g in self.param_groups for p in g["params"]]
         if self.blocks == "tensor":
             return list(range(len(all_params)))
-        if self.blocks == "group" and any("block" in g for g in self.param_groups):
-            return [
-                g.get("block", gi) for gi, g in enumerate(self.param_groups) for _ in g["params"]
-            ]
+        if self.blocks == "group" and any("block" in g or "blocks" in g for g in self.param_groups):
+            return self.per_parameter("block", lambda _, gi: gi, with_grads=False)
         if self.model is None:
             _check(
                 self.blocks != "layer",

@@ -150,9 +150,9 @@ class SpectralSAM(SAM):
         c = self._cache
         if "matrices" not in c:
             flags = []
-            if any("hidden" in g for g in self.param_groups):
-                for (a, b), g in zip(c["slices"], self.param_groups):
-                    flags += [bool(g.get("hidden")) and p.ndim > 1 for p in params[a:b]]
+            if any("hidden" in g or "hidden_flags" in g for g in self.param_groups):
+                hidden = self.per_parameter("hidden", lambda *_: False)
+                flags = [bool(h) and p.ndim > 1 for h, p in zip(hidden, params)]
             elif self.model is not None:
                 hidden = hidden_weights(self.model)
                 flags = [id(p) in hidden for p in params]

@@ -4,6 +4,7 @@ variant (the same in every figure and every sweep)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import re
@@ -121,13 +122,21 @@ def natural_key(text: str) -> list:
 def variant_color(variant: str) -> str:
     """The colour of a SAM variant: fixed by its place among the registered variants, so a
     variant looks the same in every figure of every sweep; ``base`` is black."""
-    from ..registry import VARIANTS
-
     if variant == "base":
         return BASE_COLOR
-    names = ["sam", *(n for n in VARIANTS if n not in ("base", "sam"))]  # SAM in blue, then by name
+    others = (n for n in variant_names() if n not in ("base", "sam"))
+    names = ["sam", *others]  # SAM in blue, then by name
     index = names.index(variant) if variant in names else len(names) + sum(map(ord, variant)) % 8
     return PALETTE[index % len(PALETTE)]
+
+
+@functools.cache
+def variant_names() -> tuple[str, ...]:
+    """Every registered variant's name, sorted: the stems of ``conf/optimizer/*.yaml`` (one per
+    variant, tests/test_registry.py), read without importing the variants (torch)."""
+    from ..paths import config_dir
+
+    return tuple(sorted(p.stem for p in (Path(config_dir()) / "optimizer").glob("*.yaml")))
 
 
 # tab10 without its grey, then tab20's light shades but its grey: distinct colours for the first

@@ -25,8 +25,8 @@ PAIRS = (
 )
 
 
-def _summaries(group: dict) -> list[dict]:
-    return [RunDir(d).summary or {} for d in group["dirs"]]
+def _summaries(group: dict, runs: dict) -> list[dict]:
+    return [(runs.get(d) or RunDir(d)).summary or {} for d in group["dirs"]]
 
 
 def _kind(summary: dict) -> str | None:
@@ -38,8 +38,9 @@ def _kind(summary: dict) -> str | None:
 def averaged_groups(report: Report) -> list[tuple[dict, str, dict]]:
     """(group, averaging kind, statistics per key) for each group with averaged weights."""
     out = []
+    runs = {j.path: j.run for j in report.completed()}  # the readers load_job made: read once
     for g in report.groups:
-        summaries = [s for s in _summaries(g) if _kind(s)]
+        summaries = [s for s in _summaries(g, runs) if _kind(s)]
         if summaries:
             kinds = sorted({_kind(s) for s in summaries})
             keys = [k for pair in PAIRS for k in pair[:2]]

@@ -52,7 +52,12 @@ def _order(report) -> dict:
 def pair_barriers(report: Report) -> list[dict]:
     """One entry per connected pair: ``optimizers`` (the two names, the sweep's order),
     ``seeds`` (``same``: two optimizers from one initialization; ``different``) and the pair's
-    barriers (PAIR_KEYS; None where not computed)."""
+    barriers (PAIR_KEYS; None where not computed). Read once per report: the files and the
+    section share them."""
+    return report.once("pair_barriers", lambda: _read_pair_barriers(report))
+
+
+def _read_pair_barriers(report: Report) -> list[dict]:
     jobs = {str(Path(j.path).resolve()): j for j in report.completed()}
     order = _order(report)
     out = []

@@ -33,8 +33,9 @@ def compute_points(report: Report) -> list[dict]:
     """One dict per group with counted passes: label, variant, passes (per step), evals
     (total), test_acc, lambda_max (group means; None where not logged)."""
     out = []
+    runs = {j.path: j.run for j in report.completed()}  # the readers load_job made: read once
     for g in report.groups:
-        summaries = [RunDir(d).summary or {} for d in g["dirs"]]
+        summaries = [(runs.get(d) or RunDir(d)).summary or {} for d in g["dirs"]]
         evals = [
             s["grad_evals_per_step"] * s["step"]
             for s in summaries

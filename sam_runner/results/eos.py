@@ -22,7 +22,12 @@ LAST = 1 / 3  # the plateau: the last third of the measured steps
 
 
 def traces(report: Report) -> list[dict]:
-    """One trace per completed job that measured λ_max at three or more steps within epochs."""
+    """One trace per completed job that measured λ_max at three or more steps within epochs
+    (read once per report: the figure and the section share them)."""
+    return report.once("eos_traces", lambda: _read_traces(report))
+
+
+def _read_traces(report: Report) -> list[dict]:
     out = []
     for job in report.completed():
         rows = [

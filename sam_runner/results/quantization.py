@@ -15,7 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 from ..runfiles import finite
-from .measure_ranking import job_values, kendall_tau
+from .measure_ranking import kendall_tau, points_of
 from .sections import SECTIONS
 from .sweep import stats, stats_cell
 
@@ -30,7 +30,7 @@ BITS_KEY = re.compile(r"^quant_drop_(\d+)bit$")
 def quantization_rows(report: Report) -> dict | None:
     """{"bits": [widths, descending], "rows": {variant: {key: stats}}, "tau": {bits: (τ, n)}};
     None when no completed job carries a quantization drop."""
-    values = [(job.variant, job_values(job.run)[0]) for job in report.completed()]
+    values = [(p.variant, p.values) for p in points_of(report)]  # the jobs' numbers, read once
     values = [(variant, v) for variant, v in values if any(map(BITS_KEY.match, v))]  # quantized
     bits = sorted(
         {int(m.group(1)) for _, v in values for k in v if (m := BITS_KEY.match(k))}, reverse=True

@@ -23,7 +23,9 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
   ``measures.<format>``).
 
 Written again into one folder, a report removes the files the last one wrote there and this one
-does not (``MANIFEST``). The choices (groups, statistics, missing jobs, the bound) are sweep.py's.
+does not (``MANIFEST``), and reuses the jobs' YAML files as the last one parsed them while they
+are unchanged (``CACHE``, ``rundir.ParsedYaml``). The choices (groups, statistics, missing
+jobs, the bound) are sweep.py's.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ import io
 import json
 import re
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import interrupts
 from ..cli_words import say_version
 from ..errors import UserError, check_names, require
+from ..rundir import parsed_yaml_kept_in
 from ..runfiles import atomic_write_bytes, finite, read_json
 from .runs_table import _job_name, counts_line
 from .sections import ordered
@@ -54,6 +58,8 @@ __all__ = ["build_report", "write_report", "render_markdown", "render_csv", "mai
 # longer applies (a section whose jobs are gone, ρ figures of a sweep without ρ): never a file
 # the report did not write
 MANIFEST = ".sam-report-files.json"
+# the jobs' YAML files as the last report parsed them, reused while unchanged (rundir.ParsedYaml)
+CACHE = ".sam-report-cache.json"
 
 
 def render_markdown(report: Report, plots: list[Path]) -> str:
@@ -355,9 +361,11 @@ def report_main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         check_names(*args.folders, args.out, args.db)
-        report = build(args)
-        report.plot_format = fmt
-        paths = write_report(report, args.out)
+        out = args.out or (args.folders[0] if len(args.folders) == 1 else None)
+        with parsed_yaml_kept_in(out / CACHE) if out is not None else nullcontext():
+            report = build(args)
+            report.plot_format = fmt
+            paths = write_report(report, args.out)
     except UserError as e:
         print(f"sam-report: error: {e}", file=sys.stderr)
         return 2

@@ -204,10 +204,24 @@ def has_tlc_sam(groups: list) -> bool:
     return tlc and any(g["stats"]["bound"]["n"] for g in groups)
 
 
-def load_job(path: Path, metrics: Iterable[str], name: str = "", source: str = "") -> Job:
+def load_job(
+    path: Path,
+    metrics: Iterable[str],
+    name: str = "",
+    source: str = "",
+    run: RunDir | None = None,
+) -> Job:
     """One job folder's overrides, status and metrics (the last logged value where the summary
-    lacks one)."""
-    run = RunDir(path)
+    lacks one).
+
+    Args:
+        path: the job folder.
+        metrics: the keys to read (summary.json's, else the last logged value).
+        name: how tables name the job (default: the folder's name).
+        source: the sweep or run folder it came from, as given.
+        run: the folder's reader, where one has read some of its files already.
+    """
+    run = run or RunDir(path)
     job = Job(path=path, overrides=run.overrides, name=name or path.name, source=source, run=run)
     cfg = run.config(checkpoint=False)
     variant = run.get("optimizer.name")
@@ -262,10 +276,14 @@ def _panel(key: tuple, common: set) -> str:
     )
 
 
-def source_jobs(path: Path, metrics: Iterable[str], label: str) -> tuple[list[Job], list[str]]:
-    """The jobs of one source folder (a sweep, or one run) and its notes."""
+def source_jobs(
+    path: Path, metrics: Iterable[str], label: str, runs: dict | None = None
+) -> tuple[list[Job], list[str]]:
+    """The jobs of one source folder (a sweep, or one run) and its notes; ``runs``: readers of
+    job folders already made ({folder: RunDir})."""
+    runs = runs or {}
     if is_run(path):
-        return [load_job(path, metrics, label or path.name, str(path))], []
+        return [load_job(path, metrics, label or path.name, str(path), runs.get(path))], []
     dirs = job_dirs(path)
     expected = expected_jobs(path)
     require(
@@ -275,7 +293,8 @@ def source_jobs(path: Path, metrics: Iterable[str], label: str) -> tuple[list[Jo
     )
     prefix = f"{label}/" if label else ""
     jobs = [
-        load_job(d, metrics, prefix + (str(d.relative_to(path)) or "."), str(path)) for d in dirs
+        load_job(d, metrics, prefix + (str(d.relative_to(path)) or "."), str(path), runs.get(d))
+        for d in dirs
     ]
     if expected is not None:
         return jobs + not_started(jobs, expected, str(path)), []
@@ -363,8 +382,9 @@ def build_from_dirs(
 ) -> Report:
     """The report over ``paths`` (the sources), with ``dirs`` their job folders (for the
     metrics they logged) and ``jobs`` already loaded (else read from ``paths``)."""
+    runs = {d: RunDir(d) for d in dirs}  # each summary read once, here and by load_job
     # long-tail studies log per-split accuracies: report them without being asked
-    logged = set().union(*((RunDir(d).summary or {}).keys() for d in dirs))
+    logged = set().union(*((r.summary or {}).keys() for r in runs.values()))
     # ... and language models their bits per token and perplexity
     splits = [k for k in (*SPLIT_METRICS, *TOKEN_METRICS) if k in logged]
     metrics = tuple(dict.fromkeys(list(DEFAULT_METRICS) + splits + list(metrics)))
@@ -372,11 +392,11 @@ def build_from_dirs(
     if jobs is None:
         jobs = []
         for path, label in zip(paths, _labels(paths)):
-            found, said = source_jobs(path, metrics, label)
+            found, said = source_jobs(path, metrics, label, runs)
             jobs += found
             notes += said
     else:
-        jobs = [load_job(j[0], metrics, j[1], j[2]) for j in jobs]
+        jobs = [load_job(j[0], metrics, j[1], j[2], runs.get(j[0])) for j in jobs]
     rows, common = group_rows(jobs, metrics, ignore)
     if common:
         notes.insert(0, "Overrides common to all groups: " + " ".join(common))

@@ -37,6 +37,7 @@ from .checkpoint import (
     save_sharded,
     write_failure,
 )
+from .compile import compiled
 from .loop import EpochLoop
 from .parts import build_parts
 from .record import RunRecord
@@ -143,8 +144,8 @@ class Run:
             cfg, groups, lengths.optimizer_steps, lengths.optimizer_steps_per_epoch
         )
         self.loop = loop_class(self, lengths.steps_per_epoch)
-        if t.compile and self.device.type == "cuda":
-            self.net = torch.compile(self.net)
+        if t.compile:
+            self.net = compiled(self.net, str(t.get("compile_mode", "default")), self.device)
         self.optimizer.bind(
             model=self.net, grad_scaler=self.loop.scaler, clip_grad_norm=t.get("gradient_clip")
         )

@@ -10,6 +10,7 @@ from ..errors import integer, number, require
 from ..lock import ON_LOCKED
 from ..losses import per_example
 from ..settings import MAX_SEED, PRECISIONS, plot_format
+from .compile import COMPILE_MODES
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -36,6 +37,11 @@ def validate_trainer(cfg: DictConfig, seed: bool = True) -> None:
         require(
             value in accepted, f"trainer.{key}={value!r} is unknown; choose {', '.join(accepted)}"
         )
+    mode = t.get("compile_mode", "default")
+    require(
+        mode in COMPILE_MODES,
+        f"trainer.compile_mode={mode!r} is unknown; choose {', '.join(COMPILE_MODES)}",
+    )
     check_format(plot_format(cfg))
     bs = cfg.dataset.batch_size
     require(

@@ -218,24 +218,28 @@ def test_no_section_and_no_files_without_enough_completed_jobs(tmp_path):
     assert not (tmp_path / "measures.csv").exists() and not (tmp_path / "measures.png").exists()
 
 
-def test_kendall_tau_is_scipys_tau_b_to_the_last_bit():
+def test_kendall_tau_and_its_p_value_are_scipys_to_the_last_bit():
     import numpy as np
 
-    from sam_runner.results.measure_ranking import kendall_tau
+    from sam_runner.results.measure_ranking import kendall, kendall_tau
 
     rng = np.random.default_rng(0)
-    for n in (2, 3, 5, 40, 200):
+    for n in (2, 3, 5, 33, 34, 40, 200, 1500):  # scipy's exact p-value up to 33 jobs
         for t in range(60):
             x = rng.integers(0, 4, n).astype(float) if t % 2 else rng.normal(size=n)
             y = (
                 x.copy()
                 if t % 7 == 0
+                else -x
+                if t % 5 == 0
                 else rng.integers(0, 3, n).astype(float)
                 if t % 3 == 0
                 else rng.normal(size=n)
             )
-            want = kendalltau(x, y).statistic
-            assert kendall_tau(x, y) == want or (math.isnan(want) and math.isnan(kendall_tau(x, y)))
+            want = kendalltau(x, y)
+            for got, bits in zip((*kendall(x, y), kendall_tau(x, y)), (*want, want.statistic)):
+                assert got == bits or (math.isnan(bits) and math.isnan(got))
+    assert all(map(math.isnan, kendall([1.0, math.nan, 3.0], [1.0, 2.0, 3.0])))
 
 
 # ---------------------------------------------------------------------------- sources, few jobs

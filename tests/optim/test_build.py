@@ -52,3 +52,25 @@ def test_a_variant_option_set_from_the_command_line_reaches_the_optimizer():
     cfg = compose("optimizer=tlc_sam", "optimizer.tau_beta=0.5", "optimizer.delta=1e-6")
     opt = build_optimizer(cfg, model, 10)
     assert (opt.tau_beta, opt.delta) == (0.5, 1e-6)
+
+
+def test_the_runners_torch_base_optimizers_update_a_group_in_one_multi_tensor_call():
+    """foreach on the CPU (fused on CUDA: torch's fused kernels); the groups are Muon's matrices
+    and the rest; a foreach SGD step equals torch's per-tensor loop bit for bit."""
+    from sam_runner.optim.base import Base
+    from sam_runner.optim.build import parameter_groups
+
+    for name in ("sgd", "adamw"):
+        model = mlp()
+        opt = build_optimizer(compose(f"base_optimizer={name}"), model, 10)
+        assert opt.base_optimizer.defaults["foreach"] is True
+        assert [g["use_muon"] for g in opt.param_groups] == [True, False]
+    model, twin = mlp(), mlp()
+    ours = build_optimizer(compose("optimizer=base", "base_optimizer=sgd"), model, 10)
+    ours.bind(model=model)
+    sgd = dict(lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=False)
+    loop = Base(parameter_groups(twin), torch.optim.SGD, foreach=False, **sgd).bind(model=twin)
+    for _ in range(3):
+        ours.step(closure_for(ours, model))
+        loop.step(closure_for(loop, twin))
+    assert torch.equal(flat(model.parameters()), flat(twin.parameters()))

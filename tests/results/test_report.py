@@ -430,3 +430,21 @@ def test_a_report_again_removes_the_files_of_what_no_longer_applies(tmp_path):
     assert (out / "notes.txt").read_text() == "mine" and (out / "report.md").is_file()
     recorded = json.loads((out / ".sam-report-files.json").read_text())["files"]
     assert "report.md" in recorded and "fine_tuning.csv" not in recorded
+
+
+def test_a_report_again_reads_a_job_whose_config_changed_anew(tmp_path):
+    """The second report reuses the jobs' YAML as the first parsed it (.sam-report-cache.json)
+    only while their files are unchanged: a job's ρ edited in its config.yaml is reported."""
+    sweep = copy_sweep(tmp_path / "sweep")
+    assert main([str(sweep)]) == 0
+    assert (sweep / ".sam-report-cache.json").is_file()
+    before = {r["group"]: r for r in csv_rows(sweep / "report.csv")}
+    for config in sweep.glob("*/.hydra/config.yaml"):  # the SAM jobs' (both seeds)
+        tree = yaml.safe_load(config.read_text())
+        tree["optimizer"]["rho"] = 0.5
+        config.write_text(yaml.safe_dump(tree, sort_keys=False))
+    assert main([str(sweep)]) == 0
+    after = {r["group"]: r for r in csv_rows(sweep / "report.csv")}
+    assert before.keys() == after.keys()
+    assert sorted(r["rho"] for r in before.values()) == ["", "0.05"]
+    assert sorted(r["rho"] for r in after.values()) == ["", "0.5"]  # base: no ρ

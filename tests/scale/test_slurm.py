@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from sam_runner.sweep.lines import lines_main
 
@@ -420,3 +421,42 @@ def test_a_preset_in_stages_runs_one_job_array_per_stage(tmp_path):
     # student 6: optimizer=sam, the SAM teacher (teacher job 2 or 3), seed 0: teacher job 2
     teacher = summary(sweep_dir / "student" / "6")["config"]["trainer.distill.teacher"]
     assert teacher == str((sweep_dir / "teacher" / "2").absolute())
+
+
+@pytest.mark.usefixtures("slurm")
+def test_a_peft_sweep_of_a_saved_hf_model_runs_as_a_job_array(tmp_path):
+    """model=hf from a save_pretrained folder (the real loading path) with LoRA adapters through
+    peft, two SAM variants as a submitit job array: each job completes, records the model, and
+    leaves adapters that peft loads onto the saved model."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    folder, sweep_dir = tmp_path / "tiny-llama", tmp_path / "sweep"
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "sam_runner.cli", "-m", "hydra/launcher=slurm",
+            "dataset=text", "dataset.block_size=16", "dataset.batch_size=8", "model=hf",
+            f"model.name={folder}", "model.peft=lora", "base_optimizer=adamw",
+            "scheduler=constant", "trainer.steps=3", "metrics.hessian.num_samples=16",
+            "metrics.hessian.max_iter=5", "trainer.device=cpu", "trainer.progress=lines",
+            "optimizer=sam,gsam", f"hydra.sweep.dir={sweep_dir}",
+            "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=10",
+        ],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (sweep_dir / ".submitit").is_dir()
+    for job, variant in ((0, "sam"), (1, "gsam")):
+        s = summary(sweep_dir / str(job))
+        assert s["status"] == "completed" and f"optimizer={variant}" in s["overrides"]
+        assert s["peft"]["library"] == "peft" and 0 < s["trainable_parameters"] < s["parameters"]
+        loaded = peft.PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(folder), sweep_dir / str(job) / "adapter"
+        )
+        assert any("lora_B" in k and v.abs().sum() > 0 for k, v in loaded.state_dict().items())
