@@ -180,3 +180,40 @@ def test_a_two_process_run_equals_the_sequential_run_on_one(tmp_path):
     m1, m2 = (torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (one, two))
     for k in m1["model"]:
         assert torch.allclose(m1["model"][k], m2["model"][k], atol=1e-5), k
+
+
+@pytest.mark.slow  # 3 runs of 2 processes: 20-40 s; run with -m slow
+def test_a_two_process_run_resumes_exactly(tmp_path):
+    """1 epoch, then a resume to 2, equals 2 epochs straight, on 2 processes (∇f(y) is in rank
+    0's checkpoint, the same on every process)."""
+    from conftest import stopped_early_of
+
+    common = [
+        "model=mlp",
+        "dataset.num_samples=600",
+        "dataset.batch_size=64",
+        "trainer.device=cpu",
+        "trainer.progress=none",
+        "metrics.hessian.enabled=false",
+        "scheduler=constant",
+        "optimizer.sequential_fallback=false",
+    ]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    for run_dir, epochs in ((straight, 2), (resumed, 1)):
+        distributed.launch(train, (_cfg(*common, f"trainer.epochs={epochs}"), str(run_dir), ["x"]),
+                           2, CPU)  # fmt: skip
+    stopped_early_of(resumed, 2)
+    distributed.launch(train, (_cfg(*common, "trainer.epochs=2"), str(resumed), ["x"]), 2, CPU)
+    rows = [
+        [
+            {k: v for k, v in json.loads(line).items() if k != "time_s"}
+            for line in (d / "metrics.jsonl").read_text().splitlines()
+        ]
+        for d in (straight, resumed)
+    ]
+    assert [r["epoch"] for r in rows[1]] == [1, 2]
+    assert rows[0] == rows[1]
+    m1, m2 = (
+        torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (straight, resumed)
+    )
+    assert all(torch.equal(m1["model"][k], m2["model"][k]) for k in m1["model"])
