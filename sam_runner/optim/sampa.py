@@ -71,8 +71,13 @@ class SAMPa(SAM):
     ) -> None:
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(0 <= self.lam <= 1, f"lam must be in [0, 1], got {self.lam}")
+        self._staged, self._buffers, self._flat = None, {}, None
+        self.role, self.role_size = None, 1
+        params = [p for g in self.param_groups for p in g["params"]]
+        if any(p.device.type == "meta" for p in params):
+            return  # a check's build, before any process starts: training_share checks the config
         rank, world = _job()
-        sharded = any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"])
+        sharded = any(isinstance(p, DTensor) for p in params)
         roles = self.process_roles(
             world, sharded, {"sequential_fallback": self.sequential_fallback}
         )
@@ -80,26 +85,29 @@ class SAMPa(SAM):
         self.role_size = world // roles
         self.role = rank // self.role_size if roles == 2 else None
         if self.role is None:
-            why = "one process" if world == 1 else "sharded parameters" if sharded else "odd N"
+            why = "sharded parameters" if sharded else f"{world} process" + "es" * (world > 1)
             warnings.warn(
                 f"sampa: the two gradients run one after the other on every process ({why}; the "
                 "two-process form needs an even number of data-parallel processes)",
                 stacklevel=2,
             )
-        self._staged, self._buffers, self._flat = None, {}, None
 
     @classmethod
     @override
     def process_roles(cls, world: int, sharded: bool, options: dict) -> int:
         """2 (the two-process form) on an even number of unsharded processes, else 1 where
         ``sequential_fallback`` accepts both passes on every process; else a ValueError."""
+        fallback = options.get("sequential_fallback", cls.variant_options["sequential_fallback"])
+        _check(
+            isinstance(fallback, bool),
+            f"sequential_fallback must be true or false, got {fallback!r}",
+        )
         if world >= 2 and world % 2 == 0 and not sharded:
             return 2
-        fallback = options.get("sequential_fallback", cls.variant_options["sequential_fallback"])
         has = "sharded parameters" if sharded else f"{world} process" + "es" * (world > 1)
         _check(
-            fallback is True,
-            f"sequential_fallback={fallback} runs only the two-process form, which needs an even "
+            fallback,
+            "sequential_fallback=false runs only the two-process form, which needs an even "
             f"number of data-parallel processes (trainer.devices=2, 4, ...) without sharding, and "
             f"this run has {has}; set sequential_fallback=true to run both passes one after the "
             "other on every process",

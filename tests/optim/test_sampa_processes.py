@@ -19,6 +19,7 @@ from sam_runner.errors import UserError
 from sam_runner.optim.build import training_share
 from sam_runner.paths import config_dir
 from sam_runner.train import train
+from sam_runner.validate import validate_config
 
 CPU = torch.device("cpu")
 STEPS = 6
@@ -145,11 +146,16 @@ def test_each_role_takes_a_share_of_every_global_batch_and_one_process_is_refuse
     assert [training_share(cfg, r, 3) for r in range(3)] == [(0, 3), (1, 3), (2, 3)]
     refused = _cfg("optimizer.sequential_fallback=false")
     for world, has in ((1, "1 process;"), (3, "3 processes;")):
-        with pytest.raises(UserError, match=f"sequential_fallback=False .* this run has {has}"):
+        with pytest.raises(UserError, match=f"sequential_fallback=false .* this run has {has}"):
             training_share(refused, 0, world)
     fsdp = _cfg("optimizer.sequential_fallback=false", "trainer.strategy=fsdp")
     with pytest.raises(UserError, match="this run has sharded parameters"):
         training_share(fsdp, 0, 2)
+    # the checks before a run (sam-run's, in the launching process) count the processes to come
+    validate_config(_cfg("optimizer.sequential_fallback=false", "trainer.devices=2",
+                         "trainer.device=cpu"))  # fmt: skip
+    with pytest.raises(UserError, match="this run has 1 process;"):
+        validate_config(_cfg("optimizer.sequential_fallback=false", "trainer.device=cpu"))
 
 
 def test_a_two_process_run_equals_the_sequential_run_on_one(tmp_path):
