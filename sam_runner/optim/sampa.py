@@ -71,6 +71,11 @@ class SAMPa(SAM):
     ) -> None:
         super().__init__(params, base_optimizer, rho=rho, **kwargs)
         _check(0 <= self.lam <= 1, f"lam must be in [0, 1], got {self.lam}")
+        _check(
+            self.perturb_schedule != "adaptive",
+            "perturb_schedule='adaptive' does not apply to sampa (it decides on a pass at θ, and "
+            "neither of SAMPa's passes is at θ); use every, random or late",
+        )
         self._staged, self._buffers, self._flat = None, {}, None
         self.role, self.role_size = None, 1
         params = [p for g in self.param_groups for p in g["params"]]
@@ -206,10 +211,9 @@ class SAMPa(SAM):
         if self._flat is None or self._flat.numel() != 2 * n + 1:
             self._flat = torch.empty(2 * n + 1, dtype=grads[0].dtype, device=grads[0].device)
         flat = self._flat
-        flat.zero_()
+        flat[(1 - self.role) * n : (2 - self.role) * n].zero_()  # the other role's part
         torch.cat([g.reshape(-1) for g in grads], out=flat[self.role * n : (self.role + 1) * n])
-        if self.role == 0:
-            flat[2 * n] = loss.detach()
+        flat[2 * n] = loss.detach() if self.role == 0 else 0
         if self.role_size > 1:  # a mean over the role's processes (DDP divides before, too)
             flat.div_(self.role_size)
         dist.all_reduce(flat)
