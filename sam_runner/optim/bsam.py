@@ -26,10 +26,11 @@ the official code is the reference here (tests/optim/test_bsam.py transcribes it
 
 Ours: the noise is drawn from a generator seeded by ``perturb_seed``, the count of steps taken
 and the process's rank (so every process draws its own, as the official code's sub-batches do,
-and a resume draws the same noise without a saved generator), in one call for all the parameters; under data parallelism with
-per-process ε the √s |g| term is averaged over processes (the official code averages it over its
-sub-batches), so s stays the same everywhere. A plain step (a schedule's) takes the update with
-the gradient at θ in place of g_ε and g. BatchNorm running statistics come from the noisy pass.
+and a resume draws the same noise without a saved generator), in one call for all the
+parameters; under data parallelism with per-process ε the √s |g| term is averaged over processes
+(the official code averages it over its sub-batches), so s stays the same everywhere. A plain
+step (a schedule's) takes the update with the gradient at θ in place of g_ε and g. BatchNorm
+running statistics come from the noisy pass.
 """
 
 from __future__ import annotations
