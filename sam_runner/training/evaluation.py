@@ -73,8 +73,8 @@ class EpochStats:
 
     def log_values(self) -> dict:
         """``train_loss`` and ``train_acc`` of the epoch so far, over every process."""
-        # the samples counted on every process (a process whose passes count none, such as
-        # SAMPa's at y, adds 0): one all-reduce, none on one process
+        # the samples counted on every process (one whose passes count none, in a variant's
+        # process roles, adds 0): one all-reduce, none on one process
         seen = int(self.dist.sum(torch.tensor(self.seen, device=self.loss_sum.device)))
         return {
             "train_loss": float(self.dist.sum(self.loss_sum) / seen),
