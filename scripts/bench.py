@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 SECTIONS = [
     "core",
     "optim",
+    "sampa",
     "metrics",
     "scale",
     "results",

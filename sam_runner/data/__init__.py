@@ -120,10 +120,26 @@ def validate_val_split(value: float | None) -> None:
 
 
 def build_data(
-    cfg: DictConfig, device: torch.device | str, seed: int, rank: int = 0, world: int = 1
+    cfg: DictConfig,
+    device: torch.device | str,
+    seed: int,
+    rank: int = 0,
+    world: int = 1,
+    train_share: tuple[int, int] | None = None,
 ) -> Data:
-    """The ``dataset`` settings' data, checked, on ``device``: this process's share of it
-    (``rank`` of ``world``)."""
+    """The ``dataset`` settings' data, checked, on ``device``: this process's share of it.
+
+    Args:
+        cfg: the ``dataset`` group.
+        device: the training device.
+        seed: the run's seed.
+        rank: this process's rank among ``world`` data-parallel processes (its share of the
+            test and evaluation sets).
+        world: the number of processes.
+        train_share: (rank, world) of its share of every global training batch where that is
+            not (rank, world): processes in roles (``training_share``), each role's processes
+            covering every batch.
+    """
     validate(cfg)
     entry = DATASETS.entry(cfg.name)
     if not entry.tensors:  # a source that makes its own loaders (image folders)
@@ -134,8 +150,16 @@ def build_data(
                 loader.device = device
         if data.train_tensors is not None:  # token windows: the measurement subset's pool
             data.train_tensors = tuple(t.to(device) for t in data.train_tensors)
-        return data
-    return tensor_data(entry.target(cfg), cfg, device, seed, rank, world)
+    else:
+        data = tensor_data(entry.target(cfg), cfg, device, seed, rank, world)
+    if train_share is not None and tuple(train_share) != (rank, world):
+        require(
+            hasattr(data.train, "share"),
+            f"dataset={cfg.name}: its training batches cannot be split among process roles "
+            "(the optimizer's); run it on one process",
+        )
+        data.train.share(*train_share)
+    return data
 
 
 def binarized(a: Arrays) -> Arrays:

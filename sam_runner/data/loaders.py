@@ -60,6 +60,15 @@ class TensorLoader:
         """Set the epoch the next pass draws its order and augmentation for."""
         self.epoch = epoch
 
+    def share(self, rank: int, world: int) -> None:
+        """Take the ``rank``-th of ``world`` strided slices of every global batch from now on.
+
+        Args:
+            rank: this process's place among the processes that split each batch.
+            world: how many processes split each batch.
+        """
+        self.rank, self.world = rank, world
+
     def __len__(self):
         n = len(self.y)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -354,27 +363,37 @@ class FolderLoader:
         labels: torch.Tensor | None = None,
         persistent: bool = True,
     ) -> None:
-        self.ds, self.shuffle, self.seed, self.epoch, self.rank = ds, shuffle, seed, 0, rank
-        self.world, self.labels = world, labels
-        self.sampler = None
-        if world > 1 and drop_last:
-            self.sampler = torch.utils.data.DistributedSampler(
-                ds, world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last
-            )
-        elif world > 1:  # evaluation: every example exactly once over the processes (no padding)
-            self.sampler = list(range(rank, len(ds), world))
-        self.batch_size, self.drop_last = batch_size // world, drop_last
+        self.ds, self.shuffle, self.seed, self.epoch = ds, shuffle, seed, 0
+        self.labels, self.global_batch, self.drop_last = labels, batch_size, drop_last
         self.kw = dict(
-            batch_size=self.batch_size,
             num_workers=workers,
             drop_last=drop_last,
             persistent_workers=workers > 0 and persistent,
             pin_memory=torch.cuda.is_available(),
             prefetch_factor=4 if workers > 0 else None,
         )
+        self.share(rank, world)
         self.weights = None  # per-example sampling weights (a sampler such as sgs sets them)
         self.device = None  # batches are moved there (build_data sets the training device)
         self._loader = None
+
+    def share(self, rank: int, world: int) -> None:
+        """Take this process's share of the examples, ``rank`` of ``world`` (before the first
+        batch): its 1/world of every global batch in training.
+
+        Args:
+            rank: this process's place among the processes that split the examples.
+            world: how many processes split them.
+        """
+        self.rank, self.world, self.sampler = rank, world, None
+        ds, drop_last = self.ds, self.drop_last
+        if world > 1 and drop_last:
+            self.sampler = torch.utils.data.DistributedSampler(
+                ds, world, rank, shuffle=self.shuffle, seed=self.seed, drop_last=drop_last
+            )
+        elif world > 1:  # evaluation: every example exactly once over the processes (no padding)
+            self.sampler = list(range(rank, len(ds), world))
+        self.batch_size = self.kw["batch_size"] = self.global_batch // world
 
     @property
     def y(self) -> torch.Tensor:

@@ -279,6 +279,15 @@ class RandomWindows:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def share(self, rank: int, world: int) -> None:
+        """Take the ``rank``-th of ``world`` strided shares of every global batch from now on.
+
+        Args:
+            rank: this process's place among the processes that split each batch.
+            world: how many processes split each batch.
+        """
+        self.rank, self.world = rank, world
+
     def __len__(self):
         return self.steps
 

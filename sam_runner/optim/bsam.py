@@ -26,10 +26,11 @@ the official code is the reference here (tests/optim/test_bsam.py transcribes it
 
 Ours: the noise is drawn from a generator seeded by ``perturb_seed``, the count of steps taken
 and the process's rank (so every process draws its own, as the official code's sub-batches do,
-and a resume draws the same noise without a saved generator); under data parallelism with
-per-process ε the √s |g| term is averaged over processes (the official code averages it over its
-sub-batches), so s stays the same everywhere. A plain step (a schedule's) takes the update with
-the gradient at θ in place of g_ε and g. BatchNorm running statistics come from the noisy pass.
+and a resume draws the same noise without a saved generator), in one call for all the
+parameters; under data parallelism with per-process ε the √s |g| term is averaged over processes
+(the official code averages it over its sub-batches), so s stays the same everywhere. A plain
+step (a schedule's) takes the update with the gradient at θ in place of g_ε and g. BatchNorm
+running statistics come from the noisy pass.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class BSAM(SAM):
             )
         self.noise_count = 0
         self._gs, self._told = None, False
-        self._saved = {}
+        self._saved, self._noise = {}, None  # persistent scratch: per-parameter, flat noise
 
     def set_num_data(self, n: float) -> None:
         """N, the number of training examples the posterior's precision counts."""
@@ -108,17 +109,23 @@ class BSAM(SAM):
             state[key] = torch.full_like(p, init)
         return state[key]
 
-    def _copy(self, params):
-        key = tuple(id(p) for p in params)
+    def _buffers(self, slot: str, params) -> list[torch.Tensor]:
+        """Persistent scratch tensors shaped like ``params`` (made again when they change)."""
+        key = (slot, tuple(id(p) for p in params))
         if key not in self._saved:
-            self._saved = {key: [torch.empty_like(p) for p in params]}
-        buf = self._saved[key]
+            self._saved = {k: v for k, v in self._saved.items() if k[0] != slot}
+            self._saved[key] = [torch.empty_like(p) for p in params]
+        return self._saved[key]
+
+    def _copy(self, params):
+        buf = self._buffers("mean", params)
         torch._foreach_copy_(buf, params)
         return buf
 
     def _add_noise_(self, trained) -> None:
-        """θ ← θ + n/√(N s), n ~ N(0, I) drawn for (seed, steps taken, rank). Sharded parameters
-        share one θ: one draw of each whole tensor (rank 0's), each process adding its shard."""
+        """θ ← θ + n/√(N s), n ~ N(0, I) drawn for (seed, steps taken, rank) in one call into a
+        persistent flat buffer. Sharded parameters share one θ: one draw of the whole tensors
+        (rank 0's), each process adding its shard."""
         params = self.shards(trained)
         device = params[0].device
         if device.type == "meta":
@@ -127,12 +134,28 @@ class BSAM(SAM):
             sharded = self._shard_group is not None
             gen = torch.Generator(device=device)
             gen.manual_seed(hash((self.seed, self.noise_count, 0 if sharded else _rank())) % 2**63)
+            sizes = [p.numel() for p in trained]  # whole tensors
+            if self._noise is None or self._noise.numel() != sum(sizes):
+                self._noise = torch.empty(sum(sizes), device=device, dtype=params[0].dtype)
+            self._noise.normal_(generator=gen)
             noise = [
-                _shard_of(torch.randn(p.shape, generator=gen, device=device, dtype=p.dtype), p)
-                for p in trained
+                _shard_of(v.view(p.shape).to(p.dtype), p)
+                for v, p in zip(self._noise.split(sizes), trained)
             ]
-        std = [(self.num_data * self._state(p, "bsam_s")).reciprocal_().sqrt_() for p in params]
+        std = self._buffers("std", params)  # 1/√(N s)
+        torch._foreach_copy_(std, [self._state(p, "bsam_s") for p in params])
+        torch._foreach_mul_(std, self.num_data)
+        torch._foreach_rsqrt_(std)
         torch._foreach_addcmul_(params, noise, std)
+
+    def _scaled_abs_grads(self, params, grads) -> list[torch.Tensor]:
+        """√s |g| into persistent buffers (this step's: read by ``base_step``)."""
+        gs = self._buffers("gs", params)
+        torch._foreach_copy_(gs, [self._state(p, "bsam_s") for p in params])
+        torch._foreach_sqrt_(gs)
+        torch._foreach_mul_(gs, grads)
+        torch._foreach_abs_(gs)
+        return gs
 
     @override
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
@@ -158,17 +181,12 @@ class BSAM(SAM):
         self._unscale(grads)
         pgrads = self.prepare_perturbation(params, grads)
         s = [self._state(p, "bsam_s") for p in params]
-        gs = torch._foreach_abs(grads)
-        torch._foreach_mul_(gs, torch._foreach_sqrt(s))  # √s |g|
+        gs = self._scaled_abs_grads(params, grads)
         if not self.sync_perturbation:
             self.all_reduce_mean_list_(gs)
         self._gs = gs
-        c = self._cache
-        torch._foreach_copy_(c["eps"], pgrads)
-        torch._foreach_div_(c["eps"], s)
-        torch._foreach_mul_(c["eps"], self.current_rho)  # ε = ρ g / s
-        torch._foreach_copy_(c["theta"], params)
-        torch._foreach_add_(params, c["eps"])
+        torch._foreach_copy_(self._cache["theta"], params)
+        torch._foreach_addcdiv_(params, pgrads, s, value=self.current_rho)  # θ + ρ g / s
         self.descend(closure, 1, loss)
         return loss
 
@@ -179,20 +197,22 @@ class BSAM(SAM):
         params, grads, slices = self._lists()
         gs = self._gs
         if gs is None:  # a plain step: the gradient at θ stands for g
-            gs = torch._foreach_abs(grads)
-            torch._foreach_mul_(gs, torch._foreach_sqrt([self._state(p, "bsam_s") for p in params]))
+            gs = self._scaled_abs_grads(params, grads)
+        # whole lists where groups share lr and weight decay (the usual case: one bucket)
+        buckets: dict[tuple, list[int]] = {}
         for (a, b), group in zip(slices, self.param_groups):
-            if b == a:
-                continue
-            p, g = params[a:b], grads[a:b]
+            key = (group["lr"], group.get("weight_decay", 0.0))
+            buckets.setdefault(key, []).extend(range(a, b))
+        for (lr, wd), at in buckets.items():
+            p, g, gs_ = [params[i] for i in at], [grads[i] for i in at], [gs[i] for i in at]
             s = [self._state(q, "bsam_s") for q in p]
             m = [self._state(q, "bsam_momentum") for q in p]
-            wd = group.get("weight_decay", 0.0)
-            target = torch._foreach_add(g, p, alpha=wd) if wd else g  # g_ε + δ θ
-            torch._foreach_lerp_(m, target, 1 - self.beta1)
-            torch._foreach_addcdiv_(p, m, s, value=-group["lr"])  # θ − η m / s
-            upd = torch._foreach_add(gs[a:b], self.damping + wd)
-            torch._foreach_lerp_(s, upd, 1 - self.beta2)
+            torch._foreach_lerp_(m, g, 1 - self.beta1)  # m ← β₁ m + (1 − β₁)(g_ε + δ θ)
+            if wd:
+                torch._foreach_add_(m, p, alpha=(1 - self.beta1) * wd)
+            torch._foreach_addcdiv_(p, m, s, value=-lr)  # θ − η m / s
+            torch._foreach_add_(gs_, self.damping + wd)  # gs is this step's scratch
+            torch._foreach_lerp_(s, gs_, 1 - self.beta2)
         self.noise_count += 1
         self._gs = None
 

@@ -84,6 +84,26 @@ def variant_kwargs(cfg: DictConfig) -> tuple[type, dict]:
     return entry.target, opt_cfg
 
 
+def training_share(cfg: DictConfig, rank: int, world: int) -> tuple[int, int]:
+    """The share of every global training batch this process takes, as (rank, world) among the
+    processes that split it: plain data parallelism splits it over all of them; a variant whose
+    processes take roles (``process_roles``: SAMPa's two gradients) over each role's.
+
+    Args:
+        cfg: the run's composed config (its ``optimizer`` and ``trainer.strategy``).
+        rank: this process's rank in the job.
+        world: the job's number of processes.
+    """
+    cls, kwargs = variant_kwargs(cfg)
+    sharded = cfg.trainer.get("strategy", "ddp") == "fsdp"
+    try:
+        roles = cls.process_roles(world, sharded, kwargs)
+    except ValueError as e:
+        raise UserError(f"optimizer={cfg.optimizer.name}: {e}") from None
+    size = world // roles
+    return rank % size, size
+
+
 def build_optimizer(
     cfg: DictConfig,
     params: nn.Module | list[dict],

@@ -190,6 +190,20 @@ class SharpnessAware(torch.optim.Optimizer):
         if model is not None:
             self.bind(model=model)
 
+    @classmethod
+    def process_roles(cls, world: int, sharded: bool, options: dict) -> int:  # noqa: ARG003
+        """Into how many roles a data-parallel job's processes split, each role's processes
+        together covering every global batch (SAMPa's two gradients, one a role); 1: plain data
+        parallelism, every process a share of the batch. A ValueError where the variant cannot
+        run on such a job.
+
+        Args:
+            world: the job's number of processes.
+            sharded: whether the parameters are sharded (trainer.strategy=fsdp).
+            options: the variant's keywords (``variant_options`` as configured).
+        """
+        return 1
+
     # ------------------------------------------------------------------ wiring
     def bind(
         self,

@@ -73,7 +73,9 @@ class EpochStats:
 
     def log_values(self) -> dict:
         """``train_loss`` and ``train_acc`` of the epoch so far, over every process."""
-        seen = self.seen * self.dist.world  # every process saw an equal share of each global batch
+        # the samples counted on every process (one whose passes count none, in a variant's
+        # process roles, adds 0): one all-reduce, none on one process
+        seen = int(self.dist.sum(torch.tensor(self.seen, device=self.loss_sum.device)))
         return {
             "train_loss": float(self.dist.sum(self.loss_sum) / seen),
             "train_acc": float(self.dist.sum(self.correct) / seen),

@@ -18,7 +18,7 @@ from ..errors import Interrupted, RunFolderConflict, UserError, one_line, requir
 from ..lock import held_by, job_lock
 from ..loggers import build_logger
 from ..models import build_model
-from ..optim.build import build_optimizer, parameter_groups
+from ..optim.build import build_optimizer, parameter_groups, training_share
 from ..part import Parts
 from ..plots.run import write_run_plots
 from ..progress import Progress, print_final
@@ -104,7 +104,10 @@ class Run:
             f"run folder {self.run_dir} is not writable; choose another with hydra.run.dir=...",
         )
         torch.manual_seed(cfg.seed)
-        self.data = build_data(cfg.dataset, self.device, cfg.seed, self.dist.rank, self.dist.world)
+        share = training_share(cfg, self.dist.rank, self.dist.world)  # a variant's roles
+        self.data = build_data(
+            cfg.dataset, self.device, cfg.seed, self.dist.rank, self.dist.world, share
+        )
         self.data.cache_dir, self.data.cache_write = self.run_dir / CACHE, self.dist.is_main
         torch.manual_seed(cfg.seed)  # the model's initialisation depends on the seed alone
         shape, classes = self.data.input_shape, self.data.num_classes

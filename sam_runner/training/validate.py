@@ -16,7 +16,7 @@ from ..data import validate as validate_dataset
 from ..data.sources import data_shape
 from ..loggers import build_logger
 from ..models import build_model, without_download
-from ..optim.build import build_optimizer
+from ..optim.build import build_optimizer, training_share
 from ..schedulers import validate as validate_scheduler
 from . import strategy
 from .parts import Where, check_features
@@ -53,6 +53,7 @@ def config_checks(cfg: DictConfig, awaiting: Iterable[str] = frozenset()) -> lis
             epochs = _epochs(cfg) or PLACEHOLDER_STEPS  # perturb_from as an epoch: checked on them
             steps = PLACEHOLDER_STEPS * epochs
             build_optimizer(cfg, model, steps, steps_per_epoch=PLACEHOLDER_STEPS)
+            training_share(cfg, 0, strategy.processes(cfg))  # a variant's process roles
             strategy.check_blocks(cfg, model)
 
     return [

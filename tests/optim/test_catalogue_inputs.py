@@ -26,6 +26,14 @@ from conftest import run_cli
         ("focal_sam", "optimizer.sharpness=2", "sharpness must be in [0, 1], got 2"),
         ("functional_sam", "optimizer.precondition=adam", "use base_optimizer=adamw"),
         ("sampa", "optimizer.lam=-0.5", "optimizer=sampa: lam must be in [0, 1], got -0.5"),
+        (  # one process without the sequential fallback accepted
+            "sampa",
+            "optimizer.sequential_fallback=false",
+            "optimizer=sampa: sequential_fallback=false runs only the two-process form, which "
+            "needs an even number of data-parallel processes (trainer.devices=2, 4, ...) without "
+            "sharding, and this run has 1 process; set sequential_fallback=true",
+        ),
+        ("sampa", "optimizer.sequential_fallback=maybe", "sequential_fallback must be true or"),
     ],
 )
 def test_a_bad_catalogue_key_is_one_line_and_nothing_is_written(

@@ -15,7 +15,7 @@ PERTURBING = [n for n in sorted(VARIANTS) if VARIANTS[n].passes > 1]
 # momentum-free where a variant asks for it; SAM-SPS sets its own step size
 KW = {"sam_sps": dict(momentum=0.0)}
 # variants whose first pass is not a plain pass at θ (AE-SAM decides on one)
-REFUSE_ADAPTIVE = {"msam", "focal_sam", "flat_lora"}
+REFUSE_ADAPTIVE = {"msam", "focal_sam", "flat_lora", "sampa"}
 
 
 def _trajectory(name, steps=4, costs=None, **kw):
