@@ -351,7 +351,7 @@ def compile_part(part: Part, model: str) -> None:
     times = measure(part, (f"model={model}",), configs, OPTIMIZERS, out)
     compiled = out.get("bf16_cl_compile", {})
     compiled["compile_s"] = compiled.get("first_step_s", {}).get("sam")
-    compiled["compiled"] = compiled.get("net") == "OptimizedModule"  # on CUDA only
+    compiled["compiled"] = compiled.get("net") == "OptimizedModule"  # the runner compiled it
     plain = {k[0]: v for k, v in times.items() if k[1] == "sam"}
     compiled["speedup_sam"] = ratio(plain, "bf16_cl", "bf16_cl_compile")
     part.save()

@@ -68,6 +68,7 @@ def _assert_trained(configs: dict, names: tuple, evaluated: tuple) -> None:
             assert c["eval_images_per_s"] > 0, config
 
 
+@pytest.mark.slow  # 80-165 s (its compile part now compiles on the CPU): CI's 30 minutes
 def test_the_dry_run_runs_every_part_and_writes_the_report(tmp_path):
     _probe_wheel(tmp_path / "wheels")
     wheels = ["--wheels", str(tmp_path / "wheels"), "--site", str(tmp_path / "site")]
@@ -93,7 +94,7 @@ def test_the_dry_run_runs_every_part_and_writes_the_report(tmp_path):
         _assert_trained(trained["configs"], optimizers, ("fp32", "bf16", "bf16_cl"))
         compiled = parts[f"compile:{model}"]["result"]["configs"]
         _assert_trained(compiled, optimizers, ())
-        assert compiled["bf16_cl_compile"]["compiled"] is False  # the runner compiles on CUDA only
+        assert compiled["bf16_cl_compile"]["compiled"] is True  # CPU inductor here (g++)
         curvature = parts[f"curvature:{model}"]["result"]
         assert curvature["hvp_over_grad"] > 0 and curvature["lambda_max_s"] > 0
         assert curvature["hessian_num_samples"] == 16

@@ -45,9 +45,10 @@ def _start(prog, sweep, tmp_path):
     )  # fmt: skip
 
 
-# 0.15 s: within torch's import; sooner, a loaded machine may not have started Python's own
-# signal handling yet (the signal then ends the interpreter before any command code runs)
-@pytest.mark.parametrize("delay", [0.15, 0.3])
+# 0.3 s: within torch's import; sooner, a loaded machine may not have started Python's own
+# signal handling yet, or still be importing the package (OmegaConf, for its resolver), and the
+# signal then ends the interpreter before any command code runs
+@pytest.mark.parametrize("delay", [0.3, 0.5])
 @pytest.mark.parametrize("prog", sorted(SCRIPTS))
 def test_ctrl_c_while_a_command_starts_is_one_line_exit_130(prog, delay, sweep, tmp_path):
     proc = _start(prog, sweep, tmp_path)

@@ -218,7 +218,7 @@ def test_the_blocks_are_the_embeddings_each_layer_and_the_head(tmp_path):
     from sam_runner.optim.build import parameter_groups
 
     model = build_model(compose(*TEXT, *HF_TINY, LLAMA).model, (16,), 256)
-    blocks = [g["block"] for g in parameter_groups(model)]
+    blocks = [b for g in parameter_groups(model) for b in g["blocks"]]
     assert set(blocks) == {"embed", "layer1", "layer2", "head"}
     cfg = compose(*TEXT, *HF_TINY, LLAMA, "optimizer=gear_sam", "trainer.steps=2",
                   "metrics.blocks.enabled=true")  # fmt: skip

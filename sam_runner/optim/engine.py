@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..module_state import gradient_sync_paused, gradients_skipped, running_stats_restored
+from ..module_state import (
+    frozen_running_stats,
+    gradient_sync_paused,
+    gradients_skipped,
+    running_stats_restored,
+)
 from .schedule import PerturbSchedule, check_schedule
 
 if TYPE_CHECKING:
@@ -185,6 +190,9 @@ class SharpnessAware(torch.optim.Optimizer):
         self._grad_norm_max = None
         self.model, self.grad_scaler, self.clip_grad_norm, self._cache = None, None, None, {}
         self._bn: list[_BatchNorm] = []
+        # how later passes keep BatchNorm's running statistics: their flag off (no copy), or,
+        # for a compiled model (which guards on the flag), a copy put back after the pass
+        self._bn_kept = frozen_running_stats
         # a training feature's hooks (federated algorithms): add_perturbation_filter/_adjuster
         self._perturbation_filters, self._gradient_adjusters = [], []
         if model is not None:
@@ -215,6 +223,8 @@ class SharpnessAware(torch.optim.Optimizer):
         if model is not None:
             self.model = model
             self._bn = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+            compiled = hasattr(model, "_orig_mod")  # torch.compile's OptimizedModule
+            self._bn_kept = running_stats_restored if compiled else frozen_running_stats
         if grad_scaler is not None and grad_scaler.is_enabled():
             self.grad_scaler = grad_scaler
         self.clip_grad_norm = clip_grad_norm
@@ -374,7 +384,7 @@ class SharpnessAware(torch.optim.Optimizer):
         ctx = gradient_sync_paused(self.model) if paused else contextlib.nullcontext()
         # later passes normalise with batch statistics; the running statistics are the first
         # pass's when they end
-        frozen = running_stats_restored(self._bn) if index > 0 else contextlib.nullcontext()
+        frozen = self._bn_kept(self._bn) if index > 0 else contextlib.nullcontext()
         skipped = gradients_skipped(skip) if skip else contextlib.nullcontext()
         with ctx, frozen, skipped, torch.enable_grad():
             return closure()
@@ -656,7 +666,7 @@ class SharpnessAware(torch.optim.Optimizer):
         SharpnessAware.perturb_(self, params, pgrads)  # ε into its buffers, the gradients kept
         self._first_loss = loss
         stack = contextlib.ExitStack()
-        stack.enter_context(running_stats_restored(self._bn))
+        stack.enter_context(self._bn_kept(self._bn))
         self._between_steps = stack
         # the caller's next forward is the perturbed pass (reduce_loss reads it)
         self.pass_index = 1

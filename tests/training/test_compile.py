@@ -46,7 +46,7 @@ def test_sams_second_pass_reuses_the_first_pass_graph():
     net = _bn_net().train()
     model = torch.compile(net, backend="aot_eager")
     opt = SAM(net.parameters(), torch.optim.SGD, rho=0.05, lr=0.1)
-    opt.bind(model=net)
+    opt.bind(model=model)  # the compiled model: its BatchNorm statistics are put back
     x, y = torch.randn(8, 1, 16), torch.randint(0, 3, (8,))
 
     def closure():
