@@ -72,8 +72,12 @@ class WSAM(SAM):
         g, gs = self._cache["g"], self._lists()[1]
         if not self.sync_perturbation:
             self.all_reduce_mean_list_(g)  # g is this process's own: the same step everywhere
-        if self.decouple:
-            self._sharpness = torch._foreach_sub(gs, g)
+        if self.decouple:  # g_s − g into a persistent buffer (no allocation a step)
+            if "sharpness" not in self._cache:
+                self._cache["sharpness"] = [torch.empty_like(t) for t in gs]
+            self._sharpness = self._cache["sharpness"]
+            torch._foreach_copy_(self._sharpness, gs)
+            torch._foreach_sub_(self._sharpness, g)
             torch._foreach_copy_(gs, g)
         else:  # g + α (g_s − g)
             torch._foreach_mul_(gs, self.alpha)
