@@ -189,10 +189,7 @@ class SharpnessAware(torch.optim.Optimizer):
         # running max of the first-pass ‖g‖ since the last log_values() (device tensor)
         self._grad_norm_max = None
         self.model, self.grad_scaler, self.clip_grad_norm, self._cache = None, None, None, {}
-        self._bn: list[_BatchNorm] = []
-        # how later passes keep BatchNorm's running statistics: their flag off (no copy), or,
-        # for a compiled model (which guards on the flag), a copy put back after the pass
-        self._bn_kept = frozen_running_stats
+        self._bn, self._bn_kept = [], frozen_running_stats  # BatchNorm layers, how kept (bind)
         # a training feature's hooks (federated algorithms): add_perturbation_filter/_adjuster
         self._perturbation_filters, self._gradient_adjusters = [], []
         if model is not None:
@@ -223,6 +220,8 @@ class SharpnessAware(torch.optim.Optimizer):
         if model is not None:
             self.model = model
             self._bn = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+            # later passes keep BatchNorm's running statistics by their flag (no copy), or for a
+            # compiled model (which guards on the flag) by a copy put back after the pass
             compiled = hasattr(model, "_orig_mod")  # torch.compile's OptimizedModule
             self._bn_kept = running_stats_restored if compiled else frozen_running_stats
         if grad_scaler is not None and grad_scaler.is_enabled():
