@@ -47,6 +47,7 @@ class WSAM(SAM):
         self.alpha = self.gamma / (1 - self.gamma)
         self.decouple = bool(self.decouple)
         self._sharpness = None  # g_s − g of this step, applied after the base step (decoupled)
+        self._g = self._g_owners = None  # the first pass's gradient (tensors), until the update
 
     @override
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
@@ -58,30 +59,36 @@ class WSAM(SAM):
     def compute_perturbation(
         self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
     ) -> None:
-        """SAM's ε, with g kept for the weighted update."""
-        c = self._cache
-        if "g" not in c:
-            c["g"] = [torch.empty_like(p) for p in params]
-        torch._foreach_copy_(c["g"], self._lists()[1])  # g, kept for the update
+        """SAM's ε; g itself kept for the weighted update (no copy: the parameters let go of
+        it, so the second pass's backward writes g_s into new storage)."""
         super().compute_perturbation(params, grads, eps)
+        self._g = self._lists()[1]
+        self._g_owners = [p.grad for p in self._grad_holders()]
+        for p in self._grad_holders():
+            p.grad = None
+
+    def _grad_holders(self) -> list[torch.Tensor]:
+        """The tensors whose ``.grad`` the engine's gradient list reads (sharded: the DTensor
+        parameters, whose local shards ``_lists`` lists)."""
+        c = self._cache
+        return c["sharded"] if "sharded" in c else c["params"]
 
     @override
     def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:
         """The weighted gradient g + α (g_s − g), or with ``decouple`` g alone and g_s − g kept
         for after the base step."""
-        g, gs = self._cache["g"], self._lists()[1]
+        g, gs = self._g, self._lists()[1]
         if not self.sync_perturbation:
             self.all_reduce_mean_list_(g)  # g is this process's own: the same step everywhere
-        if self.decouple:  # g_s − g into a persistent buffer (no allocation a step)
-            if "sharpness" not in self._cache:
-                self._cache["sharpness"] = [torch.empty_like(t) for t in gs]
-            self._sharpness = self._cache["sharpness"]
-            torch._foreach_copy_(self._sharpness, gs)
-            torch._foreach_sub_(self._sharpness, g)
-            torch._foreach_copy_(gs, g)
+        if self.decouple:  # g_s − g in g_s's storage; the parameters take g back as their grad
+            torch._foreach_sub_(gs, g)
+            self._sharpness = gs
+            for p, grad in zip(self._grad_holders(), self._g_owners):
+                p.grad = grad
         else:  # g + α (g_s − g)
             torch._foreach_mul_(gs, self.alpha)
             torch._foreach_add_(gs, g, alpha=1 - self.alpha)
+        self._g = self._g_owners = None
 
     @override
     def base_step(self) -> None:
