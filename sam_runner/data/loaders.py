@@ -257,8 +257,18 @@ def random_crop_flip(
 def crop_flip(x: torch.Tensor, pad: int, draws: torch.Tensor) -> torch.Tensor:
     """``x`` ``[n, c, h, w]`` zero-padded by ``pad`` and cropped back to ``h × w`` at the offsets
     ``draws[0]`` (rows) and ``draws[1]`` (columns), flipped left-right where ``draws[2]`` is 1."""
-    held = Held(x, pad)
+    key = (x.shape, pad, x.dtype, x.device)
+    held = _HELD_BATCHES.get(key)
+    if held is None:
+        if len(_HELD_BATCHES) > 16:
+            _HELD_BATCHES.clear()
+        held = _HELD_BATCHES[key] = Held(x, pad)
+    else:
+        held.fill(x)
     return held.crop(held.starts(torch.arange(len(x), device=x.device), draws))
+
+
+_HELD_BATCHES = {}  # (shape, pad, dtype, device) -> crop_flip's Held, its zeros made once
 
 
 def version(t: torch.Tensor) -> int:
@@ -279,18 +289,25 @@ class Held:
 
     def __init__(self, x: torch.Tensor, pad: int) -> None:
         n, c, h, w = x.shape
-        self.x, self.version, self.shape = x, version(x), (c, h, w)
+        self.pad, self.shape = pad, (c, h, w)
         self.row, self.image = w + pad, c * (h + pad) * (w + pad)
         flat = x.new_zeros(pad + 2 * n * self.image + pad * self.row)
-        planes = flat[pad : pad + 2 * n * self.image].view(2, n, c, h + pad, self.row)
-        planes[0, :, :, pad:, :w] = x
-        planes[1, :, :, pad:, :w] = x.flip(3)
+        self.planes = flat[pad : pad + 2 * n * self.image].view(2, n, c, h + pad, self.row)
+        self.fill(x)
         # every run of w values of the flat buffer: a view, no copy
         self.windows = flat.unfold(0, w, 1)
         plane = torch.arange(c, device=x.device).view(c, 1) * (h + pad)
         self.rows = ((plane + torch.arange(h, device=x.device)) * self.row).view(1, c * h)
         # padded columns [ox, ox + w) mirrored are the mirror's [2·pad − ox, 2·pad − ox + w)
         self.mirror = n * self.image + 2 * pad
+
+    def fill(self, x: torch.Tensor) -> None:
+        """Hold ``x`` (the shape held) and its mirror in place of the images held; the padding's
+        zeros stay."""
+        w = x.shape[-1]
+        self.planes[0, :, :, self.pad :, :w] = x
+        self.planes[1, :, :, self.pad :, :w] = x.flip(3)
+        self.x, self.version = x, version(x)
 
     def starts(self, idx: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
         """Where the crop of each image ``idx`` starts, at the offsets and flips ``draws``
