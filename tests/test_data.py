@@ -389,6 +389,63 @@ def test_an_epochs_draws_made_at_once_are_the_batch_by_batch_draws():
                 assert torch.equal(xb, want)
 
 
+def _padded_crop(x, pad, idx, draws):
+    """The definition: each image ``idx`` zero-padded, cropped at its offsets, flipped if drawn."""
+    h, w = x.shape[-2:]
+    padded = torch.nn.functional.pad(x, (pad,) * 4)
+    out = [
+        padded[i, :, oy : oy + h, ox : ox + w]
+        for i, oy, ox in zip(idx.tolist(), *draws[:2].tolist())
+    ]
+    return torch.stack([o.flip(2) if f else o for o, f in zip(out, draws[2].tolist())])
+
+
+def test_held_images_crop_any_image_as_the_definition():
+    """The padded and mirrored images held once: any image, any offset, either flip, in the order
+    asked (repeats too), against padding, slicing and flipping, on uint8 and float images."""
+    from sam_runner.data.loaders import Held
+
+    g = torch.Generator().manual_seed(1)
+    for dtype, shape, pad in ((torch.uint8, (9, 3, 7, 5), 2), (torch.float32, (5, 2, 6, 6), 4)):
+        x = torch.randint(1, 256, shape, generator=g).to(dtype)  # no zero: padding shows
+        held = Held(x, pad)
+        # every offset and flip at least once, over every image
+        oy, ox, flip = torch.meshgrid(
+            *[torch.arange(2 * pad + 1)] * 2, torch.arange(2), indexing="ij"
+        )
+        draws = torch.stack([oy.flatten(), ox.flatten(), flip.flatten()])
+        idx = torch.randint(0, shape[0], (draws.shape[1],), generator=g)
+        assert torch.equal(held.crop(held.starts(idx, draws)), _padded_crop(x, pad, idx, draws))
+
+
+def test_loader_crops_its_images_as_they_are_now():
+    """The loader pads and mirrors its images once and keeps them across epochs; images changed
+    in place, or replaced, are padded again: its batches always crop the images it has."""
+    from sam_runner.data.loaders import Normalize
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 200, (32, 3, 6, 6), generator=g, dtype=torch.uint8)
+    tf = Normalize((0.5,) * 3, (0.25,) * 3, augment=True, pad=2)
+    ld = TensorLoader(x, torch.arange(32), 8, shuffle=True, seed=0, drop_last=True, transform=tf)
+
+    def epoch_is_definition(images):
+        gen = ld.generator()
+        order = torch.randperm(32, generator=gen)
+        for i, (xb, _, idx) in enumerate(ld):
+            want = tf(images[order[i * 8 : (i + 1) * 8]], gen)
+            assert torch.equal(idx, order[i * 8 : (i + 1) * 8]) and torch.equal(xb, want)
+
+    epoch_is_definition(x)
+    held = ld._held
+    ld.set_epoch(1)
+    epoch_is_definition(x)
+    assert ld._held is held  # not padded again
+    x.add_(50)
+    epoch_is_definition(x)
+    ld.x = x.flip(2).contiguous()
+    epoch_is_definition(ld.x)
+
+
 class _Transfers(torch.overrides.TorchFunctionMode):
     """Counts the calls that move a tensor between devices or read it on the host: ``.to`` given
     a device, ``.cuda``, ``.cpu``, ``.pin_memory``, ``.item``, ``.tolist``, ``bool()``."""
