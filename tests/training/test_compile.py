@@ -11,10 +11,10 @@ import torch
 from conftest import compose, run_cli
 from torch import nn
 
+from sam_runner.losses import per_example
 from sam_runner.module_state import running_stats_restored
 from sam_runner.optim import SAM
 from sam_runner.train import train
-from sam_runner.losses import per_example
 from sam_runner.training.compile import (
     ForwardLoss,
     compiled,
