@@ -123,14 +123,15 @@ def _describe(cfg) -> dict:
     }
 
 
-def preset_jobs(preset: str) -> list[tuple[dict, int]]:
-    """The preset's jobs as (what sets its cost, how many jobs share it)."""
+def preset_jobs(preset: str, base=None) -> list[tuple[dict, int]]:
+    """The preset's jobs as (what sets its cost, how many jobs share it); ``base``: the preset
+    composed already."""
     import yaml
 
     from sam_runner.sweep.plan import compose, expand, sweeper_params
 
     key = lambda o: o.split("=", 1)[0].lstrip("+~")
-    base = compose([f"experiment={preset}"])
+    base = base if base is not None else compose([f"experiment={preset}"])
     jobs = expand([], sweeper_params(base))
     groups = Counter(
         tuple(o for o in job if key(o) in (*COMPOSED, *VALUES, "optimizer")) for job in jobs
@@ -187,9 +188,9 @@ def fast_path_here(cfg) -> dict:
 def preset_estimate(preset: str, rates: dict) -> dict:
     from sam_runner.sweep.plan import compose
 
-    jobs = preset_jobs(preset)
+    cfg = compose([f"experiment={preset}"])  # once: the jobs, the reason, the fast path
+    jobs = preset_jobs(preset, cfg)
     n_jobs = sum(count for _, count in jobs)
-    cfg = compose([f"experiment={preset}"])
     fast = fast_path_here(cfg)
     reason = step_tracked(preset, cfg)
     if reason:
