@@ -110,14 +110,9 @@ class LoadedRun:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The run's ``trainer.precision`` autocast on its device (none for fp32)."""
-        import torch
+        from .training.lengths import autocast_for
 
-        from .train import DTYPES
-
-        dtype = DTYPES.get(str(self.cfg.trainer.get("precision", "fp32")))
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
+        return autocast_for(self.device, str(self.cfg.trainer.get("precision", "fp32")))
 
     def train_subset(self, n: int, offset: int = 0, keep: bool = False):
         """The curvature subset of the run (``data.train_subset(n, seed)``) with ``offset`` 0;

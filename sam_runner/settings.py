@@ -62,6 +62,7 @@ RUN_ONLY_KEYS = (
     "trainer.compile_mode",
     "trainer.activation_checkpointing",  # recomputes activations: memory, not results
     "trainer.channels_last",
+    "trainer.cudnn_benchmark",  # an algorithm choice per convolution: speed, not results
     "logger",
     "dataset.data_dir",
     "dataset.download",

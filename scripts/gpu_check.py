@@ -54,8 +54,9 @@ PARTS = (
     PartSpec("sharded", 120, 60),  # FSDP and activation checkpointing (bench_fsdp and more)
     PartSpec("curvature:wrn16_8", 90, 60),
     PartSpec("models", 120, 90),
-    PartSpec("compile:resnet18", 150, 90),  # the longest and likeliest to fail: last
-    PartSpec("compile:wrn16_8", 150, 90),
+    # the longest and likeliest to fail: last; three compile modes each (default first)
+    PartSpec("compile:resnet18", 300, 90),
+    PartSpec("compile:wrn16_8", 300, 90),
     PartSpec("estimates", 45, 60),
 )
 ALWAYS = ("env", "data", "estimates")

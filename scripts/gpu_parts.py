@@ -53,6 +53,13 @@ CONFIGS = {
         "trainer.compile=true",
     ),
 }
+# trainer.compile_mode's measured modes (max-autotune itself adds CUDA graphs to the last)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+for _mode in COMPILE_MODES[1:]:
+    CONFIGS[f"bf16_cl_compile_{_mode}"] = (
+        *CONFIGS["bf16_cl_compile"],
+        f"trainer.compile_mode={_mode}",
+    )
 OPTIMIZERS = ("sam", "base", "gear_sam", "spectral_sam")  # SAM first: its peak memory alone
 # the models the study presets use beyond the two measured in full (timm's without weights:
 # nothing can be downloaded on the device, and the architecture alone sets the speed)
@@ -354,6 +361,33 @@ def compile_part(part: Part, model: str) -> None:
     compiled["compiled"] = compiled.get("net") == "OptimizedModule"  # the runner compiled it
     plain = {k[0]: v for k, v in times.items() if k[1] == "sam"}
     compiled["speedup_sam"] = ratio(plain, "bf16_cl", "bf16_cl_compile")
+    part.save()
+    compile_modes(part, model, compiled)
+
+
+def compile_modes(part: Part, model: str, default: dict) -> None:
+    """``part.result["modes"]``: each compile mode's compile time and SAM step against eager
+    bf16 + channels_last, side by side (the default mode's from the four optimizers' timing; the
+    others, SAM alone, after it: a part stopped at its timeout keeps the default's). The CPU dry
+    run records the others as not measured: two more inductor compiles would outlast its
+    budget."""
+    keys = ("compile_s", "speedup_sam", "compiled")
+    modes = part.result["modes"] = {"default": {k: default.get(k) for k in keys}}
+    if part.cpu:
+        modes.update({m: {"skipped": "measured on a GPU only"} for m in COMPILE_MODES[1:]})
+        part.save()
+        return
+    names = {m: f"bf16_cl_compile_{m}" for m in COMPILE_MODES[1:]}
+    out = {}
+    times = measure(part, (f"model={model}",), ("bf16_cl", *names.values()), ("sam",), out)
+    plain = {k[0]: v for k, v in times.items()}
+    for mode, name in names.items():
+        c = out.get(name, {})
+        modes[mode] = {
+            "compile_s": c.get("first_step_s", {}).get("sam"),
+            "speedup_sam": ratio(plain, "bf16_cl", name),
+            "compiled": c.get("net") == "OptimizedModule",
+        }
     part.save()
 
 

@@ -123,14 +123,15 @@ def _describe(cfg) -> dict:
     }
 
 
-def preset_jobs(preset: str) -> list[tuple[dict, int]]:
-    """The preset's jobs as (what sets its cost, how many jobs share it)."""
+def preset_jobs(preset: str, base=None) -> list[tuple[dict, int]]:
+    """The preset's jobs as (what sets its cost, how many jobs share it); ``base``: the preset
+    composed already."""
     import yaml
 
     from sam_runner.sweep.plan import compose, expand, sweeper_params
 
     key = lambda o: o.split("=", 1)[0].lstrip("+~")
-    base = compose([f"experiment={preset}"])
+    base = base if base is not None else compose([f"experiment={preset}"])
     jobs = expand([], sweeper_params(base))
     groups = Counter(
         tuple(o for o in job if key(o) in (*COMPOSED, *VALUES, "optimizer")) for job in jobs
@@ -151,13 +152,13 @@ def preset_jobs(preset: str) -> list[tuple[dict, int]]:
     return out
 
 
-def step_tracked(preset: str) -> str | None:
+def step_tracked(preset: str, cfg=None) -> str | None:
     """Why a preset is not extrapolated from throughput, or None: a full-batch run with λ_max
     every few steps costs what its curvature measurements cost, which the check does not time
-    at that size."""
+    at that size (``cfg``: the preset composed already)."""
     from sam_runner.sweep.plan import compose
 
-    cfg = compose([f"experiment={preset}"])
+    cfg = cfg if cfg is not None else compose([f"experiment={preset}"])
     if cfg.get("stages"):  # each stage its own jobs and models (docs/studies.md)
         return "in stages: not extrapolated from throughput (the stages' jobs differ)"
     every = cfg.metrics.hessian.get("every_n_steps") or 0
@@ -172,13 +173,31 @@ def step_tracked(preset: str) -> str | None:
     return None
 
 
+def fast_path_here(cfg) -> dict:
+    """The preset's GPU fast path as this machine resolves it (a convolutional net on images:
+    what channels_last would do for one; docs/running.md)."""
+    import torch
+
+    from sam_runner.training.fast_path import resolve
+
+    cuda = torch.cuda.is_available()
+    bf16 = cuda and torch.cuda.is_bf16_supported()
+    return resolve(cfg.trainer, "cuda" if cuda else "cpu", bf16, True, True)._asdict()
+
+
 def preset_estimate(preset: str, rates: dict) -> dict:
-    jobs = preset_jobs(preset)
+    from sam_runner.sweep.plan import compose
+
+    cfg = compose([f"experiment={preset}"])  # once: the jobs, the reason, the fast path
+    jobs = preset_jobs(preset, cfg)
     n_jobs = sum(count for _, count in jobs)
-    reason = step_tracked(preset)
+    fast = fast_path_here(cfg)
+    reason = step_tracked(preset, cfg)
     if reason:
-        return {"jobs": n_jobs, "models": [], "missing": [], "not_estimated": reason}
-    out = {"jobs": n_jobs, "models": set(), "missing": set(), "lambda_max_included": True}
+        return {"jobs": n_jobs, "models": [], "missing": [], "not_estimated": reason,
+                "fast_path": fast}  # fmt: skip
+    out = {"jobs": n_jobs, "models": set(), "missing": set(), "lambda_max_included": True,
+           "fast_path": fast}  # fmt: skip
     seconds = {precision: [] for precision in PRECISIONS}
     for job, count in jobs:
         out["models"].add(job["model"])

@@ -145,7 +145,32 @@ def training(results) -> list[str]:
         for c in [((p.get("result") or {}).get("configs") or {}).get("bf16_cl_compile") or {}]
         if c
     ]
-    return lines + ([f"torch.compile: {'; '.join(speed)}.", ""] if speed else [])
+    return lines + ([f"torch.compile: {'; '.join(speed)}.", ""] if speed else []) + modes(results)
+
+
+def modes(results) -> list[str]:
+    """Each trainer.compile_mode's compile time and SAM step against eager bf16 + channels_last."""
+    rows = [
+        [r.get("model"), mode, m.get("skipped") or num(m.get("compile_s")),
+         num(m.get("speedup_sam")) if "skipped" not in m else "–"]
+        for name, p in results["parts"].items() if name.startswith("compile:")
+        for r in [p.get("result") or {}]
+        for mode, m in (r.get("modes") or {}).items()
+    ]  # fmt: skip
+    header = ["model", "compile_mode", "compile s (first SAM step)", "SAM step speed-up"]
+    return (
+        ["### Compile modes (bf16 + channels_last)", "", *table(header, rows), ""] if rows else []
+    )
+
+
+def fast_path(f: dict | None) -> str:
+    """A preset's resolved fast path in a few words (fast_path.describe's wording)."""
+    if not f:
+        return "–"
+    on = [f"{f['precision']} autocast"] if f["precision"] != "fp32" else []
+    on += [n for n, k in (("channels_last", "channels_last"), ("cudnn.benchmark",
+           "cudnn_benchmark"), ("compile", "compile")) if f.get(k)]  # fmt: skip
+    return ", ".join(on) or "fp32 eager"
 
 
 def curvature(results) -> list[str]:
@@ -181,6 +206,7 @@ def presets(results) -> list[str]:
             e.get("not_estimated")
             or ", ".join(e["missing"])
             or ("" if e["lambda_max_included"] else "λ_max time"),
+            fast_path(e.get("fast_path")),
         ]
         for name, e in r["presets"].items()
     ]
@@ -191,6 +217,7 @@ def presets(results) -> list[str]:
         "bf16 + channels_last",
         "one job",
         "not measured",
+        "fast path here",
     ]
     note = (
         "Extrapolated from the figures below (scripts/gpu_presets.py, docs/gpu_check.md): per "

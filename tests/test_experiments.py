@@ -24,6 +24,8 @@ from sam_runner.registry import MODELS
 from sam_runner.schedulers import build_scheduler
 from sam_runner.sweep.plan import expand
 from sam_runner.sweep.stages import plan, resolve
+from sam_runner.training.fast_path import FastPath
+from sam_runner.training.fast_path import resolve as resolve_fast_path
 from sam_runner.training.validate import validate_run
 
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -188,8 +190,10 @@ BIG_SWEEPS = ("pc_sharpness", "optimizer_consistency")
 )
 def test_every_job_of_the_sweep_builds(preset):
     """Each job's composed config passes validation and builds its optimizer and scheduler, and the
-    sweep is the study the README describes: its job count, models, dataset and variants."""
+    sweep is the study the README describes: its job count, models, dataset and variants; the
+    preset's GPU fast path (``_check_fast_path``)."""
     c, jobs = sweep_of(preset)
+    _check_fast_path(preset, c)
     n_jobs, archs, dataset, variants = EXPECTED[preset]
     assert len(jobs) == n_jobs
     if preset in STUDIES or preset.endswith("_mini"):
@@ -208,11 +212,35 @@ def test_every_job_of_the_sweep_builds(preset):
             validate_run(cfg, awaiting=awaiting)
             data.validate(cfg.dataset)
         assert cfg.model.arch in MODELS
+        # on a CPU every job runs eagerly, contiguous, without cuDNN's autotuner
+        on_cpu = resolve_fast_path(cfg.trainer, "cpu", True, True, True)
+        assert (on_cpu.channels_last, on_cpu.cudnn_benchmark, on_cpu.compile) == (False,) * 3
         opt = build_optimizer(cfg, tiny, total_steps=100)
         build_scheduler(cfg.scheduler, opt, 10, 100)
     assert {a for a, _, _ in composed} == set(archs.split())
     assert {d for _, d, _ in composed} == set(dataset.split())
     assert {v for _, _, v in composed} == set(variants.split())
+
+
+# full-size presets without the GPU fast path: the README's five-epoch example (its compile
+# would outlast its training)
+WITHOUT_FAST_PATH = ("example",)
+
+
+def _check_fast_path(preset: str, cfg) -> None:
+    """On a CUDA GPU with bf16 (resolved here on the CPU) a full-size preset runs bf16 autocast
+    (pc_sharpness: fp32, its circuits' sums), channels_last, cudnn.benchmark and compile; a mini
+    preset none of them; on a CPU, both run fp32 eager; curvature is measured in fp32."""
+    t, given = cfg.trainer, str(cfg.trainer.precision)
+    on_cpu = resolve_fast_path(t, "cpu", True, True, True)
+    assert on_cpu == FastPath("fp32" if given == "auto" else given, False, False, False)
+    on_gpu = resolve_fast_path(t, "cuda", True, True, True)
+    if preset.endswith("_mini") or preset in WITHOUT_FAST_PATH:
+        assert on_gpu == on_cpu, on_gpu
+    else:
+        expected = "fp32" if preset == "pc_sharpness" else "bf16"
+        assert on_gpu == FastPath(expected, True, True, True), on_gpu
+    assert cfg.metrics.hessian.get("precision", "fp32") == "fp32"
 
 
 def test_sam_wrn_cifar_is_the_papers_setting():

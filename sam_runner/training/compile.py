@@ -1,6 +1,9 @@
-"""``trainer.compile``: the model under ``torch.compile`` on any device (``trainer.compile_mode``:
-default, reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs). On a CPU,
-inductor writes C++: without a compiler the run says so in one line and runs eagerly."""
+"""``trainer.compile``: torch.compile on any device (``trainer.compile_mode``: default,
+reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs). The training pass
+compiles ``ForwardLoss``, the forward and the per-example loss together, so one graph runs from
+the inputs to the loss (its backward too); evaluation and the optimizer's BatchNorm rule see the
+compiled model. On a CPU, inductor writes C++: without a compiler the run says so in one line and
+runs eagerly."""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ import shutil
 import sys
 
 import torch
+
+from .fast_path import resolved_precision
+from .lengths import DTYPES
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -45,3 +51,40 @@ def compiled(net: torch.nn.Module, mode: str, device: torch.device) -> torch.nn.
         )
         return net
     return torch.compile(net, mode=None if mode == "default" else mode)
+
+
+class ForwardLoss:
+    """The training pass's forward, under the run's autocast, and its per-example loss
+    (outside autocast, as an eager run computes it): ``(logits, per_sample)``. The loop calls it
+    eagerly, or compiled (``compiled_forward_loss``), where one graph holds both."""
+
+    def __init__(self, net: torch.nn.Module, criterion, device: torch.device, precision: str):
+        """
+        Args:
+            net: the model as the passes call it (DDP-wrapped or sharded; not compiled).
+            criterion: ``(logits, targets) -> per-example losses``.
+            device: the run's device (the autocast's device type).
+            precision: ``trainer.precision`` (``auto`` resolved here, once).
+        """
+        self.net, self.criterion, self.device_type = net, criterion, device.type
+        self.dtype = DTYPES[resolved_precision(precision, device)]
+
+    def __call__(self, x: torch.Tensor, target: torch.Tensor):
+        if self.dtype is None:
+            out = self.net(x)
+        else:  # entered inside the function: a compiled graph traces the autocast region
+            with torch.autocast(self.device_type, dtype=self.dtype):
+                out = self.net(x)
+        return out, self.criterion(out, target)
+
+
+def compiled_forward_loss(forward_loss: ForwardLoss, mode: str, backend: str = "inductor"):
+    """``forward_loss`` under ``torch.compile``: logits and loss in one graph.
+
+    Args:
+        forward_loss: the loop's eager ``ForwardLoss``.
+        mode: ``trainer.compile_mode``.
+        backend: torch.compile's backend (the tests' ``aot_eager`` generates no code).
+    """
+    options = {} if backend != "inductor" else {"mode": None if mode == "default" else mode}
+    return torch.compile(forward_loss, backend=backend, **options)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from .fast_path import resolved_precision
+
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
@@ -17,8 +19,9 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def autocast_for(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """The autocast context of ``trainer.precision`` on ``device`` (none for fp32)."""
-    dtype = DTYPES[precision]
+    """The autocast context of ``trainer.precision`` on ``device`` (none for fp32; ``auto``
+    resolved for the device, ``fast_path.resolved_precision``)."""
+    dtype = DTYPES[resolved_precision(precision, device)]
     return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 

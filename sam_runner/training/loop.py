@@ -16,6 +16,7 @@ from ..module_state import gradient_sync_paused
 from ..part import PassInputs
 from .batches import micro_batches, selected_rows
 from .checkpoint import rank_seed
+from .compile import ForwardLoss
 from .evaluation import EpochStats, TestSet, ValSet, count_correct
 from .lengths import autocast_for, epoch_lengths
 from .warnings import say_if_every_epoch_is_evaluated
@@ -35,6 +36,8 @@ class EpochLoop:
         self.criterion = per_example(t.get("loss", "cross_entropy"), float(t.label_smoothing))
         self.autocast = autocast_for(run.device, t.precision)
         self.scaler = torch.amp.GradScaler(run.device.type, enabled=t.precision == "fp16")
+        # the pass's logits and loss; Run compiles it whole under trainer.compile
+        self.forward_loss = ForwardLoss(run.net, self.criterion, run.device, str(t.precision))
         self.test_set = self.val_set = None  # once the model is wrapped (``evaluating``)
 
     lengths = staticmethod(epoch_lengths)
@@ -128,9 +131,8 @@ class EpochLoop:
             # a synced pass reduces the gradients once, in its last micro-batch's backward
             quiet = opt.pass_syncs and i < len(kept) - 1
             with gradient_sync_paused(r.net) if quiet else contextlib.nullcontext():
-                with self.autocast, parts.forward_context(opt.pass_index):
-                    out = r.net(xm)
-                per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
+                with parts.forward_context(opt.pass_index):  # tm: ym, or its mixed soft targets
+                    out, per_sample = self.forward_loss(xm, tm)
                 share = len(ym) / batch  # weighted by size: the step's mean even when uneven
                 loss = opt.reduce_loss(per_sample, out, ym) * share
                 objective = parts.loss(loss, PassInputs(r.model, xm, out, j, share, rows))

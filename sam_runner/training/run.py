@@ -27,7 +27,7 @@ from ..rundir import CACHE, METRICS, SUMMARY
 from ..runfiles import writable, write_json
 from ..schedulers import build_scheduler
 from ..settings import plot_format, require_same_config, result_config
-from . import strategy
+from . import fast_path, strategy
 from .checkpoint import (
     RNGState,
     fingerprint,
@@ -37,7 +37,7 @@ from .checkpoint import (
     save_sharded,
     write_failure,
 )
-from .compile import compiled
+from .compile import compiled, compiled_forward_loss
 from .loop import EpochLoop
 from .parts import build_parts
 from .record import RunRecord
@@ -113,8 +113,8 @@ class Run:
         shape, classes = self.data.input_shape, self.data.num_classes
         self.model = build_model(cfg.model, shape, classes).to(self.device)
         early = build_parts(self, early=True)  # given weights, adapters: before anything else
-        if t.channels_last and self.device.type == "cuda" and len(shape) == 3:
-            self.model.to(memory_format=torch.channels_last)
+        self.fast = fast_path.for_run(t, self.device, self.model, shape)  # auto: resolved once
+        fast_path.apply(self.fast, self.model)
         self.parts = Parts(list(early.values()))
         self.build_optimization(early)
         per_epoch = self.loop.steps_per_epoch
@@ -131,6 +131,8 @@ class Run:
             self.record.progress.note(f"sam-run: {threads}")
         self.record.fingerprint = fingerprint(cfg, self.model, self.dist.world)
         self.loop.say_notes()
+        if self.device.type == "cuda" and self.dist.is_main:
+            self.record.progress.note(f"sam-run: fast path: {fast_path.describe(self.fast)}")
 
     def build_optimization(self, early: dict) -> None:
         """The loop (a part may name its own), the run's length, the optimizer over the parts'
@@ -147,8 +149,8 @@ class Run:
             cfg, groups, lengths.optimizer_steps, lengths.optimizer_steps_per_epoch
         )
         self.loop = loop_class(self, lengths.steps_per_epoch)
-        if t.compile:
-            self.net = compiled(self.net, str(t.get("compile_mode", "default")), self.device)
+        if self.fast.compile:
+            self.compile(str(t.get("compile_mode", "default")))
         self.optimizer.bind(
             model=self.net, grad_scaler=self.loop.scaler, clip_grad_norm=t.get("gradient_clip")
         )
@@ -156,6 +158,17 @@ class Run:
         self.scheduler = build_scheduler(
             cfg.scheduler, self.optimizer, lengths.steps_per_epoch, lengths.total_steps
         )
+
+    def compile(self, mode: str) -> None:
+        """The model (evaluation, the optimizer's BatchNorm rule) and the training pass's
+        forward and loss (one graph) under torch.compile; eager, recorded so, where this machine
+        cannot compile."""
+        net = compiled(self.net, mode, self.device)
+        if net is self.net:  # no compiler: said in one line
+            self.fast = self.fast._replace(compile=False)
+            return
+        self.net = net
+        self.loop.forward_loss = compiled_forward_loss(self.loop.forward_loss, mode)
 
     def checkpointed(self) -> dict:
         """Everything a checkpoint holds, by its name there: the run's own state, then the
@@ -245,6 +258,7 @@ class Run:
             "overrides": self.overrides, "config": record.fingerprint["config"],
             **provenance(self.model, self.cfg.model, self.data.input_shape, self.device),
             **self.optimizer.summary_values(), **(self.data.corpus or {}),
+            "fast_path": self.fast._asdict(),  # what ran: auto resolved on this device
         }  # fmt: skip
         summary.update(self.parts.merged("summary_values", last))
         if loop.test_set.reliability is None and record.status == "completed":

@@ -40,6 +40,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import require
 from ..models import blocks_of
+from .fast_path import resolved_precision
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -164,7 +165,8 @@ def wrap(model, cfg, dist):
             # the curvature measurement's unsharded model: its structure alone (meta), filled
             # with the gathered weights while it measures
             dist.unsharded = copy.deepcopy(model).to_empty(device="meta")
-        shard(model, blocks, dist, str(cfg.trainer.precision))
+        precision = resolved_precision(str(cfg.trainer.precision), dist.device or "cpu")
+        shard(model, blocks, dist, precision)
         dist.sharded = True
         return model
     return dist.wrap(model, cfg)

@@ -9,8 +9,9 @@ from ..cli_words import PROGRESS, check_format
 from ..errors import integer, number, require
 from ..lock import ON_LOCKED
 from ..losses import per_example
-from ..settings import MAX_SEED, PRECISIONS, plot_format
+from ..settings import MAX_SEED, plot_format
 from .compile import COMPILE_MODES
+from .fast_path import validate_fast_path
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -27,10 +28,7 @@ def validate_trainer(cfg: DictConfig, seed: bool = True) -> None:
     seed (``seed=False``: checked on its own, ``config_checks``)."""
     t = cfg.trainer
     integer("trainer.epochs", t.epochs, "an integer >= 1", lambda e: e >= 1)
-    require(
-        t.precision in PRECISIONS,
-        f"trainer.precision={t.precision!r} is unknown; choose fp32, bf16 or fp16",
-    )
+    validate_fast_path(t)  # precision and the fast path's switches
     integer("trainer.accumulate", t.accumulate, "an integer >= 1", lambda a: a >= 1)
     for key, accepted in (("progress", PROGRESS), ("on_locked", ON_LOCKED)):
         value = t.get(key, accepted[0])

@@ -1,7 +1,8 @@
 """trainer.compile on any device: SAM's second pass reuses the first pass's graph (no recompile:
-BatchNorm's running statistics are put back rather than its flag flipped), a compiled run equals
-an eager one to float error, a bad compile_mode is one line, and a CPU without a C++ compiler
-runs eagerly with a notice."""
+BatchNorm's running statistics are put back rather than its flag flipped), the training pass's
+loss is in the compiled graph with its forward, a compiled run equals an eager one to float
+error, a bad compile_mode is one line, and a CPU without a C++ compiler runs eagerly with a
+notice."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ import torch
 from conftest import compose, run_cli
 from torch import nn
 
+from sam_runner.losses import per_example
 from sam_runner.module_state import running_stats_restored
 from sam_runner.optim import SAM
 from sam_runner.train import train
-from sam_runner.training.compile import compiled, compiler_missing
+from sam_runner.training.compile import (
+    ForwardLoss,
+    compiled,
+    compiled_forward_loss,
+    compiler_missing,
+)
 
 
 def _bn_net() -> nn.Module:
@@ -61,6 +68,49 @@ def test_sams_second_pass_reuses_the_first_pass_graph():
     assert frames.get("total") == 1 and dynamo_utils.counters["stats"]["unique_graphs"] == 1, dict(
         dynamo_utils.counters
     )
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_loss_is_in_the_compiled_graph_and_sams_passes_reuse_it(precision):
+    """Three SAM steps (six passes) through the run's compiled ForwardLoss of a BatchNorm model:
+    one frame compiled once, one graph, and that graph ends in the cross-entropy (a backend that
+    records the FX graphs dynamo hands it, and runs them as they are)."""
+    import torch._dynamo.utils as dynamo_utils
+
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    graphs = []
+
+    def recording(graph_module, example_inputs):  # noqa: ARG001 (a backend's signature)
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    net = _bn_net().train()
+    cpu = torch.device("cpu")
+    forward_loss = ForwardLoss(net, per_example("cross_entropy"), cpu, precision)
+    train_pass = compiled_forward_loss(forward_loss, "default", backend=recording)
+    opt = SAM(net.parameters(), torch.optim.SGD, rho=0.05, lr=0.1)
+    opt.bind(model=torch.compile(net, backend=recording))  # as Run binds its compiled model
+    x, y = torch.randn(8, 1, 16), torch.randint(0, 3, (8,))
+    eager = forward_loss(x, y)[1]
+
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        out, per_sample = train_pass(x, y)
+        assert out.dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+        loss = per_sample.mean()
+        loss.backward()
+        return loss
+
+    first = closure()
+    torch.testing.assert_close(first, eager.mean())  # compiled = eager before any step
+    for _ in range(3):
+        opt.step(closure)
+    assert dynamo_utils.counters["frames"]["total"] == 1, dict(dynamo_utils.counters)
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == 1 and len(graphs) == 1
+    called = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert torch.nn.functional.cross_entropy in called  # the loss, inside the graph
+    assert called[-1] is torch.nn.functional.cross_entropy
 
 
 @pytest.mark.slow  # inductor writes and compiles C++: a minute on a 2-core machine

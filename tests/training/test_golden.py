@@ -104,7 +104,8 @@ def _structure(value):
 def _files(run_dir: Path, tmp: Path) -> dict:
     """What the golden file holds of a finished run."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    for key in ("train_time_s", "versions", "device", "git_commit"):  # machine and moment
+    # machine and moment (fast_path: what auto resolved to on this device)
+    for key in ("train_time_s", "versions", "device", "git_commit", "fast_path"):
         summary.pop(key, None)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
