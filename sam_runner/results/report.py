@@ -24,7 +24,8 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
 
 Written again into one folder, a report removes the files the last one wrote there and this one
 does not (``MANIFEST``), and reuses the jobs' YAML files as the last one parsed them while they
-are unchanged (``CACHE``, ``rundir.ParsedYaml``). The choices (groups, statistics, missing
+are unchanged (``CACHE``, ``rundir.ParsedYaml``), and the figures it drew while their data and
+drawing code are unchanged (``plots.cache.FIGURES``). The choices (groups, statistics, missing
 jobs, the bound) are sweep.py's.
 """
 
