@@ -36,12 +36,17 @@ if TYPE_CHECKING:
 
 def _source(job, by_dir: dict):
     """The report's job whose weights ``job`` started from (``init_from`` in its summary)."""
-    path = ((job.run.summary or {}).get("init_from") or {}).get("path") if job.run else None
+    path = _init_from(job)
     if not path:
         return None
     p = Path(path)
     folder = p.parent.parent if p.parent.name == "checkpoints" else p
     return by_dir.get(folder.resolve())
+
+
+def _init_from(job):
+    """The path of the weights ``job`` started from (its summary's ``init_from``), or None."""
+    return ((job.run.summary or {}).get("init_from") or {}).get("path") if job.run else None
 
 
 def _last(job, key: str):
@@ -56,6 +61,8 @@ def chains(report: Report) -> list[tuple]:
     """(mid-trained job, post-trained job) for each completed post-trained job whose source
     started from another job of the report."""
     done = [j for j in report.jobs if j.path is not None and j.status == "completed"]
+    if not any(_init_from(j) for j in done):  # no chain: no folder resolved (a study of 1,000s)
+        return []
     by_dir = {j.path.resolve(): j for j in done}
     out = []
     for post in done:
@@ -83,6 +90,10 @@ STEM = "forgetting"
 def rows(report: Report) -> list[dict]:
     """One row per mid-training setting: each measured column's statistics over its seeds
     (``stats``), and the reductions against ``optimizer=base`` mid-training (of the means)."""
+    return report.once("forgetting_rows", lambda: _rows(report))
+
+
+def _rows(report: Report) -> list[dict]:
     groups: dict[str, list] = {}
     found = chains(report)
     for mid, post in found:

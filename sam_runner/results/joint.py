@@ -150,18 +150,14 @@ def write_joint(report: Report, out_dir: Path) -> list[Path]:
     rows, _ = _joint(report)
     if not rows:
         return []
+    from ..plots.cache import save_plot
     from ..plots.joint import plot_joint
-    from ..plots.style import save_figure
     from ..runfiles import atomic_write_bytes
 
     path = Path(out_dir) / "joint.csv"
     atomic_write_bytes(path, render_joint_csv(rows).encode())
-    return [
-        path,
-        save_figure(
-            plot_joint(rows, label, SHARPNESS, COMPLEXITY), out_dir, "joint", report.plot_format
-        ),
-    ]
+    drawn = (plot_joint, rows, label, SHARPNESS, COMPLEXITY)
+    return [path, save_plot(out_dir, "joint", report.plot_format, *drawn)]
 
 
 def _f(v, spec=".3f") -> str:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 JOB_KEYS = {"basin_width": "basin_width_1d", "curvature": "curvature_1d"}
 PAIR_KEYS = ("barrier_train_loss", "barrier_test_loss", "barrier_train_error", "barrier_test_error")
+LANDSCAPE = "_landscape"  # a group's statistics, kept in its row for the second reader
 HEAD = {
     "basin_width": "basin width",
     "curvature": "curvature",
@@ -49,15 +50,24 @@ def group_landscape(dirs: Iterable[Path | str | None]) -> dict:
     dirs = [d for d in dirs if d is not None]
     jobs = [RunDir(d).landscape() or {} for d in dirs]
     out = {k: stats([j.get(key) for j in jobs]) for k, key in JOB_KEYS.items()}
-    members = {_resolved(d) for d in dirs}
+    found = [(d, s) for d in dirs if (s := pair_summaries(d))]
+    # the folders resolved only where some pair was measured: a study of 1,000s has none
+    members = {_resolved(d) for d in dirs} if found else set()
     pairs = [
         s
-        for d in dirs
-        for s in pair_summaries(d)
+        for d, summaries in found
+        for s in summaries
         if s["run_b"].get("run") in members and s["run_b"]["run"] != _resolved(d)
     ]
     out.update({k: stats([p.get(k) for p in pairs]) for k in PAIR_KEYS})
     return out
+
+
+def _group_landscape(group: dict) -> dict:
+    """``group_landscape`` of a report's group, computed once (report.csv and report.md)."""
+    if LANDSCAPE not in group:
+        group[LANDSCAPE] = group_landscape(group.get("dirs", []))
+    return group[LANDSCAPE]
 
 
 def _cell(s: dict) -> str:
@@ -75,7 +85,7 @@ def csv_columns() -> list[str]:
 
 def csv_cells(group: dict) -> list:
     """One group's landscape cells for report.csv."""
-    s = group_landscape(group.get("dirs", []))
+    s = _group_landscape(group)
     cells = []
     for k in (*JOB_KEYS, *PAIR_KEYS):
         v = s[k]
@@ -95,7 +105,7 @@ def landscape_section(report: Report, _plots: list[Path]) -> list[str]:
     """report.md's landscape section: one row per group with landscape files."""
     rows = []
     for g in report.groups:
-        s = group_landscape(g.get("dirs", []))
+        s = _group_landscape(g)
         if any(v["n"] for v in s.values()):
             cells = [g["label"], *(_cell(s[k]) for k in HEAD)]
             rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")

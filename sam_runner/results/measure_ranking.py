@@ -384,14 +384,16 @@ def write_measures(report: Report, out_dir: Path) -> list[Path]:
     table = measures_table(report)
     if table is None:
         return []
+    from ..plots.cache import save_plot
     from ..plots.ranking import plot_measures
-    from ..plots.style import save_figure
     from ..runfiles import atomic_write_bytes
 
     csv_path = Path(out_dir) / "measures.csv"
     atomic_write_bytes(csv_path, render_measures_csv(table).encode())
-    figure = plot_measures(table, label)
-    return [csv_path, save_figure(figure, out_dir, "measures", report.plot_format)]
+    return [
+        csv_path,
+        save_plot(out_dir, "measures", report.plot_format, plot_measures, table, label),
+    ]
 
 
 @SECTIONS.register(

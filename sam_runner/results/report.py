@@ -24,7 +24,8 @@ them (``sweep.py``), and ``--db FILE --where "SQL"`` takes the run folders of a 
 
 Written again into one folder, a report removes the files the last one wrote there and this one
 does not (``MANIFEST``), and reuses the jobs' YAML files as the last one parsed them while they
-are unchanged (``CACHE``, ``rundir.ParsedYaml``). The choices (groups, statistics, missing
+are unchanged (``CACHE``, ``rundir.ParsedYaml``), and the figures it drew while their data and
+drawing code are unchanged (``plots.cache.FIGURES``). The choices (groups, statistics, missing
 jobs, the bound) are sweep.py's.
 """
 
@@ -102,8 +103,8 @@ def render_csv(report: Report) -> str:
 
 def write_plots(report: Report, out_dir: Path) -> list[Path]:
     """The report's figures into ``out_dir``; their paths."""
+    from ..plots.cache import save_plot
     from ..plots.compute import PANELS, plot_compute
-    from ..plots.style import save_figure
     from ..plots.sweep import plot_acc_vs_lambda, plot_eos_traces, plot_metric_vs_rho
     from .compute import compute_points, costs_differ, pareto_front
     from .eos import traces
@@ -114,42 +115,37 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
         for j in report.jobs
         if j.status == "completed"
     ]
-    figures = []
+    figures = []  # (stem, the function that draws it, its arguments): drawn unless kept
     if any(finite(row["rho"]) for row in g):  # gradient descent against itself has no ρ figures
+        lam = ("λ_max (log scale)", True, report.bound_shown, "λ_max against ρ")
         figures += [
-            ("acc_vs_rho", plot_metric_vs_rho(g, "test_acc", "test accuracy")),
-            (
-                "lambda_max_vs_rho",
-                plot_metric_vs_rho(
-                    g,
-                    "lambda_max",
-                    "λ_max (log scale)",
-                    logy=True,
-                    bounds=report.bound_shown,
-                    title="λ_max against ρ",
-                ),
-            ),
-            ("ece_vs_rho", plot_metric_vs_rho(g, "test_ece", "test ECE")),
+            ("acc_vs_rho", plot_metric_vs_rho, (g, "test_acc", "test accuracy")),
+            ("lambda_max_vs_rho", plot_metric_vs_rho, (g, "lambda_max", *lam)),
+            ("ece_vs_rho", plot_metric_vs_rho, (g, "test_ece", "test ECE")),
         ]
-    figures.append(("acc_vs_lambda_max", plot_acc_vs_lambda(points)))
+    figures.append(("acc_vs_lambda_max", plot_acc_vs_lambda, (points,)))
     cost = compute_points(report)
     if costs_differ(cost):  # accuracy per compute: groups that counted different passes
         fronts = {key: pareto_front(cost, key, up) for key, _, up in PANELS}
-        figures.append(("compute", plot_compute(cost, fronts)))
+        figures.append(("compute", plot_compute, (cost, fronts)))
     eos = traces(report)
     if eos:
-        figures.append(("eos", plot_eos_traces(eos)))
-    return [save_figure(fig, out_dir, name, report.plot_format) for name, fig in figures]
+        figures.append(("eos", plot_eos_traces, (eos,)))
+    fmt = report.plot_format
+    return [save_plot(out_dir, name, fmt, draw, *args) for name, draw, args in figures]
 
 
 def write_report(report: Report, out_dir: Path | str | None = None) -> list[Path]:
     """report.md, report.csv, the figures and every section's files into ``out_dir`` (default:
     the sweep folder); their paths."""
+    from ..plots.cache import figures_kept_in
+
     out_dir = Path(out_dir or report.sweep_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        plots = write_plots(report, out_dir)
-        files = [p for e in ordered() if e.files is not None for p in e.files(report, out_dir)]
+        with figures_kept_in(out_dir):  # a figure drawn before from the same data is kept
+            plots = write_plots(report, out_dir)
+            files = [p for e in ordered() if e.files is not None for p in e.files(report, out_dir)]
         atomic_write_bytes(out_dir / "report.csv", render_csv(report).encode())
         atomic_write_bytes(out_dir / "report.md", render_markdown(report, plots).encode())
         written = [out_dir / "report.md", out_dir / "report.csv", *plots, *files]

@@ -75,11 +75,11 @@ def write_figure(report: Report, out_dir: Path) -> list[Path]:
     points = _points(report)
     if not points:
         return []
+    from ..plots.cache import save_plot
     from ..plots.sharpness_dim import plot_sharpness_dim
-    from ..plots.style import save_figure
 
-    figure = plot_sharpness_dim(lines_by_step(points), points, KEY)
-    return [save_figure(figure, out_dir, "sharpness_dim", report.plot_format)]
+    drawn = (plot_sharpness_dim, lines_by_step(points), points, KEY)
+    return [save_plot(out_dir, "sharpness_dim", report.plot_format, *drawn)]
 
 
 @SECTIONS.register(

@@ -1,0 +1,85 @@
+"""sam-report keeps a figure it drew before while its data and drawing code are unchanged
+(plots/cache.py): the same bytes as a report drawn afresh, redrawn when a job changes, when the
+file was touched, or in another format."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from results.results_helpers import copy_sweep
+
+from sam_runner.plots.cache import FIGURES, Uncacheable, canonical
+from sam_runner.results.report import main
+from sam_runner.results.sweep import Job
+
+
+def _inodes(folder: Path, fmt: str = "png") -> dict[str, int]:
+    """Each figure file's inode: a figure written again (atomically) is a new file."""
+    return {p.name: p.stat().st_ino for p in folder.glob(f"*.{fmt}")}
+
+
+def _report(sweep: Path, out: Path, *words: str) -> None:
+    assert main([str(sweep), "--out", str(out), *words]) == 0
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    return copy_sweep(tmp_path / "sweep")
+
+
+def test_a_changed_job_redraws_its_figures_with_the_bytes_of_a_fresh_report(sweep, tmp_path):
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    _report(sweep, out)
+    first = _inodes(out)
+    assert "acc_vs_lambda_max.png" in first
+    assert set(json.loads((out / FIGURES).read_text())) == set(first)  # each figure, none else
+    summary = sweep / "0" / "summary.json"
+    values = json.loads(summary.read_text())
+    values["test_acc"] = values["test_acc"] / 2  # job 0's accuracy halved
+    summary.write_text(json.dumps(values))
+    _report(sweep, out)
+    assert _inodes(out)["acc_vs_lambda_max.png"] != first["acc_vs_lambda_max.png"]
+    _report(sweep, fresh)
+    for name in first:
+        assert (out / name).read_bytes() == (fresh / name).read_bytes(), name
+
+
+def test_a_figure_file_touched_or_removed_is_drawn_again(sweep, tmp_path):
+    out = tmp_path / "out"
+    _report(sweep, out)
+    drawn = (out / "acc_vs_lambda_max.png").read_bytes()
+    (out / "acc_vs_lambda_max.png").write_bytes(b"edited")
+    (out / "ece_vs_rho.png").unlink()
+    _report(sweep, out)
+    assert (out / "acc_vs_lambda_max.png").read_bytes() == drawn
+    assert (out / "ece_vs_rho.png").is_file()
+
+
+def test_a_report_again_keeps_its_figures_in_each_format(sweep, tmp_path):
+    """Kept: not written again (the same file); another format draws its own."""
+    out = tmp_path / "out"
+    _report(sweep, out)
+    _report(sweep, out, "plots.format=svg")
+    svg = _inodes(out, "svg")
+    assert "acc_vs_lambda_max.svg" in svg and not _inodes(out, "png")  # the PNGs' files dropped
+    _report(sweep, out, "plots.format=svg")
+    assert _inodes(out, "svg") == svg
+
+
+def test_equal_arguments_share_a_key_and_any_difference_changes_it():
+    job = Job(path=Path("a"), overrides=["seed=0"], metrics={"test_acc": 0.5})
+    args = ([{"rho": 0.05, "stats": {"n": 3}}], "test_acc", job, {1.0, 2.0}, math.nan)
+    same = ([{"rho": 0.05, "stats": {"n": 3}}], "test_acc", job, {2.0, 1.0}, math.nan)
+    assert canonical(args) == canonical(same)
+    other = Job(path=Path("a"), overrides=["seed=0"], metrics={"test_acc": 0.5000000001})
+    assert canonical((other,)) != canonical((job,))
+    assert canonical(({"rho": 0.05},)) != canonical(({"rho": math.nextafter(0.05, 1)},))
+    assert canonical(([0.0],)) != canonical(([-0.0],))
+    assert canonical((Path("a"),)) != canonical(("a",))  # tagged by kind
+    with pytest.raises(Uncacheable):
+        canonical((lambda: 0,))  # its code is not keyed: drawn every time
+    with pytest.raises(Uncacheable):
+        canonical(({(1, 2): 0},))
