@@ -48,6 +48,7 @@ PARTS = (
     PartSpec("env", 60, 60),
     PartSpec("data", 60, 60),
     PartSpec("cuda_tests", 180, 120),
+    PartSpec("host", 60, 45),  # host work per step (a tiny model), syncs per step
     PartSpec("train:resnet18", 90, 90),
     PartSpec("train:wrn16_8", 120, 90),
     PartSpec("curvature:resnet18", 60, 60),

@@ -568,6 +568,12 @@ def bf16_curvature(part: Part) -> None:
 
 
 # ---------------------------------------------------------------------------- main
+def host_part(part: Part) -> None:
+    from gpu_host import host_part as measure
+
+    measure(part)
+
+
 def estimates(part: Part, results: Path) -> None:
     from gpu_presets import preset_estimates
 
@@ -591,6 +597,7 @@ def main(argv=None) -> int:
         "curvature": lambda: curvature_part(part, model),
         "models": lambda: models_part(part),
         "sharded": lambda: sharded_part(part),
+        "host": lambda: host_part(part),
         "estimates": lambda: estimates(part, args.results),
     }[kind]
     torch.manual_seed(0)

@@ -192,6 +192,26 @@ def curvature(results) -> list[str]:
     return ["### Curvature (fp32)", "", *table(header, rows), ""] if rows else []
 
 
+def host(results) -> list[str]:
+    """The host's work per step (a tiny model) and the synchronising calls per step."""
+    r = _result(results, "host")
+    if not r:
+        return []
+    rows = [
+        [f"`{key}`", num(r.get(key)), num(r[f"{key}_us_per_step"]["ours"]),
+         num(r[f"{key}_us_per_step"]["bare"])]
+        for key in ("host_step_over_bare", "host_sam_over_davda54")
+        if r.get(f"{key}_us_per_step")
+    ]  # fmt: skip
+    lines = ["### Host work per step (one Linear layer)", ""]
+    lines += table(["figure", "ratio", "ours µs/step", "bare µs/step"], rows)
+    syncs = r.get("syncs_per_step")
+    if syncs:
+        lines += ["", "Synchronising calls per step (CUDA sync debug mode): "
+                  + ", ".join(f"{v} {num(n)}" for v, n in syncs.items())]  # fmt: skip
+    return [*lines, ""]
+
+
 def presets(results) -> list[str]:
     r = _result(results, "estimates")
     if not r.get("presets"):
@@ -228,6 +248,6 @@ def presets(results) -> list[str]:
 
 def write_markdown(results: dict) -> str:
     lines = head(results)
-    for section in (presets, training, curvature, cuda_tests, parts):
+    for section in (presets, training, host, curvature, cuda_tests, parts):
         lines += section(results)
     return "\n".join(lines).rstrip() + "\n"
