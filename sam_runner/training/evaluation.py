@@ -28,8 +28,10 @@ def count_correct(logits: torch.Tensor, labels: torch.Tensor, counts: dict) -> N
     """Add a micro-batch's right predictions and targets to ``counts`` (per predicted position
     for a sequence model), on the device."""
     pred, labels = token_pairs(logits, labels)
-    counts["correct"] = counts["correct"] + (pred.argmax(1) == labels).sum()
-    counts["targets"] += len(labels)
+    right, before = (pred.argmax(1) == labels).sum(), counts["correct"]
+    # the first micro-batch's count as it is (no addition to 0 on the device)
+    counts["correct"] = right if isinstance(before, int) and before == 0 else before + right
+    counts["targets"] += labels.shape[0]
 
 
 class EpochStats:

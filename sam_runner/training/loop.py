@@ -20,6 +20,8 @@ from .evaluation import EpochStats, TestSet, ValSet, count_correct
 from .lengths import autocast_for, epoch_lengths
 from .warnings import say_if_every_epoch_is_evaluated
 
+NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it changes nothing
+
 
 class EpochLoop:
     """Runs a built run's epochs. Everything a step reads is resolved here, once."""
@@ -121,25 +123,30 @@ class EpochLoop:
         """The closure: zero the grads, forward and backward over the micro-batches' kept rows."""
         r, opt, parts = self.run, self.run.optimizer, self.run.parts
         opt.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=r.device)
         kept = selected_rows(opt, micro)
-        batch = sum(len(m[2]) for _, m, _ in kept)
+        batch = sum(m[2].shape[0] for _, m, _ in kept)
+        total = None  # the pass's loss: the first micro-batch's, then sums (0 + x is x)
         for i, (j, (xm, tm, ym, im), rows) in enumerate(kept):
             # a synced pass reduces the gradients once, in its last micro-batch's backward
             quiet = opt.pass_syncs and i < len(kept) - 1
-            with gradient_sync_paused(r.net) if quiet else contextlib.nullcontext():
+            with gradient_sync_paused(r.net) if quiet else NO_CONTEXT:
                 with self.autocast, parts.forward_context(opt.pass_index):
                     out = r.net(xm)
                 per_sample = self.criterion(out, tm)  # tm: ym, or its mixed soft targets
-                share = len(ym) / batch  # weighted by size: the step's mean even when uneven
-                loss = opt.reduce_loss(per_sample, out, ym) * share
-                objective = parts.loss(loss, PassInputs(r.model, xm, out, j, share, rows))
+                share = ym.shape[0] / batch  # weighted by size: the step's mean even when uneven
+                loss = opt.reduce_loss(per_sample, out, ym)
+                if share != 1.0:  # × 1 changes no bit of the loss or its gradient
+                    loss = loss * share
+                objective = loss
+                if parts.loss_hooks:
+                    objective = parts.loss(loss, PassInputs(r.model, xm, out, j, share, rows))
                 self.scaler.scale(objective).backward()  # the logged loss stays the task's
-            total += loss.detach()
-            parts.call("observe", opt.pass_index, im, ym, per_sample.detach())
+            total = loss.detach() if total is None else total + loss.detach()
+            if parts.observe_hooks:
+                parts.call("observe", opt.pass_index, im, ym, per_sample.detach())
             if opt.pass_index == 0:
                 self.count(out.detach(), ym, counts)
-        return total
+        return total if total is not None else torch.zeros((), device=r.device)
 
     def count(self, out, labels, counts: dict) -> None:
         """The first pass's right predictions and targets (a density loop counts none)."""
