@@ -144,8 +144,8 @@ class EpochLoop:
             total = loss.detach() if total is None else total + loss.detach()
             if parts.observe_hooks:
                 parts.call("observe", opt.pass_index, im, ym, per_sample.detach())
-            if opt.pass_index == 0:
-                self.count(out.detach(), ym, counts)
+            if opt.pass_index == 0:  # the count (argmax, ==, sum) records no graph: no detach
+                self.count(out, ym, counts)
         return total if total is not None else torch.zeros((), device=r.device)
 
     def count(self, out, labels, counts: dict) -> None:
