@@ -190,8 +190,7 @@ class SharpnessAware(torch.optim.Optimizer):
         self.g_norm = None
         # the loss whose gradient the base step uses: L(θ+ε), or L(θ) on a plain step
         self.descent_loss = None
-        # max of the first-pass ‖g‖ since the last log_values() (device tensor): the steps' norms
-        # wait in a list, folded into the max every FOLD_NORMS steps and when read
+        # max of the first-pass ‖g‖ since log_values() (device), and the norms not yet folded in
         self._grad_norm_max, self._step_norms = None, []
         self.model, self.grad_scaler, self.clip_grad_norm, self._cache = None, None, None, {}
         self._bn, self._bn_kept = [], frozen_running_stats  # BatchNorm layers, how kept (bind)
