@@ -87,7 +87,7 @@ class EpochLoop:
         for x, y, idx in itertools.islice(r.data.train, stats.batches, None):
             loss = self.optimizer_step(x, y, idx, stats)
             r.parts.call("after_step", clock.step)
-            bar.update(stats.loss_sum, stats.correct, stats.seen)
+            bar.update(stats)  # read only when shown
             measured = r.parts.merged("measure_values")
             if measured:
                 clock.train_time -= measured.get("hessian_time_s", 0.0)  # measuring: not training
@@ -109,14 +109,14 @@ class EpochLoop:
         r = self.run
         x, target = r.parts.batch(x, y, r.clock.step)
         micro = micro_batches(self.accumulate, x, target, y, idx)
-        counts = {"correct": 0, "targets": 0}
+        counts = {"predicted": [], "targets": 0}
         r.parts.call("begin_step", micro)
         loss = r.optimizer.step(lambda: self.forward_backward(micro, counts))
         if schedule:  # before the clock moves: the SWA cycle reads the step it scheduled
             r.scheduler.step()
         self.scaler.update()
         r.clock.step += 1
-        stats.add(loss, counts["correct"], counts["targets"], r.clock.step)
+        stats.add(loss, counts["predicted"], counts["targets"], r.clock.step)
         return loss
 
     def forward_backward(self, micro, counts: dict):
