@@ -47,17 +47,23 @@ class EpochStats:
         self.seen, self.batches = 0, 0  # samples and batches of the epoch so far
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
         self._predicted: list = []  # (predictions, labels) not yet counted into ``correct``
+        self._losses: list = []  # the losses of consecutive steps not yet checked for finiteness
+        self._first_waiting = 0  # the step of the first of them
 
     def add(self, loss: torch.Tensor, predicted: list, n: int, step: int) -> None:
         """One step's mean loss over its ``n`` samples and its (predictions, labels) pairs
-        (``count_correct``'s), counted every FOLD_COUNTS steps and whenever read."""
-        self.first_bad = torch.where(
-            (self.first_bad < 0) & ~torch.isfinite(loss), step, self.first_bad
-        )
+        (``count_correct``'s); the pairs counted and the losses checked for finiteness every
+        FOLD_COUNTS steps and whenever read."""
+        if self._losses and step != self._first_waiting + len(self._losses):
+            self.check_losses()  # not the next step (a resumed epoch): those waiting first
+        if not self._losses:
+            self._first_waiting = step
+        self._losses.append(loss.detach())
         self.loss_sum += loss.detach() * n
         self._predicted += predicted
-        if len(self._predicted) >= FOLD_COUNTS:
+        if len(self._losses) >= FOLD_COUNTS or len(self._predicted) >= FOLD_COUNTS:
             self.count_predicted()
+            self.check_losses()
         self.seen += n
         self.batches += 1
 
@@ -70,10 +76,21 @@ class EpochStats:
             self.correct += (torch.cat(preds) == torch.cat(labels)).sum()
         return self.correct
 
+    def check_losses(self) -> None:
+        """``first_bad`` with the waiting steps checked: the first of them whose loss was not
+        finite (one check for them all, not five kernels a step)."""
+        if not self._losses:
+            return
+        bad = ~torch.isfinite(torch.stack(self._losses))
+        self._losses = []
+        first = self._first_waiting + torch.argmax(bad.int())  # the first True
+        self.first_bad = torch.where((self.first_bad < 0) & bad.any(), first, self.first_bad)
+
     def state_dict(self) -> dict:
         """The epoch's sums so far (a checkpoint within the epoch)."""
         keys = ("loss_sum", "correct", "seen", "first_bad", "batches")
         self.count_predicted()
+        self.check_losses()
         return {k: v.cpu() if torch.is_tensor(v) else v for k, v in vars(self).items() if k in keys}
 
     def load_state_dict(self, state: dict) -> None:
@@ -86,6 +103,7 @@ class EpochStats:
     def diverged_at(self) -> int | None:
         """The first non-finite step of any process, or None (an all-reduce: every process
         agrees)."""
+        self.check_losses()
         bad = int(self.dist.max(self.first_bad))
         return bad if bad >= 0 else None
 

@@ -31,3 +31,26 @@ def test_predictions_counted_in_one_go_give_each_step_s_count_through_a_checkpoi
     resumed = EpochStats(torch.device("cpu"), Topology())
     resumed.load_state_dict(saved)
     assert float(resumed.count_predicted()) == right_then and resumed.seen == saved["seen"]
+
+
+def test_the_first_non_finite_step_is_found_among_steps_checked_in_one_go():
+    stats = EpochStats(torch.device("cpu"), Topology())
+    losses = {step: torch.tensor(1.0) for step in range(1, 3 * FOLD_COUNTS)}
+    losses[FOLD_COUNTS + 5], losses[FOLD_COUNTS + 9] = (
+        torch.tensor(float("nan")),
+        torch.tensor(float("inf")),
+    )
+    for step in range(1, FOLD_COUNTS + 5):
+        stats.add(losses[step], [], 1, step)
+    assert stats.diverged_at() is None
+    for step in range(FOLD_COUNTS + 5, 3 * FOLD_COUNTS):  # the first bad one stays the first
+        stats.add(losses[step], [], 1, step)
+    assert stats.diverged_at() == FOLD_COUNTS + 5
+    resumed = EpochStats(torch.device("cpu"), Topology())  # a resumed epoch: steps jump
+    resumed.add(torch.tensor(1.0), [], 1, 3)
+    resumed.add(torch.tensor(float("inf")), [], 1, 10)
+    assert resumed.state_dict()["first_bad"] == 10
+    waiting = EpochStats(torch.device("cpu"), Topology())  # fewer steps than a fold: read now
+    waiting.add(torch.tensor(1.0), [], 1, 1)
+    waiting.add(torch.tensor(float("nan")), [], 1, 2)
+    assert waiting.diverged_at() == 2
