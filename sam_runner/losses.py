@@ -57,9 +57,9 @@ def cross_entropy(
     def loss(logits, targets):
         # soft targets: F.cross_entropy takes class probabilities as they are
         targets = targets.float() if targets.is_floating_point() else targets
-        return F.cross_entropy(
-            logits.float(), targets, label_smoothing=label_smoothing, reduction="none"
-        )
+        if logits.dtype != torch.float32:  # a no-op cast is still a dispatch, every pass
+            logits = logits.float()
+        return F.cross_entropy(logits, targets, label_smoothing=label_smoothing, reduction="none")
 
     return per_sequence(loss)
 

@@ -270,6 +270,8 @@ class Parts:
 
     def forward_context(self, pass_index: int) -> ContextManager:
         """Every part's forward context for pass ``pass_index``, entered together."""
+        if not self.context_hooks:
+            return _NOTHING  # no stack to build and unwind each pass
         stack = contextlib.ExitStack()
         for fn in self.context_hooks:
             stack.enter_context(fn(pass_index))
@@ -280,6 +282,10 @@ class Parts:
         for fn in self.loss_hooks:
             objective = fn(objective, inputs)
         return objective
+
+
+#: the context of a pass no part reads (reusable: entering a nullcontext changes nothing)
+_NOTHING = contextlib.nullcontext()
 
 
 def _overrides(part: Part, hook: str) -> bool:

@@ -115,7 +115,7 @@ class _Lines:
         self.n = self.first = done
         self.start = self.said = time.monotonic()
 
-    def update(self, loss_sum, correct, seen):
+    def update(self, stats):
         interrupts.raise_pending()
         self.n += 1
         now = time.monotonic()
@@ -126,7 +126,8 @@ class _Lines:
         left = (self.steps - self.n) / rate
         print(
             f"{self.head}: step {self.n}/{self.steps} ({100 * self.n // self.steps}%), "
-            f"train_loss {float(loss_sum) / seen:.4f}, train_acc {float(correct) / seen:.4f}, "
+            f"train_loss {float(stats.loss_sum) / stats.seen:.4f}, "
+            f"train_acc {float(stats.count_predicted()) / stats.seen:.4f}, "
             f"{rate:.3g} steps/s, about {_duration(left)} left",
             file=sys.stderr,
             flush=True,
@@ -153,13 +154,15 @@ class _Bar:
         )
         self.n = 0
 
-    def update(self, loss_sum, correct, seen):
+    def update(self, stats):
         interrupts.raise_pending()
         self.n += 1
         self.bar.update(1)
         if self.n % 20 == 0:
+            seen = stats.seen
             self.bar.set_postfix(
-                loss=f"{float(loss_sum) / seen:.4f}", acc=f"{float(correct) / seen:.3f}"
+                loss=f"{float(stats.loss_sum) / seen:.4f}",
+                acc=f"{float(stats.count_predicted()) / seen:.3f}",
             )
 
     def close(self):

@@ -129,10 +129,33 @@ def schedule_factor(
     return factor
 
 
+class StepLambdaLR(torch.optim.lr_scheduler.LambdaLR):
+    """``LambdaLR`` whose every step but the first does only what LambdaLR's does to the
+    learning rates (lr = base lr × factor(step), the same floats): no context manager, ordering
+    check or per-group copy, for a step the runner takes after every optimizer step."""
+
+    def step(self, epoch: int | None = None) -> None:
+        """LambdaLR's step (its checks on the first; an ``epoch`` or tensor lr: its own way)."""
+        groups = self.optimizer.param_groups
+        if epoch is not None or self._step_count <= 1 or self._tensor_lr(groups):
+            super().step(epoch)
+            return
+        self._step_count += 1
+        self.last_epoch += 1
+        lrs = [base * f(self.last_epoch) for f, base in zip(self.lr_lambdas, self.base_lrs)]
+        for group, lr in zip(groups, lrs, strict=True):
+            group["lr"] = lr
+        self._last_lr = lrs
+
+    @staticmethod
+    def _tensor_lr(groups: list[dict]) -> bool:
+        return any(isinstance(g["lr"], torch.Tensor) for g in groups)
+
+
 def build_scheduler(
     cfg: DictConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """The ``LambdaLR`` of the configured schedule, keys checked."""
     validate(cfg)
     factor = schedule_factor(cfg, steps_per_epoch, total_steps)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return StepLambdaLR(optimizer, factor)

@@ -107,3 +107,24 @@ def test_absent_keys_take_their_defaults_in_a_struct_config():
     OmegaConf.set_struct(cfg, True)
     p = torch.nn.Parameter(torch.zeros(1))
     build_scheduler(cfg, torch.optim.SGD([p], lr=0.1), 5, 50)
+
+
+@pytest.mark.parametrize("name", ["constant", "cosine", "multistep"])
+def test_the_runner_s_scheduler_steps_exactly_as_torch_s_lambda_lr(name):
+    cfg = OmegaConf.create({"name": name, "warmup_epochs": 1, "milestones": [2, 4]})
+    seen = []
+    for ours in (True, False):
+        groups = [{"params": [torch.nn.Parameter(torch.ones(2))]},
+                  {"params": [torch.nn.Parameter(torch.ones(1))], "lr": 0.3}]  # fmt: skip
+        opt = torch.optim.SGD(groups, lr=0.1)
+        sched = build_scheduler(cfg, opt, 5, 30)
+        if not ours:  # torch's own, on the same factor
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, sched.lr_lambdas[0])
+        trace = []
+        for _ in range(30):
+            opt.step()
+            sched.step()
+            trace.append(([g["lr"] for g in opt.param_groups], sched.get_last_lr()))
+        state = {k: v for k, v in sched.state_dict().items() if k != "lr_lambdas"}
+        seen.append((trace, state))
+    assert seen[0] == seen[1]  # the same floats, bit for bit, and the same saved state

@@ -12,12 +12,14 @@ host syncs (the ``adaptive`` schedule's decision and ESAM's draws aside).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 
 from ..module_state import (
     frozen_running_stats,
@@ -34,6 +36,8 @@ RHO_SCHEDULES = ("constant", "lr", "cosine")
 # a parameter's structure in the runner's groups: one list entry per parameter (optim/build.py)
 PER_PARAMETER = {"block": "blocks", "kind": "kinds", "hidden": "hidden_flags"}
 Tensors = list[torch.Tensor]  # one tensor per parameter with a gradient, in the groups' order
+NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it changes nothing
+FOLD_NORMS = 64  # steps whose first-pass ‖g‖ wait, unreduced, for the running max
 
 
 def _check(ok: bool, message: str) -> None:
@@ -186,8 +190,8 @@ class SharpnessAware(torch.optim.Optimizer):
         self.g_norm = None
         # the loss whose gradient the base step uses: L(θ+ε), or L(θ) on a plain step
         self.descent_loss = None
-        # running max of the first-pass ‖g‖ since the last log_values() (device tensor)
-        self._grad_norm_max = None
+        # max of the first-pass ‖g‖ since log_values() (device), and the norms not yet folded in
+        self._grad_norm_max, self._step_norms = None, []
         self.model, self.grad_scaler, self.clip_grad_norm, self._cache = None, None, None, {}
         self._bn, self._bn_kept = [], frozen_running_stats  # BatchNorm layers, how kept (bind)
         # a training feature's hooks (federated algorithms): add_perturbation_filter/_adjuster
@@ -209,6 +213,31 @@ class SharpnessAware(torch.optim.Optimizer):
         """
         return 1
 
+    @staticmethod
+    def profile_hook_step(func: Callable[..., Any]) -> Callable[..., Any]:
+        """torch's wrapper of ``step`` (its step hooks and profiler range) where it does something:
+        under a profiler or with a hook registered. Otherwise ``step`` itself: the range alone
+        costs tens of µs of host time a step, on every step.
+
+        Args:
+            func: the class's ``step``.
+        """
+        hooked = torch.optim.Optimizer.profile_hook_step(func)
+
+        @functools.wraps(func)
+        def step(self, *args: Any, **kwargs: Any) -> Any:
+            if (
+                torch._C._autograd._profiler_enabled()
+                or self._optimizer_step_pre_hooks
+                or self._optimizer_step_post_hooks
+                or _global_optimizer_pre_hooks
+                or _global_optimizer_post_hooks
+            ):
+                return hooked(self, *args, **kwargs)
+            return func(self, *args, **kwargs)
+
+        return step
+
     # ------------------------------------------------------------------ wiring
     def bind(
         self,
@@ -228,6 +257,16 @@ class SharpnessAware(torch.optim.Optimizer):
             self.grad_scaler = grad_scaler
         self.clip_grad_norm = clip_grad_norm
         return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's ``zero_grad``, without its profiler range and per-device grouping when the
+        gradients are set to None (every pass's closure calls it)."""
+        if not set_to_none:
+            super().zero_grad(set_to_none=False)
+            return
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
     def add_perturbation_filter(self, fn: Callable[[list, list], None]) -> None:
         """Run ``fn(params, eps)`` on every ε the variant computes, before θ moves: it may edit
@@ -255,7 +294,7 @@ class SharpnessAware(torch.optim.Optimizer):
         then runs on the shards, and ``global_norm``, ``dot``, ``tensor_norms`` and
         ``tensor_dots`` reduce over the processes."""
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-        key = tuple(id(p) for p in params)
+        key = tuple(map(id, params))  # the parameter set: the buffers are rebuilt when it changes
         if self._cache.get("key") != key:
             slices, start = [], 0
             for g in self.param_groups:
@@ -380,11 +419,11 @@ class SharpnessAware(torch.optim.Optimizer):
         the pass, so autograd skips their weight gradients; see ``first_pass_skips``)."""
         self.pass_index, self.pass_syncs = index, sync
         paused = not sync and self.model is not None
-        ctx = gradient_sync_paused(self.model) if paused else contextlib.nullcontext()
+        ctx = gradient_sync_paused(self.model) if paused else NO_CONTEXT
         # later passes normalise with batch statistics; the running statistics are the first
-        # pass's when they end
-        frozen = self._bn_kept(self._bn) if index > 0 else contextlib.nullcontext()
-        skipped = gradients_skipped(skip) if skip else contextlib.nullcontext()
+        # pass's when they end (no BatchNorm layer: nothing to keep)
+        frozen = self._bn_kept(self._bn) if index > 0 and self._bn else NO_CONTEXT
+        skipped = gradients_skipped(skip) if skip else NO_CONTEXT
         with ctx, frozen, skipped, torch.enable_grad():
             return closure()
 
@@ -400,12 +439,25 @@ class SharpnessAware(torch.optim.Optimizer):
         )
 
     def _track_grad_norm(self, grads):
-        """‖g‖ of the first pass, and its running max for ``log_values`` (no host sync)."""
+        """‖g‖ of the first pass, kept for the running max ``log_values`` reads (no host sync,
+        and no device work per step beyond the norm: the max is taken every FOLD_NORMS steps)."""
         norm = self.global_norm(grads)
-        # a found-inf (fp16) step must not poison the max
-        seen = self._grad_norm_max if self._grad_norm_max is not None else torch.zeros_like(norm)
-        self._grad_norm_max = torch.where(torch.isfinite(norm), torch.maximum(seen, norm), seen)
+        self._step_norms.append(norm)
+        if len(self._step_norms) >= FOLD_NORMS:
+            self._folded_grad_norm_max()
         return norm
+
+    def _folded_grad_norm_max(self) -> torch.Tensor | None:
+        """The max of the first-pass ‖g‖ since the last reset (None: no step since), with the
+        waiting steps' norms folded in; a non-finite norm (a found-inf fp16 step) is left out."""
+        if self._step_norms:
+            norms = torch.stack(self._step_norms)
+            self._step_norms = []
+            # the finite norms' max, 0 when none (norms are ≥ 0): the exact max, in any order
+            top = torch.where(torch.isfinite(norms), norms, 0).max()
+            seen = self._grad_norm_max
+            self._grad_norm_max = top if seen is None else torch.maximum(seen, top)
+        return self._grad_norm_max
 
     def all_reduce_mean_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Average a tensor across data-parallel processes in place (a no-op on one process).
@@ -568,7 +620,8 @@ class SharpnessAware(torch.optim.Optimizer):
         variant's ``after_second_pass`` sees L(θ) and L(θ+ε)."""
         perturbed_loss = self.run_pass(closure, index, sync=True)
         torch._foreach_copy_(self._cache["params"], self._cache["theta"])
-        self._unscale(self._lists()[1])
+        if self.grad_scaler is not None:
+            self._unscale(self._lists()[1])
         self.descent_loss = perturbed_loss
         self.after_second_pass(*self._step_losses(loss, perturbed_loss))
 
@@ -689,7 +742,8 @@ class SharpnessAware(torch.optim.Optimizer):
         self._between_steps, self.pass_index = None, 0
         self.count_pass(1.0)
         torch._foreach_copy_(self._cache["params"], self._cache["theta"])
-        self._unscale(self._lists()[1])
+        if self.grad_scaler is not None:
+            self._unscale(self._lists()[1])
         self.descent_loss = loss
         self.after_second_pass(*self._step_losses(self._first_loss, loss))
         self.schedule.perturbed += 1
@@ -810,9 +864,10 @@ class SharpnessAware(torch.optim.Optimizer):
     def pop_grad_norm_max(self) -> dict:
         """``grad_norm_max``: the largest first-pass ‖g‖ since the last call (Γ in TLC-SAM's bound);
         resets it."""
-        if self._grad_norm_max is None:
+        folded = self._folded_grad_norm_max()
+        if folded is None:
             return {}
-        value, self._grad_norm_max = float(self._grad_norm_max), None
+        value, self._grad_norm_max = float(folded), None
         return {"grad_norm_max": value}
 
     @contextlib.contextmanager
@@ -839,7 +894,7 @@ class SharpnessAware(torch.optim.Optimizer):
         sd["base"] = self.base_optimizer.state_dict()
         sd["variant"] = self.variant_state()
         sd["schedule"] = {**self.schedule.state(), "grad_evals": self.grad_evals}
-        if self._grad_norm_max is not None:  # a checkpoint within an epoch: the max so far
+        if self._folded_grad_norm_max() is not None:  # a checkpoint within an epoch: the max so far
             sd["grad_norm_max"] = self._grad_norm_max.detach().cpu()
         return sd
 
@@ -865,6 +920,7 @@ class SharpnessAware(torch.optim.Optimizer):
         )
         self._cache = {}
         self._grad_norm_max = None if grad_norm_max is None else grad_norm_max.to(device)
+        self._step_norms = []
 
 
 def _reshard_state(optimizer) -> None:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from ..optim.engine import SharpnessAware
+from ..optim.engine import SharpnessAware
 
 
 def micro_batches(accumulate: int, *tensors: torch.Tensor) -> list[tuple]:
@@ -21,6 +18,8 @@ def selected_rows(optimizer: SharpnessAware, micro: list[tuple]) -> list:
     """(the micro-batch's place in the step, its kept tensors, the kept rows or None for all)
     for the micro-batches with a row left in the optimizer's current pass (ESAM's descent pass
     keeps the samples whose loss rose most)."""
+    if type(optimizer).select_rows is SharpnessAware.select_rows:  # every row, every pass
+        return [(j, m, None) for j, m in enumerate(micro)]
     out = []
     for j, m in enumerate(micro):
         ys = m[2]

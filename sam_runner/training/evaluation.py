@@ -24,12 +24,16 @@ if TYPE_CHECKING:
     from ..distributed import Topology
 
 
+FOLD_COUNTS = 32  # steps whose predictions wait to be compared with their labels in one go
+
+
 def count_correct(logits: torch.Tensor, labels: torch.Tensor, counts: dict) -> None:
-    """Add a micro-batch's right predictions and targets to ``counts`` (per predicted position
-    for a sequence model), on the device."""
+    """Add a micro-batch's predictions, beside its labels, to ``counts["predicted"]``, and its
+    targets to ``counts["targets"]`` (per predicted position for a sequence model), on the
+    device. ``EpochStats`` compares and sums the predictions of many steps at once."""
     pred, labels = token_pairs(logits, labels)
-    counts["correct"] = counts["correct"] + (pred.argmax(1) == labels).sum()
-    counts["targets"] += len(labels)
+    counts.setdefault("predicted", []).append((pred.argmax(1), labels))
+    counts["targets"] += labels.shape[0]
 
 
 class EpochStats:
@@ -42,20 +46,51 @@ class EpochStats:
         self.correct = torch.zeros((), device=device)
         self.seen, self.batches = 0, 0  # samples and batches of the epoch so far
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+        self._predicted: list = []  # (predictions, labels) not yet counted into ``correct``
+        self._losses: list = []  # the losses of consecutive steps not yet checked for finiteness
+        self._first_waiting = 0  # the step of the first of them
 
-    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int, step: int) -> None:
-        """One step's mean loss and right predictions over its ``n`` samples."""
-        self.first_bad = torch.where(
-            (self.first_bad < 0) & ~torch.isfinite(loss), step, self.first_bad
-        )
+    def add(self, loss: torch.Tensor, predicted: list, n: int, step: int) -> None:
+        """One step's mean loss over its ``n`` samples and its (predictions, labels) pairs
+        (``count_correct``'s); the pairs counted and the losses checked for finiteness every
+        FOLD_COUNTS steps and whenever read."""
+        if self._losses and step != self._first_waiting + len(self._losses):
+            self.check_losses()  # not the next step (a resumed epoch): those waiting first
+        if not self._losses:
+            self._first_waiting = step
+        self._losses.append(loss.detach())
         self.loss_sum += loss.detach() * n
-        self.correct += correct
+        self._predicted += predicted
+        if len(self._losses) >= FOLD_COUNTS or len(self._predicted) >= FOLD_COUNTS:
+            self.count_predicted()
+            self.check_losses()
         self.seen += n
         self.batches += 1
+
+    def count_predicted(self) -> torch.Tensor:
+        """``correct``, the waiting predictions counted in: one compare and one sum for all of
+        them, not three kernels a step (the same integer count)."""
+        if self._predicted:
+            preds, labels = zip(*self._predicted)
+            self._predicted = []
+            self.correct += (torch.cat(preds) == torch.cat(labels)).sum()
+        return self.correct
+
+    def check_losses(self) -> None:
+        """``first_bad`` with the waiting steps checked: the first of them whose loss was not
+        finite (one check for them all, not five kernels a step)."""
+        if not self._losses:
+            return
+        bad = ~torch.isfinite(torch.stack(self._losses))
+        self._losses = []
+        first = self._first_waiting + torch.argmax(bad.int())  # the first True
+        self.first_bad = torch.where((self.first_bad < 0) & bad.any(), first, self.first_bad)
 
     def state_dict(self) -> dict:
         """The epoch's sums so far (a checkpoint within the epoch)."""
         keys = ("loss_sum", "correct", "seen", "first_bad", "batches")
+        self.count_predicted()
+        self.check_losses()
         return {k: v.cpu() if torch.is_tensor(v) else v for k, v in vars(self).items() if k in keys}
 
     def load_state_dict(self, state: dict) -> None:
@@ -68,6 +103,7 @@ class EpochStats:
     def diverged_at(self) -> int | None:
         """The first non-finite step of any process, or None (an all-reduce: every process
         agrees)."""
+        self.check_losses()
         bad = int(self.dist.max(self.first_bad))
         return bad if bad >= 0 else None
 
@@ -76,6 +112,7 @@ class EpochStats:
         # the samples counted on every process (one whose passes count none, in a variant's
         # process roles, adds 0): one all-reduce, none on one process
         seen = int(self.dist.sum(torch.tensor(self.seen, device=self.loss_sum.device)))
+        self.count_predicted()
         return {
             "train_loss": float(self.dist.sum(self.loss_sum) / seen),
             "train_acc": float(self.dist.sum(self.correct) / seen),

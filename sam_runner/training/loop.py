@@ -21,6 +21,8 @@ from .evaluation import EpochStats, TestSet, ValSet, count_correct
 from .lengths import autocast_for, epoch_lengths
 from .warnings import say_if_every_epoch_is_evaluated
 
+NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it changes nothing
+
 
 class EpochLoop:
     """Runs a built run's epochs. Everything a step reads is resolved here, once."""
@@ -88,7 +90,7 @@ class EpochLoop:
         for x, y, idx in itertools.islice(r.data.train, stats.batches, None):
             loss = self.optimizer_step(x, y, idx, stats)
             r.parts.call("after_step", clock.step)
-            bar.update(stats.loss_sum, stats.correct, stats.seen)
+            bar.update(stats)  # read only when shown
             measured = r.parts.merged("measure_values")
             if measured:
                 clock.train_time -= measured.get("hessian_time_s", 0.0)  # measuring: not training
@@ -110,38 +112,43 @@ class EpochLoop:
         r = self.run
         x, target = r.parts.batch(x, y, r.clock.step)
         micro = micro_batches(self.accumulate, x, target, y, idx)
-        counts = {"correct": 0, "targets": 0}
+        counts = {"predicted": [], "targets": 0}
         r.parts.call("begin_step", micro)
         loss = r.optimizer.step(lambda: self.forward_backward(micro, counts))
         if schedule:  # before the clock moves: the SWA cycle reads the step it scheduled
             r.scheduler.step()
         self.scaler.update()
         r.clock.step += 1
-        stats.add(loss, counts["correct"], counts["targets"], r.clock.step)
+        stats.add(loss, counts["predicted"], counts["targets"], r.clock.step)
         return loss
 
     def forward_backward(self, micro, counts: dict):
         """The closure: zero the grads, forward and backward over the micro-batches' kept rows."""
         r, opt, parts = self.run, self.run.optimizer, self.run.parts
         opt.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=r.device)
         kept = selected_rows(opt, micro)
-        batch = sum(len(m[2]) for _, m, _ in kept)
+        batch = sum(m[2].shape[0] for _, m, _ in kept)
+        total = None  # the pass's loss: the first micro-batch's, then sums (0 + x is x)
         for i, (j, (xm, tm, ym, im), rows) in enumerate(kept):
             # a synced pass reduces the gradients once, in its last micro-batch's backward
             quiet = opt.pass_syncs and i < len(kept) - 1
-            with gradient_sync_paused(r.net) if quiet else contextlib.nullcontext():
+            with gradient_sync_paused(r.net) if quiet else NO_CONTEXT:
                 with parts.forward_context(opt.pass_index):  # tm: ym, or its mixed soft targets
                     out, per_sample = self.forward_loss(xm, tm)
-                share = len(ym) / batch  # weighted by size: the step's mean even when uneven
-                loss = opt.reduce_loss(per_sample, out, ym) * share
-                objective = parts.loss(loss, PassInputs(r.model, xm, out, j, share, rows))
+                share = ym.shape[0] / batch  # weighted by size: the step's mean even when uneven
+                loss = opt.reduce_loss(per_sample, out, ym)
+                if share != 1.0:  # × 1 changes no bit of the loss or its gradient
+                    loss = loss * share
+                objective = loss
+                if parts.loss_hooks:
+                    objective = parts.loss(loss, PassInputs(r.model, xm, out, j, share, rows))
                 self.scaler.scale(objective).backward()  # the logged loss stays the task's
-            total += loss.detach()
-            parts.call("observe", opt.pass_index, im, ym, per_sample.detach())
-            if opt.pass_index == 0:
-                self.count(out.detach(), ym, counts)
-        return total
+            total = loss.detach() if total is None else total + loss.detach()
+            if parts.observe_hooks:
+                parts.call("observe", opt.pass_index, im, ym, per_sample.detach())
+            if opt.pass_index == 0:  # the count (argmax, ==, sum) records no graph: no detach
+                self.count(out, ym, counts)
+        return total if total is not None else torch.zeros((), device=r.device)
 
     def count(self, out, labels, counts: dict) -> None:
         """The first pass's right predictions and targets (a density loop counts none)."""

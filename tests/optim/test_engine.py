@@ -396,3 +396,38 @@ def test_the_first_pass_gradients_are_let_go_before_the_second_pass():
 
     opt.step(closure)
     assert alive == [0] and len(first) == len(list(model.parameters()))
+
+
+def test_grad_norm_max_folds_every_step_s_norm_and_leaves_out_non_finite_ones():
+    opt = build("base", mlp())
+    norms = [float(n) for n in torch.rand(150, generator=torch.Generator().manual_seed(0)) * 5]
+    norms[3], norms[100] = float("inf"), float("nan")  # found-inf fp16 steps
+    opt.global_norm = lambda grads: torch.tensor(grads[0])  # the norm each step saw
+    for i, n in enumerate(norms):  # more than FOLD_NORMS steps: folded on the way and when read
+        opt._track_grad_norm([n])
+        if i == 70:
+            state = opt.state_dict()  # a checkpoint within the steps: the max so far
+    finite = [n for n in norms if math.isfinite(n)]
+    assert float(state["grad_norm_max"]) == max(finite[:70])  # steps 0-70, the inf left out
+    assert opt.log_values() == {"grad_norm_max": torch.tensor(max(finite)).item()}
+    assert opt.log_values() == {}  # reset, nothing since
+
+
+def test_step_hooks_and_the_profiler_range_run_where_asked_and_zero_grad_sets_none():
+    model = mlp()
+    opt = build("sam", model, lr=0.1)
+    calls = []
+    opt.step(closure_for(opt, model))  # no hook, no profiler: the step itself
+    handle = opt.register_step_pre_hook(lambda *_: calls.append("pre"))
+    opt.register_step_post_hook(lambda *_: calls.append("post"))
+    opt.step(closure_for(opt, model))
+    assert calls == ["pre", "post"]
+    handle.remove()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step(closure_for(opt, model))
+    assert "Optimizer.step#SAM.step" in {e.name for e in prof.events()}
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+    opt.step(closure_for(opt, model))
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
