@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from . import interrupts
+from . import interrupts, register_resolvers
 
 COMMANDS = {  # console script -> (module, function returning its exit code)
     "sam-run": ("sam_runner.cli", "main"),
@@ -32,6 +32,7 @@ def start(prog: str) -> int | None:
     module, function = COMMANDS[prog]
     started = False
     try:
+        register_resolvers()  # not on import: the package skips it for a console script
         command = getattr(importlib.import_module(module), function)
         interrupts.raise_pending()
         started = True

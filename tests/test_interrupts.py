@@ -28,26 +28,33 @@ def sweep(tmp_path_factory):
     return root
 
 
+def _script(prog: str, folder):
+    """The console script's file as pip writes it, named as the command (the package leaves the
+    signals to it)."""
+    module, function = SCRIPTS[prog].split(":")
+    script = folder / prog
+    script.write_text(f"import sys\nfrom {module} import {function}\nsys.exit({function}())\n")
+    return script
+
+
 def _start(prog, sweep, tmp_path):
     """The console script as pip writes it: import the entry point, exit with its value."""
-    module, function = SCRIPTS[prog].split(":")
     argv = {
         "sam-run": ["-m", "seed=range(0,3000)", f"hydra.sweep.dir={tmp_path / 's'}"],
         "sam-sweep-lines": ["seed=range(0,3000)"],
         "sam-index": [str(sweep), "--db", str(tmp_path / "db.sqlite")],
         "sam-report": [str(sweep), "--out", str(tmp_path / "report")],
     }.get(prog, [str(sweep)])
-    code = f"import sys; from {module} import {function}; sys.exit({function}())"
     return subprocess.Popen(
-        [sys.executable, "-c", code, *argv], cwd=tmp_path, env=ENV, text=True,
+        [sys.executable, str(_script(prog, tmp_path)), *argv], cwd=tmp_path, env=ENV, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
     )  # fmt: skip
 
 
 # 0.3 s: within torch's import; sooner, a loaded machine may not have started Python's own
-# signal handling yet, or still be importing the package (OmegaConf, for its resolver), and the
-# signal then ends the interpreter before any command code runs
+# signal handling yet (the package itself imports nothing before the command's handlers are in:
+# test_a_console_script_catches_signals_before_it_imports_omegaconf)
 @pytest.mark.parametrize("delay", [0.3, 0.5])
 @pytest.mark.parametrize("prog", sorted(SCRIPTS))
 def test_ctrl_c_while_a_command_starts_is_one_line_exit_130(prog, delay, sweep, tmp_path):
@@ -163,3 +170,19 @@ def test_ctrl_c_during_help_is_one_line_even_where_a_library_converts_it(tmp_pat
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     assert (proc.returncode, proc.stderr) == (130, "sam-run: interrupted\n"), proc.stderr[-2000:]
+
+
+def test_a_console_script_catches_signals_before_it_imports_omegaconf(tmp_path):
+    """The package registers its OmegaConf resolver on import, except in a console script's own
+    process, whose entry point catches signals first and then registers it."""
+    import sam_runner
+    from sam_runner.entry_points import COMMANDS
+
+    assert tuple(COMMANDS) == sam_runner.CONSOLE_SCRIPTS == tuple(SCRIPTS)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", str(_script("sam-run", tmp_path)), "--version"],
+        capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    names = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()]
+    assert names.index("sam_runner.interrupts") < names.index("omegaconf"), names[:80]
