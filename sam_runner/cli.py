@@ -43,6 +43,7 @@ def run_job(cfg: DictConfig) -> float | None:
     try:
         return job_value(cfg, run_dir, summary)
     except UserError as e:  # a misspelt objective: stop here rather than rank every trial last
+        interrupts.raise_pending()  # a signal a library turned into an error
         print(f"sam-run: error: {e}", file=sys.stderr)
         sys.exit(2)
 
@@ -64,6 +65,7 @@ def train_job(cfg: DictConfig) -> tuple[str, dict]:
     except UserError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
+        interrupts.raise_pending()  # a signal a library turned into an error
         print(f"sam-run: error: {e}", file=sys.stderr)
         # another run's folder stops the sweep, untouched
         if sweeping and not isinstance(e, RunFolderConflict):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
+from . import interrupts
 from .errors import UserError, first_line
 from .paths import config_dir
 from .rundir import RunDir
@@ -115,6 +116,7 @@ def config_source_error(args: Namespace) -> str | None:
 
 def fail(message: str) -> None:
     """``sam-run: error: <message>`` on stderr, and exit 2."""
+    interrupts.raise_pending()  # a signal a library turned into an error
     print(f"sam-run: error: {message}", file=sys.stderr)
     sys.exit(2)
 

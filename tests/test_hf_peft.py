@@ -100,6 +100,7 @@ def test_a_lora_run_keeps_the_pretrained_tensors_and_saves_loadable_adapters(pre
         torch.testing.assert_close(loaded(input_ids=x).logits, rebuilt.model(x))
 
 
+@pytest.mark.slow  # metrics=full on a peft run, ~23 s (CI's time); its rebuild is tested above
 def test_sam_eval_measures_a_peft_run_with_metrics_full(lora_run, capsys):
     from sam_runner.evaluation.cli import main as eval_main
 

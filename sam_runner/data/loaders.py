@@ -117,7 +117,7 @@ class TensorLoader:
                 x = self.transform(self.x.index_select(0, idx), g, batch)
             else:
                 x = self.x.index_select(0, idx)
-            yield x, self.y[idx], idx
+            yield x, self.y.index_select(0, idx), idx  # as x: sooner than y[idx]
 
     def crop_starts(self, order: torch.Tensor, sizes: list[int], draws: list | None):
         """Where each sample of the epoch's batches starts in the held padded images (``Held``),

@@ -43,6 +43,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def fail(message: str, code: int = 2) -> int:
     """``sam-eval: error: <message>`` on stderr; returns ``code``, the exit status."""
+    interrupts.raise_pending()  # a signal a library turned into an error
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     return code
 

@@ -387,9 +387,11 @@ def main(argv: list[str] | None = None) -> int:
         path, overrides, to = parse_argv(argv)
         run(path, overrides, to)
     except UserError as e:
+        interrupts.raise_pending()  # a signal a library turned into an error
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except TasksFailed as e:  # the others' results are written; the same command retries these
+        interrupts.raise_pending()  # a signal a library turned into an error
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

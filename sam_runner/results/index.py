@@ -459,6 +459,7 @@ def index_main(argv: Sequence[str] | None) -> int:
             else:
                 print(table_text(cols, rows))
     except UserError as e:
+        interrupts.raise_pending()  # a signal a library turned into an error
         print(f"sam-index: error: {e}", file=sys.stderr)
         return 2
     return 0

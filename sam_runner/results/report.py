@@ -352,6 +352,7 @@ def report_main(argv: list[str]) -> int:
 
         fmt = check_format(settings.get("plots.format", "png"))
     except UserError as e:
+        interrupts.raise_pending()  # a signal a library turned into an error
         print(f"sam-report: error: {e}", file=sys.stderr)
         return 2
     args = parser().parse_args(argv)
@@ -363,6 +364,7 @@ def report_main(argv: list[str]) -> int:
             report.plot_format = fmt
             paths = write_report(report, args.out)
     except UserError as e:
+        interrupts.raise_pending()  # a signal a library turned into an error
         print(f"sam-report: error: {e}", file=sys.stderr)
         return 2
     print(f"{counts_line(report)}; report: {paths[0]}")

@@ -18,6 +18,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 from typing_extensions import override
 
+from .. import interrupts
 from ..errors import UserError
 from ..lock import held_by
 from ..rundir import RunDir, job_dirs
@@ -101,6 +102,7 @@ def fail(message: str, code: int = 2, prog: str = "sam-run") -> NoReturn:
     """Print ``prog: error: message`` and exit with ``code`` (a callback's exceptions are only
     warnings to Hydra)."""
     # a callback's exceptions are only warnings to Hydra; SystemExit is not an Exception
+    interrupts.raise_pending()  # a signal a library turned into an error
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
 

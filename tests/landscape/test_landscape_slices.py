@@ -186,6 +186,7 @@ def test_progress_lines_say_each_tenth_of_a_slice_with_the_time_left(tmp_path, c
     assert done == [1, 2, 3, 4, 5, 6, 7, 8, 9, 11]  # the first point, then each tenth (of 11)
 
 
+@pytest.mark.slow  # a killed subprocess and its rerun: ~16 s (CI's time)
 def test_a_call_killed_in_its_2d_slice_keeps_its_1d_slice(tmp_path):
     """Killed (SIGKILL) while the 2-D slice runs, the same command computes the 2-D slice only:
     the 1-D slice's files and numbers were written when it ended, and are kept."""

@@ -109,7 +109,10 @@ def _worst(two, one, key):
     return max((float(g.max()) for g in gaps if g.numel()), default=0.0)
 
 
-@pytest.mark.parametrize("kind, world", [("bn", 2), ("mlp", 4)])
+@pytest.mark.parametrize(
+    "kind, world",
+    [("bn", 2), pytest.param("mlp", 4, marks=pytest.mark.slow)],  # 4 processes: CI's time
+)
 def test_the_two_process_form_takes_the_sequential_steps(kind, world):
     """2 processes with BatchNorm (each role one process: its statistics those of the pass at x̃
     on the global batch); 4 without (each role's two halves averaged)."""

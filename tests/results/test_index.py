@@ -270,6 +270,7 @@ def _csv_without_from(path: Path) -> list[dict]:
         return [{k: v for k, v in r.items() if k != "from"} for r in csv.DictReader(f)]
 
 
+@pytest.mark.slow  # two sweeps trained and reported: ~13 s (CI's time)
 def test_a_report_of_two_sweeps_equals_the_report_of_one_holding_their_jobs(tmp_path):
     whole = copy_sweep(tmp_path / "whole")
     a, b = tmp_path / "a", tmp_path / "b"
