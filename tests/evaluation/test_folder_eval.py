@@ -147,7 +147,9 @@ def test_the_landscape_keeps_its_batchnorm_subset_in_the_cache(tmp_path):
     assert torch.equal(torch.cat(again.bn_inputs), zeros)
 
 
-@pytest.mark.parametrize("metrics", ["metrics=default", "metrics=off"])
+@pytest.mark.parametrize(
+    "metrics", [pytest.param("metrics=default", marks=pytest.mark.slow), "metrics=off"]
+)  # the curvature measure adds ~8 s, nothing to the path tested (CI's time)
 def test_bad_images_stop_sam_run_with_workers_leaving_no_folder(tmp_path, metrics):
     """An unreadable image read by a DataLoader worker: one line naming it, exit 2, no run
     folder; found when the measurement subset is decoded, before training (metrics on), or by

@@ -36,6 +36,7 @@ def pair_files(sweep):
     return {(a, b): sweep / a / "landscape" / b / "landscape.json" for a, b in PAIRS}
 
 
+@pytest.mark.slow  # every seed pair's connectivity, twice: ~18 s (CI's time)
 def test_seed_pairs_are_connected_once_and_a_second_call_skips_them(sweep, capsys):
     argv = [str(sweep), "landscape.pairs=seeds", "landscape.alphas=5", "trainer.progress=none"]
     assert main(argv) == 0

@@ -127,6 +127,7 @@ def test_the_two_process_form_takes_the_sequential_steps(kind, world):
     assert float(two[-1]["params"][0].sub(two[0]["params"][0]).abs().max()) > 1e-3  # it moved
 
 
+@pytest.mark.slow  # 2 processes, ~10 s (CI's time)
 def test_an_overflowing_fp16_step_is_skipped_on_every_process_and_keeps_gy():
     two = _launch("mlp", True, 3)
     one = _sequential("mlp", True, 3)

@@ -206,7 +206,11 @@ distributed.launch(_openmp_then_wait, ({pid_dir!r},), 2, torch.device("cpu"))
 
 
 # ---------------------------------------------------------------- tests
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGTERM, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)],  # CI's time
+    ids=["SIGTERM", "SIGKILL"],
+)
 def test_processes_start_after_openmp_work_and_die_with_the_launcher(sig, tmp_path):
     """A launcher that ran OpenMP work starts processes that can run OpenMP work (forked ones
     hang); SIGTERM (the launcher ends them) or SIGKILL (they notice) leaves none running."""

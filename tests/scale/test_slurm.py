@@ -338,6 +338,7 @@ def test_sam_landscape_computes_a_sweeps_slices_as_a_slurm_array(tmp_path):
     assert "submitted" not in again.stderr
 
 
+@pytest.mark.beyond_ci  # CI's time: the other arrays cover the launcher; ~16 s
 @pytest.mark.usefixtures("slurm")
 def test_a_search_runs_n_jobs_trials_as_one_job_array(tmp_path):
     """hparams_search under hydra/launcher=slurm: 2 trials at once (n_jobs=2), one array, each
