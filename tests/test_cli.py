@@ -277,6 +277,7 @@ def test_version_is_sam_runners(capsys):
     assert code == 0 and out == f"sam-runner {__version__}\n"
 
 
+@pytest.mark.slow  # CI's time (~9 s)
 def test_a_run_says_what_it_was_and_keeps_third_party_logs_off_the_console(tmp_path):
     """A real process with a fresh matplotlib cache (its first-use INFO line must not show):
     the epoch lines label their time, the final curvature measurement is announced, and

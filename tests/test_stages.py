@@ -63,6 +63,7 @@ TWO = """stages:
 """
 
 
+@pytest.mark.slow  # CI's time (~12 s; the chain of three stages below resumes too)
 def test_stages_run_in_order_into_their_folders_and_resume(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     argv = ["-m", *preset(tmp_path, TWO), f"hydra.sweep.dir={sweep}"]

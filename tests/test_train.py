@@ -334,6 +334,7 @@ def test_default_run_reaches_half_accuracy(tmp_path):
     assert "test_acc=" in p.stdout and "lambda_max=" in p.stdout
 
 
+@pytest.mark.slow  # CI's time (~11 s; Muon is trained in the golden and build tests)
 def test_muon_base_optimizer_trains_and_resumes(tmp_path):
     """Muon on the hidden matrices, AdamW on the rest; its state survives a checkpoint round
     trip."""
@@ -417,6 +418,7 @@ def test_full_batch_gradient_descent_with_a_step_budget(tmp_path):
     assert lines[-1]["lambda_max"] == tracked[-1]["lambda_max"]
 
 
+@pytest.mark.slow  # CI's time (~17 s; killed and resumed runs: test_cli, scale/test_sweep)
 def test_a_full_batch_run_killed_and_resumed_ends_like_an_uninterrupted_one(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     args = [*GD, "trainer.steps=60", "trainer.eval_every_n_steps=10"]

@@ -83,6 +83,7 @@ def test_lambda_max_equals_the_one_training_logged_to_the_lanczos_tolerance(eval
         assert record(sweep, job)["hessian_bn_mode"] == summary(sweep, job)["hessian_bn_mode"]
 
 
+@pytest.mark.slow  # CI's time (~10 s)
 def test_an_mse_jobs_lambda_max_is_of_the_mse_it_trained_on(tmp_path):
     """trainer.loss=mse: sam-eval measures the Hessian of the job's own loss (the cross-entropy's
     top eigenvalue differs by far on the same weights), as training logged it."""

@@ -5,6 +5,7 @@ the processes' parameters identical."""
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -51,6 +52,7 @@ def _worker(rank, port, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # CI's time (~19 s; DDP equality stays in scale/test_distributed)
 def test_processes_stay_identical_under_ddp():
     out = mp.Manager().dict()
     mp.spawn(_worker, args=(_free_port(), out), nprocs=2, join=True)

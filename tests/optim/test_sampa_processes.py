@@ -162,6 +162,7 @@ def test_each_role_takes_a_share_of_every_global_batch_and_one_process_is_refuse
         validate_config(_cfg("optimizer.sequential_fallback=false", "trainer.device=cpu"))
 
 
+@pytest.mark.slow  # CI's time (~18 s; the two-process steps equal the sequential ones above)
 def test_a_two_process_run_equals_the_sequential_run_on_one(tmp_path):
     common = [
         "model=mlp",

@@ -181,6 +181,7 @@ def _sgs_worker(rank, port, path, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # CI's time (~11 s)
 def test_sgs_statistics_over_two_processes_are_the_global_ones_and_resume_exactly(tmp_path):
     """S and n are those of one process seeing every global batch (a class one process did not
     see is not averaged in as 0), on every process; rank 0's checkpoint resumes both exactly."""

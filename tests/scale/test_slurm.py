@@ -175,6 +175,7 @@ def test_sbatch_array_runs_one_line_per_task_in_the_sweep_layout(tmp_path, capsy
     )
 
 
+@pytest.mark.beyond_ci  # CI's time: submitit's requeue and sam-eval's array cover these paths
 @pytest.mark.usefixtures("slurm")
 def test_a_requeued_job_resumes_from_its_checkpoint(tmp_path, capsys):
     sweep_dir, lines = tmp_path / "sweep", tmp_path / "lines.txt"
@@ -307,6 +308,7 @@ def test_sam_eval_measures_a_sweep_as_a_slurm_array(tmp_path):
     assert "submitted" not in again.stderr
 
 
+@pytest.mark.beyond_ci  # CI's time: submitit's requeue and sam-eval's array cover these paths
 @pytest.mark.usefixtures("slurm")
 def test_sam_landscape_computes_a_sweeps_slices_as_a_slurm_array(tmp_path):
     """sam-landscape hydra/launcher=slurm on a sweep: one array task per job, each writing its job's
