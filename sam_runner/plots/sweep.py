@@ -91,8 +91,11 @@ def _draw_panel(ax, members: list[dict], metric: str, logy: bool, bounds: bool) 
     drawn = []
     lines = sorted(by_line.items(), key=lambda kv: (kv[0] != "base", natural_key(kv[0])))
     # lines at the same ρ are set apart sideways by a few points, so that no error bar hides
-    # another (the ρ ticks stay at the values)
-    with_rho = [label for label, gs in lines if any(finite(g.get("rho")) for g in gs)]
+    # another (the ρ ticks stay at the values); a line alone at its ρ values stays on them
+    sharing: dict[float, list[str]] = {}
+    for label, gs in lines:
+        for rho in sorted({g["rho"] for g in gs if finite(g.get("rho"))}):
+            sharing.setdefault(rho, []).append(label)
     for label, gs in lines:
         stats = [(g.get("rho"), g["stats"].get(metric)) for g in gs]
         stats = [
@@ -100,14 +103,19 @@ def _draw_panel(ax, members: list[dict], metric: str, logy: bool, bounds: bool) 
         ]
         if stats:
             drawn += [s["mean"] for _, s in stats]
-            k = with_rho.index(label) if label in with_rho else 0
-            dodge = (k - (len(with_rho) - 1) / 2) * DODGE_POINTS
-            _draw_line(ax, label, stats, variant_color(gs[0]["variant"]), dodge)
+            _draw_line(ax, label, stats, variant_color(gs[0]["variant"]), _dodge(label, sharing))
         if bounds:
             drawn += _draw_bounds(
                 ax, [p for g in gs for p in g.get("bounds", [])], variant_color(gs[0]["variant"])
             )
     return drawn
+
+
+def _dodge(label: str, sharing: dict[float, list[str]]) -> float:
+    """``label``'s sideways shift in points: its place among the most lines it shares a ρ
+    with (0 where it shares none)."""
+    mates = max((m for m in sharing.values() if label in m), key=len, default=[label])
+    return (mates.index(label) - (len(mates) - 1) / 2) * DODGE_POINTS
 
 
 def _draw_line(ax, label: str, stats: list, color, dodge: float = 0.0) -> None:
@@ -130,6 +138,13 @@ def _draw_line(ax, label: str, stats: list, color, dodge: float = 0.0) -> None:
             label=label,
             transform=shifted,
         )
+        # drawn through the shifted transform, the points do not reach autoscale: their data
+        # (bars included) is added to the axes' limits by hand
+        spans = [s["std"] if finite(s["std"]) else 0 for _, s in with_rho]
+        ax.update_datalim(
+            [(r, s["mean"] + k * e) for (r, s), e in zip(with_rho, spans) for k in (-1, 1)]
+        )
+        ax.autoscale_view()
         return
     mean = sum(s["mean"] for _, s in stats) / len(stats)
     std = max((s["std"] for _, s in stats if finite(s["std"])), default=0.0)

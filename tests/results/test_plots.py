@@ -390,3 +390,26 @@ def test_variants_at_the_same_rho_are_set_apart_so_their_bars_do_not_hide_each_o
     gap = abs(x[0] - x[1])  # display pixels, at each ρ
     assert (gap > 5).all()
     assert [float(t) for t in ax.get_xticks()] == [0.05, 0.1]  # the ticks stay at the values
+
+
+def test_a_catalogue_of_variants_each_at_its_own_rho_is_drawn_on_its_rho_and_in_view():
+    """The baselines preset: each variant at its published ρ beside a base level. Every point
+    lies inside the axes (the shifted points reach autoscale) and a variant alone at its ρ sits
+    on it (no sideways shift); those sharing a ρ are still set apart."""
+    groups = [dict(group("base", None, 50.0), rho=None)]
+    groups += [group(v, r, m) for v, r, m in (
+        ("bsam", 0.01, 11.0), ("sam", 0.05, 40.0), ("wsam", 0.05, 39.0), ("asam", 0.5, 36.0),
+    )]  # fmt: skip
+    fig = plot_metric_vs_rho(groups, "lambda_max", "λ_max", logy=True)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    box = ax.get_window_extent()
+    at = {}
+    for c in ax.containers:
+        line = c.lines[0]
+        x, y = line.get_transform().transform(line.get_xydata())[0]  # where it is shown
+        dx = ax.transData.transform(line.get_xydata())[0][0]  # where its ρ is
+        assert box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1, c.get_label()
+        at[c.get_label()] = x - dx
+    assert at["bsam"] == pytest.approx(0) and at["asam"] == pytest.approx(0)
+    assert abs(at["sam"] - at["wsam"]) > 5
