@@ -6,7 +6,9 @@ the signal's number as the shell reports it. Standard library only: the console 
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
 
 TERMINATED: list[int] = []  # SIGTERM reached this process
 # a Ctrl-C or SIGTERM not yet handled by a command: a library's bare ``except:`` can swallow the
@@ -76,3 +78,28 @@ def said(prog: str, what: str) -> str:
 def exit_code() -> int:
     """The exit status of an interrupted command: 143 after SIGTERM, 130 after Ctrl-C."""
     return 143 if TERMINATED else 130
+
+
+@contextlib.contextmanager
+def deferred():
+    """Ctrl-C and SIGTERM recorded, not raised, inside the block (a file being written whole:
+    torch's zip writer raised its own error from a KeyboardInterrupt inside it, hiding the
+    signal), then raised once the block is done. A no-op off the main thread, or where the
+    command's handlers are not installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ours = {signal.SIGINT: _on_sigint, signal.SIGTERM: _on_sigterm}
+    swapped = [sig for sig, fn in ours.items() if signal.getsignal(sig) is fn]
+    before = len(PENDING)
+    for sig in swapped:
+        signal.signal(sig, _record)
+    try:
+        yield
+    finally:
+        for sig in swapped:
+            signal.signal(sig, ours[sig])
+    if len(PENDING) > before:  # what came during the block, as its handler would have done
+        if TERMINATED:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends at once
+        raise KeyboardInterrupt

@@ -186,3 +186,29 @@ def test_a_console_script_catches_signals_before_it_imports_omegaconf(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     names = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()]
     assert names.index("sam_runner.interrupts") < names.index("omegaconf"), names[:80]
+
+
+def test_a_ctrl_c_while_a_file_is_written_waits_for_the_whole_file(tmp_path):
+    """torch's zip writer turned a KeyboardInterrupt inside it into its own RuntimeError (a
+    SIGTERM during a checkpoint's save ended the run with exit 1): the signal now waits for the
+    file, then stops the command."""
+    from sam_runner import interrupts
+    from sam_runner.runfiles import atomic_write
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupts.catch_signals()
+
+    def write(f):
+        f.write(b"a")
+        os.kill(os.getpid(), signal.SIGINT)  # arrives while the file is written
+        f.write(b"b")
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            atomic_write(tmp_path / "x", write)
+        assert (tmp_path / "x").read_bytes() == b"ab"
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        interrupts.PENDING.clear()
