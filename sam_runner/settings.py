@@ -61,6 +61,7 @@ RUN_ONLY_KEYS = (
     "trainer.compile",
     "trainer.compile_mode",
     "trainer.activation_checkpointing",  # recomputes activations: memory, not results
+    "trainer.fsdp_unit_mb",  # how many collectives carry the shards, not what they carry
     "trainer.channels_last",
     "trainer.cudnn_benchmark",  # an algorithm choice per convolution: speed, not results
     "logger",

@@ -1,13 +1,18 @@
 """Sharded training and curvature across processes (CPU, gloo, 2 processes; ratios):
 
 - ``fsdp_over_ddp_step``: a SAM step of a GPT (4 blocks, 128 wide, context 64) under
-  ``trainer.strategy=fsdp`` over the same step under ``ddp`` (target <= 1.3);
+  ``trainer.strategy=fsdp`` (its units as ``trainer.fsdp_unit_mb``'s default makes them: the
+  0.9M-parameter model is one unit) over the same step under ``ddp`` (target <= 1.3);
+  ``fsdp_per_block_over_ddp_step``: the same with one unit per block (``fsdp_unit_mb=0``: 4
+  blocks and the root, 9 all-gathers and 5 reduce-scatters a pass, what a model whose blocks
+  each hold 25 MB or more pays);
 - ``fsdp_over_ddp_state_memory``: the bytes one process holds between steps for the parameters,
   their gradients, the optimizer's state and SAM's saved θ, fsdp over ddp (target <= 0.6 with 2
   processes; the transient all-gathered block of a pass is not counted);
-- ``fsdp_accumulate4_paused_over_synced``: the fsdp SAM step over 4 micro-batches with the
-  gradient synchronisation paused on all but the last (one reduce-scatter a pass, as training
-  does) over the same step reduce-scattering every micro-batch (below 1: the saving);
+- ``fsdp_accumulate4_paused_over_synced``: the fsdp SAM step (one unit per block) over 4
+  micro-batches with the gradient synchronisation paused on all but the last (one
+  reduce-scatter a pass, as training does) over the same step reduce-scattering every
+  micro-batch (below 1: the saving);
 - ``lanczos_2proc_speedup``: seconds of one λ_max measurement (the same Lanczos iterations) in
   one process over the same measurement split between two (target >= 1.6); each process has
   the thread share the launcher gives it (one process alone: the same share);
@@ -58,10 +63,21 @@ def _held_bytes(opt, model) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _step_probe(strategy_name: str, steps: int, accumulate: int = 1, paused: bool = True):
+def default_unit_bytes() -> float:
+    """``trainer.fsdp_unit_mb``'s default, in bytes."""
+    from omegaconf import OmegaConf
+
+    trainer = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf/trainer/default.yaml")
+    return float(trainer.fsdp_unit_mb) * 2**20
+
+
+def _step_probe(
+    strategy_name: str, steps: int, accumulate: int = 1, paused: bool = True, unit_bytes=None
+):
     """(median seconds of a SAM step, held bytes, peak bytes on a GPU else None) of the GPT in
     this process of 2; each pass over ``accumulate`` micro-batches, the gradient synchronisation
-    ``paused`` on all but the last (as the training loop does) or not."""
+    ``paused`` on all but the last (as the training loop does) or not; fsdp's units of
+    ``unit_bytes`` (None: the default's)."""
     from sam_runner import distributed
     from sam_runner.models import blocks_of
     from sam_runner.module_state import gradient_sync_paused
@@ -72,7 +88,8 @@ def _step_probe(strategy_name: str, steps: int, accumulate: int = 1, paused: boo
     device = topo.device or CPU
     model = _gpt().to(device)
     if strategy_name == "fsdp":
-        strategy.shard(model, blocks_of(model), topo)
+        unit_bytes = default_unit_bytes() if unit_bytes is None else unit_bytes
+        strategy.shard(model, blocks_of(model), topo, unit_bytes=unit_bytes)
         net = model
     else:
         from omegaconf import OmegaConf
@@ -159,13 +176,14 @@ def run(args, device=CPU) -> dict:
 
     repeats = 1 if args.quick else 3
     steps, iterations = (3, 10) if args.quick else (8, 30)
-    ddp, fsdp, ones, twos, paused, synced = [], [], [], [], [], []
+    ddp, fsdp, per_block, ones, twos, paused, synced = [], [], [], [], [], [], []
     for _ in range(repeats):  # alternated, so that load on the machine hits both alike
         ddp.append(distributed.launch(_step_probe, ("ddp", steps), 2, device))
         fsdp.append(distributed.launch(_step_probe, ("fsdp", steps), 2, device))
-        args_4 = ("fsdp", steps, ACCUMULATE)
-        paused.append(distributed.launch(_step_probe, (*args_4, True), 2, device)[0])
-        synced.append(distributed.launch(_step_probe, (*args_4, False), 2, device)[0])
+        per_block.append(distributed.launch(_step_probe, ("fsdp", steps, 1, True, 0), 2, device))
+        args_4 = ("fsdp", steps, ACCUMULATE, True, 0)  # the blocks' own units, as a large model
+        paused.append(distributed.launch(_step_probe, args_4, 2, device)[0])
+        synced.append(distributed.launch(_step_probe, (*args_4[:3], False, 0), 2, device)[0])
         twos.append(distributed.launch(_lanczos_probe, (True, iterations), 2, device))
         ones.append(_alone(_lanczos_probe, False, iterations, device))
     peak = {} if fsdp[0][2] is None else {"fsdp_over_ddp_peak_memory": fsdp[0][2] / ddp[0][2]}
@@ -174,6 +192,9 @@ def run(args, device=CPU) -> dict:
         "ddp_gpt_sam_step_s": statistics.median(d[0] for d in ddp),
         "fsdp_gpt_sam_step_s": statistics.median(f[0] for f in fsdp),
         "fsdp_over_ddp_step": statistics.median(f[0] / d[0] for f, d in zip(fsdp, ddp)),
+        "fsdp_per_block_over_ddp_step": statistics.median(
+            f[0] / d[0] for f, d in zip(per_block, ddp)
+        ),
         "fsdp_over_ddp_state_memory": fsdp[0][1] / ddp[0][1],
         "fsdp_accumulate4_paused_s": statistics.median(paused),
         "fsdp_accumulate4_synced_s": statistics.median(synced),

@@ -3,10 +3,12 @@
 
 * ``ddp`` (the default): every process holds the whole model; gradients are all-reduced
   (``distributed.Topology.wrap``).
-* ``fsdp``: PyTorch's FSDP2, ``fully_shard`` on each block of the model (``models.blocks_of``,
-  one rule per family) and then on the root: each process holds 1/N of the parameters, of
+* ``fsdp``: PyTorch's FSDP2, ``fully_shard`` on the blocks of the model (``models.blocks_of``,
+  one rule per family), consecutive blocks grouped into one unit until it holds
+  ``trainer.fsdp_unit_mb`` of parameters (``units``), and then on the root (with the blocks
+  left over): each process holds 1/N of the parameters, of
   their gradients, of the optimizer's state and of SAM's saved θ and ε. Parameters are
-  all-gathered block by block for each forward and backward, gradients reduce-scattered. The
+  all-gathered unit by unit for each forward and backward, gradients reduce-scattered. The
   mixed-precision policy follows ``trainer.precision`` (bf16: bf16 parameters in the passes,
   fp32 reductions and fp32 sharded weights; fp32: none). With ``trainer.accumulate`` a pass
   reduce-scatters once, in its last micro-batch (``module_state.gradient_sync_paused`` on the
@@ -33,12 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import types
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..errors import require
+from ..errors import number, require
 from ..models import blocks_of
 from .fast_path import resolved_precision
 
@@ -73,6 +76,8 @@ def check(cfg, world: int | None = None) -> None:
         isinstance(checkpointing, bool),
         f"trainer.activation_checkpointing={checkpointing!r} must be true or false",
     )
+    number("trainer.fsdp_unit_mb", t.get("fsdp_unit_mb", 0), "a number of MB >= 0 (0: one unit "
+           "per block)", lambda mb: mb >= 0 and math.isfinite(mb))  # fmt: skip
     if strategy != "fsdp":
         return
     world = processes(cfg) if world is None else world
@@ -166,7 +171,8 @@ def wrap(model, cfg, dist):
             # with the gathered weights while it measures
             dist.unsharded = copy.deepcopy(model).to_empty(device="meta")
         precision = resolved_precision(str(cfg.trainer.precision), dist.device or "cpu")
-        shard(model, blocks, dist, precision)
+        unit_bytes = float(cfg.trainer.get("fsdp_unit_mb", 0)) * 2**20
+        shard(model, blocks, dist, precision, unit_bytes)
         dist.sharded = True
         return model
     return dist.wrap(model, cfg)
@@ -180,15 +186,38 @@ def mixed_precision(precision: str):
     return MixedPrecisionPolicy()
 
 
-def shard(model, blocks, dist, precision: str = "fp32") -> None:
-    """``fully_shard`` on each block, then on the root, over all of the run's processes."""
+def units(blocks, unit_bytes: float = 0) -> list[list[torch.nn.Module]]:
+    """The FSDP units ``blocks`` form: consecutive blocks in one unit until it holds at least
+    ``unit_bytes`` of parameters; a last unit still short of it is left to the root (empty
+    list). ``unit_bytes`` 0: one unit per block. Each unit costs an all-gather in the forward,
+    another in the backward and a reduce-scatter, whatever its size: small blocks share theirs
+    (a collective's fixed latency dominates below some MB), and a gathered unit stays below
+    ``unit_bytes`` plus one block.
+
+    Args:
+        blocks: the model's blocks in order (``models.blocks_of``).
+        unit_bytes: the parameter bytes from which a unit is closed.
+    """
+    out, unit, held = [], [], 0
+    for block in blocks:
+        unit.append(block)
+        held += sum(p.numel() * p.element_size() for p in block.parameters())
+        if held >= unit_bytes:
+            out.append(unit)
+            unit, held = [], 0
+    return out
+
+
+def shard(model, blocks, dist, precision: str = "fp32", unit_bytes: float = 0) -> None:
+    """``fully_shard`` on each unit of ``blocks`` (``units``), then on the root, over all of
+    the run's processes."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(dist.device.type if dist.device else "cpu", (dist.world,))
     policy = mixed_precision(precision)
-    for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+    for unit in units(blocks, unit_bytes):
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
