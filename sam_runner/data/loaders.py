@@ -285,7 +285,7 @@ class Held:
 
     It holds 2·(h + pad)(w + pad)/(h·w) times ``x`` (2.5 for CIFAR's 32² with padding 4: 389 MB
     of uint8 beside CIFAR-10's 154 MB), made once. Per batch, it saves the padding, the flip and
-    a copy of the batch (#57)."""
+    a copy of the batch."""
 
     def __init__(self, x: torch.Tensor, pad: int) -> None:
         n, c, h, w = x.shape

@@ -60,7 +60,7 @@ def save_figure(fig: Figure, folder: Path | str, stem: str, fmt: str = "png") ->
 def log_scale(ax: Axes, which: str, values: Iterable[float]) -> None:
     """Log scale on the ``which`` ("x"/"y") axis, its ticks at ``log_ticks(values)`` as plain
     numbers (20, not 2×10¹) and the axis reaching the outer ones: every point lies between two
-    labelled ticks, so each can be read off (#42)."""
+    labelled ticks, so each can be read off."""
     from matplotlib import ticker
 
     getattr(ax, f"set_{which}scale")("log")
