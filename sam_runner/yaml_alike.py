@@ -10,6 +10,7 @@ whole.
 
 from __future__ import annotations
 
+import pickle
 import re
 from typing import Any
 
@@ -18,7 +19,7 @@ import yaml
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where built: 10x faster
 # a plain scalar that means the same alone as after ``key: `` or ``- `` (no quote, colon, hash,
 # space, tag, anchor or alias; not ``...`` nor ``-`` alone)
-SCALAR = re.compile(r"-?\.?[\w/][\w.+\-/]*")
+SCALAR = re.compile(r"-?\.?[\w/][\w.+\-/=]*")
 PREFIX = re.compile(r"[\w .\-]*(?:: +)?")  # indentation, ``- `` and a plain key: no tag, anchor
 OTHER_BREAKS = re.compile("[\r\x85\u2028\u2029\ufeff]")  # YAML counts them as line breaks
 KEPT_PER_LENGTH = 4  # templates kept per number of lines (a sweep over a few config groups)
@@ -30,7 +31,8 @@ class Template:
     as its last thing, where that scalar sits in the value (its path) and where on the line."""
 
     def __init__(self, lines: list[str], value: Any, scalars: dict[int, tuple[tuple, int]]):
-        self.lines, self.value, self.scalars = lines, value, scalars
+        self.lines, self.scalars = lines, scalars
+        self.frozen = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)  # a copy per text, in C
 
     def fill(self, lines: list[str]) -> Any:
         """The value of ``lines`` (as many as the template's), or ``_MISS`` where they differ
@@ -44,7 +46,7 @@ class Template:
                 if SCALAR.fullmatch(line, at[1]) is None:
                     return _MISS
                 changed.append((at[0], line[at[1] :]))
-        value = _copy(self.value)
+        value = pickle.loads(self.frozen)
         for path, text in changed:
             node = value
             for step in path[:-1]:
@@ -85,7 +87,7 @@ def _parse(text: str, lines: list[str]) -> tuple[Any, Template | None]:
     scalars: dict[int, tuple[tuple, int]] = {}
     if node is None or not _walk(node, value, (), lines, scalars, set()):
         return value, None
-    return value, Template(lines, _copy(value), scalars)  # the caller's value is its own
+    return value, Template(lines, value, scalars)
 
 
 def _walk(node, value, path: tuple, lines: list[str], scalars: dict, seen: set) -> bool:
@@ -129,12 +131,3 @@ def _scalar(text: str) -> Any:
     if text not in _SCALARS:
         _SCALARS[text] = yaml.load(text, Loader=LOADER)
     return _SCALARS[text]
-
-
-def _copy(value: Any) -> Any:
-    """``value`` with its own lists and dicts (scalars are immutable, shared)."""
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
