@@ -58,11 +58,14 @@ def pair_barriers(report: Report) -> list[dict]:
 
 
 def _read_pair_barriers(report: Report) -> list[dict]:
+    found = [(j, s) for j in report.completed() if (s := j.run.pair_summaries())]
+    if not found:  # no pair measured: no folder resolved (a study of 1,000s has none)
+        return []
     jobs = {str(Path(j.path).resolve()): j for j in report.completed()}
     order = _order(report)
     out = []
-    for key, job in jobs.items():
-        for s in job.run.pair_summaries():
+    for job, summaries in found:
+        for s in summaries:
             other = jobs.get(s["run_b"].get("run"))
             if other is None or other is job:
                 continue
