@@ -126,13 +126,12 @@ def write_barriers(report: Report, out_dir: Path) -> list[Path]:
     if matrix is None:
         return []
     from ..plots.barriers import plot_barriers
-    from ..plots.style import save_figure
+    from ..plots.cache import save_plot
     from ..runfiles import atomic_write_bytes
 
     path = Path(out_dir) / f"{STEM}.csv"
     atomic_write_bytes(path, render_csv(matrix).encode())
-    fig = plot_barriers(matrix, SHOWN)
-    return [path, save_figure(fig, out_dir, STEM, report.plot_format)]
+    return [path, save_plot(out_dir, STEM, report.plot_format, plot_barriers, matrix, SHOWN)]
 
 
 def _cell(s: dict | None) -> str:

@@ -152,11 +152,10 @@ def write_fine_tuning(report: Report, out_dir: Path) -> list[Path]:
     w.writerows({k: _csv_cell(v) for k, v in r.items()} for r in table)
     path = Path(out_dir) / "fine_tuning.csv"
     atomic_write_bytes(path, text.getvalue().encode())
+    from ..plots.cache import save_plot
     from ..plots.fine_tuning import plot_trade_off
-    from ..plots.style import save_figure
 
-    figure = plot_trade_off(table)
-    return [path, save_figure(figure, out_dir, "fine_tuning", report.plot_format)]
+    return [path, save_plot(out_dir, "fine_tuning", report.plot_format, plot_trade_off, table)]
 
 
 def _cell(v) -> str:
