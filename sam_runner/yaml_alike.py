@@ -23,6 +23,7 @@ SCALAR = re.compile(r"-?\.?[\w/][\w.+\-/=]*")
 PREFIX = re.compile(r"[\w .\-]*(?:: +)?")  # indentation, ``- `` and a plain key: no tag, anchor
 OTHER_BREAKS = re.compile("[\r\x85\u2028\u2029\ufeff]")  # YAML counts them as line breaks
 KEPT_PER_LENGTH = 4  # templates kept per number of lines (a sweep over a few config groups)
+KEPT_SCALARS = 4096  # scalars' values kept (a sweep's values repeat from job to job)
 _MISS = object()
 
 
@@ -129,5 +130,7 @@ def _walk(node, value, path: tuple, lines: list[str], scalars: dict, seen: set) 
 def _scalar(text: str) -> Any:
     """A plain scalar's value (SafeLoader's: int, float, bool, None, a date or the text)."""
     if text not in _SCALARS:
+        if len(_SCALARS) >= KEPT_SCALARS:  # a long index of unique values: start again
+            _SCALARS.clear()
         _SCALARS[text] = yaml.load(text, Loader=LOADER)
     return _SCALARS[text]
