@@ -8,6 +8,7 @@ same run). The sweep rule adds ``hydra.job.config.override_dirname.exclude_keys`
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING
 
@@ -78,6 +79,7 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
 
 
+@functools.lru_cache(maxsize=4096)  # a report asks it of every override of every job
 def run_only(key: str, exclude: tuple[str, ...] = RUN_ONLY_KEYS) -> bool:
     """Whether a config key or override key (``logger.project``, ``hydra/launcher``) is a
     how-it-runs

@@ -58,11 +58,14 @@ def pair_barriers(report: Report) -> list[dict]:
 
 
 def _read_pair_barriers(report: Report) -> list[dict]:
+    found = [(j, s) for j in report.completed() if (s := j.run.pair_summaries())]
+    if not found:  # no pair measured: no folder resolved (a study of 1,000s has none)
+        return []
     jobs = {str(Path(j.path).resolve()): j for j in report.completed()}
     order = _order(report)
     out = []
-    for key, job in jobs.items():
-        for s in job.run.pair_summaries():
+    for job, summaries in found:
+        for s in summaries:
             other = jobs.get(s["run_b"].get("run"))
             if other is None or other is job:
                 continue
@@ -123,13 +126,12 @@ def write_barriers(report: Report, out_dir: Path) -> list[Path]:
     if matrix is None:
         return []
     from ..plots.barriers import plot_barriers
-    from ..plots.style import save_figure
+    from ..plots.cache import save_plot
     from ..runfiles import atomic_write_bytes
 
     path = Path(out_dir) / f"{STEM}.csv"
     atomic_write_bytes(path, render_csv(matrix).encode())
-    fig = plot_barriers(matrix, SHOWN)
-    return [path, save_figure(fig, out_dir, STEM, report.plot_format)]
+    return [path, save_plot(out_dir, STEM, report.plot_format, plot_barriers, matrix, SHOWN)]
 
 
 def _cell(s: dict | None) -> str:

@@ -58,10 +58,10 @@ def write_circuits(report: Report, out_dir: Path) -> list[Path]:
     rows, depth = circuit_rows(report)
     if not rows:
         return []
+    from ..plots.cache import save_plot
     from ..plots.circuits import plot_circuits
-    from ..plots.style import save_figure
 
-    return [save_figure(plot_circuits(rows, depth), out_dir, STEM, report.plot_format)]
+    return [save_plot(out_dir, STEM, report.plot_format, plot_circuits, rows, depth)]
 
 
 @SECTIONS.register(

@@ -62,8 +62,8 @@ def write_federated(report: Report, out_dir: Path) -> list[Path]:
     groups = federated_jobs(report)
     if not groups:
         return []
+    from ..plots.cache import save_plot
     from ..plots.federated import plot_rounds
-    from ..plots.style import save_figure
 
     series: dict = {}
     for (split, method), jobs in groups.items():
@@ -72,7 +72,7 @@ def write_federated(report: Report, out_dir: Path) -> list[Path]:
             for row in job.run.rows():
                 if "round" in row and finite(row.get("test_acc")):
                     by_round.setdefault(row["round"], []).append(row["test_acc"])
-    return [save_figure(plot_rounds(series), out_dir, STEM, report.plot_format)]
+    return [save_plot(out_dir, STEM, report.plot_format, plot_rounds, series)]
 
 
 @SECTIONS.register(

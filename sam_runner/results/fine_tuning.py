@@ -26,7 +26,7 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .forgetting import _last, _source
+from .forgetting import _init_from, _last, _source
 from .sections import SECTIONS
 from .sweep import stats, stats_cell
 
@@ -41,6 +41,8 @@ def pairs(report: Report) -> list[tuple]:
     of the report, which started from none of them, and that no job started from: a chain of
     three stages (pretrain → mid-train → post-train) is the forgetting section's, not this."""
     done = report.completed()
+    if not any(_init_from(j) for j in done):  # nothing fine-tuned: no folder resolved
+        return []
     by_dir = {j.path.resolve(): j for j in done}
     source = {id(j): _source(j, by_dir) for j in done}
     started_from = {id(s) for s in source.values() if s is not None}
@@ -150,11 +152,10 @@ def write_fine_tuning(report: Report, out_dir: Path) -> list[Path]:
     w.writerows({k: _csv_cell(v) for k, v in r.items()} for r in table)
     path = Path(out_dir) / "fine_tuning.csv"
     atomic_write_bytes(path, text.getvalue().encode())
+    from ..plots.cache import save_plot
     from ..plots.fine_tuning import plot_trade_off
-    from ..plots.style import save_figure
 
-    figure = plot_trade_off(table)
-    return [path, save_figure(figure, out_dir, "fine_tuning", report.plot_format)]
+    return [path, save_plot(out_dir, "fine_tuning", report.plot_format, plot_trade_off, table)]
 
 
 def _cell(v) -> str:

@@ -164,8 +164,8 @@ def write_forgetting(report: Report, out_dir: Path) -> list[Path]:
     table = rows(report)
     if not table:
         return []
+    from ..plots.cache import save_plot
     from ..plots.forgetting import plot_forgetting
-    from ..plots.style import save_figure
     from ..runfiles import atomic_write_bytes
 
     text = io.StringIO()
@@ -175,7 +175,7 @@ def write_forgetting(report: Report, out_dir: Path) -> list[Path]:
     w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in flat)
     path = Path(out_dir) / "forgetting.csv"
     atomic_write_bytes(path, text.getvalue().encode())
-    return [path, save_figure(plot_forgetting(table), out_dir, STEM, report.plot_format)]
+    return [path, save_plot(out_dir, STEM, report.plot_format, plot_forgetting, table)]
 
 
 HEADERS = [  # report.md's header of each other column, by its name's pattern

@@ -93,11 +93,17 @@ ROWS = 1024  # pareto_agreement's block: 1024 × n booleans at a time
 def joint_rows(points: Iterable[Point]) -> tuple[list[dict], int]:
     """The rows (ranked by r2, undefined last) and the largest n any pair had."""
     rows, most = [], 0
+    usable = [p for p in points if finite(p.gen_gap)]
+    # each measure's finite values once (None where not): not once per pair it is in
+    column = {
+        k: [v if finite(v := p.values.get(k)) else None for p in usable]
+        for k in (*SHARPNESS, *COMPLEXITY)
+    }
     for s_key, c_key in itertools.product(SHARPNESS, COMPLEXITY):
         triples = [
-            (p.values.get(s_key), p.values.get(c_key), p.gen_gap)
-            for p in points
-            if finite(p.values.get(s_key)) and finite(p.values.get(c_key)) and finite(p.gen_gap)
+            (s, c, p.gen_gap)
+            for s, c, p in zip(column[s_key], column[c_key], usable)
+            if s is not None and c is not None
         ]
         most = max(most, len(triples))
         if len(triples) < MIN_JOBS:

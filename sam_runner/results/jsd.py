@@ -59,11 +59,11 @@ def write_jsd(report: Report, out_dir: Path) -> list[Path]:
     points = jsd_points(report)
     if points is None or not points["keys"]:
         return []
+    from ..plots.cache import save_plot
     from ..plots.jsd import plot_jsd
-    from ..plots.style import save_figure
 
-    fig = plot_jsd(points, {k: KEYS[k] for k in points["keys"]})
-    return [save_figure(fig, out_dir, STEM, report.plot_format)]
+    shown = {k: KEYS[k] for k in points["keys"]}
+    return [save_plot(out_dir, STEM, report.plot_format, plot_jsd, points, shown)]
 
 
 @SECTIONS.register(

@@ -71,10 +71,10 @@ def write_weight_decay(report: Report, out_dir: Path) -> list[Path]:
     groups = weight_decay_groups(report)
     if groups is None:
         return []
-    from ..plots.style import save_figure
+    from ..plots.cache import save_plot
     from ..plots.weight_decay import plot_weight_decay
 
-    return [save_figure(plot_weight_decay(groups), out_dir, STEM, report.plot_format)]
+    return [save_plot(out_dir, STEM, report.plot_format, plot_weight_decay, groups)]
 
 
 @SECTIONS.register(

@@ -52,7 +52,11 @@ def test_the_section_gives_each_layers_multiple_and_the_oui_by_group(tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Weight decay by layer" in md and "![weight_decay](weight_decay.png)" in md
     assert "| weight_decay=constant | ×1 (constant) |" in md
-    assert (tmp_path / "report" / "weight_decay.png").stat().st_size > 0
+    figure = tmp_path / "report" / "weight_decay.png"
+    assert figure.stat().st_size > 0
+    drawn = figure.stat().st_ino  # a figure written again (atomically) is a new file
+    assert report_main([str(root), "--out", str(tmp_path / "report")]) == 0
+    assert figure.stat().st_ino == drawn  # kept by the report again: its data is unchanged
 
 
 def test_a_sweep_without_ouidecay_has_no_weight_decay_section(tmp_path):
