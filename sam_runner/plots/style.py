@@ -139,8 +139,9 @@ def variant_names() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in (Path(config_dir()) / "optimizer").glob("*.yaml")))
 
 
-# tab10 without its grey, then tab20's light shades but its grey: distinct colours for the first
-# eighteen variants (base is black)
+# tab10 without its grey, then tab20's light shades but its grey, then six darker hues
+# (navy, teal, gold, maroon, plum, leaf): distinct colours for the first twenty-four variants
+# (base is black; the registry has 24 besides it)
 PALETTE = (
     "tab:blue",
     "tab:orange",
@@ -160,4 +161,10 @@ PALETTE = (
     "#f7b6d2",
     "#dbdb8d",
     "#9edae5",
+    "#393b79",
+    "#1b9e77",
+    "#e6ab02",
+    "#843c39",
+    "#7b4173",
+    "#66a61e",
 )

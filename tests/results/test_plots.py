@@ -15,7 +15,7 @@ from sam_runner.plots.run import (
     plot_reliability,
     write_run_plots,
 )
-from sam_runner.plots.style import save_figure, variant_color
+from sam_runner.plots.style import save_figure, variant_color, variant_names
 from sam_runner.plots.sweep import plot_acc_vs_lambda, plot_metric_vs_rho
 from sam_runner.train import train
 
@@ -180,6 +180,10 @@ def test_each_variant_has_one_colour_in_every_figure():
         len({to_hex(variant_color(v)) for v in ("sam", "asam", "gear_sam", "tlc_sam", "gsam")}) == 5
     )
     assert to_hex(variant_color("base")) == "#000000"
+    # every registered variant its own colour, none base's black (14-variant figures repeated two)
+    names = [n for n in variant_names() if n != "base"]
+    colours = {to_hex(variant_color(v)) for v in names}
+    assert len(colours) == len(names) and "#000000" not in colours
 
 
 def test_curves_have_integer_epochs_a_descriptive_title_and_a_single_lambda_as_text(tmp_path):
