@@ -56,9 +56,27 @@ class LanczosResult:
     stored: int = 0  # the most vectors the basis held (its memory, in vectors)
 
 
-def _random_unit(n, generator, device, dtype):
+def _summed(reduce, t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the processes that each hold a part of the vectors (``reduce``; None:
+    the vectors are whole, ``t`` as it is)."""
+    return t if reduce is None else reduce(t)
+
+
+def _norm(v: torch.Tensor, reduce=None) -> torch.Tensor:
+    """‖v‖ of the whole vector, ``v`` one process's part of it under ``reduce``."""
+    return v.norm() if reduce is None else reduce(v.square().sum()).sqrt()
+
+
+def _whole_length(n: int, reduce=None, device="cpu") -> int:
+    """The length of the whole vectors whose parts have length ``n`` (``reduce``: their sum)."""
+    if reduce is None:
+        return n
+    return int(reduce(torch.tensor(float(n), dtype=torch.float64, device=device)))
+
+
+def _random_unit(n, generator, device, dtype, reduce=None):
     v = torch.randn(n, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
-    return v / v.norm()
+    return v / _norm(v, reduce)
 
 
 class _Basis:
@@ -68,9 +86,9 @@ class _Basis:
 
     BLOCK = 16
 
-    def __init__(self, n, device, dtype, capacity=None):
+    def __init__(self, n, device, dtype, capacity=None, reduce=None):
         self.n, self.device, self.dtype, self.blocks = n, device, dtype, []
-        self.capacity = capacity
+        self.capacity, self.reduce = capacity, reduce
 
     def __getitem__(self, i):
         return self.blocks[i // self.BLOCK][i % self.BLOCK]
@@ -96,7 +114,8 @@ class _Basis:
         (the same values, one vector of memory fewer)."""
         for _ in range(2):
             for rows in self._rows(count):
-                w = w.sub_(rows.T @ (rows @ w)) if in_place else w - rows.T @ (rows @ w)
+                coefficients = _summed(self.reduce, rows @ w)
+                w = w.sub_(rows.T @ coefficients) if in_place else w - rows.T @ coefficients
         return w
 
     def holds(self, t) -> bool:
@@ -180,17 +199,19 @@ LANCZOS_VECTORS = 20  # the vectors a certified run keeps (thick restart beyond)
 class _Run:
     """One Lanczos run, advanced a step at a time by the caller's w = H q_j (so that several runs
     can share one batched HVP, ``spectral_density``). ``capacity``: the most vectors kept (None:
-    all); ``keep``: the Ritz vectors a thick restart keeps."""
+    all); ``keep``: the Ritz vectors a thick restart keeps; ``reduce``: a sum over processes
+    when each holds a part of every vector (a sharded operator's ``reduce_sum``)."""
 
-    def __init__(self, n, init, generator, device, dtype, capacity=None, keep=0):
-        self.n, self.generator = n, generator
+    def __init__(self, n, init, generator, device, dtype, capacity=None, keep=0, reduce=None):
+        self.n, self.generator, self.reduce = n, generator, reduce
+        self.whole_n = _whole_length(n, reduce, device)
         self.capacity, self.keep = capacity, keep
-        self.Q = _Basis(n, device, dtype, capacity)
-        if init is not None and float(init.norm()) > 0:
+        self.Q = _Basis(n, device, dtype, capacity, reduce)
+        if init is not None and float(_norm(init, reduce)) > 0:
             q = init.to(device=device, dtype=dtype).reshape(-1)
-            self.Q[0] = q / q.norm()
+            self.Q[0] = q / _norm(q, reduce)
         else:
-            self.Q[0] = _random_unit(n, generator, device, dtype)
+            self.Q[0] = _random_unit(n, generator, device, dtype, reduce)
         self.alphas, self.betas, self.beta, self._w = [], [], 0.0, None
         # after a thick restart: the kept Ritz values and their couplings to the next vector
         self.head, self.coupling, self.steps, self.restarts = [], [], 0, 0
@@ -229,10 +250,10 @@ class _Run:
         """α_j, w orthogonalised against every vector so far, β_j = ‖w‖; T_j's Ritz pairs."""
         j = self.size
         self.steps += 1
-        self.alphas.append(float(torch.dot(w, self.Q[j])))
+        self.alphas.append(float(_summed(self.reduce, torch.dot(w, self.Q[j]))))
         # w is the step's own (H q_j, used nowhere else) unless it is a basis vector itself
         self._w = self.Q.orthogonalize(w, j + 1, in_place=not self.Q.holds(w))
-        self.beta = float(self._w.norm())
+        self.beta = float(_norm(self._w, self.reduce))
         return self.ritz()
 
     def advance(self, evals) -> None:
@@ -242,8 +263,9 @@ class _Run:
         scale = max(abs(float(evals[0])), abs(float(evals[-1])), 1e-30)
         invariant = self.beta <= 1e-7 * scale
         if invariant:
-            w = Q.orthogonalize(_random_unit(self.n, self.generator, Q.device, Q.dtype), self.size)
-            beta, norm = 0.0, w.norm()
+            fresh = _random_unit(self.n, self.generator, Q.device, Q.dtype, self.reduce)
+            w = Q.orthogonalize(fresh, self.size)
+            beta, norm = 0.0, _norm(w, self.reduce)
         else:
             beta, w, norm = self.beta, self._w, self.beta
         self._w = None
@@ -267,10 +289,10 @@ class _Run:
 
     def result(self, k, converged) -> LanczosResult:
         self._w = None  # not needed for the Ritz vectors: its memory back first
-        exact = self.size == self.n
+        exact = self.size == self.whole_n
         evals, evecs = self.ritz()
         out = _result(self.Q, evals, evecs, self.steps, self.alphas, self.betas, self.beta, k,
-                      converged or exact, exact)  # fmt: skip
+                      converged or exact, exact, self.reduce)  # fmt: skip
         out.restarts, out.stored = self.restarts, sum(len(b) for b in self.Q.blocks)
         return out
 
@@ -293,15 +315,19 @@ def lanczos(
     dtype: torch.dtype | None = None,
     stop: bool = True,
     max_vectors: int | None = LANCZOS_VECTORS,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> LanczosResult:
     """Top-k eigenpairs of the symmetric operator ``matvec`` (flat vectors of length ``n``).
 
     ``stop=False`` runs exactly ``max_iter`` steps (stochastic Lanczos quadrature), keeping
     every vector. ``max_vectors``: the most vectors kept (thick restart beyond; None: all), at
-    least 2(k + 1) + 2 for k > 1.
+    least 2(k + 1) + 2 for k > 1. ``reduce``: each process holds ``n`` entries of every vector
+    (a part), ``reduce`` sums a tensor over the processes (one all-reduce per inner product,
+    norm and projection); every process runs the same iteration and gets the same values.
     """
     _check_lanczos(k, tol, max_iter)
     dtype = dtype or (torch.float32 if tol >= 1e-5 else torch.float64)
+    whole_n = _whole_length(n, reduce, device)
     capacity = None
     if stop and max_vectors is not None:
         if not (isinstance(max_vectors, int) and max_vectors >= 4):
@@ -309,10 +335,10 @@ def lanczos(
         # room for the wanted pairs and the guard twice over, whatever k (k = 10 keeps 24)
         want = k if k == 1 else k + GUARD
         capacity = max(max_vectors, 2 * want + 2)
-        capacity = capacity if capacity < min(max_iter, n) else None
+        capacity = capacity if capacity < min(max_iter, whole_n) else None
     keep = _keep(k, capacity) if capacity is not None else 0
-    steps = min(max_iter, n) if capacity is None else max_iter
-    run = _Run(n, init, generator, device, dtype, capacity, keep)
+    steps = min(max_iter, whole_n) if capacity is None else max_iter
+    run = _Run(n, init, generator, device, dtype, capacity, keep, reduce)
     converged = False
     for j in range(steps):
         evals, evecs = run.step(matvec(run.q))
@@ -325,13 +351,17 @@ def lanczos(
     return run.result(k, converged)
 
 
-def _result(Q, evals, evecs, steps, alphas, betas, beta, k, converged, exact) -> LanczosResult:
+def _result(Q, evals, evecs, steps, alphas, betas, beta, k, converged, exact, reduce=None):
     """The top-k Ritz pairs of a finished run (``exact``: the Krylov space is the whole space).
     After a thick restart ``alphas``, ``betas``, the nodes and weights are those of the last
     cycle's T."""
     m = min(k, len(evals))
     vectors = Q.combine(evecs[:, :m].to(device=Q.device, dtype=Q.dtype), len(evals))
-    vectors = vectors.div_(vectors.norm(dim=1, keepdim=True))
+    if reduce is None:
+        norms = vectors.norm(dim=1, keepdim=True)
+    else:
+        norms = reduce(vectors.square().sum(1, keepdim=True)).sqrt()
+    vectors = vectors.div_(norms)
     res = torch.zeros(m, dtype=torch.float64) if exact else (beta * evecs[-1, :m]).abs()
     return LanczosResult(
         [float(v) for v in evals[:m]],
@@ -397,7 +427,7 @@ def hessian_eigenpairs(
                 op, presolve_batches, k, presolve_tol, max_iter, init, g
             )
         start = op.hvps
-        r = lanczos(op, op.numel, k, tol, max_iter, init, g, op.device)
+        r = lanczos(op, op.numel, k, tol, max_iter, init, g, op.device, reduce=op.reduce_sum)
         return EigenResult(
             r.values,
             op.unflat(r.vectors[0].to(op.dtype)),
@@ -421,7 +451,15 @@ def _presolve(op, n_batches, k, tol, max_iter, init, generator):
 
     # capped: a presolve that does not settle quickly is not worth its HVPs
     pre = lanczos(
-        partial, op.numel, k, tol, min(max_iter, max(30, 2 * k)), init, generator, op.device
+        partial,
+        op.numel,
+        k,
+        tol,
+        min(max_iter, max(30, 2 * k)),
+        init,
+        generator,
+        op.device,
+        reduce=op.reduce_sum,
     )
     return pre.vectors.sum(0), pre.hvps
 

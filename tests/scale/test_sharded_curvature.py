@@ -1,0 +1,130 @@
+"""The curvature of an FSDP2-sharded model measured on its shards (metrics/sharded.py): two gloo
+processes against one process on the whole model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch import nn
+
+from sam_runner import distributed
+from sam_runner.data import Data
+from sam_runner.training import strategy
+
+CPU = torch.device("cpu")
+
+
+def _model():
+    """Conv1d + BatchNorm (running statistics: buffers the forward needs) + a Linear of 3 rows,
+    which 2 processes shard unevenly (2 rows and 1: a padded chunk)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv1d(1, 4, 3), nn.BatchNorm1d(4), nn.Tanh(), nn.Flatten(), nn.Linear(32, 3)
+    )
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+def _batches():
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(90, 1, 10, generator=g), torch.randint(0, 3, (90,), generator=g)
+    return [(x[i : i + 32], y[i : i + 32]) for i in range(0, 90, 32)]
+
+
+def _sharded():
+    """(the model sharded over the processes, its unsharded structure on the meta device)."""
+    model = _model()
+    structure = copy.deepcopy(model).to_empty(device="meta")
+    strategy.shard(model, [], distributed.current())
+    return model, structure
+
+
+def _operator_probe():
+    """λ_1, λ_2, the loss and ‖g‖ from the sharded operator and from one process's operator on
+    the whole model; the lengths of the vectors each process holds."""
+    from sam_runner.metrics.hvp import HessianOperator
+    from sam_runner.metrics.sharded import ShardedHessianOperator
+    from sam_runner.metrics.solvers import hessian_eigenpairs
+
+    topo = distributed.current()
+    whole = _model()
+    model, structure = _sharded()
+    out = {}
+    with HessianOperator(whole, F.cross_entropy, _batches(), "double_backward") as op:
+        eig = hessian_eigenpairs(whole, None, op.batches, k=2, tol=1e-6, operator=op)
+        out["whole"] = (eig.values, float(op.loss()), float(op.gradient().norm()), op.numel)
+    with ShardedHessianOperator(model, structure, F.cross_entropy, _batches(), topo) as op:
+        eig = hessian_eigenpairs(None, None, op.batches, k=2, tol=1e-6, operator=op)
+        g_norm = float(topo.sum(op.gradient().square().sum()).sqrt())
+        out["sharded"] = (eig.values, float(op.loss()), g_norm, op.numel)
+        lengths = topo.gather(torch.tensor([[eig.ritz_vectors.shape[1], op.numel]]))
+        out["vector_lengths"] = lengths.tolist()
+        out["structure_devices"] = {p.device.type for p in structure.parameters()}
+    return out
+
+
+def test_the_sharded_operator_equals_one_process_on_the_whole_model():
+    out = distributed.launch(_operator_probe, (), 2, CPU)  # rank 0's; rank 1 checked below
+    values, loss, g_norm, numel = out["whole"]
+    s_values, s_loss, s_g_norm, _ = out["sharded"]
+    assert s_values == pytest.approx(values, rel=1e-5)
+    assert s_loss == pytest.approx(loss, rel=1e-6) and s_g_norm == pytest.approx(g_norm, rel=1e-5)
+    # each process holds its chunk of every vector: ⌈rows/2⌉ rows of each parameter on rank 0,
+    # the rest on rank 1 (the Linear's 3 rows: 2 and 1)
+    assert numel == 123 and out["vector_lengths"] == [[78, 78], [45, 45]]
+    assert out["structure_devices"] == {"meta"}  # the structure never held weights
+
+
+def _tracker(model, hessian: dict, measures: dict):
+    from sam_runner.metrics.tracker import CurvatureTracker
+
+    x, y = torch.cat([b[0] for b in _batches()]), torch.cat([b[1] for b in _batches()])
+    data = Data(None, None, num_classes=3, input_shape=(1, 10), train_size=90, train_tensors=(x, y))
+    hessian = {"num_samples": 90, "batch_size": 32, **hessian}
+    cfg = OmegaConf.create({"hessian": hessian, **measures})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return CurvatureTracker(cfg, model, data, opt, seed=0)
+
+
+def _tracker_probe():
+    """The final measurement's keys, sharded (λ_max alone: on the shards; with the trace on: on
+    the gathered weights) and of one process on the whole model; how many whole-model state
+    dicts each sharded measurement assembled (``full_state`` calls)."""
+    from sam_runner.metrics import tracker as tracker_module
+
+    hessian = {"k": 2, "tol": 1e-6, "grad_topk_overlap": True}
+    trace = {"trace": {"enabled": True, "num_probes": 4, "num_samples": 90}}
+    assembled, gather = [], tracker_module.full_state
+    tracker_module.full_state = lambda m: assembled.append(1) or gather(m)
+    out = {}
+    for name, measures in (("shards", {}), ("gathered", trace)):
+        model, structure = _sharded()
+        tracker = _tracker(model, hessian, measures)
+        tracker.unsharded = structure
+        before = len(assembled)
+        out[name] = tracker.measure(final=True)
+        out[f"{name}_assembled"] = len(assembled) - before
+        kept = torch.tensor([sum(t.numel() for t in tracker.vector)])
+        out[f"{name}_vector"] = distributed.current().gather(kept).tolist()
+    out["whole"] = _tracker(_model(), hessian, {}).measure(final=True)
+    return out
+
+
+def test_the_final_measurement_of_a_sharded_model_gathers_it_only_for_other_measures():
+    out = distributed.launch(_tracker_probe, (), 2, CPU)
+    whole = out["whole"]
+    # the warm start kept: each process's chunk (rank 1's padded to rank 0's rows), or the whole
+    assert out["shards_assembled"] == 0 and out["shards_vector"] == [78, 78]
+    assert out["gathered_assembled"] == 1 and out["gathered_vector"] == [123, 123]
+    for name in ("shards", "gathered"):
+        row = out[name]
+        for key in ("lambda_max", "lambda_2", "eos_ratio", "grad_topk_overlap"):
+            assert row[key] == pytest.approx(whole[key], rel=1e-5), (name, key)
+    assert out["shards"]["hessian_method"] == "double_backward"
+    assert "hessian_trace" in out["gathered"] and "hessian_trace" not in out["shards"]
