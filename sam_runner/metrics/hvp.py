@@ -235,6 +235,7 @@ class HessianOperator(Objective):
         as before, weighted by the whole set's count) and every H v, loss and gradient is
         all-reduced (summed): the same operator as one process over all the samples, each
         process computing 1/N of it."""
+        batches = [(x, y) for x, y in batches]
         split = self._split(model, batches, dist)
         if method not in HVP_METHODS:
             raise ValueError(
@@ -247,6 +248,7 @@ class HessianOperator(Objective):
         self.dist = dist if split is not None else None
         self.precision = precision
         super().__init__(model, loss_fn, batches if split is None else split[0])
+        self.whole_batches = batches  # every process's samples (``on``)
         self._stack.enter_context(heap_kept(self.device))
         if split is not None:  # each batch weighted by its share of the whole set
             self.weights = [len(y) / split[1] for _, y in self.batches]
@@ -265,6 +267,12 @@ class HessianOperator(Objective):
         # worker threads as one process's would (batches of 256 or 128 cost alike per sample)
         on_cpu = next(model.parameters()).device.type == "cpu"
         return _share(batches, dist.rank, dist.world, as_many=on_cpu)
+
+    def on(self, batches) -> HessianOperator:
+        """The operator of the same model on other ``batches`` (every process's samples, split
+        among the processes as these are), with this one's HVP method."""
+        return HessianOperator(self.model, self.loss_fn, batches, self.method,
+                               self.graph_cache_mb, self.batching, self.dist)  # fmt: skip
 
     def batch_loss(self, i, params=None):
         """The batch's weighted mean loss; under ``precision=bf16`` its forward in autocast

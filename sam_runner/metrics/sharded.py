@@ -91,6 +91,29 @@ class ShardedHessianOperator(HessianOperator):
         self._rows = [named[n].to_local().shape[0] for n in self.names]
         self._sizes = [r * math.prod(s[1:]) for r, s in zip(self._rows, self.shapes)]
         self.numel = sum(self._sizes)
+        # where this process's chunk starts in each whole parameter (FSDP2's chunks, in order)
+        self._first_row = [dist.rank * s[0] for s in self.shapes]
+
+    def on(self, batches) -> ShardedHessianOperator:
+        """The same model's operator on other ``batches`` (every process's samples), in fp32
+        as ``HessianOperator.on``'s."""
+        model = (self.sharded, self.model, self.loss_fn, batches, self.dist)
+        return ShardedHessianOperator(*model, self.graph_cache_mb)
+
+    def rademacher_chunks(self, count: int, generator: torch.Generator) -> torch.Tensor:
+        """[count, numel]: this process's chunks of ``count`` Rademacher vectors over the whole
+        model, drawn as one process draws them whole (``solvers._rademacher``: the generator's
+        values in the same order, parameter by parameter, each parameter's rows cut out), so
+        that estimates from them equal one process's to float rounding."""
+        rows = []
+        for _ in range(count):
+            parts = []
+            for n, first, r in zip(self.names, self._first_row, self._rows):
+                shape = self._whole_shapes[n]
+                signs = torch.randint(0, 2, (math.prod(shape),), generator=generator)
+                parts.append(signs.view(shape[0], -1)[first : first + r].reshape(-1))
+            rows.append(torch.cat(parts))
+        return (torch.stack(rows) * 2 - 1).to(self.device, self.dtype)
 
     def _trainable(self, model) -> tuple[list, list]:
         names = [n for n, p in model.named_parameters() if p.requires_grad]

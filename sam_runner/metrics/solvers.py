@@ -62,7 +62,7 @@ def _summed(reduce, t: torch.Tensor) -> torch.Tensor:
     return t if reduce is None else reduce(t)
 
 
-def _norm(v: torch.Tensor, reduce=None) -> torch.Tensor:
+def whole_norm(v: torch.Tensor, reduce=None) -> torch.Tensor:
     """‖v‖ of the whole vector, ``v`` one process's part of it under ``reduce``."""
     return v.norm() if reduce is None else reduce(v.square().sum()).sqrt()
 
@@ -76,7 +76,7 @@ def _whole_length(n: int, reduce=None, device="cpu") -> int:
 
 def _random_unit(n, generator, device, dtype, reduce=None):
     v = torch.randn(n, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
-    return v / _norm(v, reduce)
+    return v / whole_norm(v, reduce)
 
 
 class _Basis:
@@ -207,9 +207,9 @@ class _Run:
         self.whole_n = _whole_length(n, reduce, device)
         self.capacity, self.keep = capacity, keep
         self.Q = _Basis(n, device, dtype, capacity, reduce)
-        if init is not None and float(_norm(init, reduce)) > 0:
+        if init is not None and float(whole_norm(init, reduce)) > 0:
             q = init.to(device=device, dtype=dtype).reshape(-1)
-            self.Q[0] = q / _norm(q, reduce)
+            self.Q[0] = q / whole_norm(q, reduce)
         else:
             self.Q[0] = _random_unit(n, generator, device, dtype, reduce)
         self.alphas, self.betas, self.beta, self._w = [], [], 0.0, None
@@ -253,7 +253,7 @@ class _Run:
         self.alphas.append(float(_summed(self.reduce, torch.dot(w, self.Q[j]))))
         # w is the step's own (H q_j, used nowhere else) unless it is a basis vector itself
         self._w = self.Q.orthogonalize(w, j + 1, in_place=not self.Q.holds(w))
-        self.beta = float(_norm(self._w, self.reduce))
+        self.beta = float(whole_norm(self._w, self.reduce))
         return self.ritz()
 
     def advance(self, evals) -> None:
@@ -265,7 +265,7 @@ class _Run:
         if invariant:
             fresh = _random_unit(self.n, self.generator, Q.device, Q.dtype, self.reduce)
             w = Q.orthogonalize(fresh, self.size)
-            beta, norm = 0.0, _norm(w, self.reduce)
+            beta, norm = 0.0, whole_norm(w, self.reduce)
         else:
             beta, w, norm = self.beta, self._w, self.beta
         self._w = None
@@ -357,11 +357,7 @@ def _result(Q, evals, evecs, steps, alphas, betas, beta, k, converged, exact, re
     cycle's T."""
     m = min(k, len(evals))
     vectors = Q.combine(evecs[:, :m].to(device=Q.device, dtype=Q.dtype), len(evals))
-    if reduce is None:
-        norms = vectors.norm(dim=1, keepdim=True)
-    else:
-        norms = reduce(vectors.square().sum(1, keepdim=True)).sqrt()
-    vectors = vectors.div_(norms)
+    vectors = vectors.div_(_row_norms(vectors, reduce))
     res = torch.zeros(m, dtype=torch.float64) if exact else (beta * evecs[-1, :m]).abs()
     return LanczosResult(
         [float(v) for v in evals[:m]],
@@ -485,6 +481,13 @@ def _blocks(matmat, V: torch.Tensor) -> torch.Tensor:
     return torch.cat([matmat(V[i : i + PROBE_BLOCK]) for i in range(0, len(V), PROBE_BLOCK)])
 
 
+def _row_norms(V: torch.Tensor, reduce=None) -> torch.Tensor:
+    """[rows, 1]: the norm of each whole row of V (``reduce``: V holds a part of each)."""
+    if reduce is None:
+        return V.norm(dim=1, keepdim=True)
+    return reduce(V.square().sum(1, keepdim=True)).sqrt()
+
+
 def _rademacher(n, generator, device, dtype):
     return (torch.randint(0, 2, (n,), generator=generator) * 2 - 1).to(device, dtype)
 
@@ -509,7 +512,8 @@ def hutchinson(
         raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
     V, HV = probe_products(op, num_probes, seed, probes)
     W = V if weight is None else weight * V
-    s = torch.stack([torch.dot(w, hv) for w, hv in zip(W, HV)]).double().cpu()
+    s = _summed(op.reduce_sum, torch.stack([torch.dot(w, hv) for w, hv in zip(W, HV)]))
+    s = s.double().cpu()
     return float(s.mean()), float(s.std() / math.sqrt(num_probes))
 
 
@@ -529,7 +533,9 @@ class SeededProbes:
     vectors) shares their HVPs. H is applied to each probe scaled to unit norm, as a Lanczos run
     from it takes its first step (``spectral_density`` reuses those products bit for bit), and
     Hv = ‖v‖·H(v/‖v‖) for the estimates (equal to H applied to v up to float rounding). The
-    probes are kept as int8 signs (a quarter of float32's memory)."""
+    probes are kept as int8 signs (a quarter of float32's memory). On a sharded operator
+    (``reduce_sum``) each process keeps its chunk of every probe, drawn as one process draws the
+    whole probe (``rademacher_chunks``)."""
 
     def __init__(self, op: HessianOperator, seed: int = 0) -> None:
         self.op, self.seed = op, seed
@@ -541,8 +547,12 @@ class SeededProbes:
         if count <= have:
             return
         g = torch.Generator().manual_seed(self.seed)
-        V = _rademachers(count, op.numel, g, op.device, op.dtype)
-        units = [v / v.norm() for v in V[have:]]  # as _Run normalises its start
+        if op.reduce_sum is None:
+            V = _rademachers(count, op.numel, g, op.device, op.dtype)
+        else:
+            V = op.rademacher_chunks(count, g)
+        # as _Run normalises its start
+        units = [v / whole_norm(v, op.reduce_sum) for v in V[have:]]
         if op.batching_pays(min(len(units), PROBE_BLOCK)):
             products = _blocks(op.hvp_batch, torch.stack(units))
         else:  # each from its own allocation, as a run's: a CPU GEMM's last bits can depend on
@@ -555,13 +565,14 @@ class SeededProbes:
         """(U, HU): the first ``count`` probes scaled to unit norm, and H applied to each."""
         self._extend(count)
         V = self._signs[:count].to(self.op.dtype)
-        return torch.stack([v / v.norm() for v in V]), self._products[:count]
+        reduce = self.op.reduce_sum
+        return torch.stack([v / whole_norm(v, reduce) for v in V]), self._products[:count]
 
     def first(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(V, HV) of the first ``count`` probes (HVPs only for those not yet applied)."""
         self._extend(count)
         V = self._signs[:count].to(self.op.dtype)
-        return V, self._products[:count] * V.norm(dim=1, keepdim=True)
+        return V, self._products[:count] * _row_norms(V, self.op.reduce_sum)
 
 
 def hutch_plus_plus(
@@ -638,7 +649,7 @@ def deflated_hutchinson(
     beyond those."""
     V, HV = probe_products(op, num_probes, seed, probes)
     return deflated_trace(op.hvp_batch, op.numel, basis, num_probes, seed, op.device, op.dtype,
-                          products=(V, HV))  # fmt: skip
+                          products=(V, HV), reduce=op.reduce_sum)  # fmt: skip
 
 
 def deflated_trace(
@@ -650,30 +661,44 @@ def deflated_trace(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     products: tuple[torch.Tensor, torch.Tensor] | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[float, float]:
     """``deflated_hutchinson`` for any symmetric A given by ``matmat`` (rows of a [B, n] matrix):
     tr(QᵀAQ) exactly (k applications) + Hutchinson on (I − QQᵀ)A(I − QQᵀ) with ``num_probes``.
     ``products``: (V, AV) of the seeded probes unprojected (``probe_products``), so that
-    A(PV) = AV − (VQ)(AQ) costs no application of A."""
+    A(PV) = AV − (VQ)(AQ) costs no application of A. ``reduce``: the vectors are each
+    process's chunks (a sharded operator's ``reduce_sum``); then ``products`` are needed."""
     if not (isinstance(num_probes, int) and num_probes >= 2):
         raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
+    if reduce is not None and products is None:
+        raise ValueError("a deflated trace over chunked vectors needs the probes' products")
     dtype = dtype or torch.float32
     B = torch.as_tensor(basis).reshape(len(basis), -1)
     if B.shape[1] != n:
         raise ValueError(f"basis has {B.shape[1]} columns; the Hessian has {n} parameters")
-    Q = torch.linalg.qr(B.to(device, torch.float64).T)[0]  # [n, k], orthonormal columns
+    Q = _orthonormal_columns(B.to(device, torch.float64), reduce)  # [n, k]
     AQ = _blocks(matmat, Q.T.to(dtype).contiguous()).double()
-    exact = float(torch.einsum("ni,in->", Q, AQ))
+    exact = float(_summed(reduce, torch.einsum("ni,in->", Q, AQ)))
     if products is not None:
         V, AV = (t.double() for t in products)
-        coords = V @ Q  # [probes, k]
-        s = ((V - coords @ Q.T) * (AV - coords @ AQ)).sum(1).cpu()
+        coords = _summed(reduce, V @ Q)  # [probes, k]
+        s = _summed(reduce, ((V - coords @ Q.T) * (AV - coords @ AQ)).sum(1)).cpu()
         return exact + float(s.mean()), float(s.std() / math.sqrt(num_probes))
     g = torch.Generator().manual_seed(seed)
     V = _rademachers(num_probes, n, g, device, torch.float64)
     V = (V - (V @ Q) @ Q.T).to(dtype)
     s = (V.double() * _blocks(matmat, V).double()).sum(1).cpu()
     return exact + float(s.mean()), float(s.std() / math.sqrt(num_probes))
+
+
+def _orthonormal_columns(B: torch.Tensor, reduce=None) -> torch.Tensor:
+    """[n, k]: an orthonormal basis of the rows of B [k, n] (float64): Householder QR; over
+    chunked rows (``reduce``) Cholesky QR, Q = Bᵀ L⁻ᵀ with L Lᵀ = B Bᵀ summed over the
+    processes (the same span; fine for the nearly orthonormal Ritz vectors it is given)."""
+    if reduce is None:
+        return torch.linalg.qr(B.T)[0]
+    L = torch.linalg.cholesky(reduce(B @ B.T))
+    return torch.linalg.solve_triangular(L, B, upper=False).T
 
 
 def spectral_density(
@@ -701,11 +726,12 @@ def spectral_density(
     # the first step's products when the probes are in the basis' float32 (the runs' own q)
     firsts = probes.unit_products(num_runs)[1] if op.dtype == torch.float32 else None
     together = num_runs if op.batching_pays(num_runs) else 1
+    steps = min(num_steps, _whole_length(op.numel, op.reduce_sum, op.device))
     results = []
     for i in range(0, num_runs, together):
         chosen = slice(i, i + together)
         first = None if firsts is None else firsts[chosen]
-        results += _lockstep(op, starts[chosen], min(num_steps, op.numel), seed + 1 + i, first)
+        results += _lockstep(op, starts[chosen], steps, seed + 1 + i, first)
     return {"nodes": [r.nodes for r in results], "weights": [r.weights for r in results]}
 
 
@@ -726,7 +752,10 @@ def _lockstep(op: HessianOperator, starts, steps: int, seed: int, firsts=None) -
     together: one ``op.hvp_batch`` of their current vectors per step (the first step's products
     ``firsts`` when given: H of the unit start vectors)."""
     gens = [torch.Generator().manual_seed(seed + r) for r in range(len(starts))]
-    runs = [_Run(op.numel, v, gen, op.device, torch.float32) for v, gen in zip(starts, gens)]
+    runs = [
+        _Run(op.numel, v, gen, op.device, torch.float32, reduce=op.reduce_sum)
+        for v, gen in zip(starts, gens)
+    ]
     for j in range(steps):
         if j == 0 and firsts is not None:
             W = firsts.clone()  # laid out as hvp_batch's own result (row 0 where a block starts)

@@ -56,7 +56,7 @@ from .measures import Measurement, leading_batches
 from .preconditioned import preconditioned_sharpness
 from .sharded import ShardedHessianOperator
 from .sharpness_dim import step_for
-from .solvers import hessian_eigenpairs
+from .solvers import hessian_eigenpairs, whole_norm
 
 BN_MODES = ("eval", "train")
 # the parameters the Hessian is of: those the run trains (a PEFT run's adapters), or every one
@@ -293,17 +293,18 @@ class CurvatureTracker:
         v = op.flat([t.to(op.device) for t in self.vector]).double()
         g = torch.Generator().manual_seed(self.seed + 17 + len(self.history["lambda_max"]))
         noise = torch.randn(op.numel, generator=g, dtype=torch.float64).to(op.device)
-        return v / v.norm() + 0.1 * noise / noise.norm()
+        reduce = op.reduce_sum  # a sharded operator's vectors: each process its chunk
+        return v / whole_norm(v, reduce) + 0.1 * noise / whole_norm(noise, reduce)
 
     def measure(self, final: bool) -> dict:
         """λ_max (and λ_2..k) and every enabled measure, in the measurement's mode. A sharded
         model (trainer.strategy=fsdp) is measured on its shards (``ShardedHessianOperator``)
-        when λ_max and the dynamics keys are all there is to measure; with any measure of
-        measures.py enabled, on its gathered weights, in an unsharded copy that lives while it
-        measures (``unsharded``: its structure, on the meta device)."""
+        when every measure it takes can be (``on_shards``: the trace, the density); else on its
+        gathered weights, in an unsharded copy that lives while it measures (``unsharded``: its
+        structure, on the meta device)."""
         if self.unsharded is None:
             return self._measure(final)
-        if not self._enabled_measures(final):
+        if all(e.meta.get("on_shards", False) for e in self._enabled_measures(final)):
             return self._measure_on_shards(final)
         return self._measure_gathered(final)
 
