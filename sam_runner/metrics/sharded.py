@@ -33,6 +33,16 @@ def chunk_rows(rows: int, world: int) -> int:
     return -(-rows // world)
 
 
+def resharded(module) -> None:
+    """Every FSDP2 module within ``module`` holds its parameters sharded again: a forward
+    without backward (an evaluation) leaves the root's gathered, as plain parameters."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def padded_shard(param, world: int) -> torch.Tensor:
     """This process's chunk of the DTensor ``param`` (sharded along dim 0), a copy padded with
     zero rows to the chunk length."""
@@ -79,6 +89,7 @@ class ShardedHessianOperator(HessianOperator):
         precision: str = "fp32",
     ):
         self.sharded, self.reduce_sum = sharded, dist.sum
+        resharded(sharded)
         named = dict(sharded.named_parameters())
         self._whole_shapes = {n: p.shape for n, p in named.items()}
         self._leaves = {n: padded_shard(p, dist.world) for n, p in named.items()}

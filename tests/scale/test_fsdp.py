@@ -434,7 +434,7 @@ def test_bad_strategy_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_pa
 def test_two_nodes_on_localhost_equal_one_node(strategy_name, tmp_path):
     """torchrun --nnodes=2 --node-rank=0/1 (one process each, gloo over localhost) against the
     same 2 processes on one node: the same metrics lines (λ_max measured split and, under fsdp,
-    on the gathered weights)."""
+    on the shards)."""
     import subprocess
     import sys
 

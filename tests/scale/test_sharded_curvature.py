@@ -38,10 +38,13 @@ def _batches():
 
 
 def _sharded():
-    """(the model sharded over the processes, its unsharded structure on the meta device)."""
+    """(the model sharded over the processes, its unsharded structure on the meta device), after
+    a forward without backward, as an evaluation leaves it: the root's parameters gathered."""
     model = _model()
     structure = copy.deepcopy(model).to_empty(device="meta")
     strategy.shard(model, [], distributed.current())
+    with torch.no_grad():
+        model(_batches()[0][0])
     return model, structure
 
 
