@@ -66,12 +66,18 @@ class Objective:
         self.numel = sum(p.numel() for p in self.params)
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         self._stack = contextlib.ExitStack()
+        for context in self._contexts(model):
+            self._stack.enter_context(context)
         self._stack.enter_context(frozen_running_stats(model.modules()))
         self._stack.enter_context(affine_eval_batchnorm(model))
         self._stack.enter_context(matmul_conv1d(model))
         # attention (model=gpt): the fused kernels have no second derivative; the math one does
         self._stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
         self._stack.enter_context(torch.enable_grad())
+
+    def _contexts(self, model: nn.Module) -> list:  # noqa: ARG002 (a subclass's hook)
+        """Contexts a subclass opens on ``model`` first, for as long as the objective is open."""
+        return []
 
     def _trainable(self, model: nn.Module) -> tuple[list, list]:
         """(names, tensors) of the parameters the objective is a function of."""

@@ -24,6 +24,7 @@ import math
 import torch
 from torch.distributed._functional_collectives import all_gather_single_autograd
 
+from ..training.strategy import checkpointing_paused
 from .hvp import HessianOperator
 from .objective import Objective
 
@@ -125,6 +126,9 @@ class ShardedHessianOperator(HessianOperator):
                 parts.append(signs.view(shape[0], -1)[first : first + r].reshape(-1))
             rows.append(torch.cat(parts))
         return (torch.stack(rows) * 2 - 1).to(self.device, self.dtype)
+
+    def _contexts(self, model) -> list:
+        return [checkpointing_paused(model)]  # see strategy.checkpointing_paused
 
     def _trainable(self, model) -> tuple[list, list]:
         names = [n for n, p in model.named_parameters() if p.requires_grad]

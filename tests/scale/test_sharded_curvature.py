@@ -39,8 +39,11 @@ def _batches():
 
 def _sharded():
     """(the model sharded over the processes, its unsharded structure on the meta device), after
-    a forward without backward, as an evaluation leaves it: the root's parameters gathered."""
+    a forward without backward, as an evaluation leaves it: the root's parameters gathered. Its
+    first layer recomputes its activations (``trainer.activation_checkpointing``, set before the
+    structure is copied, as ``strategy.wrap`` does)."""
     model = _model()
+    strategy.checkpoint_activations(model[0])
     structure = copy.deepcopy(model).to_empty(device="meta")
     strategy.shard(model, [], distributed.current())
     with torch.no_grad():
