@@ -347,6 +347,12 @@ class HessianOperator(Objective):
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         return self._summed(self._local_hvp(v))
 
+    def leading_hvp(self, v: torch.Tensor, n_batches: int) -> torch.Tensor:
+        """H v of the loss over each process's first ``n_batches`` batches (the presolve's;
+        uncounted), summed over the processes as ``op(v)`` is."""
+        hv = self.hvp_list(self.unflat(v.to(self.dtype)), n_batches=n_batches)
+        return self._summed(self.flat(hv).to(v.dtype))
+
     def _local_hvp(self, v: torch.Tensor) -> torch.Tensor:
         """This process's share of H v (all of it on one process)."""
         self.hvps += 1

@@ -443,7 +443,9 @@ def _presolve(op, n_batches, k, tol, max_iter, init, generator):
     """(the sum of the top-k Ritz vectors of the leading batches' Hessian, the HVPs spent on it)."""
 
     def partial(v):
-        return op.flat(op.hvp_list(op.unflat(v.to(op.dtype)), n_batches=n_batches)).to(v.dtype)
+        # summed over the processes: each must run the same iteration (it took each process's
+        # own share alone, and the split runs' collectives then came apart)
+        return op.leading_hvp(v, n_batches)
 
     # capped: a presolve that does not settle quickly is not worth its HVPs
     pre = lanczos(

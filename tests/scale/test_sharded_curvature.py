@@ -120,7 +120,7 @@ def _tracker(model, hessian: dict, measures: dict):
     return CurvatureTracker(cfg, model, data, opt, seed=0)
 
 
-HESSIAN = {"k": 2, "tol": 1e-6, "grad_topk_overlap": True}
+HESSIAN = {"k": 2, "tol": 1e-6, "grad_topk_overlap": True, "presolve_batches": 1}
 # the trace and the density on the leading 60 of the 90 samples: not what either process holds
 ON_SHARDS = {
     "trace": {"enabled": True, "num_probes": 4, "num_samples": 60},
