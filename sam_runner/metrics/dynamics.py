@@ -50,15 +50,22 @@ def dynamics(
     wants_edge = full_batch and sam_edge(optimizer, 1.0) is not None
     if not (overlap or wants_edge):
         return out
-    g = op.gradient().double()
-    g_norm = float(g.norm())
+    g = op.gradient().double()  # a sharded operator's: this process's chunk (op.reduce_sum)
+    g_squared = float(_summed(op, g.square().sum()))
+    g_norm = math.sqrt(g_squared)
     if wants_edge and g_norm > 0:
         edge = sam_edge(optimizer, g_norm)
         out.update(sam_edge=edge, sam_edge_ratio=result.values[0] / edge)
         out["grad_norm"] = g_norm
     if overlap and g_norm > 0:
-        out["grad_topk_overlap"] = topk_overlap(g, result.ritz_vectors)
+        coefficients = _summed(op, result.ritz_vectors.to(g.dtype) @ g)
+        out["grad_topk_overlap"] = float(coefficients.square().sum()) / g_squared
     return out
+
+
+def _summed(op: HessianOperator, t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the processes when each holds a chunk of the operator's vectors."""
+    return t if op.reduce_sum is None else op.reduce_sum(t)
 
 
 def topk_overlap(g: torch.Tensor, vectors: torch.Tensor) -> float:

@@ -212,6 +212,13 @@ class _SavedBytes:
 class HessianOperator(Objective):
     """Flat v ↦ H v for the mean loss over ``batches``; counts the HVPs it performs."""
 
+    # a sum over the processes that each hold a part of every vector (None: the vectors are
+    # whole): the solvers' inner products and norms go through it
+    reduce_sum = None
+    # whether the batches may run on worker threads (not when each pass is a collective: the
+    # processes' collectives must come in the same order)
+    threaded_batches = True
+
     def __init__(
         self,
         model,
@@ -228,12 +235,8 @@ class HessianOperator(Objective):
         as before, weighted by the whole set's count) and every H v, loss and gradient is
         all-reduced (summed): the same operator as one process over all the samples, each
         process computing 1/N of it."""
-        split = None
-        if dist is not None and dist.parallel:
-            # on a CPU the share keeps the batch count, so that its HVPs spread over as many
-            # worker threads as one process's would (batches of 256 or 128 cost alike per sample)
-            on_cpu = next(model.parameters()).device.type == "cpu"
-            split = _share(batches, dist.rank, dist.world, as_many=on_cpu)
+        batches = [(x, y) for x, y in batches]
+        split = self._split(model, batches, dist)
         if method not in HVP_METHODS:
             raise ValueError(
                 f"hvp method={method!r} is unknown; choose one of {', '.join(HVP_METHODS)}"
@@ -245,15 +248,31 @@ class HessianOperator(Objective):
         self.dist = dist if split is not None else None
         self.precision = precision
         super().__init__(model, loss_fn, batches if split is None else split[0])
+        self.whole_batches = batches  # every process's samples (``on``)
         self._stack.enter_context(heap_kept(self.device))
         if split is not None:  # each batch weighted by its share of the whole set
             self.weights = [len(y) / split[1] for _, y in self.batches]
         self.graph_cache_mb, self.batching = graph_cache_mb, batching
         self.hvps = 0
         self._graphs = None
-        self._pool = _BatchPool(self.device, len(self.batches))
+        self._pool = _BatchPool(self.device, len(self.batches) if self.threaded_batches else 1)
         self._cache_ok = self._graph_fits(graph_cache_mb)
         self.method = self._choose(method)
+
+    def _split(self, model, batches, dist) -> tuple[list, int] | None:
+        """(this process's batches, the whole set's sample count), or None: all of them here."""
+        if dist is None or not dist.parallel:
+            return None
+        # on a CPU the share keeps the batch count, so that its HVPs spread over as many
+        # worker threads as one process's would (batches of 256 or 128 cost alike per sample)
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        return _share(batches, dist.rank, dist.world, as_many=on_cpu)
+
+    def on(self, batches) -> HessianOperator:
+        """The operator of the same model on other ``batches`` (every process's samples, split
+        among the processes as these are), with this one's HVP method."""
+        return HessianOperator(self.model, self.loss_fn, batches, self.method,
+                               self.graph_cache_mb, self.batching, self.dist)  # fmt: skip
 
     def batch_loss(self, i, params=None):
         """The batch's weighted mean loss; under ``precision=bf16`` its forward in autocast
@@ -327,6 +346,12 @@ class HessianOperator(Objective):
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         return self._summed(self._local_hvp(v))
+
+    def leading_hvp(self, v: torch.Tensor, n_batches: int) -> torch.Tensor:
+        """H v of the loss over each process's first ``n_batches`` batches (the presolve's;
+        uncounted), summed over the processes as ``op(v)`` is."""
+        hv = self.hvp_list(self.unflat(v.to(self.dtype)), n_batches=n_batches)
+        return self._summed(self.flat(hv).to(v.dtype))
 
     def _local_hvp(self, v: torch.Tensor) -> torch.Tensor:
         """This process's share of H v (all of it on one process)."""

@@ -93,15 +93,14 @@ class Measurement:
         """A Hessian operator on the first ``num_samples`` samples of the subset (the measurement's
         own when that is all of them), with its HVP method; opened once per size (its graphs
         cached for every measure on that size), closed by ``close``."""
-        batches = leading_batches(self.operator.batches, num_samples)
+        op = self.operator
+        # the leading samples of the whole subset, not of this process's share of it
+        batches = leading_batches(op.whole_batches, num_samples)
         size = sum(len(y) for _, y in batches)
-        if size == sum(len(y) for _, y in self.operator.batches):
-            return self.operator
+        if size == sum(len(y) for _, y in op.whole_batches):
+            return op
         if size not in self._operators:
-            op = self.operator
-            self._operators[size] = HessianOperator(
-                op.model, self.loss_fn, batches, op.method, op.graph_cache_mb, op.batching
-            )
+            self._operators[size] = op.on(batches)
         return self._operators[size]
 
     def sharpness_operator(self) -> HessianOperator:
@@ -156,6 +155,7 @@ class Measurement:
     config="trace",
     keys=("hessian_trace", "hessian_trace_se"),
     schema={"num_probes": "probes", "num_samples": "count", "deflate": "bool"},
+    on_shards=True,
 )
 def trace(
     m: Measurement, num_samples: int = TRACE_SAMPLES, deflate: bool = True, **options: Any
@@ -176,6 +176,7 @@ def trace(
     keys=("hessian_density",),
     final_only=True,
     schema={"num_runs": "count", "num_steps": "count", "num_samples": "count"},
+    on_shards=True,
 )
 def density(
     m: Measurement, num_samples: int = DENSITY_SAMPLES, num_runs: int = 3, num_steps: int = 25

@@ -61,18 +61,28 @@ class Objective:
             )
         total = sum(len(y) for _, y in self.batches)
         self.weights = [len(y) / total for _, y in self.batches]
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.names, self.params = [n for n, _ in named], [p for _, p in named]
+        self.names, self.params = self._trainable(model)
         self.shapes = [p.shape for p in self.params]
         self.numel = sum(p.numel() for p in self.params)
         self.device, self.dtype = self.params[0].device, self.params[0].dtype
         self._stack = contextlib.ExitStack()
+        for context in self._contexts(model):
+            self._stack.enter_context(context)
         self._stack.enter_context(frozen_running_stats(model.modules()))
         self._stack.enter_context(affine_eval_batchnorm(model))
         self._stack.enter_context(matmul_conv1d(model))
         # attention (model=gpt): the fused kernels have no second derivative; the math one does
         self._stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
         self._stack.enter_context(torch.enable_grad())
+
+    def _contexts(self, model: nn.Module) -> list:  # noqa: ARG002 (a subclass's hook)
+        """Contexts a subclass opens on ``model`` first, for as long as the objective is open."""
+        return []
+
+    def _trainable(self, model: nn.Module) -> tuple[list, list]:
+        """(names, tensors) of the parameters the objective is a function of."""
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        return [n for n, _ in named], [p for _, p in named]
 
     def flat(self, ts: Iterable[torch.Tensor]) -> torch.Tensor:
         """The tensors ``ts`` (one per parameter) as one flat vector."""
@@ -98,11 +108,13 @@ class Objective:
         """Batch ``i``'s mean loss times its weight (its share of the samples), at ``params``
         when given."""
         x, y = self.batches[i]
+        return mean_loss(self.loss_fn(self._forward(x, params), y)) * self.weights[i]
+
+    def _forward(self, x: torch.Tensor, params: Sequence[torch.Tensor] | None) -> torch.Tensor:
+        """The model's output on ``x``, at ``params`` when given."""
         if params is None:
-            out = self.model(x)
-        else:
-            out = torch.func.functional_call(self.model, dict(zip(self.names, params)), (x,))
-        return mean_loss(self.loss_fn(out, y)) * self.weights[i]
+            return self.model(x)
+        return torch.func.functional_call(self.model, dict(zip(self.names, params)), (x,))
 
     @torch.no_grad()
     def loss(self) -> torch.Tensor:

@@ -56,9 +56,27 @@ class LanczosResult:
     stored: int = 0  # the most vectors the basis held (its memory, in vectors)
 
 
-def _random_unit(n, generator, device, dtype):
+def _summed(reduce, t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the processes that each hold a part of the vectors (``reduce``; None:
+    the vectors are whole, ``t`` as it is)."""
+    return t if reduce is None else reduce(t)
+
+
+def whole_norm(v: torch.Tensor, reduce=None) -> torch.Tensor:
+    """‖v‖ of the whole vector, ``v`` one process's part of it under ``reduce``."""
+    return v.norm() if reduce is None else reduce(v.square().sum()).sqrt()
+
+
+def _whole_length(n: int, reduce=None, device="cpu") -> int:
+    """The length of the whole vectors whose parts have length ``n`` (``reduce``: their sum)."""
+    if reduce is None:
+        return n
+    return int(reduce(torch.tensor(float(n), dtype=torch.float64, device=device)))
+
+
+def _random_unit(n, generator, device, dtype, reduce=None):
     v = torch.randn(n, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
-    return v / v.norm()
+    return v / whole_norm(v, reduce)
 
 
 class _Basis:
@@ -68,9 +86,9 @@ class _Basis:
 
     BLOCK = 16
 
-    def __init__(self, n, device, dtype, capacity=None):
+    def __init__(self, n, device, dtype, capacity=None, reduce=None):
         self.n, self.device, self.dtype, self.blocks = n, device, dtype, []
-        self.capacity = capacity
+        self.capacity, self.reduce = capacity, reduce
 
     def __getitem__(self, i):
         return self.blocks[i // self.BLOCK][i % self.BLOCK]
@@ -96,7 +114,8 @@ class _Basis:
         (the same values, one vector of memory fewer)."""
         for _ in range(2):
             for rows in self._rows(count):
-                w = w.sub_(rows.T @ (rows @ w)) if in_place else w - rows.T @ (rows @ w)
+                coefficients = _summed(self.reduce, rows @ w)
+                w = w.sub_(rows.T @ coefficients) if in_place else w - rows.T @ coefficients
         return w
 
     def holds(self, t) -> bool:
@@ -180,17 +199,19 @@ LANCZOS_VECTORS = 20  # the vectors a certified run keeps (thick restart beyond)
 class _Run:
     """One Lanczos run, advanced a step at a time by the caller's w = H q_j (so that several runs
     can share one batched HVP, ``spectral_density``). ``capacity``: the most vectors kept (None:
-    all); ``keep``: the Ritz vectors a thick restart keeps."""
+    all); ``keep``: the Ritz vectors a thick restart keeps; ``reduce``: a sum over processes
+    when each holds a part of every vector (a sharded operator's ``reduce_sum``)."""
 
-    def __init__(self, n, init, generator, device, dtype, capacity=None, keep=0):
-        self.n, self.generator = n, generator
+    def __init__(self, n, init, generator, device, dtype, capacity=None, keep=0, reduce=None):
+        self.n, self.generator, self.reduce = n, generator, reduce
+        self.whole_n = _whole_length(n, reduce, device)
         self.capacity, self.keep = capacity, keep
-        self.Q = _Basis(n, device, dtype, capacity)
-        if init is not None and float(init.norm()) > 0:
+        self.Q = _Basis(n, device, dtype, capacity, reduce)
+        if init is not None and float(whole_norm(init, reduce)) > 0:
             q = init.to(device=device, dtype=dtype).reshape(-1)
-            self.Q[0] = q / q.norm()
+            self.Q[0] = q / whole_norm(q, reduce)
         else:
-            self.Q[0] = _random_unit(n, generator, device, dtype)
+            self.Q[0] = _random_unit(n, generator, device, dtype, reduce)
         self.alphas, self.betas, self.beta, self._w = [], [], 0.0, None
         # after a thick restart: the kept Ritz values and their couplings to the next vector
         self.head, self.coupling, self.steps, self.restarts = [], [], 0, 0
@@ -229,10 +250,10 @@ class _Run:
         """α_j, w orthogonalised against every vector so far, β_j = ‖w‖; T_j's Ritz pairs."""
         j = self.size
         self.steps += 1
-        self.alphas.append(float(torch.dot(w, self.Q[j])))
+        self.alphas.append(float(_summed(self.reduce, torch.dot(w, self.Q[j]))))
         # w is the step's own (H q_j, used nowhere else) unless it is a basis vector itself
         self._w = self.Q.orthogonalize(w, j + 1, in_place=not self.Q.holds(w))
-        self.beta = float(self._w.norm())
+        self.beta = float(whole_norm(self._w, self.reduce))
         return self.ritz()
 
     def advance(self, evals) -> None:
@@ -242,8 +263,9 @@ class _Run:
         scale = max(abs(float(evals[0])), abs(float(evals[-1])), 1e-30)
         invariant = self.beta <= 1e-7 * scale
         if invariant:
-            w = Q.orthogonalize(_random_unit(self.n, self.generator, Q.device, Q.dtype), self.size)
-            beta, norm = 0.0, w.norm()
+            fresh = _random_unit(self.n, self.generator, Q.device, Q.dtype, self.reduce)
+            w = Q.orthogonalize(fresh, self.size)
+            beta, norm = 0.0, whole_norm(w, self.reduce)
         else:
             beta, w, norm = self.beta, self._w, self.beta
         self._w = None
@@ -267,10 +289,10 @@ class _Run:
 
     def result(self, k, converged) -> LanczosResult:
         self._w = None  # not needed for the Ritz vectors: its memory back first
-        exact = self.size == self.n
+        exact = self.size == self.whole_n
         evals, evecs = self.ritz()
         out = _result(self.Q, evals, evecs, self.steps, self.alphas, self.betas, self.beta, k,
-                      converged or exact, exact)  # fmt: skip
+                      converged or exact, exact, self.reduce)  # fmt: skip
         out.restarts, out.stored = self.restarts, sum(len(b) for b in self.Q.blocks)
         return out
 
@@ -293,15 +315,19 @@ def lanczos(
     dtype: torch.dtype | None = None,
     stop: bool = True,
     max_vectors: int | None = LANCZOS_VECTORS,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> LanczosResult:
     """Top-k eigenpairs of the symmetric operator ``matvec`` (flat vectors of length ``n``).
 
     ``stop=False`` runs exactly ``max_iter`` steps (stochastic Lanczos quadrature), keeping
     every vector. ``max_vectors``: the most vectors kept (thick restart beyond; None: all), at
-    least 2(k + 1) + 2 for k > 1.
+    least 2(k + 1) + 2 for k > 1. ``reduce``: each process holds ``n`` entries of every vector
+    (a part), ``reduce`` sums a tensor over the processes (one all-reduce per inner product,
+    norm and projection); every process runs the same iteration and gets the same values.
     """
     _check_lanczos(k, tol, max_iter)
     dtype = dtype or (torch.float32 if tol >= 1e-5 else torch.float64)
+    whole_n = _whole_length(n, reduce, device)
     capacity = None
     if stop and max_vectors is not None:
         if not (isinstance(max_vectors, int) and max_vectors >= 4):
@@ -309,10 +335,10 @@ def lanczos(
         # room for the wanted pairs and the guard twice over, whatever k (k = 10 keeps 24)
         want = k if k == 1 else k + GUARD
         capacity = max(max_vectors, 2 * want + 2)
-        capacity = capacity if capacity < min(max_iter, n) else None
+        capacity = capacity if capacity < min(max_iter, whole_n) else None
     keep = _keep(k, capacity) if capacity is not None else 0
-    steps = min(max_iter, n) if capacity is None else max_iter
-    run = _Run(n, init, generator, device, dtype, capacity, keep)
+    steps = min(max_iter, whole_n) if capacity is None else max_iter
+    run = _Run(n, init, generator, device, dtype, capacity, keep, reduce)
     converged = False
     for j in range(steps):
         evals, evecs = run.step(matvec(run.q))
@@ -325,13 +351,13 @@ def lanczos(
     return run.result(k, converged)
 
 
-def _result(Q, evals, evecs, steps, alphas, betas, beta, k, converged, exact) -> LanczosResult:
+def _result(Q, evals, evecs, steps, alphas, betas, beta, k, converged, exact, reduce=None):
     """The top-k Ritz pairs of a finished run (``exact``: the Krylov space is the whole space).
     After a thick restart ``alphas``, ``betas``, the nodes and weights are those of the last
     cycle's T."""
     m = min(k, len(evals))
     vectors = Q.combine(evecs[:, :m].to(device=Q.device, dtype=Q.dtype), len(evals))
-    vectors = vectors.div_(vectors.norm(dim=1, keepdim=True))
+    vectors = vectors.div_(_row_norms(vectors, reduce))
     res = torch.zeros(m, dtype=torch.float64) if exact else (beta * evecs[-1, :m]).abs()
     return LanczosResult(
         [float(v) for v in evals[:m]],
@@ -397,7 +423,7 @@ def hessian_eigenpairs(
                 op, presolve_batches, k, presolve_tol, max_iter, init, g
             )
         start = op.hvps
-        r = lanczos(op, op.numel, k, tol, max_iter, init, g, op.device)
+        r = lanczos(op, op.numel, k, tol, max_iter, init, g, op.device, reduce=op.reduce_sum)
         return EigenResult(
             r.values,
             op.unflat(r.vectors[0].to(op.dtype)),
@@ -417,11 +443,21 @@ def _presolve(op, n_batches, k, tol, max_iter, init, generator):
     """(the sum of the top-k Ritz vectors of the leading batches' Hessian, the HVPs spent on it)."""
 
     def partial(v):
-        return op.flat(op.hvp_list(op.unflat(v.to(op.dtype)), n_batches=n_batches)).to(v.dtype)
+        # summed over the processes: each must run the same iteration (it took each process's
+        # own share alone, and the split runs' collectives then came apart)
+        return op.leading_hvp(v, n_batches)
 
     # capped: a presolve that does not settle quickly is not worth its HVPs
     pre = lanczos(
-        partial, op.numel, k, tol, min(max_iter, max(30, 2 * k)), init, generator, op.device
+        partial,
+        op.numel,
+        k,
+        tol,
+        min(max_iter, max(30, 2 * k)),
+        init,
+        generator,
+        op.device,
+        reduce=op.reduce_sum,
     )
     return pre.vectors.sum(0), pre.hvps
 
@@ -445,6 +481,13 @@ PROBE_BLOCK = 8  # probes per batched HVP (Hutchinson, Hutch++, the exact diagon
 def _blocks(matmat, V: torch.Tensor) -> torch.Tensor:
     """matmat over the rows of V, ``PROBE_BLOCK`` rows at a time."""
     return torch.cat([matmat(V[i : i + PROBE_BLOCK]) for i in range(0, len(V), PROBE_BLOCK)])
+
+
+def _row_norms(V: torch.Tensor, reduce=None) -> torch.Tensor:
+    """[rows, 1]: the norm of each whole row of V (``reduce``: V holds a part of each)."""
+    if reduce is None:
+        return V.norm(dim=1, keepdim=True)
+    return reduce(V.square().sum(1, keepdim=True)).sqrt()
 
 
 def _rademacher(n, generator, device, dtype):
@@ -471,7 +514,8 @@ def hutchinson(
         raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
     V, HV = probe_products(op, num_probes, seed, probes)
     W = V if weight is None else weight * V
-    s = torch.stack([torch.dot(w, hv) for w, hv in zip(W, HV)]).double().cpu()
+    s = _summed(op.reduce_sum, torch.stack([torch.dot(w, hv) for w, hv in zip(W, HV)]))
+    s = s.double().cpu()
     return float(s.mean()), float(s.std() / math.sqrt(num_probes))
 
 
@@ -491,7 +535,9 @@ class SeededProbes:
     vectors) shares their HVPs. H is applied to each probe scaled to unit norm, as a Lanczos run
     from it takes its first step (``spectral_density`` reuses those products bit for bit), and
     Hv = ‖v‖·H(v/‖v‖) for the estimates (equal to H applied to v up to float rounding). The
-    probes are kept as int8 signs (a quarter of float32's memory)."""
+    probes are kept as int8 signs (a quarter of float32's memory). On a sharded operator
+    (``reduce_sum``) each process keeps its chunk of every probe, drawn as one process draws the
+    whole probe (``rademacher_chunks``)."""
 
     def __init__(self, op: HessianOperator, seed: int = 0) -> None:
         self.op, self.seed = op, seed
@@ -503,8 +549,12 @@ class SeededProbes:
         if count <= have:
             return
         g = torch.Generator().manual_seed(self.seed)
-        V = _rademachers(count, op.numel, g, op.device, op.dtype)
-        units = [v / v.norm() for v in V[have:]]  # as _Run normalises its start
+        if op.reduce_sum is None:
+            V = _rademachers(count, op.numel, g, op.device, op.dtype)
+        else:
+            V = op.rademacher_chunks(count, g)
+        # as _Run normalises its start
+        units = [v / whole_norm(v, op.reduce_sum) for v in V[have:]]
         if op.batching_pays(min(len(units), PROBE_BLOCK)):
             products = _blocks(op.hvp_batch, torch.stack(units))
         else:  # each from its own allocation, as a run's: a CPU GEMM's last bits can depend on
@@ -517,13 +567,14 @@ class SeededProbes:
         """(U, HU): the first ``count`` probes scaled to unit norm, and H applied to each."""
         self._extend(count)
         V = self._signs[:count].to(self.op.dtype)
-        return torch.stack([v / v.norm() for v in V]), self._products[:count]
+        reduce = self.op.reduce_sum
+        return torch.stack([v / whole_norm(v, reduce) for v in V]), self._products[:count]
 
     def first(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(V, HV) of the first ``count`` probes (HVPs only for those not yet applied)."""
         self._extend(count)
         V = self._signs[:count].to(self.op.dtype)
-        return V, self._products[:count] * V.norm(dim=1, keepdim=True)
+        return V, self._products[:count] * _row_norms(V, self.op.reduce_sum)
 
 
 def hutch_plus_plus(
@@ -600,7 +651,7 @@ def deflated_hutchinson(
     beyond those."""
     V, HV = probe_products(op, num_probes, seed, probes)
     return deflated_trace(op.hvp_batch, op.numel, basis, num_probes, seed, op.device, op.dtype,
-                          products=(V, HV))  # fmt: skip
+                          products=(V, HV), reduce=op.reduce_sum)  # fmt: skip
 
 
 def deflated_trace(
@@ -612,30 +663,44 @@ def deflated_trace(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     products: tuple[torch.Tensor, torch.Tensor] | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[float, float]:
     """``deflated_hutchinson`` for any symmetric A given by ``matmat`` (rows of a [B, n] matrix):
     tr(QᵀAQ) exactly (k applications) + Hutchinson on (I − QQᵀ)A(I − QQᵀ) with ``num_probes``.
     ``products``: (V, AV) of the seeded probes unprojected (``probe_products``), so that
-    A(PV) = AV − (VQ)(AQ) costs no application of A."""
+    A(PV) = AV − (VQ)(AQ) costs no application of A. ``reduce``: the vectors are each
+    process's chunks (a sharded operator's ``reduce_sum``); then ``products`` are needed."""
     if not (isinstance(num_probes, int) and num_probes >= 2):
         raise ValueError(f"num_probes={num_probes!r} must be an integer >= 2")
+    if reduce is not None and products is None:
+        raise ValueError("a deflated trace over chunked vectors needs the probes' products")
     dtype = dtype or torch.float32
     B = torch.as_tensor(basis).reshape(len(basis), -1)
     if B.shape[1] != n:
         raise ValueError(f"basis has {B.shape[1]} columns; the Hessian has {n} parameters")
-    Q = torch.linalg.qr(B.to(device, torch.float64).T)[0]  # [n, k], orthonormal columns
+    Q = _orthonormal_columns(B.to(device, torch.float64), reduce)  # [n, k]
     AQ = _blocks(matmat, Q.T.to(dtype).contiguous()).double()
-    exact = float(torch.einsum("ni,in->", Q, AQ))
+    exact = float(_summed(reduce, torch.einsum("ni,in->", Q, AQ)))
     if products is not None:
         V, AV = (t.double() for t in products)
-        coords = V @ Q  # [probes, k]
-        s = ((V - coords @ Q.T) * (AV - coords @ AQ)).sum(1).cpu()
+        coords = _summed(reduce, V @ Q)  # [probes, k]
+        s = _summed(reduce, ((V - coords @ Q.T) * (AV - coords @ AQ)).sum(1)).cpu()
         return exact + float(s.mean()), float(s.std() / math.sqrt(num_probes))
     g = torch.Generator().manual_seed(seed)
     V = _rademachers(num_probes, n, g, device, torch.float64)
     V = (V - (V @ Q) @ Q.T).to(dtype)
     s = (V.double() * _blocks(matmat, V).double()).sum(1).cpu()
     return exact + float(s.mean()), float(s.std() / math.sqrt(num_probes))
+
+
+def _orthonormal_columns(B: torch.Tensor, reduce=None) -> torch.Tensor:
+    """[n, k]: an orthonormal basis of the rows of B [k, n] (float64): Householder QR; over
+    chunked rows (``reduce``) Cholesky QR, Q = Bᵀ L⁻ᵀ with L Lᵀ = B Bᵀ summed over the
+    processes (the same span; fine for the nearly orthonormal Ritz vectors it is given)."""
+    if reduce is None:
+        return torch.linalg.qr(B.T)[0]
+    L = torch.linalg.cholesky(reduce(B @ B.T))
+    return torch.linalg.solve_triangular(L, B, upper=False).T
 
 
 def spectral_density(
@@ -663,11 +728,12 @@ def spectral_density(
     # the first step's products when the probes are in the basis' float32 (the runs' own q)
     firsts = probes.unit_products(num_runs)[1] if op.dtype == torch.float32 else None
     together = num_runs if op.batching_pays(num_runs) else 1
+    steps = min(num_steps, _whole_length(op.numel, op.reduce_sum, op.device))
     results = []
     for i in range(0, num_runs, together):
         chosen = slice(i, i + together)
         first = None if firsts is None else firsts[chosen]
-        results += _lockstep(op, starts[chosen], min(num_steps, op.numel), seed + 1 + i, first)
+        results += _lockstep(op, starts[chosen], steps, seed + 1 + i, first)
     return {"nodes": [r.nodes for r in results], "weights": [r.weights for r in results]}
 
 
@@ -688,7 +754,10 @@ def _lockstep(op: HessianOperator, starts, steps: int, seed: int, firsts=None) -
     together: one ``op.hvp_batch`` of their current vectors per step (the first step's products
     ``firsts`` when given: H of the unit start vectors)."""
     gens = [torch.Generator().manual_seed(seed + r) for r in range(len(starts))]
-    runs = [_Run(op.numel, v, gen, op.device, torch.float32) for v, gen in zip(starts, gens)]
+    runs = [
+        _Run(op.numel, v, gen, op.device, torch.float32, reduce=op.reduce_sum)
+        for v, gen in zip(starts, gens)
+    ]
     for j in range(steps):
         if j == 0 and firsts is not None:
             W = firsts.clone()  # laid out as hvp_batch's own result (row 0 where a block starts)

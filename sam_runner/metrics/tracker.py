@@ -54,8 +54,9 @@ from .dynamics import dynamics
 from .hvp import HVP_METHODS, HVP_PRECISIONS, HessianOperator, cpu_has_bf16
 from .measures import Measurement, leading_batches
 from .preconditioned import preconditioned_sharpness
+from .sharded import ShardedHessianOperator
 from .sharpness_dim import step_for
-from .solvers import hessian_eigenpairs
+from .solvers import hessian_eigenpairs, whole_norm
 
 BN_MODES = ("eval", "train")
 # the parameters the Hessian is of: those the run trains (a PEFT run's adapters), or every one
@@ -238,6 +239,7 @@ class CurvatureTracker:
         self._ritz = None
         self.times = {}  # the last measurement's seconds per part: "eigenvalues", each measure
         self.unsharded = None  # a sharded run's model structure (meta): see measure
+        self._sharded = None  # the sharded model while it is measured on its shards
 
     @property
     def h(self):
@@ -286,17 +288,46 @@ class CurvatureTracker:
     def _init_vector(self, op):
         if self.vector is None or not self.h.get("warm_start", True):
             return None
+        if [t.shape for t in self.vector] != list(op.shapes):  # measured gathered, now sharded
+            return None
         v = op.flat([t.to(op.device) for t in self.vector]).double()
         g = torch.Generator().manual_seed(self.seed + 17 + len(self.history["lambda_max"]))
         noise = torch.randn(op.numel, generator=g, dtype=torch.float64).to(op.device)
-        return v / v.norm() + 0.1 * noise / noise.norm()
+        reduce = op.reduce_sum  # a sharded operator's vectors: each process its chunk
+        return v / whole_norm(v, reduce) + 0.1 * noise / whole_norm(noise, reduce)
 
     def measure(self, final: bool) -> dict:
         """λ_max (and λ_2..k) and every enabled measure, in the measurement's mode. A sharded
-        model (trainer.strategy=fsdp) is measured on its gathered weights, in an unsharded copy
-        that lives while it measures (``unsharded``: its structure, on the meta device)."""
+        model (trainer.strategy=fsdp) is measured on its shards (``ShardedHessianOperator``)
+        when every measure it takes can be (``on_shards``: the trace, the density); else on its
+        gathered weights, in an unsharded copy that lives while it measures (``unsharded``: its
+        structure, on the meta device)."""
         if self.unsharded is None:
             return self._measure(final)
+        if all(e.meta.get("on_shards", False) for e in self._enabled_measures(final)):
+            return self._measure_on_shards(final)
+        return self._measure_gathered(final)
+
+    def _enabled_measures(self, final: bool) -> list:
+        """The measures of measures.py this measurement takes."""
+        return [
+            e
+            for e in MEASURES.entries()
+            if _options(self.cfg, e.config).get("enabled", False)
+            and (final or not e.meta.get("final_only"))
+        ]
+
+    def _measure_on_shards(self, final: bool) -> dict:
+        """``_measure`` with the unsharded structure (meta) as the model whose modes and
+        trainable parameters it sets, and the sharded model's shards as the parameters."""
+        sharded = self.model
+        self.model, self._sharded = self.unsharded, sharded
+        try:
+            return self._measure(final)
+        finally:
+            self.model, self._sharded = sharded, None
+
+    def _measure_gathered(self, final: bool) -> dict:
         sharded, whole = self.model, self.unsharded
         state = full_state(sharded)  # every process: the gathers are collective
         whole.to_empty(device=next(sharded.parameters()).device)
@@ -321,22 +352,24 @@ class CurvatureTracker:
                 for m in self.model.modules():
                     if isinstance(m, _BatchNorm):
                         m.train()
-            batches = self._batches()
-            with HessianOperator(
-                self.model,
-                self.loss_fn,
-                batches,
-                str(self.h.get("method", "auto")),
-                float(self.h.get("graph_cache_mb", 1024)),
-                dist=distributed.current(),  # several processes: each its share of the samples
-                precision=str(self.h.get("precision", "fp32")),
-            ) as op:
+            with self._operator(self._batches()) as op:
                 self.times = {}
                 out = self._eigenvalues(op)
                 self.times["eigenvalues"] = time.perf_counter() - t0
                 out.update(self._measures(op, final))
         out["hessian_time_s"] = time.perf_counter() - t0
         return out
+
+    def _operator(self, batches) -> HessianOperator:
+        """The measurement's operator; several processes take each their share of the samples."""
+        h, dist = self.h, distributed.current()
+        cache_mb, precision = float(h.get("graph_cache_mb", 1024)), str(h.get("precision", "fp32"))
+        if self._sharded is not None:
+            shards = (self._sharded, self.model, self.loss_fn, batches, dist)
+            return ShardedHessianOperator(*shards, cache_mb, precision)
+        method = str(h.get("method", "auto"))
+        model = (self.model, self.loss_fn, batches, method, cache_mb)
+        return HessianOperator(*model, dist=dist, precision=precision)
 
     def _eigenvalues(self, op) -> dict:
         h = self.h

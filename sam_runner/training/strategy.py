@@ -228,22 +228,30 @@ def is_sharded(model) -> bool:
 
 
 # ---------------------------------------------------------------- activation checkpointing
-@contextlib.contextmanager
-def running_stats_kept(modules):
-    """BatchNorm running statistics of the training-mode ``modules`` as they were, afterwards
-    (a recompute must not move them a second time)."""
-    saved = [
-        (m, [b.detach().clone() for b in m.buffers(recurse=False)])
-        for m in modules
-        if isinstance(m, _BatchNorm) and m.training and m.track_running_stats
-    ]
-    try:
-        yield
-    finally:
+class RunningStatsKept:
+    """BatchNorm running statistics of the training-mode ``modules`` as they were, after each
+    use as a context (a recompute must not move them a second time). Enterable again and again:
+    a graph kept for several backwards (the curvature measurement's cached graphs) recomputes
+    once per backward, entering the same context each time."""
+
+    def __init__(self, modules):
+        self.modules = list(modules)
+        self._saved = []
+
+    def __enter__(self):
+        self._saved = [
+            (m, [b.detach().clone() for b in m.buffers(recurse=False)])
+            for m in self.modules
+            if isinstance(m, _BatchNorm) and m.training and m.track_running_stats
+        ]
+        return self
+
+    def __exit__(self, *exc):
         with torch.no_grad():
-            for m, values in saved:
+            for m, values in self._saved:
                 for b, v in zip(m.buffers(recurse=False), values):
                     b.copy_(v)
+        self._saved = []
 
 
 def _checkpointed_forward(self, *args, **kwargs):
@@ -257,7 +265,7 @@ def _checkpointed_forward(self, *args, **kwargs):
         forward,
         *args,
         use_reentrant=False,
-        context_fn=lambda: (contextlib.nullcontext(), running_stats_kept(norms)),
+        context_fn=lambda: (contextlib.nullcontext(), RunningStatsKept(norms)),
         **kwargs,
     )
 
@@ -266,3 +274,22 @@ def checkpoint_activations(block) -> None:
     """Recompute ``block``'s activations in the backward pass (its names and parameters are
     unchanged: the checkpoint replaces only its instance's ``forward``)."""
     block.forward = types.MethodType(_checkpointed_forward, block)
+
+
+@contextlib.contextmanager
+def checkpointing_paused(model):
+    """The blocks of ``model`` that ``checkpoint_activations`` set run their own forward
+    meanwhile, keeping their activations: for passes through ``functional_call``, whose
+    parameters are gone by the time a backward would recompute."""
+    blocks = [
+        m
+        for m in model.modules()
+        if getattr(m.__dict__.get("forward"), "__func__", None) is _checkpointed_forward
+    ]
+    for m in blocks:
+        del m.forward
+    try:
+        yield
+    finally:
+        for m in blocks:
+            checkpoint_activations(m)

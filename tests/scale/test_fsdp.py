@@ -307,6 +307,40 @@ def test_activation_checkpointing_changes_no_gradient_nor_batchnorm_statistics()
         assert torch.equal(a, b)
 
 
+def test_the_curvature_of_a_model_with_activation_checkpointing_is_its_curvature_without():
+    """λ_max and the trace over cached graphs, each used by many HVPs: a checkpointed block
+    recomputes once per backward, entering its recompute context again each time (the measurement
+    of a run with activation checkpointing stopped at the second HVP: the context was a one-use
+    generator)."""
+    from torch import nn
+
+    from sam_runner.metrics.hvp import HessianOperator
+    from sam_runner.metrics.solvers import hessian_eigenpairs, hessian_trace
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(
+        nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh()),
+        nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Tanh()),
+        nn.Linear(16, 3),
+    )
+    recomputed = copy.deepcopy(plain)
+    for block in list(recomputed)[:2]:
+        strategy.checkpoint_activations(block)
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g)
+    batches = [(x[:32], y[:32]), (x[32:], y[32:])]
+    out = []
+    for model in (plain, recomputed):
+        model.train()  # BatchNorm on batch statistics (bn_mode=train)
+        with HessianOperator(model, F.cross_entropy, batches, "double_backward") as op:
+            assert op._cache_ok
+            eig = hessian_eigenpairs(model, None, batches, tol=1e-6, operator=op)
+            out.append((eig.values[0], hessian_trace(op, 4, seed=0)[0]))
+    assert out[1] == pytest.approx(out[0], rel=1e-6)
+    for a, b in zip(plain.buffers(), recomputed.buffers()):
+        assert torch.equal(a, b)
+
+
 GPT = [
     "dataset=text",
     "dataset.block_size=16",
@@ -434,7 +468,7 @@ def test_bad_strategy_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_pa
 def test_two_nodes_on_localhost_equal_one_node(strategy_name, tmp_path):
     """torchrun --nnodes=2 --node-rank=0/1 (one process each, gloo over localhost) against the
     same 2 processes on one node: the same metrics lines (λ_max measured split and, under fsdp,
-    on the gathered weights)."""
+    on the shards)."""
     import subprocess
     import sys
 
