@@ -40,6 +40,18 @@ NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it changes nothing
 FOLD_NORMS = 64  # steps whose first-pass ‖g‖ wait, unreduced, for the running max
 
 
+def _step_observed(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a profiler or a step hook watches ``optimizer``'s steps: only then is torch's
+    wrapper of ``step`` (a profiler range, the hooks: tens of µs of host time a step) run."""
+    return bool(
+        torch._C._autograd._profiler_enabled()
+        or optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+        or _global_optimizer_pre_hooks
+        or _global_optimizer_post_hooks
+    )
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -226,13 +238,7 @@ class SharpnessAware(torch.optim.Optimizer):
 
         @functools.wraps(func)
         def step(self, *args: Any, **kwargs: Any) -> Any:
-            if (
-                torch._C._autograd._profiler_enabled()
-                or self._optimizer_step_pre_hooks
-                or self._optimizer_step_post_hooks
-                or _global_optimizer_pre_hooks
-                or _global_optimizer_post_hooks
-            ):
+            if _step_observed(self):
                 return hooked(self, *args, **kwargs)
             return func(self, *args, **kwargs)
 
@@ -680,8 +686,14 @@ class SharpnessAware(torch.optim.Optimizer):
         self.base_step()
 
     def base_step(self) -> None:
-        """The base optimizer's update with the gradients in place (a hook: FedVSSAM adjusts)."""
-        self.base_optimizer.step()
+        """The base optimizer's update with the gradients in place (a hook: FedVSSAM adjusts):
+        its class's step without torch's wrapper where nothing observes it, as ``step``'s own."""
+        base = self.base_optimizer
+        unwrapped = getattr(type(base).step, "__wrapped__", None)
+        if unwrapped is None or "step" in vars(base) or _step_observed(base):
+            base.step()  # not torch's wrapper, an instance's own step, or hooks and profiler
+        else:
+            unwrapped(base)
 
     # ------------------------------------------------------------------ davda54/sam's API
     def _two_step_check(self, method: str) -> None:

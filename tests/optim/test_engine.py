@@ -423,9 +423,14 @@ def test_step_hooks_and_the_profiler_range_run_where_asked_and_zero_grad_sets_no
     opt.step(closure_for(opt, model))
     assert calls == ["pre", "post"]
     handle.remove()
+    base = opt.base_optimizer  # its own hooks run too, though its step skips torch's wrapper
+    base_handle = base.register_step_post_hook(lambda *_: calls.append("base post"))
+    opt.step(closure_for(opt, model))
+    assert calls == ["pre", "post", "base post", "post"]  # the base step within the SAM step
+    base_handle.remove()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         opt.step(closure_for(opt, model))
-    assert "Optimizer.step#SAM.step" in {e.name for e in prof.events()}
+    assert {"Optimizer.step#SAM.step", "Optimizer.step#SGD.step"} <= {e.name for e in prof.events()}
     opt.zero_grad()
     assert all(p.grad is None for p in model.parameters())
     opt.step(closure_for(opt, model))
