@@ -11,7 +11,7 @@ def micro_batches(accumulate: int, *tensors: torch.Tensor) -> list[tuple]:
     """The step's tensors (inputs, loss targets, labels, indices) in ``accumulate`` micro-batches,
     the empty ones left out (a batch smaller than ``accumulate``)."""
     if accumulate == 1:  # the tensors themselves: no split (one op per tensor) every step
-        return [tensors] if len(tensors[2]) else []
+        return [tensors] if tensors[2].shape[0] else []
     parts = (t.tensor_split(accumulate) for t in tensors)
     return [m for m in zip(*parts) if len(m[2])]
 
