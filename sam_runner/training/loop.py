@@ -137,7 +137,7 @@ class EpochLoop:
         r, opt, parts = self.run, self.run.optimizer, self.run.parts
         opt.zero_grad(set_to_none=True)
         kept = selected_rows(opt, micro)
-        batch = sum(m[2].shape[0] for _, m, _ in kept)
+        batch = sum(m[2].shape[0] for _, m, _ in kept) if len(kept) > 1 else None
         # the mean alone is backpropagated: its gradient handed to backward (no graph for it)
         plain = (type(opt).reduce_loss is SharpnessAware.reduce_loss and not parts.loss_hooks
                  and not self.scaler.is_enabled())  # fmt: skip
@@ -148,7 +148,8 @@ class EpochLoop:
             with gradient_sync_paused(r.net) if quiet else NO_CONTEXT:
                 with parts.forward_context(opt.pass_index):  # tm: ym, or its mixed soft targets
                     out, per_sample = self.forward_loss(xm, tm)
-                share = ym.shape[0] / batch  # weighted by size: the step's mean even when uneven
+                # weighted by size: the step's mean even when uneven (one micro-batch: all of it)
+                share = ym.shape[0] / batch if batch is not None else 1.0
                 if plain:
                     loss = self.mean_backward(per_sample, share)
                 else:
