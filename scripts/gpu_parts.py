@@ -223,11 +223,11 @@ class Stepper:
         run.model.train()
 
     def _batch(self):
-        from sam_runner.training.evaluation import EpochStats
-
         try:
             return next(self.batches)
         except StopIteration:
+            from sam_runner.training.evaluation import EpochStats
+
             r = self.run
             self.epoch += 1
             r.data.train.set_epoch(self.epoch)
