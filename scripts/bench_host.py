@@ -1,7 +1,8 @@
 """Bench section ``host`` (python scripts/bench.py --only host): the host's work per step, with
 the compute made ≈ 0 (one Linear layer, 40 → 10, on batches of 32 of the default data), one
-thread; each step of the runner is the body of its epoch loop (``gpu_parts.Stepper``: the
-loader's batch, the engine's closure and passes, the scheduler).
+thread; each step of the runner is the body of its epoch loop (``gpu_parts.Stepper``, which runs
+``EpochLoop.train_step``: the loader's batch, the optimizer step with its closure and passes, the
+scheduler, the epoch's loss and accuracy sums, the parts' hooks and the loop's checks).
 
 host_step_over_bare     the runner's base step (optimizer=base, SGD) over a bare loop on the
                         same model and data tensors (a seeded permutation, index_select, forward,

@@ -18,7 +18,6 @@ with the device synchronised around each timing; figures are medians over rounds
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import platform
 import statistics
@@ -215,31 +214,31 @@ def make_run(part: Part, model: tuple, config: str, optimizer: str):
 
 class Stepper:
     """A run's training steps outside its epoch loop: each ``step`` is the body of
-    ``EpochLoop.train_epoch``'s loop (one micro-batch: trainer.accumulate=1), epochs following
-    on."""
+    ``EpochLoop.train_epoch``'s loop (``EpochLoop.train_step``: the optimizer step with its
+    epoch statistics, the parts' hooks, the checks), epochs following on."""
 
     def __init__(self, run, part: Part):
         self.run, self.part, self.epoch, self.batches = run, part, 0, iter(())
+        self.stats = self.bar = None
         run.model.train()
 
     def _batch(self):
         try:
             return next(self.batches)
         except StopIteration:
+            from sam_runner.training.evaluation import EpochStats
+
+            r = self.run
             self.epoch += 1
-            self.run.data.train.set_epoch(self.epoch)
-            self.batches = iter(self.run.data.train)
+            r.data.train.set_epoch(self.epoch)
+            self.batches = iter(r.data.train)
+            self.stats = EpochStats(r.device, r.dist)
+            self.bar = r.record.progress.epoch_bar(self.epoch, 0)
             return next(self.batches)
 
     def step(self):
-        r = self.run
         x, y, idx = self._batch()
-        micro = [(x, y, y, idx)]  # EpochLoop.forward_backward's (inputs, targets, labels, indices)
-        counts = {"correct": 0, "targets": 0}
-        loss = r.optimizer.step(functools.partial(r.loop.forward_backward, micro, counts))
-        r.scheduler.step()
-        r.loop.scaler.update()
-        return loss
+        self.run.loop.train_step(x, y, idx, self.stats, self.bar, 0.0)
 
     def seconds_per_step(self, steps: int) -> float:
         self.part.sync()

@@ -40,6 +40,18 @@ NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it changes nothing
 FOLD_NORMS = 64  # steps whose first-pass ‖g‖ wait, unreduced, for the running max
 
 
+def _step_observed(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a profiler or a step hook watches ``optimizer``'s steps: only then is torch's
+    wrapper of ``step`` (a profiler range, the hooks: tens of µs of host time a step) run."""
+    return bool(
+        torch._C._autograd._profiler_enabled()
+        or optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+        or _global_optimizer_pre_hooks
+        or _global_optimizer_post_hooks
+    )
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -192,6 +204,7 @@ class SharpnessAware(torch.optim.Optimizer):
         self.descent_loss = None
         # max of the first-pass ‖g‖ since log_values() (device), and the norms not yet folded in
         self._grad_norm_max, self._step_norms = None, []
+        self._step_norm_parts = []  # per-tensor norms of steps whose ‖g‖ waits (CPU, see later)
         self.model, self.grad_scaler, self.clip_grad_norm, self._cache = None, None, None, {}
         self._bn, self._bn_kept = [], frozen_running_stats  # BatchNorm layers, how kept (bind)
         # a training feature's hooks (federated algorithms): add_perturbation_filter/_adjuster
@@ -226,13 +239,7 @@ class SharpnessAware(torch.optim.Optimizer):
 
         @functools.wraps(func)
         def step(self, *args: Any, **kwargs: Any) -> Any:
-            if (
-                torch._C._autograd._profiler_enabled()
-                or self._optimizer_step_pre_hooks
-                or self._optimizer_step_post_hooks
-                or _global_optimizer_pre_hooks
-                or _global_optimizer_post_hooks
-            ):
+            if _step_observed(self):
                 return hooked(self, *args, **kwargs)
             return func(self, *args, **kwargs)
 
@@ -447,11 +454,35 @@ class SharpnessAware(torch.optim.Optimizer):
             self._folded_grad_norm_max()
         return norm
 
+    def _track_grad_norm_later(self, grads) -> None:
+        """``_track_grad_norm`` where nothing reads this step's ‖g‖ (a step that perturbs not):
+        on the CPU only its per-tensor norms now, their ‖·‖ taken when folded, for every waiting
+        step in one reduction (row by row the bits of one step's, on the CPU; a CUDA reduction
+        may add up a row in another order, so there, and sharded, the norm is taken now)."""
+        if self._shard_group is not None or not grads or grads[0].device.type != "cpu":
+            self._track_grad_norm(grads)
+            return
+        self._step_norm_parts.append(torch._foreach_norm(grads))
+        if len(self._step_norms) + len(self._step_norm_parts) >= FOLD_NORMS:
+            self._folded_grad_norm_max()
+
+    def _norms_of_parts(self) -> torch.Tensor:
+        """‖g‖ of each step in ``_step_norm_parts`` (``global_norm``'s ops, its bits), emptied."""
+        parts, self._step_norm_parts = self._step_norm_parts, []
+        width = len(parts[0])
+        rows = torch.stack([n for step in parts for n in step])
+        if rows.dtype == torch.float32 and all(len(step) == width for step in parts):
+            return torch.linalg.vector_norm(rows.view(len(parts), width), dim=1)
+        return torch.stack([torch.linalg.vector_norm(torch.stack(step)) for step in parts])
+
     def _folded_grad_norm_max(self) -> torch.Tensor | None:
         """The max of the first-pass ‖g‖ since the last reset (None: no step since), with the
         waiting steps' norms folded in; a non-finite norm (a found-inf fp16 step) is left out."""
-        if self._step_norms:
-            norms = torch.stack(self._step_norms)
+        waiting = [torch.stack(self._step_norms)] if self._step_norms else []
+        if self._step_norm_parts:
+            waiting.append(self._norms_of_parts())
+        if waiting:
+            norms = torch.cat(waiting) if len(waiting) > 1 else waiting[0]
             self._step_norms = []
             # the finite norms' max, 0 when none (norms are ≥ 0): the exact max, in any order
             top = torch.where(torch.isfinite(norms), norms, 0).max()
@@ -551,7 +582,7 @@ class SharpnessAware(torch.optim.Optimizer):
             loss = self.run_pass(closure, 0, sync=True) if first is None else first
             params, grads, _ = self._lists()
             self._unscale(grads)
-            self._track_grad_norm(grads)
+            self._track_grad_norm_later(grads)
             self.descent_loss = loss
         self.schedule.perturbed += self.last_perturbed
         self._finish()
@@ -680,8 +711,14 @@ class SharpnessAware(torch.optim.Optimizer):
         self.base_step()
 
     def base_step(self) -> None:
-        """The base optimizer's update with the gradients in place (a hook: FedVSSAM adjusts)."""
-        self.base_optimizer.step()
+        """The base optimizer's update with the gradients in place (a hook: FedVSSAM adjusts):
+        its class's step without torch's wrapper where nothing observes it, as ``step``'s own."""
+        base = self.base_optimizer
+        unwrapped = getattr(type(base).step, "__wrapped__", None)
+        if unwrapped is None or "step" in vars(base) or _step_observed(base):
+            base.step()  # not torch's wrapper, an instance's own step, or hooks and profiler
+        else:
+            unwrapped(base)
 
     # ------------------------------------------------------------------ davda54/sam's API
     def _two_step_check(self, method: str) -> None:
@@ -920,7 +957,7 @@ class SharpnessAware(torch.optim.Optimizer):
         )
         self._cache = {}
         self._grad_norm_max = None if grad_norm_max is None else grad_norm_max.to(device)
-        self._step_norms = []
+        self._step_norms, self._step_norm_parts = [], []
 
 
 def _reshard_state(optimizer) -> None:

@@ -10,6 +10,8 @@ from ..optim.engine import SharpnessAware
 def micro_batches(accumulate: int, *tensors: torch.Tensor) -> list[tuple]:
     """The step's tensors (inputs, loss targets, labels, indices) in ``accumulate`` micro-batches,
     the empty ones left out (a batch smaller than ``accumulate``)."""
+    if accumulate == 1:  # the tensors themselves: no split (one op per tensor) every step
+        return [tensors] if tensors[2].shape[0] else []
     parts = (t.tensor_split(accumulate) for t in tensors)
     return [m for m in zip(*parts) if len(m[2])]
 

@@ -58,8 +58,9 @@ class EpochStats:
             self.check_losses()  # not the next step (a resumed epoch): those waiting first
         if not self._losses:
             self._first_waiting = step
-        self._losses.append(loss.detach())
-        self.loss_sum += loss.detach() * n
+        loss = loss.detach() if loss.requires_grad else loss  # a detach is an op, every step
+        self._losses.append(loss)
+        self.loss_sum += loss * n
         self._predicted += predicted
         if len(self._losses) >= FOLD_COUNTS or len(self._predicted) >= FOLD_COUNTS:
             self.count_predicted()

@@ -5,14 +5,17 @@ through the hooks of ``run.parts``."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import time
 
 import torch
+from torch.autograd.graph import _engine_run_backward
 
 from ..losses import per_example
 from ..module_state import gradient_sync_paused
+from ..optim.engine import SharpnessAware
 from ..part import PassInputs
 from .batches import micro_batches, selected_rows
 from .checkpoint import rank_seed
@@ -41,6 +44,7 @@ class EpochLoop:
         # the pass's logits and loss; Run compiles it whole under trainer.compile
         self.forward_loss = ForwardLoss(run.net, self.criterion, run.device, str(t.precision))
         self.test_set = self.val_set = None  # once the model is wrapped (``evaluating``)
+        self._mean_gradients: dict = {}  # mean_gradient's, by (shape, dtype, device, share)
 
     lengths = staticmethod(epoch_lengths)
 
@@ -88,24 +92,30 @@ class EpochLoop:
             clock.train_time = at["train_time"]
         bar = r.record.progress.epoch_bar(clock.epoch, stats.batches)
         for x, y, idx in itertools.islice(r.data.train, stats.batches, None):
-            loss = self.optimizer_step(x, y, idx, stats)
-            r.parts.call("after_step", clock.step)
-            bar.update(stats)  # read only when shown
-            measured = r.parts.merged("measure_values")
-            if measured:
-                clock.train_time -= measured.get("hessian_time_s", 0.0)  # measuring: not training
-                r.record.line({**measured, "epoch": clock.epoch, "step": clock.step,
-                               "step_loss": float(loss)})  # fmt: skip
-            if clock.step % 50 == 0 and stats.diverged_at() is not None:
-                break  # all processes stop together
-            if self.checkpoint_every and clock.step % self.checkpoint_every == 0:
-                train_time = clock.train_time + time.perf_counter() - started
-                r.save({"stats": stats.state_dict(), "train_time": train_time,
-                        "evaluated_step": r.record.evaluated_step})  # fmt: skip
-            if clock.step >= clock.total_steps:  # the step budget is spent
+            if self.train_step(x, y, idx, stats, bar, started):
                 break
         bar.close()
         return self.end_training_pass(stats, started)
+
+    def train_step(self, x, y, idx, stats: EpochStats, bar, started: float) -> bool:
+        """One step of ``train_epoch`` (the optimizer step, the parts' hooks, a measurement or
+        checkpoint when due); True when the epoch stops here (diverged, or the budget spent)."""
+        r, clock = self.run, self.run.clock
+        loss = self.optimizer_step(x, y, idx, stats)
+        r.parts.call("after_step", clock.step)
+        bar.update(stats)  # read only when shown
+        measured = r.parts.merged("measure_values")
+        if measured:
+            clock.train_time -= measured.get("hessian_time_s", 0.0)  # measuring: not training
+            r.record.line({**measured, "epoch": clock.epoch, "step": clock.step,
+                           "step_loss": float(loss)})  # fmt: skip
+        if clock.step % 50 == 0 and stats.diverged_at() is not None:
+            return True  # all processes stop together
+        if self.checkpoint_every and clock.step % self.checkpoint_every == 0:
+            train_time = clock.train_time + time.perf_counter() - started
+            r.save({"stats": stats.state_dict(), "train_time": train_time,
+                    "evaluated_step": r.record.evaluated_step})  # fmt: skip
+        return clock.step >= clock.total_steps  # the step budget is spent
 
     def optimizer_step(self, x, y, idx, stats: EpochStats, schedule: bool = True):
         """One optimizer step, counted in ``stats``; its loss (``schedule``: step the lr too)."""
@@ -114,7 +124,8 @@ class EpochLoop:
         micro = micro_batches(self.accumulate, x, target, y, idx)
         counts = {"predicted": [], "targets": 0}
         r.parts.call("begin_step", micro)
-        loss = r.optimizer.step(lambda: self.forward_backward(micro, counts))
+        # a partial, not a lambda: one Python frame fewer each pass
+        loss = r.optimizer.step(functools.partial(self.forward_backward, micro, counts))
         if schedule:  # before the clock moves: the SWA cycle reads the step it scheduled
             r.scheduler.step()
         self.scaler.update()
@@ -127,7 +138,10 @@ class EpochLoop:
         r, opt, parts = self.run, self.run.optimizer, self.run.parts
         opt.zero_grad(set_to_none=True)
         kept = selected_rows(opt, micro)
-        batch = sum(m[2].shape[0] for _, m, _ in kept)
+        batch = sum(m[2].shape[0] for _, m, _ in kept) if len(kept) > 1 else None
+        # the mean alone is backpropagated: its gradient handed to backward (no graph for it)
+        plain = (type(opt).reduce_loss is SharpnessAware.reduce_loss and not parts.loss_hooks
+                 and not self.scaler.is_enabled())  # fmt: skip
         total = None  # the pass's loss: the first micro-batch's, then sums (0 + x is x)
         for i, (j, (xm, tm, ym, im), rows) in enumerate(kept):
             # a synced pass reduces the gradients once, in its last micro-batch's backward
@@ -135,20 +149,63 @@ class EpochLoop:
             with gradient_sync_paused(r.net) if quiet else NO_CONTEXT:
                 with parts.forward_context(opt.pass_index):  # tm: ym, or its mixed soft targets
                     out, per_sample = self.forward_loss(xm, tm)
-                share = ym.shape[0] / batch  # weighted by size: the step's mean even when uneven
-                loss = opt.reduce_loss(per_sample, out, ym)
-                if share != 1.0:  # × 1 changes no bit of the loss or its gradient
-                    loss = loss * share
-                objective = loss
-                if parts.loss_hooks:
-                    objective = parts.loss(loss, PassInputs(r.model, xm, out, j, share, rows))
-                self.scaler.scale(objective).backward()  # the logged loss stays the task's
-            total = loss.detach() if total is None else total + loss.detach()
+                # weighted by size: the step's mean even when uneven (one micro-batch: all of it)
+                share = ym.shape[0] / batch if batch is not None else 1.0
+                if plain:
+                    loss = self.mean_backward(per_sample, share)
+                else:
+                    inputs = PassInputs(r.model, xm, out, j, share, rows)
+                    loss = self.objective_backward(per_sample, ym, inputs)
+            loss = loss.detach() if loss.requires_grad else loss  # (a detach is an op)
+            total = loss if total is None else total + loss
             if parts.observe_hooks:
                 parts.call("observe", opt.pass_index, im, ym, per_sample.detach())
             if opt.pass_index == 0:  # the count (argmax, ==, sum) records no graph: no detach
                 self.count(out, ym, counts)
         return total if total is not None else torch.zeros((), device=r.device)
+
+    def objective_backward(self, per_sample, labels, inputs: PassInputs) -> torch.Tensor:
+        """Backward through the optimizer's loss (× the micro-batch's share) and the parts' loss
+        terms, fp16-scaled; the task's loss (the logged one) with its graph."""
+        loss = self.run.optimizer.reduce_loss(per_sample, inputs.logits, labels)
+        if inputs.share != 1.0:  # × 1 changes no bit of the loss or its gradient
+            loss = loss * inputs.share
+        objective = loss
+        if self.run.parts.loss_hooks:
+            objective = self.run.parts.loss(loss, inputs)
+        self.scaler.scale(objective).backward()
+        return loss
+
+    def mean_backward(self, per_sample: torch.Tensor, share: float) -> torch.Tensor:
+        """``objective_backward`` where the objective is the mean (× ``share``) alone: the mean
+        taken without a graph, and backward from the per-sample losses with the mean's gradient
+        (``mean_gradient``): the same bits, without the mean's backward or the ones it starts
+        from, each pass."""
+        loss = per_sample.detach().mean()
+        if share != 1.0:
+            loss = loss * share
+        grad = self.mean_gradient(per_sample, share)
+        if type(per_sample) is torch.Tensor and not torch._C._are_functorch_transforms_active():
+            # what Tensor.backward ends in: its checks of the gradient's shape and kind hold
+            # by construction, and cost ~30 µs of Python a pass
+            _engine_run_backward((per_sample,), (grad,), False, False, (),
+                                 allow_unreachable=True, accumulate_grad=True)  # fmt: skip
+        else:  # a tensor subclass, or under a torch.func transform: torch's own way
+            per_sample.backward(grad)
+        return loss
+
+    def mean_gradient(self, per_sample: torch.Tensor, share: float) -> torch.Tensor:
+        """d(mean(per_sample) × share)/d per_sample as autograd computes it (it does so here,
+        once per shape, dtype, device and share; kept)."""
+        key = (per_sample.shape, per_sample.dtype, per_sample.device, share)
+        grad = self._mean_gradients.get(key)
+        if grad is None:
+            leaf = torch.zeros_like(per_sample, requires_grad=True)
+            with torch.enable_grad():
+                loss = leaf.mean()
+                (loss * share if share != 1.0 else loss).backward()
+            grad = self._mean_gradients[key] = leaf.grad
+        return grad
 
     def count(self, out, labels, counts: dict) -> None:
         """The first pass's right predictions and targets (a density loop counts none)."""

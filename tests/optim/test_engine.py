@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from optim_helpers import X, Y, bn_net, build, closure_for, flat, mlp, ref_grad
 
 from sam_runner.optim import SAM, VARIANTS
+from sam_runner.optim.engine import FOLD_NORMS
 
 NAMES = sorted(VARIANTS)
 PERTURBING = [n for n in NAMES if VARIANTS[n].passes > 1]
@@ -413,6 +414,25 @@ def test_grad_norm_max_folds_every_step_s_norm_and_leaves_out_non_finite_ones():
     assert opt.log_values() == {}  # reset, nothing since
 
 
+def test_a_plain_steps_grad_norm_max_is_every_steps_global_norm_max_bit_for_bit():
+    """On the CPU a step that perturbs not keeps its per-tensor norms alone; folded (every
+    FOLD_NORMS steps and when read) they give each step's ``global_norm`` bits, whether the
+    parameters with a gradient stay the same or change within the fold (a layer frozen)."""
+    model = mlp(width=40).float()
+    opt = build("base", model, lr=0.05)
+    x, seen = torch.randn(16, 6, generator=torch.Generator().manual_seed(3)), []
+    for step in range(150):
+        if step == 100:  # a fold of rows of two widths
+            model[0].weight.requires_grad_(False)
+        opt.step(closure_for(opt, model, x=x))
+        seen.append(opt.global_norm(opt._lists()[1]))  # the step's ‖g‖ (the update reads g)
+        if step == 70:
+            assert len(opt._step_norm_parts) == 71 - FOLD_NORMS  # the norms wait, unreduced
+            state = opt.state_dict()  # a checkpoint within a fold: the max so far
+    assert torch.equal(state["grad_norm_max"], torch.stack(seen[:71]).max())
+    assert opt.log_values() == {"grad_norm_max": torch.stack(seen).max().item()}
+
+
 def test_step_hooks_and_the_profiler_range_run_where_asked_and_zero_grad_sets_none():
     model = mlp()
     opt = build("sam", model, lr=0.1)
@@ -423,9 +443,14 @@ def test_step_hooks_and_the_profiler_range_run_where_asked_and_zero_grad_sets_no
     opt.step(closure_for(opt, model))
     assert calls == ["pre", "post"]
     handle.remove()
+    base = opt.base_optimizer  # its own hooks run too, though its step skips torch's wrapper
+    base_handle = base.register_step_post_hook(lambda *_: calls.append("base post"))
+    opt.step(closure_for(opt, model))
+    assert calls == ["pre", "post", "base post", "post"]  # the base step within the SAM step
+    base_handle.remove()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         opt.step(closure_for(opt, model))
-    assert "Optimizer.step#SAM.step" in {e.name for e in prof.events()}
+    assert {"Optimizer.step#SAM.step", "Optimizer.step#SGD.step"} <= {e.name for e in prof.events()}
     opt.zero_grad()
     assert all(p.grad is None for p in model.parameters())
     opt.step(closure_for(opt, model))

@@ -11,6 +11,7 @@ from conftest import TINY, compose, run_cli
 
 from sam_runner.errors import Interrupted
 from sam_runner.train import train
+from sam_runner.training.batches import micro_batches
 from sam_runner.training.loop import EpochLoop
 
 QUICK = [*TINY, "trainer.threads=1", "metrics.hessian.num_samples=128"]
@@ -111,3 +112,31 @@ def test_an_epoch_reads_no_config_object(extra, tmp_path, monkeypatch):
     assert run.loop.train_epoch()
     monkeypatch.undo()
     assert reads == []
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_the_closures_mean_backward_is_autograds_mean_bit_for_bit(accumulate, tmp_path):
+    """Where the mean alone is backpropagated the closure hands backward the mean's gradient
+    (``EpochLoop.mean_gradient``) instead of building the mean's graph: its loss and gradients
+    are those of backward through ``per_sample.mean() × share`` itself, bit for bit, for 10 rows
+    split unevenly (shares 4/10, 3/10, 3/10) as for a whole batch."""
+    from sam_runner.training.run import Run
+
+    cfg = compose(*QUICK, "metrics=off", f"trainer.accumulate={accumulate}",
+                  "dataset.batch_size=12", "trainer.label_smoothing=0.1")  # fmt: skip
+    run = Run(cfg, tmp_path / "run", [])
+    run.setup()
+    loop, model = run.loop, run.model
+    x, y, idx = (t[:10] for t in next(iter(run.data.train)))
+    micro = micro_batches(accumulate, x, y, y, idx)
+    loss = loop.forward_backward(micro, {"targets": 0})
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    total = None
+    for xm, tm, _, _ in micro:
+        part = loop.criterion(model(xm), tm).mean() * (len(tm) / len(y))
+        part.backward()
+        total = part.detach() if total is None else total + part.detach()
+    assert loop._mean_gradients  # the path under test was taken
+    assert torch.equal(loss, total)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters(), strict=True))
