@@ -23,8 +23,11 @@ from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimize
 
 from ..module_state import (
     frozen_running_stats,
+    gathered_kept,
+    gathered_parameters,
     gradient_sync_paused,
     gradients_skipped,
+    reshard_gathered,
     running_stats_restored,
 )
 from .schedule import PerturbSchedule, check_schedule
@@ -135,6 +138,8 @@ class SharpnessAware(torch.optim.Optimizer):
     variant_options: dict = {}  # ... and its own keywords with their defaults
     # why the variant cannot run on sharded parameters (trainer.strategy=fsdp); None: it can
     fsdp_refused: str | None = None
+    # why it cannot build each process's own ε sharded (sync_perturbation=false under fsdp)
+    fsdp_own_perturbation_refused: str | None = None
     # sharded parameters (FSDP2's DTensors): the process group their shards span, else None
     _shard_group = None
 
@@ -193,6 +198,9 @@ class SharpnessAware(torch.optim.Optimizer):
         # max of the first-pass ‖g‖ since log_values() (device), and the norms not yet folded in
         self._grad_norm_max, self._step_norms = None, []
         self.model, self.grad_scaler, self.clip_grad_norm, self._cache = None, None, None, {}
+        # sharded, per-process ε: sharded parameter -> its gathered one while the engine's lists
+        # are the gathered parameters (_on_gathered); whether this step reuses a synced pass
+        self._gathered, self._first_reused = None, False
         self._bn, self._bn_kept = [], frozen_running_stats  # BatchNorm layers, how kept (bind)
         # a training feature's hooks (federated algorithms): add_perturbation_filter/_adjuster
         self._perturbation_filters, self._gradient_adjusters = [], []
@@ -212,6 +220,16 @@ class SharpnessAware(torch.optim.Optimizer):
             options: the variant's keywords (``variant_options`` as configured).
         """
         return 1
+
+    @classmethod
+    def own_perturbation_refusal(cls, options: dict) -> str | None:  # noqa: ARG003
+        """Why the variant, with ``options``, cannot build each process's own ε on sharded
+        parameters (``sync_perturbation=false`` under fsdp); None: it can.
+
+        Args:
+            options: the variant's keywords (``variant_options`` as configured).
+        """
+        return cls.fsdp_own_perturbation_refused
 
     @staticmethod
     def profile_hook_step(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -293,12 +311,15 @@ class SharpnessAware(torch.optim.Optimizer):
         an in-place change moves the parameter), their gradients likewise; the variant's rule
         then runs on the shards, and ``global_norm``, ``dot``, ``tensor_norms`` and
         ``tensor_dots`` reduce over the processes."""
-        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        held = self._held
+        params = [
+            held(p) for g in self.param_groups for p in g["params"] if held(p).grad is not None
+        ]
         key = tuple(map(id, params))  # the parameter set: the buffers are rebuilt when it changes
         if self._cache.get("key") != key:
             slices, start = [], 0
             for g in self.param_groups:
-                n = sum(p.grad is not None for p in g["params"])
+                n = sum(held(p).grad is not None for p in g["params"])
                 slices.append((start, start + n))
                 start += n
             self._cache = _Buffers(key=key, params=params, slices=slices)
@@ -326,12 +347,17 @@ class SharpnessAware(torch.optim.Optimizer):
         for gi, g in enumerate(self.param_groups):
             listed, own = g.get(PER_PARAMETER[key]), g.get(key)
             for i, p in enumerate(g["params"]):
-                if with_grads and p.grad is None:
+                if with_grads and self._held(p).grad is None:
                     continue
                 out.append(
                     listed[i] if listed is not None else own if own is not None else default(p, gi)
                 )
         return out
+
+    def _held(self, p: torch.Tensor) -> torch.Tensor:
+        """The tensor the engine's lists hold for parameter ``p``: ``p``, or while a per-process ε
+        is built sharded, the gathered parameter FSDP2 made of it (``_on_gathered``)."""
+        return p if self._gathered is None else self._gathered.get(p, p)
 
     def _local_shards(self, c) -> None:
         """Under sharding: ``params`` become the local shards (``sharded`` the parameters), and
@@ -545,6 +571,7 @@ class SharpnessAware(torch.optim.Optimizer):
         else:
             perturb = perturbs and self.schedule.decide(self.step_count)
         self.last_perturbed = perturb  # a variant may clear it (LookSAM's reuse steps)
+        self._first_reused = first is not None
         if perturb:
             loss = self.sharpness_step(closure if first is None else _reuse_first(closure, first))
         else:
@@ -583,6 +610,8 @@ class SharpnessAware(torch.optim.Optimizer):
 
     def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
         """First pass at θ, perturb to θ+ε, second pass, restore θ (the descent gradient stays)."""
+        if self._own_perturbation_sharded():
+            return self._own_sharpness_step(closure)
         loss, params, pgrads = self.first_pass(closure)
         self.perturb_(params, pgrads)
         # the first pass's gradients (SAM's ε) let go: the second pass's closure frees them
@@ -596,8 +625,61 @@ class SharpnessAware(torch.optim.Optimizer):
         buffers, where a variant may read it after the second pass)."""
         c = self._cache
         self.perturbation_into(params, pgrads, c["eps"])
-        torch._foreach_copy_(c["theta"], params)
+        self.save_theta(params)
         torch._foreach_add_(params, c["eps"])
+
+    def save_theta(self, params: Tensors) -> None:
+        """θ into its buffer, for the restore after the perturbed pass; nothing while the lists are
+        gathered parameters (their reshard drops θ + ε, the shards still hold θ)."""
+        if self._gathered is None:
+            torch._foreach_copy_(self._cache["theta"], params)
+
+    # ------------------------------------------------------------------ per-process ε, sharded
+    def _own_perturbation_sharded(self) -> bool:
+        """Whether this perturbing step builds each process's own ε on FSDP2's gathered
+        parameters: a sharded model, ``sync_perturbation`` off, and no synchronised first pass
+        already run (the ``adaptive`` schedule's, which ε then reuses as under DDP)."""
+        sharded = hasattr(self.model, "set_reshard_after_backward")  # FSDP2's FSDPModule
+        return sharded and not self.sync_perturbation and not self._first_reused
+
+    @contextlib.contextmanager
+    def _on_gathered(self):
+        """Inside, the engine's lists are the gathered parameters (this process's whole tensors)
+        and their gradients (its own, unreduced): the variant's rule, its norms and dots run as
+        on one process's gradient under DDP; its buffers (ε) are whole tensors, kept apart from
+        the sharded lists' buffers."""
+        sharded_cache, group = self._cache, self._shard_group
+        self._gathered, self._shard_group = gathered_parameters(self.model), None
+        self._cache = self.__dict__.get("_gathered_cache", {})
+        try:
+            yield
+        finally:
+            self._gathered_cache = self._cache
+            self._cache, self._shard_group, self._gathered = sharded_cache, group, None
+
+    def _own_sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """SAM's step with each process's own ε under FSDP2. The pass at θ runs unsynchronised
+        and keeps its gathered parameters, whose ``.grad`` is then the process's whole gradient;
+        ε from it is added to them in place (the shards keep θ). The descent pass runs on those
+        θ + ε_k without gathering again, reduce-scatters the mean of ∇L_k(θ + ε_k), and the
+        reshard after it drops the perturbed copies: θ needs no restore."""
+        with gathered_kept(self.model):
+            loss = self.run_pass(closure, 0, sync=False)
+        with self._on_gathered():
+            params, grads, _ = self._lists()
+            self.perturb_(params, self.prepare_perturbation(params, grads))
+            for p in params:  # the descent pass's reduce-scatter takes its own gradient alone
+                p.grad = None
+            del grads
+        try:
+            with gathered_kept(self.model, through_forward=True):
+                perturbed_loss = self.run_pass(closure, 1, sync=True)
+        finally:
+            reshard_gathered(self.model)
+        self.descent_loss = perturbed_loss
+        # each process's own losses, as under DDP: a rule reading them averages what it needs
+        self.after_second_pass(loss, perturbed_loss)
+        return loss
 
     def first_pass(
         self, closure: Callable[[], torch.Tensor]
@@ -686,6 +768,11 @@ class SharpnessAware(torch.optim.Optimizer):
     # ------------------------------------------------------------------ davda54/sam's API
     def _two_step_check(self, method: str) -> None:
         name = type(self).__name__
+        _check(
+            not self._own_perturbation_sharded(),
+            f"{name}.{method}: with sync_perturbation off on a sharded model each process's ε is "
+            "built on FSDP2's gathered parameters: use step(closure)",
+        )
         _check(
             self.passes == 2 and type(self).sharpness_step is SharpnessAware.sharpness_step,
             f"{name}.{method}: {name} runs passes of its own (more or fewer than two, or on part "

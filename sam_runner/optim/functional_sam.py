@@ -61,6 +61,17 @@ class FunctionalSAM(SAM):
         )
         self._deltas, self._next = [], 0
 
+    @classmethod
+    @override
+    def own_perturbation_refusal(cls, options: dict) -> str | None:
+        """precondition=adam: ε would read the base's second moment, kept on the shards."""
+        if options.get("precondition", cls.variant_options["precondition"]) == "adam":
+            return (
+                "precondition=adam divides each process's whole g by the base optimizer's "
+                "second moment, which is kept on the shards"
+            )
+        return None
+
     @override
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         """One Functional-SAM step (``closure`` as the engine's)."""

@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     "gsam", "descent ∇L(θ+ε) − α g⊥, ρ following the lr schedule (Zhuang et al. 2022)"
 )
 class GSAM(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its update decomposes the descent gradient against the first pass's g, which each "
+        "process holds whole and its own while the descent gradient is sharded"
+    )
     variant_options = {"alpha": 0.1}
 
     def __init__(

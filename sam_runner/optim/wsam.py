@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 
 @VARIANTS.register("wsam", "g + γ/(1−γ)·(g_s − g): sharpness as a weighted term (WSAM)")
 class WSAM(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its update mixes the first pass's g, which each process holds whole and its own, into "
+        "the sharded descent gradient"
+    )
     variant_options = {"gamma": 0.9, "decouple": True}
 
     def __init__(

@@ -103,12 +103,7 @@ def refusals(cfg) -> list[str]:
             "matrices, which no process holds); use trainer.strategy=ddp"
         )
     if name != "base" and cfg.optimizer.get("sync_perturbation") is False:
-        out.append(
-            f"optimizer={name} optimizer.sync_perturbation=false (ε from each process's own "
-            "gradient) is not implemented sharded: θ + ε would differ per process while the "
-            "shards it is gathered from are shared; leave it unset (true under fsdp) or use "
-            "trainer.strategy=ddp"
-        )
+        out += own_perturbation_refusals(cfg, name)
     if t.precision == "fp16":
         out.append(
             "trainer.precision=fp16 cannot shard (the loss scaler's overflow check is per "
@@ -140,6 +135,33 @@ def refusals(cfg) -> list[str]:
     return out
 
 
+def own_perturbation_refusals(cfg, name: str) -> list[str]:
+    """Why ``optimizer.sync_perturbation=false`` (each process's own ε) cannot run sharded."""
+    from ..optim.build import variant_kwargs
+
+    try:
+        cls, options = variant_kwargs(cfg)
+        why = cls.own_perturbation_refusal(options)
+    except Exception:  # an unknown name or option is the optimizer's own check's to report
+        why = None
+    out = []
+    if why:
+        out.append(
+            f"optimizer={name} optimizer.sync_perturbation=false cannot shard ({why}); leave it "
+            "unset (true under fsdp) or use trainer.strategy=ddp"
+        )
+    if str(cfg.trainer.precision) == "bf16":
+        out.append(OWN_PERTURBATION_BF16)
+    return out
+
+
+OWN_PERTURBATION_BF16 = (
+    "optimizer.sync_perturbation=false with bf16 passes cannot shard (FSDP2 keeps a process's "
+    "own gradient of bf16 passes in an fp32 accumulator of its own, which ε is not built from); "
+    "use trainer.precision=fp32, sync_perturbation=true or trainer.strategy=ddp"
+)
+
+
 def check_blocks(cfg, model) -> None:
     """activation_checkpointing needs blocks: a model whose family declares none is refused."""
     if cfg.trainer.get("activation_checkpointing", False):
@@ -166,6 +188,11 @@ def wrap(model, cfg, dist):
             # with the gathered weights while it measures
             dist.unsharded = copy.deepcopy(model).to_empty(device="meta")
         precision = resolved_precision(str(cfg.trainer.precision), dist.device or "cpu")
+        own = str(cfg.optimizer.name) != "base" and cfg.optimizer.get("sync_perturbation") is False
+        # trainer.precision=auto is known to be bf16 only here, on the device
+        require(
+            not (own and precision == "bf16"), f"trainer.strategy=fsdp: {OWN_PERTURBATION_BF16}"
+        )
         shard(model, blocks, dist, precision)
         dist.sharded = True
         return model
