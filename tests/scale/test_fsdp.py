@@ -518,6 +518,32 @@ def _rows(run_dir):
     ]
 
 
+@pytest.mark.slow  # 40-80 s: four 2-process runs
+def test_a_sharded_run_with_its_own_eps_equals_ddp_and_resumes_exactly(tmp_path):
+    """sync_perturbation=false through sam-run's training loop (ASAM: whole ε and T buffers on
+    each process): fsdp equals ddp to float error, and 1 epoch then a resume to 2 (a sharded
+    checkpoint) equals 2 straight bit for bit."""
+    from conftest import stopped_early_of
+
+    cfg = [*COMMON, "optimizer=asam", OWN, "trainer.epochs=2"]
+    runs = {name: tmp_path / name for name in ("ddp", "fsdp", "resumed")}
+    for name in ("ddp", "fsdp"):
+        run = compose(*cfg, f"trainer.strategy={name}")
+        distributed.launch(train, (run, str(runs[name]), ["x"]), 2, CPU)
+    first = compose(*cfg, "trainer.strategy=fsdp", "trainer.epochs=1")
+    distributed.launch(train, (first, str(runs["resumed"]), ["x"]), 2, CPU)
+    stopped_early_of(runs["resumed"], 2)
+    again = compose(*cfg, "trainer.strategy=fsdp")
+    distributed.launch(train, (again, str(runs["resumed"]), ["x"]), 2, CPU)
+    assert _rows(runs["fsdp"]) == _rows(runs["resumed"])
+    ddp, fsdp = _rows(runs["ddp"]), _rows(runs["fsdp"])
+    assert [r["epoch"] for r in fsdp] == [1, 2]
+    for a, b in zip(ddp, fsdp):
+        for k, v in a.items():
+            if isinstance(v, float):
+                assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+
+
 def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path):
     """2 processes, FSDP: 1 epoch then a resume to 2 equals 2 straight (the metrics lines bit for
     bit); the checkpoint is sharded (last.pt points at it) and reads back whole in one process
