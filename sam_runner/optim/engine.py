@@ -7,6 +7,13 @@ gradient scaler, gradient clipping, DDP synchronisation, the ρ schedule,
 pass may skip (``first_pass_skips``, ``run_pass(skip=...)``) and the base optimizer's step.
 Arithmetic runs on whole parameter lists (``torch._foreach_*``) with persistent buffers and no
 host syncs (the ``adaptive`` schedule's decision and ESAM's draws aside).
+
+Sharded parameters (FSDP2): the lists are this process's local shards and every norm and dot
+reduces over the processes, except for ``sync_perturbation=false``: then a perturbing step builds
+each process's own ε on FSDP2's gathered parameters (``_own_sharpness_step``; the lists are
+then the gathered whole tensors and their unreduced gradients, norms local, as under DDP), and
+the rest of the step (the descent gradient, ``after_second_pass``, the base step) runs on the
+shards. A variant whose rule or update cannot run so says why in ``own_perturbation_refusal``.
 """
 
 from __future__ import annotations

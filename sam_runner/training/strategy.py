@@ -16,17 +16,25 @@
   kept so dropout draws alike; BatchNorm running statistics are restored after the recompute so
   that they move once a pass). It changes no result: bit for bit on the CPU kernels we test.
 
+``optimizer.sync_perturbation=false`` (each process's own ε, DDP's default; FSDP runs default
+to ``true``) keeps its meaning sharded: the pass at θ runs with the gradient sync paused and
+FSDP2 keeps the parameters it gathered (no reshard after backward), so each process holds its
+whole parameters and its own whole gradient (their ``.grad``); the variant's rule runs on them
+with local norms, as on one process under DDP, and ε_k is added to them in place. The descent
+pass runs on θ + ε_k without gathering again (no reshard after forward or backward until it
+ends), reduce-scatters the mean of ∇L_k(θ + ε_k), and the reshard after it drops the perturbed
+copies: the shards still hold θ (``SharpnessAware._own_sharpness_step``). The cost is DDP's
+memory for that window: the whole parameters, gradient and ε on every process.
+
 What cannot run sharded is refused in one line (``check``): one process (nothing to shard),
 the variants whose rule needs whole matrices or per-process state (a variant's ``fsdp_refused``),
-``base_optimizer=muon`` (whole-matrix orthogonalisation), ``sync_perturbation=false`` (not
-implemented; FSDP runs default to ``sync_perturbation=true``: with the gradient sync paused a
-process's own gradient exists only unsharded, inside FSDP2's parameter objects, and θ + ε
-differs per process while the shards it is gathered from are shared, so ε would have to be
-added to the gathered parameters of the second pass's forward and backward — DDP's memory for
-that step, and each variant's rule on whole tensors), ``trainer.precision=fp16``
-(the loss scaler's inf check is per process), ``trainer.weight_averaging`` and ``federated``
-(both keep whole copies of the weights), ``regularizer=jsd`` in parameter space (a
-``functional_call`` at θ + δ) and ``trainer.sync_batchnorm``.
+``base_optimizer=muon`` (whole-matrix orthogonalisation), ``sync_perturbation=false`` for the
+variants whose rule or update keeps state on the shards or runs passes of its own (a variant's
+``own_perturbation_refusal``) and with bf16 passes (FSDP2 keeps the unreduced gradient in an
+accumulator of its own), ``trainer.precision=fp16`` (the loss scaler's inf check is per
+process), ``trainer.weight_averaging`` and ``federated`` (both keep whole copies of the
+weights), ``regularizer=jsd`` in parameter space (a ``functional_call`` at θ + δ) and
+``trainer.sync_batchnorm``.
 """
 
 from __future__ import annotations
