@@ -317,16 +317,21 @@ class SharpnessAware(torch.optim.Optimizer):
         Sharded parameters (FSDP2's DTensors) are listed as this process's local shards (views:
         an in-place change moves the parameter), their gradients likewise; the variant's rule
         then runs on the shards, and ``global_norm``, ``dot``, ``tensor_norms`` and
-        ``tensor_dots`` reduce over the processes."""
-        held = self._held
-        params = [
-            held(p) for g in self.param_groups for p in g["params"] if held(p).grad is not None
-        ]
+        ``tensor_dots`` reduce over the processes. While each process's own ε is built sharded
+        (``_on_gathered``) they are FSDP2's gathered parameters instead, whole, with the
+        process's unreduced gradients."""
+        groups = self.param_groups
+        if self._gathered is None:  # every step's case: the parameters themselves
+            params = [p for g in groups for p in g["params"] if p.grad is not None]
+        else:
+            params = [
+                w for g in groups for p in g["params"] if (w := self._held(p)).grad is not None
+            ]
         key = tuple(map(id, params))  # the parameter set: the buffers are rebuilt when it changes
         if self._cache.get("key") != key:
             slices, start = [], 0
-            for g in self.param_groups:
-                n = sum(held(p).grad is not None for p in g["params"])
+            for g in groups:
+                n = sum(self._held(p).grad is not None for p in g["params"])
                 slices.append((start, start + n))
                 start += n
             self._cache = _Buffers(key=key, params=params, slices=slices)

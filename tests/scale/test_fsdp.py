@@ -600,6 +600,10 @@ def test_bad_strategy_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_pa
             "optimizer=spectral_sam cannot shard",
         ),
         (
+            ["trainer.strategy=fsdp", "trainer.devices=2", "optimizer=gsam", OWN],
+            "optimizer=gsam optimizer.sync_perturbation=false cannot shard (its update",
+        ),
+        (
             ["model=cnn1d", "trainer.activation_checkpointing=true"],
             "model=cnn1d declares no blocks",
         ),
