@@ -119,16 +119,19 @@ class FunctionalSAM(SAM):
 
     def _precondition_(self, params, eps) -> None:
         """eps ← eps / (√v̂ + ε_adam) per group, v̂ the base's bias-corrected second moment."""
-        state = self.base_optimizer.state
-        for (a, b), group in zip(self._cache["slices"], self.param_groups):
+        state, c = self.base_optimizer.state, self._cache
+        # sharded: the base's state is keyed by the parameters (DTensors), ``params`` are shards
+        owners = c.get("sharded", params)
+        for (a, b), group in zip(c["slices"], self.param_groups):
             beta2, adam_eps = group["betas"][1], group.get("eps", 1e-8)
-            for p, e in zip(params[a:b], eps[a:b]):
+            for p, e in zip(owners[a:b], eps[a:b]):
                 s = state.get(p, {})
                 if "exp_avg_sq" not in s:
                     continue
                 step = float(s["step"])
-                denom = (s["exp_avg_sq"] / (1 - beta2**step)).sqrt_().add_(adam_eps)
-                e.div_(denom)
+                v = s["exp_avg_sq"]
+                v = v.to_local() if hasattr(v, "to_local") else v  # a DTensor's local shard
+                e.div_((v / (1 - beta2**step)).sqrt_().add_(adam_eps))
 
     @override
     def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:

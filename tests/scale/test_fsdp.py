@@ -44,6 +44,11 @@ EXTRA = {
         "base_optimizer.weight_decay=0.01",
     ],
     "sam+muon": ["optimizer=sam", "base_optimizer=muon"],
+    "functional_sam+adam": [
+        "optimizer=functional_sam",
+        "optimizer.precondition=adam",
+        "base_optimizer=adamw",
+    ],
 }
 
 
@@ -142,11 +147,6 @@ OWN_REFUSED = {
     "precond_sam", "sam_sps", "wsam", "functional_sam+adam",
 }  # fmt: skip
 OWN_CASES = {
-    "functional_sam+adam": [
-        "optimizer=functional_sam",
-        "optimizer.precondition=adam",
-        "base_optimizer=adamw",
-    ],
     "sam+accumulate": ["optimizer=sam", "trainer.accumulate=2"],
 }
 
