@@ -658,15 +658,14 @@ class SharpnessAware(torch.optim.Optimizer):
     def _on_gathered(self):
         """Inside, the engine's lists are the gathered parameters (this process's whole tensors)
         and their gradients (its own, unreduced): the variant's rule, its norms and dots run as
-        on one process's gradient under DDP; its buffers (ε) are whole tensors, kept apart from
-        the sharded lists' buffers."""
+        on one process's gradient under DDP; its buffers (ε) are whole tensors, apart from the
+        sharded lists' and let go on leaving (ε is then in the parameters: the descent pass runs
+        without them, and no whole tensor stays between steps)."""
         sharded_cache, group = self._cache, self._shard_group
-        self._gathered, self._shard_group = gathered_parameters(self.model), None
-        self._cache = self.__dict__.get("_gathered_cache", {})
+        self._gathered, self._shard_group, self._cache = gathered_parameters(self.model), None, {}
         try:
             yield
         finally:
-            self._gathered_cache = self._cache
             self._cache, self._shard_group, self._gathered = sharded_cache, group, None
 
     def _own_sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:

@@ -24,7 +24,8 @@ with local norms, as on one process under DDP, and ε_k is added to them in plac
 pass runs on θ + ε_k without gathering again (no reshard after forward or backward until it
 ends), reduce-scatters the mean of ∇L_k(θ + ε_k), and the reshard after it drops the perturbed
 copies: the shards still hold θ (``SharpnessAware._own_sharpness_step``). The cost is DDP's
-memory for that window: the whole parameters, gradient and ε on every process.
+memory for that window: the whole parameters on every process, and its whole gradient and ε
+until ε is in them.
 
 What cannot run sharded is refused in one line (``check``): one process (nothing to shard),
 the variants whose rule needs whole matrices or per-process state (a variant's ``fsdp_refused``),
