@@ -544,6 +544,23 @@ def test_a_sharded_run_with_its_own_eps_equals_ddp_and_resumes_exactly(tmp_path)
                 assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
 
 
+@pytest.mark.slow  # 20-40 s: two 2-process runs
+def test_a_sharded_gpt_with_its_own_eps_and_checkpointing_equals_ddp(tmp_path):
+    """sync_perturbation=false on a GPT (its blocks sharded one by one, the embedding tied to the
+    head) with activation checkpointing (the recompute reads the gathered θ + ε_k) and
+    trainer.accumulate=2: fsdp's metrics are ddp's."""
+    cfg = [*GPT, "optimizer=asam", OWN, "trainer.activation_checkpointing=true",
+           "trainer.accumulate=2"]  # fmt: skip
+    for name in ("ddp", "fsdp"):
+        run = compose(*cfg, f"trainer.strategy={name}")
+        distributed.launch(train, (run, str(tmp_path / name), ["x"]), 2, CPU)
+    (a,), (b,) = _rows(tmp_path / "ddp"), _rows(tmp_path / "fsdp")
+    assert a["grad_evals"] == b["grad_evals"] == 8  # four perturbed steps
+    for k, v in a.items():
+        if isinstance(v, float):
+            assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+
+
 def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path):
     """2 processes, FSDP: 1 epoch then a resume to 2 equals 2 straight (the metrics lines bit for
     bit); the checkpoint is sharded (last.pt points at it) and reads back whole in one process
