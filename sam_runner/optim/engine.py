@@ -13,7 +13,9 @@ reduces over the processes, except for ``sync_perturbation=false``: then a pertu
 each process's own ε on FSDP2's gathered parameters (``_own_sharpness_step``; the lists are
 then the gathered whole tensors and their unreduced gradients, norms local, as under DDP), and
 the rest of the step (the descent gradient, ``after_second_pass``, the base step) runs on the
-shards. A variant whose rule or update cannot run so says why in ``own_perturbation_refusal``.
+shards (a rule whose update reads the first pass's g takes the shards of its mean over the
+processes, ``shards_of_mean``, as DDP averages it). A variant whose rule or update cannot run so
+says why in ``own_perturbation_refusal``.
 """
 
 from __future__ import annotations
@@ -667,6 +669,28 @@ class SharpnessAware(torch.optim.Optimizer):
             yield
         finally:
             self._cache, self._shard_group, self._gathered = sharded_cache, group, None
+
+    def shards_of_mean(self, whole: Tensors) -> Tensors:
+        """While each process's own ε is built sharded (the lists gathered): the mean over the
+        processes of ``whole`` (one tensor per listed parameter, as DDP averages a process's own
+        g: one all-reduce, whole), cut to this process's shards as the sharded lists hold them.
+        For a rule whose update, on the shards, reads the first pass's gradient.
+
+        Args:
+            whole: one tensor per parameter of the gathered lists (``_lists()``), in their order.
+        """
+        from torch.distributed.tensor import distribute_tensor
+
+        mean = [w.clone() for w in whole]
+        self.all_reduce_mean_list_(mean)
+        sharded = {id(w): p for p, w in self._gathered.items()}
+        out = []
+        for m, w in zip(mean, self._lists()[0]):
+            p = sharded[id(w)]
+            # every process holds the same mean: each cuts its own shard, no communication
+            local = distribute_tensor(m, p.device_mesh, p.placements, src_data_rank=None)
+            out.append(local.to_local())
+        return out
 
     def _own_sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
         """SAM's step with each process's own ε under FSDP2. The pass at θ runs unsynchronised

@@ -143,10 +143,11 @@ def test_every_variant_sharded_equals_one_process_on_the_whole_batch_or_is_refus
 OWN = "optimizer.sync_perturbation=false"
 # refused sharded with each process's own ε (beside the variants refused sharded at all)
 OWN_REFUSED = {
-    "bsam", "eisam", "flatpo", "focal_sam", "fsam", "gear_sam", "gsam", "look_sam",
-    "precond_sam", "sam_sps", "wsam", "functional_sam+adam",
+    "bsam", "eisam", "flatpo", "focal_sam", "fsam", "gear_sam", "look_sam", "precond_sam",
+    "sam_sps", "functional_sam+adam",
 }  # fmt: skip
 OWN_CASES = {
+    "wsam+coupled": ["optimizer=wsam", "optimizer.decouple=false"],
     "sam+accumulate": ["optimizer=sam", "trainer.accumulate=2"],
 }
 
@@ -282,9 +283,9 @@ def test_every_variant_with_its_own_eps_sharded_equals_ddp_unless_refused():
     out = distributed.launch(_own_perturbation_probe, (chosen,), 2, CPU)
     _check_own_eps_equals_ddp({k: r for k, r in out.items() if "refused" not in r})
     assert {k for k, r in out.items() if "refused" not in r} == {
-        "asam", "csam", "functional_sam", "gcsam", "le_sam", "msam", "sampa", "sample",
-        "tlc_sam", "sam+adamw", "sam+lion", "sam+lion_k_l2", "sam+clip", "sam+adaptive",
-        "sam+rho_cosine", "sam+weight_decay",
+        "asam", "csam", "functional_sam", "gcsam", "gsam", "le_sam", "msam", "sampa", "sample",
+        "tlc_sam", "wsam", "wsam+coupled", "sam+adamw", "sam+lion", "sam+lion_k_l2", "sam+clip",
+        "sam+adaptive", "sam+rho_cosine", "sam+weight_decay",
     }  # fmt: skip
 
 
