@@ -151,6 +151,11 @@ class SharpnessAware(torch.optim.Optimizer):
     fsdp_own_perturbation_refused: str | None = None
     # sharded parameters (FSDP2's DTensors): the process group their shards span, else None
     _shard_group = None
+    # sharded, each process's own ε: sharded parameter -> its gathered one while the engine's
+    # lists are the gathered parameters (_on_gathered), else None; whether this step reuses a
+    # synchronised first pass (the adaptive schedule's)
+    _gathered: dict | None = None
+    _first_reused = False
 
     def __init__(
         self,
@@ -207,9 +212,6 @@ class SharpnessAware(torch.optim.Optimizer):
         # max of the first-pass ‖g‖ since log_values() (device), and the norms not yet folded in
         self._grad_norm_max, self._step_norms = None, []
         self.model, self.grad_scaler, self.clip_grad_norm, self._cache = None, None, None, {}
-        # sharded, per-process ε: sharded parameter -> its gathered one while the engine's lists
-        # are the gathered parameters (_on_gathered); whether this step reuses a synced pass
-        self._gathered, self._first_reused = None, False
         self._bn, self._bn_kept = [], frozen_running_stats  # BatchNorm layers, how kept (bind)
         # a training feature's hooks (federated algorithms): add_perturbation_filter/_adjuster
         self._perturbation_filters, self._gradient_adjusters = [], []
