@@ -685,14 +685,22 @@ class SharpnessAware(torch.optim.Optimizer):
 
         mean = [w.clone() for w in whole]
         self.all_reduce_mean_list_(mean)
-        sharded = {id(w): p for p, w in self._gathered.items()}
         out = []
-        for m, w in zip(mean, self._lists()[0]):
-            p = sharded[id(w)]
+        for m, p in zip(mean, self.state_owners()):
             # every process holds the same mean: each cuts its own shard, no communication
             local = distribute_tensor(m, p.device_mesh, p.placements, src_data_rank=None)
             out.append(local.to_local())
         return out
+
+    def state_owners(self) -> list[torch.Tensor]:
+        """The parameters of the engine's listed tensors (``_lists()``'s, in their order), as the
+        base optimizer keys its state: the tensors themselves, or under sharding the DTensor
+        parameters whose shards, or gathered copies, are listed."""
+        c = self._cache
+        if self._gathered is not None:
+            sharded = {id(w): p for p, w in self._gathered.items()}
+            return [sharded[id(w)] for w in c["params"]]
+        return c.get("sharded", c["params"])
 
     def _own_sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
         """SAM's step with each process's own ε under FSDP2. The pass at θ runs unsynchronised

@@ -61,17 +61,6 @@ class FunctionalSAM(SAM):
         )
         self._deltas, self._next = [], 0
 
-    @classmethod
-    @override
-    def own_perturbation_refusal(cls, options: dict) -> str | None:
-        """precondition=adam: ε would read the base's second moment, kept on the shards."""
-        if options.get("precondition", cls.variant_options["precondition"]) == "adam":
-            return (
-                "precondition=adam divides each process's whole g by the base optimizer's "
-                "second moment, which is kept on the shards"
-            )
-        return None
-
     @override
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         """One Functional-SAM step (``closure`` as the engine's)."""
@@ -114,14 +103,14 @@ class FunctionalSAM(SAM):
         )
         torch._foreach_copy_(eps, grads)
         if self.precondition == "adam":
-            self._precondition_(params, eps)
+            self._precondition_(eps)
         torch._foreach_mul_(eps, self.current_rho / (self.global_norm(eps) + 1e-12))
 
-    def _precondition_(self, params, eps) -> None:
+    def _precondition_(self, eps) -> None:
         """eps ← eps / (√v̂ + ε_adam) per group, v̂ the base's bias-corrected second moment."""
         state, c = self.base_optimizer.state, self._cache
-        # sharded: the base's state is keyed by the parameters (DTensors), ``params`` are shards
-        owners = c.get("sharded", params)
+        # sharded: the base's state is keyed by the parameters (DTensors), not the listed tensors
+        owners, whole = self.state_owners(), self._gathered is not None
         for (a, b), group in zip(c["slices"], self.param_groups):
             beta2, adam_eps = group["betas"][1], group.get("eps", 1e-8)
             for p, e in zip(owners[a:b], eps[a:b]):
@@ -130,7 +119,8 @@ class FunctionalSAM(SAM):
                     continue
                 step = float(s["step"])
                 v = s["exp_avg_sq"]
-                v = v.to_local() if hasattr(v, "to_local") else v  # a DTensor's local shard
+                if hasattr(v, "to_local"):  # a DTensor: ε's lists hold its shard, or the whole
+                    v = v.full_tensor() if whole else v.to_local()
                 e.div_((v / (1 - beta2**step)).sqrt_().add_(adam_eps))
 
     @override

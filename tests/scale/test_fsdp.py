@@ -144,7 +144,7 @@ OWN = "optimizer.sync_perturbation=false"
 # refused sharded with each process's own ε (beside the variants refused sharded at all)
 OWN_REFUSED = {
     "bsam", "eisam", "flatpo", "focal_sam", "fsam", "gear_sam", "look_sam", "precond_sam",
-    "sam_sps", "functional_sam+adam",
+    "sam_sps",
 }  # fmt: skip
 OWN_CASES = {
     "wsam+coupled": ["optimizer=wsam", "optimizer.decouple=false"],
@@ -285,7 +285,7 @@ def test_every_variant_with_its_own_eps_sharded_equals_ddp_unless_refused():
     assert {k for k, r in out.items() if "refused" not in r} == {
         "asam", "csam", "functional_sam", "gcsam", "gsam", "le_sam", "msam", "sampa", "sample",
         "tlc_sam", "wsam", "wsam+coupled", "sam+adamw", "sam+lion", "sam+lion_k_l2", "sam+clip",
-        "sam+adaptive", "sam+rho_cosine", "sam+weight_decay",
+        "sam+adaptive", "sam+rho_cosine", "sam+weight_decay", "functional_sam+adam",
     }  # fmt: skip
 
 
