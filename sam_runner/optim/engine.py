@@ -15,7 +15,7 @@ then the gathered whole tensors and their unreduced gradients, norms local, as u
 the rest of the step (the descent gradient, ``after_second_pass``, the base step) runs on the
 shards (a rule whose update reads the first pass's g takes the shards of its mean over the
 processes, ``shards_of_mean``, as DDP averages it). A variant whose rule or update cannot run so
-says why in ``own_perturbation_refusal``.
+says why in ``fsdp_own_perturbation_refused``.
 """
 
 from __future__ import annotations
@@ -231,16 +231,6 @@ class SharpnessAware(torch.optim.Optimizer):
             options: the variant's keywords (``variant_options`` as configured).
         """
         return 1
-
-    @classmethod
-    def own_perturbation_refusal(cls, options: dict) -> str | None:  # noqa: ARG003
-        """Why the variant, with ``options``, cannot build each process's own ε on sharded
-        parameters (``sync_perturbation=false`` under fsdp); None: it can.
-
-        Args:
-            options: the variant's keywords (``variant_options`` as configured).
-        """
-        return cls.fsdp_own_perturbation_refused
 
     @staticmethod
     def profile_hook_step(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -31,7 +31,7 @@ What cannot run sharded is refused in one line (``check``): one process (nothing
 the variants whose rule needs whole matrices or per-process state (a variant's ``fsdp_refused``),
 ``base_optimizer=muon`` (whole-matrix orthogonalisation), ``sync_perturbation=false`` for the
 variants whose rule or update keeps state on the shards or runs passes of its own (a variant's
-``own_perturbation_refusal``) and with bf16 passes (FSDP2 keeps the unreduced gradient in an
+``fsdp_own_perturbation_refused``) and with bf16 passes (FSDP2 keeps the unreduced gradient in an
 accumulator of its own), ``trainer.precision=fp16`` (the loss scaler's inf check is per
 process), ``trainer.weight_averaging`` and ``federated`` (both keep whole copies of the
 weights), ``regularizer=jsd`` in parameter space (a ``functional_call`` at θ + δ) and
@@ -146,12 +146,11 @@ def refusals(cfg) -> list[str]:
 
 def own_perturbation_refusals(cfg, name: str) -> list[str]:
     """Why ``optimizer.sync_perturbation=false`` (each process's own ε) cannot run sharded."""
-    from ..optim.build import variant_kwargs
+    from ..registry import VARIANTS
 
     try:
-        cls, options = variant_kwargs(cfg)
-        why = cls.own_perturbation_refusal(options)
-    except Exception:  # an unknown name or option is the optimizer's own check's to report
+        why = getattr(VARIANTS.entry(name).target, "fsdp_own_perturbation_refused", None)
+    except Exception:  # an unknown name is the optimizer's own check's to report
         why = None
     out = []
     if why:

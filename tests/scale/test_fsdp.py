@@ -618,8 +618,8 @@ def test_bad_strategy_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_pa
             "optimizer=spectral_sam cannot shard",
         ),
         (
-            ["trainer.strategy=fsdp", "trainer.devices=2", "optimizer=gsam", OWN],
-            "optimizer=gsam optimizer.sync_perturbation=false cannot shard (its update",
+            ["trainer.strategy=fsdp", "trainer.devices=2", "optimizer=fsam", OWN],
+            "optimizer=fsam optimizer.sync_perturbation=false cannot shard (its momentum",
         ),
         (
             ["model=cnn1d", "trainer.activation_checkpointing=true"],
