@@ -276,7 +276,7 @@ def test_sam_with_its_own_eps_sharded_equals_ddp():
     assert out["sam"]["to_synced"] > 1e-4
 
 
-@pytest.mark.slow  # ~2 minutes: every variant and option twice
+@pytest.mark.slow  # 20-110 s on 2 shared cores: every variant and option, twice
 def test_every_variant_with_its_own_eps_sharded_equals_ddp_unless_refused():
     perturbing = _perturbing_cases()
     chosen = {k: v for k, v in perturbing.items() if k not in ("sam", "sam+accumulate")}
@@ -519,7 +519,7 @@ def _rows(run_dir):
     ]
 
 
-@pytest.mark.slow  # 40-80 s: four 2-process runs
+@pytest.mark.slow  # 25-80 s on 2 shared cores: four 2-process runs
 def test_a_sharded_run_with_its_own_eps_equals_ddp_and_resumes_exactly(tmp_path):
     """sync_perturbation=false through sam-run's training loop (ASAM: whole ε and T buffers on
     each process): fsdp equals ddp to float error, and 1 epoch then a resume to 2 (a sharded
@@ -545,7 +545,7 @@ def test_a_sharded_run_with_its_own_eps_equals_ddp_and_resumes_exactly(tmp_path)
                 assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
 
 
-@pytest.mark.slow  # 20-40 s: two 2-process runs
+@pytest.mark.slow  # 13-40 s on 2 shared cores: two 2-process runs
 def test_a_sharded_gpt_with_its_own_eps_and_checkpointing_equals_ddp(tmp_path):
     """sync_perturbation=false on a GPT (its blocks sharded one by one, the embedding tied to the
     head) with activation checkpointing (the recompute reads the gathered θ + ε_k) and
