@@ -108,6 +108,58 @@ def gradient_sync_paused(net: nn.Module) -> Iterator[None]:
         net.set_requires_gradient_sync(True)
 
 
+def fsdp_param_groups(net: nn.Module) -> list:
+    """FSDP2's parameter groups of ``net`` (one per ``fully_shard``), outermost first; none for a
+    model that is not sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [
+        group
+        for m in net.modules()
+        if isinstance(m, FSDPModule)
+        for group in m._get_fsdp_state()._fsdp_param_groups
+    ]
+
+
+def gathered_parameters(net: nn.Module) -> dict:
+    """Each sharded parameter of ``net`` (FSDP2's DTensor, the optimizer's) -> the unsharded
+    parameter FSDP2 gathers it into (the one forward and backward use while it is gathered)."""
+    return {
+        fp.sharded_param: fp.unsharded_param
+        for group in fsdp_param_groups(net)
+        for fp in group.fsdp_params
+        if hasattr(fp, "_unsharded_param")  # made by the first all-gather
+    }
+
+
+@contextlib.contextmanager
+def gathered_kept(net: nn.Module, through_forward: bool = False) -> Iterator[None]:
+    """FSDP2 keeps the parameters it gathers, gathered, after each backward (and with
+    ``through_forward`` after each forward too) until the context closes: a gathered parameter
+    changed in place then stays what forward and backward use, none is gathered again from the
+    shards. Their reshard is ``reshard_gathered``'s."""
+    groups = fsdp_param_groups(net)
+    saved = [(g.reshard_after_backward, g.post_forward_mesh_info) for g in groups]
+    for g in groups:
+        g.reshard_after_backward = False
+        if through_forward:  # FSDP2's own setting for no reshard after forward (the root's)
+            g.post_forward_mesh_info = None
+    try:
+        yield
+    finally:
+        for g, (after_backward, post_forward) in zip(groups, saved):
+            g.reshard_after_backward, g.post_forward_mesh_info = after_backward, post_forward
+
+
+def reshard_gathered(net: nn.Module) -> None:
+    """Free every gathered parameter of ``net`` and put the shards back on the modules."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in net.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def is_trainable(p: torch.Tensor) -> bool:
     """Whether ``p`` is a trained parameter: it requires a gradient, or would but for a pass that
     skips it (``gradients_skipped``)."""

@@ -60,6 +60,11 @@ def _rank() -> int:
 
 @VARIANTS.register("bsam", "SAM as a Bayes relaxation: noisy g, ε = ρg/s, Adam-like s (bSAM)")
 class BSAM(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its posterior scale s is per-parameter state on the shards, updated from the first "
+        "pass's gradient"
+    )
     replaces_lr = True  # the step is η m / s
     variant_options = {
         "beta1": 0.9,

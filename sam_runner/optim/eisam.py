@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 
 @VARIANTS.register("eisam", "extragradient: ε from the gradient at θ − ηg; three passes (EISAM)")
 class EISAM(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its second pass, at the prediction θ − γ g from each process's own g, is not built on "
+        "FSDP2's gathered parameters"
+    )
     passes = 3
     variant_options = {"predict_lr": None}
 

@@ -7,6 +7,15 @@ gradient scaler, gradient clipping, DDP synchronisation, the ρ schedule,
 pass may skip (``first_pass_skips``, ``run_pass(skip=...)``) and the base optimizer's step.
 Arithmetic runs on whole parameter lists (``torch._foreach_*``) with persistent buffers and no
 host syncs (the ``adaptive`` schedule's decision and ESAM's draws aside).
+
+Sharded parameters (FSDP2): the lists are this process's local shards and every norm and dot
+reduces over the processes, except for ``sync_perturbation=false``: then a perturbing step builds
+each process's own ε on FSDP2's gathered parameters (``_own_sharpness_step``; the lists are
+then the gathered whole tensors and their unreduced gradients, norms local, as under DDP), and
+the rest of the step (the descent gradient, ``after_second_pass``, the base step) runs on the
+shards (a rule whose update reads the first pass's g takes the shards of its mean over the
+processes, ``shards_of_mean``, as DDP averages it). A variant whose rule or update cannot run so
+says why in ``fsdp_own_perturbation_refused``.
 """
 
 from __future__ import annotations
@@ -23,8 +32,11 @@ from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimize
 
 from ..module_state import (
     frozen_running_stats,
+    gathered_kept,
+    gathered_parameters,
     gradient_sync_paused,
     gradients_skipped,
+    reshard_gathered,
     running_stats_restored,
 )
 from .schedule import PerturbSchedule, check_schedule
@@ -147,8 +159,15 @@ class SharpnessAware(torch.optim.Optimizer):
     variant_options: dict = {}  # ... and its own keywords with their defaults
     # why the variant cannot run on sharded parameters (trainer.strategy=fsdp); None: it can
     fsdp_refused: str | None = None
+    # why it cannot build each process's own ε sharded (sync_perturbation=false under fsdp)
+    fsdp_own_perturbation_refused: str | None = None
     # sharded parameters (FSDP2's DTensors): the process group their shards span, else None
     _shard_group = None
+    # sharded, each process's own ε: sharded parameter -> its gathered one while the engine's
+    # lists are the gathered parameters (_on_gathered), else None; whether this step reuses a
+    # synchronised first pass (the adaptive schedule's)
+    _gathered: dict | None = None
+    _first_reused = False
 
     def __init__(
         self,
@@ -299,13 +318,21 @@ class SharpnessAware(torch.optim.Optimizer):
         Sharded parameters (FSDP2's DTensors) are listed as this process's local shards (views:
         an in-place change moves the parameter), their gradients likewise; the variant's rule
         then runs on the shards, and ``global_norm``, ``dot``, ``tensor_norms`` and
-        ``tensor_dots`` reduce over the processes."""
-        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        ``tensor_dots`` reduce over the processes. While each process's own ε is built sharded
+        (``_on_gathered``) they are FSDP2's gathered parameters instead, whole, with the
+        process's unreduced gradients."""
+        groups = self.param_groups
+        if self._gathered is None:  # every step's case: the parameters themselves
+            params = [p for g in groups for p in g["params"] if p.grad is not None]
+        else:
+            params = [
+                w for g in groups for p in g["params"] if (w := self._held(p)).grad is not None
+            ]
         key = tuple(map(id, params))  # the parameter set: the buffers are rebuilt when it changes
         if self._cache.get("key") != key:
             slices, start = [], 0
-            for g in self.param_groups:
-                n = sum(p.grad is not None for p in g["params"])
+            for g in groups:
+                n = sum(self._held(p).grad is not None for p in g["params"])
                 slices.append((start, start + n))
                 start += n
             self._cache = _Buffers(key=key, params=params, slices=slices)
@@ -333,12 +360,17 @@ class SharpnessAware(torch.optim.Optimizer):
         for gi, g in enumerate(self.param_groups):
             listed, own = g.get(PER_PARAMETER[key]), g.get(key)
             for i, p in enumerate(g["params"]):
-                if with_grads and p.grad is None:
+                if with_grads and self._held(p).grad is None:
                     continue
                 out.append(
                     listed[i] if listed is not None else own if own is not None else default(p, gi)
                 )
         return out
+
+    def _held(self, p: torch.Tensor) -> torch.Tensor:
+        """The tensor the engine's lists hold for parameter ``p``: ``p``, or while a per-process ε
+        is built sharded, the gathered parameter FSDP2 made of it (``_on_gathered``)."""
+        return p if self._gathered is None else self._gathered.get(p, p)
 
     def _local_shards(self, c) -> None:
         """Under sharding: ``params`` become the local shards (``sharded`` the parameters), and
@@ -576,6 +608,7 @@ class SharpnessAware(torch.optim.Optimizer):
         else:
             perturb = perturbs and self.schedule.decide(self.step_count)
         self.last_perturbed = perturb  # a variant may clear it (LookSAM's reuse steps)
+        self._first_reused = first is not None
         if perturb:
             loss = self.sharpness_step(closure if first is None else _reuse_first(closure, first))
         else:
@@ -614,6 +647,8 @@ class SharpnessAware(torch.optim.Optimizer):
 
     def sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
         """First pass at θ, perturb to θ+ε, second pass, restore θ (the descent gradient stays)."""
+        if self._own_perturbation_sharded():
+            return self._own_sharpness_step(closure)
         loss, params, pgrads = self.first_pass(closure)
         self.perturb_(params, pgrads)
         # the first pass's gradients (SAM's ε) let go: the second pass's closure frees them
@@ -627,8 +662,90 @@ class SharpnessAware(torch.optim.Optimizer):
         buffers, where a variant may read it after the second pass)."""
         c = self._cache
         self.perturbation_into(params, pgrads, c["eps"])
-        torch._foreach_copy_(c["theta"], params)
+        self.save_theta(params)
         torch._foreach_add_(params, c["eps"])
+
+    def save_theta(self, params: Tensors) -> None:
+        """θ into its buffer, for the restore after the perturbed pass; nothing while the lists are
+        gathered parameters (their reshard drops θ + ε, the shards still hold θ)."""
+        if self._gathered is None:
+            torch._foreach_copy_(self._cache["theta"], params)
+
+    # ------------------------------------------------------------------ per-process ε, sharded
+    def _own_perturbation_sharded(self) -> bool:
+        """Whether this perturbing step builds each process's own ε on FSDP2's gathered
+        parameters: a sharded model, ``sync_perturbation`` off, and no synchronised first pass
+        already run (the ``adaptive`` schedule's, which ε then reuses as under DDP)."""
+        sharded = hasattr(self.model, "set_reshard_after_backward")  # FSDP2's FSDPModule
+        return sharded and not self.sync_perturbation and not self._first_reused
+
+    @contextlib.contextmanager
+    def _on_gathered(self):
+        """Inside, the engine's lists are the gathered parameters (this process's whole tensors)
+        and their gradients (its own, unreduced): the variant's rule, its norms and dots run as
+        on one process's gradient under DDP; its buffers (ε) are whole tensors, apart from the
+        sharded lists' and let go on leaving (ε is then in the parameters: the descent pass runs
+        without them, and no whole tensor stays between steps)."""
+        sharded_cache, group = self._cache, self._shard_group
+        self._gathered, self._shard_group, self._cache = gathered_parameters(self.model), None, {}
+        try:
+            yield
+        finally:
+            self._cache, self._shard_group, self._gathered = sharded_cache, group, None
+
+    def shards_of_mean(self, whole: Tensors) -> Tensors:
+        """While each process's own ε is built sharded (the lists gathered): the mean over the
+        processes of ``whole`` (one tensor per listed parameter, as DDP averages a process's own
+        g: one all-reduce, whole), cut to this process's shards as the sharded lists hold them.
+        For a rule whose update, on the shards, reads the first pass's gradient.
+
+        Args:
+            whole: one tensor per parameter of the gathered lists (``_lists()``), in their order.
+        """
+        from torch.distributed.tensor import distribute_tensor
+
+        mean = [w.clone() for w in whole]
+        self.all_reduce_mean_list_(mean)
+        out = []
+        for m, p in zip(mean, self.state_owners()):
+            # every process holds the same mean: each cuts its own shard, no communication
+            local = distribute_tensor(m, p.device_mesh, p.placements, src_data_rank=None)
+            out.append(local.to_local())
+        return out
+
+    def state_owners(self) -> list[torch.Tensor]:
+        """The parameters of the engine's listed tensors (``_lists()``'s, in their order), as the
+        base optimizer keys its state: the tensors themselves, or under sharding the DTensor
+        parameters whose shards, or gathered copies, are listed."""
+        c = self._cache
+        if self._gathered is not None:
+            sharded = {id(w): p for p, w in self._gathered.items()}
+            return [sharded[id(w)] for w in c["params"]]
+        return c.get("sharded", c["params"])
+
+    def _own_sharpness_step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """SAM's step with each process's own ε under FSDP2. The pass at θ runs unsynchronised
+        and keeps its gathered parameters, whose ``.grad`` is then the process's whole gradient;
+        ε from it is added to them in place (the shards keep θ). The descent pass runs on those
+        θ + ε_k without gathering again, reduce-scatters the mean of ∇L_k(θ + ε_k), and the
+        reshard after it drops the perturbed copies: θ needs no restore."""
+        with gathered_kept(self.model):
+            loss = self.run_pass(closure, 0, sync=False)
+        with self._on_gathered():
+            params, grads, _ = self._lists()
+            self.perturb_(params, self.prepare_perturbation(params, grads))
+            for p in params:  # the descent pass's reduce-scatter takes its own gradient alone
+                p.grad = None
+            del grads
+        try:
+            with gathered_kept(self.model, through_forward=True):
+                perturbed_loss = self.run_pass(closure, 1, sync=True)
+        finally:
+            reshard_gathered(self.model)
+        self.descent_loss = perturbed_loss
+        # each process's own losses, as under DDP: a rule reading them averages what it needs
+        self.after_second_pass(loss, perturbed_loss)
+        return loss
 
     def first_pass(
         self, closure: Callable[[], torch.Tensor]
@@ -723,6 +840,11 @@ class SharpnessAware(torch.optim.Optimizer):
     # ------------------------------------------------------------------ davda54/sam's API
     def _two_step_check(self, method: str) -> None:
         name = type(self).__name__
+        _check(
+            not self._own_perturbation_sharded(),
+            f"{name}.{method}: with sync_perturbation off on a sharded model each process's ε is "
+            "built on FSDP2's gathered parameters: use step(closure)",
+        )
         _check(
             self.passes == 2 and type(self).sharpness_step is SharpnessAware.sharpness_step,
             f"{name}.{method}: {name} runs passes of its own (more or fewer than two, or on part "

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 @VARIANTS.register("flatpo", "SAM on the sharpest fraction of the trainable coordinates (FlatPO)")
 class FlatPO(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its Fisher scores and mask, read by ε, are per-parameter state on the shards"
+    )
     variant_options = {"fraction": 0.05, "refresh_every": 10, "beta": 0.9}
 
     def __init__(

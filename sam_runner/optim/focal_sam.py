@@ -42,6 +42,10 @@ if TYPE_CHECKING:
     "focal_sam", "per-class sharpness weights λ(1 − n_y/N)^γ: flatter tails (Focal-SAM)"
 )
 class FocalSAM(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its pass at θ between ε and θ + ε is not built on FSDP2's gathered parameters"
+    )
     passes = 3
     variant_options = {"focal_gamma": 3.0, "sharpness": 0.5, "class_counts": None}
 

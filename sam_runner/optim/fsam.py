@@ -40,6 +40,10 @@ def _distributed() -> bool:
 
 @VARIANTS.register("fsam", "ε along g − σ·EMA(g), the batch noise (Friendly SAM, Li et al. 2024)")
 class FSAM(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its momentum m, read by ε, is per-parameter state on the shards"
+    )
     variant_options = {"sigma": 1.0, "lmbda": 0.9}
 
     def __init__(

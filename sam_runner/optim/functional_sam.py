@@ -103,21 +103,25 @@ class FunctionalSAM(SAM):
         )
         torch._foreach_copy_(eps, grads)
         if self.precondition == "adam":
-            self._precondition_(params, eps)
+            self._precondition_(eps)
         torch._foreach_mul_(eps, self.current_rho / (self.global_norm(eps) + 1e-12))
 
-    def _precondition_(self, params, eps) -> None:
+    def _precondition_(self, eps) -> None:
         """eps ← eps / (√v̂ + ε_adam) per group, v̂ the base's bias-corrected second moment."""
-        state = self.base_optimizer.state
-        for (a, b), group in zip(self._cache["slices"], self.param_groups):
+        state, c = self.base_optimizer.state, self._cache
+        # sharded: the base's state is keyed by the parameters (DTensors), not the listed tensors
+        owners, whole = self.state_owners(), self._gathered is not None
+        for (a, b), group in zip(c["slices"], self.param_groups):
             beta2, adam_eps = group["betas"][1], group.get("eps", 1e-8)
-            for p, e in zip(params[a:b], eps[a:b]):
+            for p, e in zip(owners[a:b], eps[a:b]):
                 s = state.get(p, {})
                 if "exp_avg_sq" not in s:
                     continue
                 step = float(s["step"])
-                denom = (s["exp_avg_sq"] / (1 - beta2**step)).sqrt_().add_(adam_eps)
-                e.div_(denom)
+                v = s["exp_avg_sq"]
+                if hasattr(v, "to_local"):  # a DTensor: ε's lists hold its shard, or the whole
+                    v = v.full_tensor() if whole else v.to_local()
+                e.div_((v / (1 - beta2**step)).sqrt_().add_(adam_eps))
 
     @override
     def after_second_pass(self, loss: torch.Tensor, perturbed_loss: torch.Tensor) -> None:

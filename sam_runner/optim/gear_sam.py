@@ -58,6 +58,10 @@ BLOCKS = ("group", "tensor", "layer")
     "SAM's radius split over functional blocks by an EMA of their gradient energy (GEAR-SAM)",
 )
 class GEARSAM(SharpnessAware):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its block energies, read by ε, are indexed by the sharded parameter lists"
+    )
     variant_options = {"beta": 0.9, "blocks": "group"}
 
     def __init__(

@@ -49,16 +49,20 @@ class GSAM(SAM):
     ) -> None:
         super().__init__(params, base_optimizer, rho_schedule=rho_schedule, **kwargs)
         _check(self.alpha >= 0, f"alpha must be >= 0, got {self.alpha}")
+        self._own_g = None  # sharded, each process's own ε: the mean first-pass g, as shards
 
     def compute_perturbation(
         self, params: list[torch.Tensor], grads: list[torch.Tensor], eps: list[torch.Tensor]
     ) -> None:
         """SAM's ε = ρ g/‖g‖, with g kept for the descent's correction."""
         c = self._cache
-        if "g" not in c:
-            c["g"] = [torch.empty_like(p) for p in params]
-        # the first-pass gradient, kept for the descent
-        torch._foreach_copy_(c["g"], self._lists()[1])
+        if self._gathered is not None:  # sharded, each process's own g: the mean's shards
+            self._own_g = self.shards_of_mean(self._lists()[1]) if self.alpha else None
+        else:
+            if "g" not in c:
+                c["g"] = [torch.empty_like(p) for p in params]
+            # the first-pass gradient, kept for the descent
+            torch._foreach_copy_(c["g"], self._lists()[1])
         super().compute_perturbation(params, grads, eps)
 
     @override
@@ -66,9 +70,10 @@ class GSAM(SAM):
         """The descent gradient ∇L(θ+ε) − α g⊥, g⊥ the part of g orthogonal to it."""
         if self.alpha == 0:
             return
-        g, gp = self._cache["g"], self._lists()[1]
-        # g is this process's own: the same direction on every process
-        if not self.sync_perturbation:
+        g, gp, own, self._own_g = self._cache.get("g"), self._lists()[1], self._own_g, None
+        if own is not None:  # already the mean over the processes (shards_of_mean)
+            g = own
+        elif not self.sync_perturbation:  # g is this process's own: one direction everywhere
             self.all_reduce_mean_list_(g)
         # g⊥ = g − (⟨g, gp⟩ / ‖gp‖²) gp;  gp − α g⊥ = (1 + α ⟨g, gp⟩ / ‖gp‖²) gp − α g
         coef = self.dot(g, gp) / (self.global_norm(gp).square() + 1e-12)

@@ -40,6 +40,11 @@ DECOMPOSE = ("per_tensor", "global")
 
 @VARIANTS.register("look_sam", "SAM every k-th step; between, g + α‖g‖/‖g_v‖ g_v (LookSAM)")
 class LookSAM(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its g_v, kept between steps on the shards, comes from the refresh step's first-pass "
+        "gradient"
+    )
     variant_options = {"k": 5, "alpha": 0.7, "decompose": "per_tensor"}
 
     def __init__(

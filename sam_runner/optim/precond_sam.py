@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     "precond_sam", "SAM under a slow diagonal preconditioner (in the spirit of LLQR+SAM)"
 )
 class PrecondSAM(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its preconditioner F, read by ε, is per-parameter state on the shards"
+    )
     variant_options = {"refresh_every": 100, "beta": 0.95, "delta": 1e-8}
 
     def __init__(

@@ -39,5 +39,5 @@ class SAM(SharpnessAware):
         if self._perturbation_filters or not own_rule:
             return super().perturb_(params, pgrads)
         torch._foreach_mul_(pgrads, self._scale())  # ε, in the gradients' own storage
-        torch._foreach_copy_(self._cache["theta"], params)
+        self.save_theta(params)
         torch._foreach_add_(params, pgrads)

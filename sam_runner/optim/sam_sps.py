@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 @VARIANTS.register("sam_sps", "SAM with a Polyak step size in place of the learning rate (SAM-SPS)")
 class SAMSPS(SAM):
+    # why each process's own ε (sync_perturbation=false) cannot run sharded
+    fsdp_own_perturbation_refused = (
+        "its step size reads ⟨∇L(θ + ε), ε⟩: each process's whole ε against the sharded gradient"
+    )
     step_needs_losses = True  # first_step/second_step take loss= (L(θ), L(θ+ε))
     variant_options = {"lam": 1.0, "loss_floor": 0.0, "gamma_max": 1.0}
     replaces_lr = True

@@ -62,6 +62,9 @@ class WSAM(SAM):
         """SAM's ε; g itself kept for the weighted update (no copy: the parameters let go of
         it, so the second pass's backward writes g_s into new storage)."""
         super().compute_perturbation(params, grads, eps)
+        if self._gathered is not None:  # sharded, each process's own g: the mean's shards
+            self._g, self._g_owners = self.shards_of_mean(self._lists()[1]), None
+            return
         self._g = self._lists()[1]
         self._g_owners = [p.grad for p in self._grad_holders()]
         for p in self._grad_holders():
@@ -78,9 +81,13 @@ class WSAM(SAM):
         """The weighted gradient g + α (g_s − g), or with ``decouple`` g alone and g_s − g kept
         for after the base step."""
         g, gs = self._g, self._lists()[1]
-        if not self.sync_perturbation:
+        meaned = self._g_owners is None  # shards_of_mean's: already the mean over processes
+        if not self.sync_perturbation and not meaned:
             self.all_reduce_mean_list_(g)  # g is this process's own: the same step everywhere
-        if self.decouple:  # g_s − g in g_s's storage; the parameters take g back as their grad
+        if self.decouple and meaned:  # g_s − g apart; the gradients take g's values
+            self._sharpness = torch._foreach_sub(gs, g)
+            torch._foreach_copy_(gs, g)
+        elif self.decouple:  # g_s − g in g_s's storage; the parameters take g back as their grad
             torch._foreach_sub_(gs, g)
             self._sharpness = gs
             for p, grad in zip(self._grad_holders(), self._g_owners):

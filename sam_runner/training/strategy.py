@@ -6,9 +6,8 @@
 * ``fsdp``: PyTorch's FSDP2, ``fully_shard`` on the blocks of the model (``models.blocks_of``,
   one rule per family), consecutive blocks grouped into one unit until it holds
   ``trainer.fsdp_unit_mb`` of parameters (``units``), and then on the root (with the blocks
-  left over): each process holds 1/N of the parameters, of
-  their gradients, of the optimizer's state and of SAM's saved θ and ε. Parameters are
-  all-gathered unit by unit for each forward and backward, gradients reduce-scattered. The
+  left over): each process holds 1/N of the parameters, of their gradients, of the
+  optimizer's state and of SAM's saved θ and ε. Parameters are all-gathered unit by unit for each forward and backward, gradients reduce-scattered. The
   mixed-precision policy follows ``trainer.precision`` (bf16: bf16 parameters in the passes,
   fp32 reductions and fp32 sharded weights; fp32: none). With ``trainer.accumulate`` a pass
   reduce-scatters once, in its last micro-batch (``module_state.gradient_sync_paused`` on the
@@ -18,17 +17,26 @@
   kept so dropout draws alike; BatchNorm running statistics are restored after the recompute so
   that they move once a pass). It changes no result: bit for bit on the CPU kernels we test.
 
+``optimizer.sync_perturbation=false`` (each process's own ε, DDP's default; FSDP runs default
+to ``true``) keeps its meaning sharded: the pass at θ runs with the gradient sync paused and
+FSDP2 keeps the parameters it gathered (no reshard after backward), so each process holds its
+whole parameters and its own whole gradient (their ``.grad``); the variant's rule runs on them
+with local norms, as on one process under DDP, and ε_k is added to them in place. The descent
+pass runs on θ + ε_k without gathering again (no reshard after forward or backward until it
+ends), reduce-scatters the mean of ∇L_k(θ + ε_k), and the reshard after it drops the perturbed
+copies: the shards still hold θ (``SharpnessAware._own_sharpness_step``). The cost is DDP's
+memory for that window: the whole parameters on every process, and its whole gradient and ε
+until ε is in them.
+
 What cannot run sharded is refused in one line (``check``): one process (nothing to shard),
 the variants whose rule needs whole matrices or per-process state (a variant's ``fsdp_refused``),
-``base_optimizer=muon`` (whole-matrix orthogonalisation), ``sync_perturbation=false`` (not
-implemented; FSDP runs default to ``sync_perturbation=true``: with the gradient sync paused a
-process's own gradient exists only unsharded, inside FSDP2's parameter objects, and θ + ε
-differs per process while the shards it is gathered from are shared, so ε would have to be
-added to the gathered parameters of the second pass's forward and backward — DDP's memory for
-that step, and each variant's rule on whole tensors), ``trainer.precision=fp16``
-(the loss scaler's inf check is per process), ``trainer.weight_averaging`` and ``federated``
-(both keep whole copies of the weights), ``regularizer=jsd`` in parameter space (a
-``functional_call`` at θ + δ) and ``trainer.sync_batchnorm``.
+``base_optimizer=muon`` (whole-matrix orthogonalisation), ``sync_perturbation=false`` for the
+variants whose rule or update keeps state on the shards or runs passes of its own (a variant's
+``fsdp_own_perturbation_refused``) and with bf16 passes (FSDP2 keeps the unreduced gradient in an
+accumulator of its own), ``trainer.precision=fp16`` (the loss scaler's inf check is per
+process), ``trainer.weight_averaging`` and ``federated`` (both keep whole copies of the
+weights), ``regularizer=jsd`` in parameter space (a ``functional_call`` at θ + δ) and
+``trainer.sync_batchnorm``.
 """
 
 from __future__ import annotations
@@ -108,12 +116,7 @@ def refusals(cfg) -> list[str]:
             "matrices, which no process holds); use trainer.strategy=ddp"
         )
     if name != "base" and cfg.optimizer.get("sync_perturbation") is False:
-        out.append(
-            f"optimizer={name} optimizer.sync_perturbation=false (ε from each process's own "
-            "gradient) is not implemented sharded: θ + ε would differ per process while the "
-            "shards it is gathered from are shared; leave it unset (true under fsdp) or use "
-            "trainer.strategy=ddp"
-        )
+        out += own_perturbation_refusals(cfg, name)
     if t.precision == "fp16":
         out.append(
             "trainer.precision=fp16 cannot shard (the loss scaler's overflow check is per "
@@ -145,6 +148,32 @@ def refusals(cfg) -> list[str]:
     return out
 
 
+def own_perturbation_refusals(cfg, name: str) -> list[str]:
+    """Why ``optimizer.sync_perturbation=false`` (each process's own ε) cannot run sharded."""
+    from ..registry import VARIANTS
+
+    try:
+        why = getattr(VARIANTS.entry(name).target, "fsdp_own_perturbation_refused", None)
+    except Exception:  # an unknown name is the optimizer's own check's to report
+        why = None
+    out = []
+    if why:
+        out.append(
+            f"optimizer={name} optimizer.sync_perturbation=false cannot shard ({why}); leave it "
+            "unset (true under fsdp) or use trainer.strategy=ddp"
+        )
+    if str(cfg.trainer.precision) == "bf16":
+        out.append(OWN_PERTURBATION_BF16)
+    return out
+
+
+OWN_PERTURBATION_BF16 = (
+    "optimizer.sync_perturbation=false with bf16 passes cannot shard (FSDP2 keeps a process's "
+    "own gradient of bf16 passes in an fp32 accumulator of its own, which ε is not built from); "
+    "use trainer.precision=fp32, sync_perturbation=true or trainer.strategy=ddp"
+)
+
+
 def check_blocks(cfg, model) -> None:
     """activation_checkpointing needs blocks: a model whose family declares none is refused."""
     if cfg.trainer.get("activation_checkpointing", False):
@@ -171,6 +200,11 @@ def wrap(model, cfg, dist):
             # with the gathered weights while it measures
             dist.unsharded = copy.deepcopy(model).to_empty(device="meta")
         precision = resolved_precision(str(cfg.trainer.precision), dist.device or "cpu")
+        own = str(cfg.optimizer.name) != "base" and cfg.optimizer.get("sync_perturbation") is False
+        # trainer.precision=auto is known to be bf16 only here, on the device
+        require(
+            not (own and precision == "bf16"), f"trainer.strategy=fsdp: {OWN_PERTURBATION_BF16}"
+        )
         unit_bytes = float(cfg.trainer.get("fsdp_unit_mb", 0)) * 2**20
         shard(model, blocks, dist, precision, unit_bytes)
         dist.sharded = True

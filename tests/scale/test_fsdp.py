@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 
 import pytest
@@ -43,6 +44,11 @@ EXTRA = {
         "base_optimizer.weight_decay=0.01",
     ],
     "sam+muon": ["optimizer=sam", "base_optimizer=muon"],
+    "functional_sam+adam": [
+        "optimizer=functional_sam",
+        "optimizer.precondition=adam",
+        "base_optimizer=adamw",
+    ],
 }
 
 
@@ -133,12 +139,165 @@ def test_every_variant_sharded_equals_one_process_on_the_whole_batch_or_is_refus
     assert out["sam"]["foreach"] == out["sam+adamw"]["foreach"] == {True}
 
 
+# ---------------------------------------------------------------- each process's own ε
+OWN = "optimizer.sync_perturbation=false"
+# refused sharded with each process's own ε (beside the variants refused sharded at all)
+OWN_REFUSED = {
+    "bsam", "eisam", "flatpo", "focal_sam", "fsam", "gear_sam", "look_sam", "precond_sam",
+    "sam_sps",
+}  # fmt: skip
+OWN_CASES = {
+    "wsam+coupled": ["optimizer=wsam", "optimizer.decouple=false"],
+    "sam+accumulate": ["optimizer=sam", "trainer.accumulate=2"],
+}
+
+
+def _share(cfg, x, y):
+    """This process's share of the global batch (SAMPa's two-process DDP form: a role's)."""
+    from sam_runner.optim.build import training_share
+
+    rank, size = training_share(cfg, distributed.current().rank, 2)
+    part = slice(rank * len(y) // size, (rank + 1) * len(y) // size)
+    return x[part], y[part]
+
+
+def _accumulating_closure(opt, net, x, y, parts: int):
+    """The closure of a run with trainer.accumulate=parts: in a synchronised pass only the last
+    micro-batch's backward reduces."""
+    from sam_runner.module_state import gradient_sync_paused
+
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for i, (xm, ym) in enumerate(zip(x.tensor_split(parts), y.tensor_split(parts))):
+            quiet = opt.pass_syncs and i < parts - 1
+            with gradient_sync_paused(opt.model) if quiet else contextlib.nullcontext():
+                out = net(xm)
+                loss = opt.reduce_loss(F.cross_entropy(out, ym, reduction="none"), out, ym)
+                (loss * len(ym) / len(y)).backward()
+            total += loss.detach() * len(ym) / len(y)
+        return total
+
+    return closure
+
+
+def _own_perturbation_run(cfg, net, model, opt, steps: int):
+    """``steps`` steps of ``opt`` on this process's share of each batch; the whole parameters
+    after each."""
+    parts = int(cfg.trainer.get("accumulate", 1))
+    out = []
+    for step in range(steps):
+        x, y = _share(cfg, *_batch(step))
+        make = _closure if parts == 1 else functools.partial(_accumulating_closure, parts=parts)
+        opt.step(make(opt, net, x, y))
+        whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+        out.append([t.detach().clone() for t in whole])
+    return out
+
+
+def _own_perturbation_probe(cases: dict):
+    """Per case, with each process's own ε (sync_perturbation=false): the largest gap between
+    the sharded run's parameters and DDP's (each process the same share of the same batches,
+    the same seeds) after each step, and for SAM the gap to DDP with a synchronised ε; or the
+    refusal."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = {}
+    for name, overrides in cases.items():
+        cfg = _fsdp_cfg([*overrides, OWN])
+        refused = strategy.refusals(cfg)
+        if refused:
+            out[name] = {"refused": refused}
+            continue
+        runs = {}
+        for form, sync in (("fsdp", "false"), ("ddp", "false"), ("ddp_sync", "true")):
+            if form == "ddp_sync" and name != "sam":
+                continue
+            run_cfg = compose(*overrides, f"optimizer.sync_perturbation={sync}",
+                              "trainer.devices=2", "trainer.device=cpu",
+                              f"trainer.strategy={form.split('_')[0]}")  # fmt: skip
+            torch.manual_seed(0)
+            model = MLP(8, 3, hidden=(16, 16))
+            if form == "fsdp":
+                strategy.shard(model, blocks_of(model), distributed.current())
+                net = model
+            else:
+                net = DistributedDataParallel(model)
+            opt = _optimizer(run_cfg, model).bind(
+                model=net, clip_grad_norm=run_cfg.trainer.get("gradient_clip")
+            )
+            runs[form] = _own_perturbation_run(run_cfg, net, model, opt, STEPS)
+        gap = lambda a, b: [  # noqa: E731
+            max(float((u - v).abs().max()) for u, v in zip(pa, pb)) for pa, pb in zip(a, b)
+        ]
+        out[name] = {
+            "gaps": gap(runs["fsdp"], runs["ddp"]),
+            "moved": float((runs["fsdp"][-1][0] - _initial()[0]).abs().max()),
+        }
+        if "ddp_sync" in runs:
+            out[name]["to_synced"] = gap(runs["fsdp"], runs["ddp_sync"])[0]
+    return out
+
+
+def _perturbing_cases() -> dict:
+    return {k: v for k, v in {**cases(), **OWN_CASES}.items() if k != "base"}  # base has no ε
+
+
+def test_own_eps_is_refused_sharded_in_one_line_naming_the_variant_and_why():
+    out = {name: strategy.refusals(_fsdp_cfg([*o, OWN])) for name, o in _perturbing_cases().items()}
+    refused = {name for name, lines in out.items() if lines}
+    assert refused == OWN_REFUSED | {"spectral_sam", "esam", "flat_lora", "sam+muon"}, refused
+    for name in OWN_REFUSED:
+        (line,) = out[name]
+        assert (
+            f"optimizer={name.split('+')[0]} optimizer.sync_perturbation=false cannot shard ("
+            in line
+        )
+        assert "\n" not in line and "use trainer.strategy=ddp" in line
+    for name in refused - OWN_REFUSED:  # refused sharded at all: that one line alone
+        (line,) = out[name]
+        assert "sync_perturbation" not in line
+
+
+def _check_own_eps_equals_ddp(out: dict) -> None:
+    for name, r in out.items():
+        assert "refused" not in r, (name, r)
+        assert max(r["gaps"]) < TOLERANCE, (name, r["gaps"])
+        assert r["moved"] > 1e-4, name  # the steps did something
+
+
+def test_sam_with_its_own_eps_sharded_equals_ddp():
+    """sync_perturbation=false under fsdp: ε from each process's own gradient, as under DDP
+    (three steps, the same share of the same batches a process), with trainer.accumulate too."""
+    chosen = {k: _perturbing_cases()[k] for k in ("sam", "sam+accumulate")}
+    out = distributed.launch(_own_perturbation_probe, (chosen,), 2, CPU)
+    _check_own_eps_equals_ddp(out)
+    # the ε is each process's own: a synchronised one moves the first step elsewhere
+    assert out["sam"]["to_synced"] > 1e-4
+
+
+@pytest.mark.slow  # 20-110 s on 2 shared cores: every variant and option, twice
+def test_every_variant_with_its_own_eps_sharded_equals_ddp_unless_refused():
+    perturbing = _perturbing_cases()
+    chosen = {k: v for k, v in perturbing.items() if k not in ("sam", "sam+accumulate")}
+    out = distributed.launch(_own_perturbation_probe, (chosen,), 2, CPU)
+    _check_own_eps_equals_ddp({k: r for k, r in out.items() if "refused" not in r})
+    assert {k for k, r in out.items() if "refused" not in r} == {
+        "asam", "csam", "functional_sam", "gcsam", "gsam", "le_sam", "msam", "sampa", "sample",
+        "tlc_sam", "wsam", "wsam+coupled", "sam+adamw", "sam+lion", "sam+lion_k_l2", "sam+clip",
+        "sam+adaptive", "sam+rho_cosine", "sam+weight_decay", "functional_sam+adam",
+    }  # fmt: skip
+
+
 def test_fsdp_refusals_are_one_line_and_name_the_setting():
     for overrides, words in (
         (["optimizer=spectral_sam"], "optimizer=spectral_sam cannot shard"),
         (["optimizer=esam"], "optimizer=esam cannot shard"),
         (["base_optimizer=muon"], "base_optimizer=muon cannot shard"),
-        (["optimizer.sync_perturbation=false"], "sync_perturbation=false"),
+        (
+            ["optimizer.sync_perturbation=false", "trainer.precision=bf16"],
+            "sync_perturbation=false with bf16 passes cannot shard",
+        ),
         (["trainer.precision=fp16"], "trainer.precision=fp16 cannot shard"),
         (["trainer.weight_averaging=ema"], "trainer.weight_averaging=ema cannot shard"),
         (["regularizer=jsd"], "regularizer=jsd regularizer.space=parameter cannot shard"),
@@ -394,6 +553,49 @@ def _rows(run_dir):
     ]
 
 
+@pytest.mark.slow  # 25-80 s on 2 shared cores: four 2-process runs
+def test_a_sharded_run_with_its_own_eps_equals_ddp_and_resumes_exactly(tmp_path):
+    """sync_perturbation=false through sam-run's training loop (ASAM: whole ε and T buffers on
+    each process): fsdp equals ddp to float error, and 1 epoch then a resume to 2 (a sharded
+    checkpoint) equals 2 straight bit for bit."""
+    from conftest import stopped_early_of
+
+    cfg = [*COMMON, "optimizer=asam", OWN, "trainer.epochs=2"]
+    runs = {name: tmp_path / name for name in ("ddp", "fsdp", "resumed")}
+    for name in ("ddp", "fsdp"):
+        run = compose(*cfg, f"trainer.strategy={name}")
+        distributed.launch(train, (run, str(runs[name]), ["x"]), 2, CPU)
+    first = compose(*cfg, "trainer.strategy=fsdp", "trainer.epochs=1")
+    distributed.launch(train, (first, str(runs["resumed"]), ["x"]), 2, CPU)
+    stopped_early_of(runs["resumed"], 2)
+    again = compose(*cfg, "trainer.strategy=fsdp")
+    distributed.launch(train, (again, str(runs["resumed"]), ["x"]), 2, CPU)
+    assert _rows(runs["fsdp"]) == _rows(runs["resumed"])
+    ddp, fsdp = _rows(runs["ddp"]), _rows(runs["fsdp"])
+    assert [r["epoch"] for r in fsdp] == [1, 2]
+    for a, b in zip(ddp, fsdp):
+        for k, v in a.items():
+            if isinstance(v, float):
+                assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+
+
+@pytest.mark.slow  # 13-40 s on 2 shared cores: two 2-process runs
+def test_a_sharded_gpt_with_its_own_eps_and_checkpointing_equals_ddp(tmp_path):
+    """sync_perturbation=false on a GPT (its blocks sharded one by one, the embedding tied to the
+    head) with activation checkpointing (the recompute reads the gathered θ + ε_k) and
+    trainer.accumulate=2: fsdp's metrics are ddp's."""
+    cfg = [*GPT, "optimizer=asam", OWN, "trainer.activation_checkpointing=true",
+           "trainer.accumulate=2"]  # fmt: skip
+    for name in ("ddp", "fsdp"):
+        run = compose(*cfg, f"trainer.strategy={name}")
+        distributed.launch(train, (run, str(tmp_path / name), ["x"]), 2, CPU)
+    (a,), (b,) = _rows(tmp_path / "ddp"), _rows(tmp_path / "fsdp")
+    assert a["grad_evals"] == b["grad_evals"] == 8  # four perturbed steps
+    for k, v in a.items():
+        if isinstance(v, float):
+            assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+
+
 def test_a_sharded_run_resumes_exactly_and_other_tools_read_its_weights(tmp_path):
     """2 processes, FSDP: 1 epoch then a resume to 2 equals 2 straight (the metrics lines bit for
     bit); the checkpoint is sharded (last.pt points at it) and reads back whole in one process
@@ -448,6 +650,10 @@ def test_bad_strategy_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_pa
         (
             ["trainer.strategy=fsdp", "trainer.devices=2", "optimizer=spectral_sam"],
             "optimizer=spectral_sam cannot shard",
+        ),
+        (
+            ["trainer.strategy=fsdp", "trainer.devices=2", "optimizer=fsam", OWN],
+            "optimizer=fsam optimizer.sync_perturbation=false cannot shard (its momentum",
         ),
         (
             ["model=cnn1d", "trainer.activation_checkpointing=true"],
