@@ -11,7 +11,7 @@ import math
 import time
 
 import torch
-from torch.autograd.graph import _engine_run_backward
+import torch.autograd.graph
 
 from ..losses import per_example
 from ..module_state import gradient_sync_paused
@@ -25,6 +25,12 @@ from .lengths import autocast_for, epoch_lengths
 from .warnings import say_if_every_epoch_is_evaluated
 
 NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it changes nothing
+
+# torch's private backward entry (what Tensor.backward ends in) and its functorch check: a
+# release without them takes Tensor.backward (the same bits, ~30 µs of Python more a pass)
+_ENGINE_BACKWARD = getattr(torch.autograd.graph, "_engine_run_backward", None)
+_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
+_DIRECT_BACKWARD = _ENGINE_BACKWARD is not None and _TRANSFORMS_ACTIVE is not None
 
 
 class EpochLoop:
@@ -185,11 +191,11 @@ class EpochLoop:
         if share != 1.0:
             loss = loss * share
         grad = self.mean_gradient(per_sample, share)
-        if type(per_sample) is torch.Tensor and not torch._C._are_functorch_transforms_active():
+        if _DIRECT_BACKWARD and type(per_sample) is torch.Tensor and not _TRANSFORMS_ACTIVE():
             # what Tensor.backward ends in: its checks of the gradient's shape and kind hold
             # by construction, and cost ~30 µs of Python a pass
-            _engine_run_backward((per_sample,), (grad,), False, False, (),
-                                 allow_unreachable=True, accumulate_grad=True)  # fmt: skip
+            _ENGINE_BACKWARD((per_sample,), (grad,), False, False, (),
+                             allow_unreachable=True, accumulate_grad=True)  # fmt: skip
         else:  # a tensor subclass, or under a torch.func transform: torch's own way
             per_sample.backward(grad)
         return loss
