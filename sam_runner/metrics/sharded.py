@@ -24,7 +24,8 @@ import math
 import torch
 from torch.distributed._functional_collectives import all_gather_single_autograd
 
-from ..training.strategy import checkpointing_paused
+from ..activation_checkpointing import checkpointing_paused
+from ..module_state import reshard_gathered
 from .hvp import HessianOperator
 from .objective import Objective
 
@@ -32,16 +33,6 @@ from .objective import Objective
 def chunk_rows(rows: int, world: int) -> int:
     """The rows of each FSDP2 chunk of a parameter with ``rows`` rows over ``world`` processes."""
     return -(-rows // world)
-
-
-def resharded(module) -> None:
-    """Every FSDP2 module within ``module`` holds its parameters sharded again: a forward
-    without backward (an evaluation) leaves the root's gathered, as plain parameters."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for m in module.modules():
-        if isinstance(m, FSDPModule):
-            m.reshard()
 
 
 def padded_shard(param, world: int) -> torch.Tensor:
@@ -90,7 +81,7 @@ class ShardedHessianOperator(HessianOperator):
         precision: str = "fp32",
     ):
         self.sharded, self.reduce_sum = sharded, dist.sum
-        resharded(sharded)
+        reshard_gathered(sharded)  # an evaluation's forward leaves the root's gathered
         named = dict(sharded.named_parameters())
         self._whole_shapes = {n: p.shape for n, p in named.items()}
         self._leaves = {n: padded_shard(p, dist.world) for n, p in named.items()}
@@ -128,7 +119,7 @@ class ShardedHessianOperator(HessianOperator):
         return (torch.stack(rows) * 2 - 1).to(self.device, self.dtype)
 
     def _contexts(self, model) -> list:
-        return [checkpointing_paused(model)]  # see strategy.checkpointing_paused
+        return [checkpointing_paused(model)]  # see activation_checkpointing
 
     def _trainable(self, model) -> tuple[list, list]:
         names = [n for n, p in model.named_parameters() if p.requires_grad]

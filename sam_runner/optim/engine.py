@@ -208,9 +208,8 @@ class SharpnessAware(torch.optim.Optimizer):
             perturb_schedule, interval, perturb_prob, perturb_from, perturb_delta,
             perturb_lambda1, perturb_lambda2, perturb_seed, total_steps, steps_per_epoch,
         )  # fmt: skip
-        self.sync_perturbation = bool(sync_perturbation)
+        self.sync_perturbation, self.total_steps = bool(sync_perturbation), total_steps
         self.perturb_with_weight_decay = bool(perturb_with_weight_decay)
-        self.total_steps = total_steps
         for k, v in own.items():
             setattr(self, k, v)
         self.lr0 = self.param_groups[0]["lr"]

@@ -3,19 +3,20 @@
 
 * ``ddp`` (the default): every process holds the whole model; gradients are all-reduced
   (``distributed.Topology.wrap``).
-* ``fsdp``: PyTorch's FSDP2, ``fully_shard`` on the blocks of the model (``models.blocks_of``,
-  one rule per family), consecutive blocks grouped into one unit until it holds
-  ``trainer.fsdp_unit_mb`` of parameters (``units``), and then on the root (with the blocks
-  left over): each process holds 1/N of the parameters, of their gradients, of the
-  optimizer's state and of SAM's saved θ and ε. Parameters are all-gathered unit by unit for each forward and backward, gradients reduce-scattered. The
-  mixed-precision policy follows ``trainer.precision`` (bf16: bf16 parameters in the passes,
-  fp32 reductions and fp32 sharded weights; fp32: none). With ``trainer.accumulate`` a pass
-  reduce-scatters once, in its last micro-batch (``module_state.gradient_sync_paused`` on the
+* ``fsdp``: PyTorch's FSDP2, ``fully_shard`` on the blocks of the model (``models.blocks_of``, one
+  rule per family), consecutive blocks grouped into one unit until it holds ``trainer.fsdp_unit_mb``
+  of parameters (``units``), and then on the root (with the blocks left over): each process holds
+  1/N of the parameters, of their gradients, of the optimizer's state and of SAM's saved θ and ε.
+  Parameters are all-gathered unit by unit for each forward and backward, gradients
+  reduce-scattered. The mixed-precision policy follows ``trainer.precision`` (bf16: bf16 parameters
+  in the passes, fp32 reductions and fp32 sharded weights; fp32: none). With ``trainer.accumulate``
+  a pass reduce-scatters once, in its last micro-batch (``module_state.gradient_sync_paused`` on the
   others: each process sums its own unsharded gradient meanwhile).
-* ``activation_checkpointing`` (both strategies): each block's activations are recomputed in
-  the backward pass instead of kept (``torch.utils.checkpoint``, non-reentrant, the RNG state
-  kept so dropout draws alike; BatchNorm running statistics are restored after the recompute so
-  that they move once a pass). It changes no result: bit for bit on the CPU kernels we test.
+* ``activation_checkpointing`` (both strategies; ``sam_runner.activation_checkpointing``): each
+  block's activations are recomputed in the backward pass instead of kept
+  (``torch.utils.checkpoint``, non-reentrant, the RNG state kept so dropout draws alike; BatchNorm
+  running statistics are restored after the recompute so that they move once a pass). It changes no
+  result: bit for bit on the CPU kernels we test.
 
 ``optimizer.sync_perturbation=false`` (each process's own ε, DDP's default; FSDP runs default
 to ``true``) keeps its meaning sharded: the pass at θ runs with the gradient sync paused and
@@ -41,14 +42,12 @@ weights), ``regularizer=jsd`` in parameter space (a ``functional_call`` at θ + 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-import types
 
 import torch
-from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..activation_checkpointing import checkpoint_activations
 from ..errors import number, require
 from ..models import blocks_of
 from .fast_path import resolved_precision
@@ -259,71 +258,3 @@ def is_sharded(model) -> bool:
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
-
-
-# ---------------------------------------------------------------- activation checkpointing
-class RunningStatsKept:
-    """BatchNorm running statistics of the training-mode ``modules`` as they were, after each
-    use as a context (a recompute must not move them a second time). Enterable again and again:
-    a graph kept for several backwards (the curvature measurement's cached graphs) recomputes
-    once per backward, entering the same context each time."""
-
-    def __init__(self, modules):
-        self.modules = list(modules)
-        self._saved = []
-
-    def __enter__(self):
-        self._saved = [
-            (m, [b.detach().clone() for b in m.buffers(recurse=False)])
-            for m in self.modules
-            if isinstance(m, _BatchNorm) and m.training and m.track_running_stats
-        ]
-        return self
-
-    def __exit__(self, *exc):
-        with torch.no_grad():
-            for m, values in self._saved:
-                for b, v in zip(m.buffers(recurse=False), values):
-                    b.copy_(v)
-        self._saved = []
-
-
-def _checkpointed_forward(self, *args, **kwargs):
-    from torch.utils.checkpoint import checkpoint
-
-    norms = [m for m in self.modules() if isinstance(m, _BatchNorm)]
-    forward = types.MethodType(type(self).forward, self)
-    if not torch.is_grad_enabled():
-        return forward(*args, **kwargs)
-    return checkpoint(
-        forward,
-        *args,
-        use_reentrant=False,
-        context_fn=lambda: (contextlib.nullcontext(), RunningStatsKept(norms)),
-        **kwargs,
-    )
-
-
-def checkpoint_activations(block) -> None:
-    """Recompute ``block``'s activations in the backward pass (its names and parameters are
-    unchanged: the checkpoint replaces only its instance's ``forward``)."""
-    block.forward = types.MethodType(_checkpointed_forward, block)
-
-
-@contextlib.contextmanager
-def checkpointing_paused(model):
-    """The blocks of ``model`` that ``checkpoint_activations`` set run their own forward
-    meanwhile, keeping their activations: for passes through ``functional_call``, whose
-    parameters are gone by the time a backward would recompute."""
-    blocks = [
-        m
-        for m in model.modules()
-        if getattr(m.__dict__.get("forward"), "__func__", None) is _checkpointed_forward
-    ]
-    for m in blocks:
-        del m.forward
-    try:
-        yield
-    finally:
-        for m in blocks:
-            checkpoint_activations(m)
