@@ -410,7 +410,9 @@ class CurvatureTracker:
         n = int(OmegaConf.select(self.cfg, "sharpness.num_samples", default=1024))
         m = Measurement(
             op,
-            leading_batches(op.batches, n),
+            # the leading samples of the whole subset on every process (a process's own share
+            # held fewer than n with several processes: rank 0 wrote a measure of its share)
+            leading_batches(op.whole_batches, n),
             self.loss_fn,
             self.seed,
             final,

@@ -126,7 +126,13 @@ ON_SHARDS = {
     "trace": {"enabled": True, "num_probes": 4, "num_samples": 60},
     "density": {"enabled": True, "num_runs": 2, "num_steps": 6, "num_samples": 60},
 }
-GATHERED = {**ON_SHARDS, "sharpness": {"directional": {"enabled": True, "num_directions": 2}}}
+# the sharpness measures on the leading 60 samples too: more than a process's share (45)
+SHARPNESS = {
+    "num_samples": 60,
+    "directional": {"enabled": True, "num_directions": 2},
+    "average": {"enabled": True, "num_samples": 3},
+}
+GATHERED = {**ON_SHARDS, "sharpness": SHARPNESS}
 
 
 def _tracker_probe():
@@ -167,3 +173,5 @@ def test_the_final_measurement_of_a_sharded_model_gathers_it_only_for_other_meas
             assert a == pytest.approx(b, rel=1e-4, abs=1e-6), name
     assert out["shards"][0]["hessian_method"] == "double_backward"
     assert "sharpness_dir" in out["gathered"][0] and "sharpness_dir" not in out["shards"][0]
+    for key in ("sharpness_dir", "sharpness_dir_max", "sharpness_avg"):  # the same 60 samples
+        assert out["gathered"][0][key] == pytest.approx(whole[key], rel=1e-5), key
