@@ -99,6 +99,7 @@ def _counted(monkeypatch, plan):
     return calls, real
 
 
+@pytest.mark.slow  # CI's time (~11 s); test_value_checks covers the per-shape checks
 def test_a_sweeps_values_are_composed_once_per_set_of_group_choices_as_hydra_composes_them(
     monkeypatch,
 ):

@@ -104,6 +104,7 @@ def test_a_resumed_job_continues_the_same_wandb_run(resumed):
     assert [r.run_id for r in wandb_content(run_dir)["runs"]] == [first_id, first_id]
 
 
+@pytest.mark.slow  # CI's time (~20 s: a 2-job sweep); the other wandb tests cover the logging
 def test_sweep_jobs_are_grouped_by_the_sweep_folder_with_the_variant_as_job_type():
     sweep = shared_sweep()
     for job in sorted(p for p in sweep.iterdir() if p.is_dir()):

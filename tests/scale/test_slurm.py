@@ -426,6 +426,7 @@ def test_a_preset_in_stages_runs_one_job_array_per_stage(tmp_path):
     assert teacher == str((sweep_dir / "teacher" / "2").absolute())
 
 
+@pytest.mark.beyond_ci  # CI's time (~31 s): submitit's array and tests/test_hf_peft.py cover it
 @pytest.mark.usefixtures("slurm")
 def test_a_peft_sweep_of_a_saved_hf_model_runs_as_a_job_array(tmp_path):
     """model=hf from a save_pretrained folder (the real loading path) with LoRA adapters through
