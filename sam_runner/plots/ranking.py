@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NCOLS = 4
+PANEL = (2.8, 2.0)  # inches: one panel's axes
+# inches around the panels: tick labels and the y label left, the suptitle and a panel's
+# two-line title above, its tick labels and x label below; between columns only the gap (the
+# y axis is shared) and half of tick labels either side, between rows a title and an x label
+MARGIN = {"left": 0.85, "right": 0.15, "top": 0.8, "bottom": 0.55, "wgap": 0.5, "hgap": 0.95}
 
 
 def plot_measures(table: Any, label: Callable[[str], str]) -> Figure:
@@ -27,7 +32,20 @@ def plot_measures(table: Any, label: Callable[[str], str]) -> Figure:
     rows = table.rows
     ncols = min(NCOLS, len(rows))
     nrows = math.ceil(len(rows) / ncols)
-    fig, axes = figure(nrows, ncols, size=(3.3 * ncols + 1.6, 2.9 * nrows + 0.7), sharey=True)
+    # a grid fixed in inches rather than constrained layout, whose search over 15 panels of a
+    # thousand points each cost a second a report
+    m = MARGIN
+    width = m["left"] + ncols * PANEL[0] + (ncols - 1) * m["wgap"] + m["right"]
+    height = m["top"] + nrows * PANEL[1] + (nrows - 1) * m["hgap"] + m["bottom"]
+    fig, axes = figure(nrows, ncols, size=(width, height), layout=None, sharey=True)
+    fig.subplots_adjust(
+        left=m["left"] / width,
+        right=1 - m["right"] / width,
+        top=1 - m["top"] / height,
+        bottom=m["bottom"] / height,
+        wspace=m["wgap"] / PANEL[0],
+        hspace=m["hgap"] / PANEL[1],
+    )
     variants = sorted({p.variant for p in table.points}, key=lambda v: (v != "base", v))
     for ax, row in zip(axes.flat, rows):
         _panel(ax, table.points, row, label)
@@ -39,11 +57,18 @@ def plot_measures(table: Any, label: Callable[[str], str]) -> Figure:
         Line2D([], [], marker="o", linestyle="", color=variant_color(v), markeredgecolor="black")
         for v in variants
     ]
-    fig.legend(handles, variants, loc="outside right center", fontsize=FONT, frameon=False)
+    # beside the grid past the last tick label (the saved figure is cropped to its content)
+    right = 1 + (0.3 - m["right"]) / width
+    fig.legend(
+        handles, variants, loc="center left", bbox_to_anchor=(right, 0.5), fontsize=FONT,
+        frameon=False,
+    )  # fmt: skip
     fig.suptitle(
         f"Generalization gap against each measure ({len(table.points)} completed jobs); "
         "τ: Kendall tau-b, Ψ: granulated",
         fontsize=FONT + 1,
+        y=1 - 0.12 / height,
+        va="top",
     )
     return fig
 

@@ -27,13 +27,18 @@ BASE_COLOR = "black"  # the baseline (optimizer=base) in every figure
 
 
 def figure(
-    nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.0, 4.0), **kwargs: Any
+    nrows: int = 1,
+    ncols: int = 1,
+    size: tuple[float, float] = (6.0, 4.0),
+    layout: str | None = "constrained",
+    **kwargs: Any,
 ) -> tuple[Figure, np.ndarray]:
-    """A Figure on the Agg canvas with a grid of axes (always 2-D)."""
+    """A Figure on the Agg canvas with a grid of axes (always 2-D); ``layout=None`` leaves the
+    grid to the caller (``fig.subplots_adjust``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=size, dpi=110, layout="constrained")  # titles and labels never overlap
+    fig = Figure(figsize=size, dpi=110, layout=layout)  # constrained: no title or label overlaps
     FigureCanvasAgg(fig)
     return fig, fig.subplots(nrows, ncols, squeeze=False, **kwargs)
 

@@ -417,3 +417,37 @@ def test_a_catalogue_of_variants_each_at_its_own_rho_is_drawn_on_its_rho_and_in_
         at[c.get_label()] = x - dx
     assert at["bsam"] == pytest.approx(0) and at["asam"] == pytest.approx(0)
     assert abs(at["sam"] - at["wsam"]) > 5
+
+
+@pytest.mark.parametrize("n_measures", [2, 5, 15])
+def test_the_measures_grid_keeps_titles_labels_and_legend_apart(n_measures):
+    """measures.png's panels on a fixed grid (no layout engine): no panel's title, tick labels
+    or axis labels run into another panel's, the legend lies beside the grid, and the saved
+    image is cropped to it all."""
+    from matplotlib.text import Text
+
+    from sam_runner.plots.ranking import plot_measures
+    from sam_runner.results.measure_ranking import Point, Table, label
+
+    keys = ["lambda_max", "hessian_trace", "sharpness_worst", "path_norm", "fisher_trace_ratio"]
+    keys = [keys[i % len(keys)] for i in range(n_measures)]
+    values = lambda i: (
+        {k: 10.0 ** ((i * 7 % 30) / 10 - 1) for k in keys}
+        | {  # noqa: E731
+            "gen_gap": (i * 0.37) % 0.2
+        }
+    )
+    variants = ["sam", "gear_sam", "base"] * 20
+    points = [Point(f"j{i}", v, {}, values(i), "eval.json") for i, v in enumerate(variants)]
+    rows = [{"measure": k, "tau_gen_gap": 0.5, "psi": float("nan")} for k in keys]
+    fig = plot_measures(Table(points, [], rows), label)
+    renderer = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    boxes = [ax.get_tightbbox(renderer) for ax in panels]  # title, ticks and labels included
+    for i, a in enumerate(boxes):
+        assert not any(a.overlaps(b) for b in boxes[i + 1 :])
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert not any(legend.overlaps(b) for b in boxes)
+    (title,) = [t for t in fig.findobj(Text) if t.get_text() == fig.get_suptitle()]
+    assert title.get_window_extent(renderer).y0 > max(b.y1 for b in boxes)
+    assert fig.get_layout_engine() is None
