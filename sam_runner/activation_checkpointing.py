@@ -13,6 +13,8 @@ import types
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .module_state import own_forwards
+
 
 class RunningStatsKept:
     """BatchNorm running statistics of the training-mode ``modules`` as they were, after each
@@ -62,20 +64,8 @@ def checkpoint_activations(block) -> None:
     block.forward = types.MethodType(_checkpointed_forward, block)
 
 
-@contextlib.contextmanager
 def checkpointing_paused(model):
     """The blocks of ``model`` that ``checkpoint_activations`` set run their own forward
     meanwhile, keeping their activations: for passes through ``functional_call``, whose
     parameters are gone by the time a backward would recompute."""
-    blocks = [
-        m
-        for m in model.modules()
-        if getattr(m.__dict__.get("forward"), "__func__", None) is _checkpointed_forward
-    ]
-    for m in blocks:
-        del m.forward
-    try:
-        yield
-    finally:
-        for m in blocks:
-            checkpoint_activations(m)
+    return own_forwards(model, _checkpointed_forward)

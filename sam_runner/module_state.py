@@ -160,6 +160,25 @@ def reshard_gathered(net: nn.Module) -> None:
             m.reshard()
 
 
+@contextlib.contextmanager
+def own_forwards(model: nn.Module, replacement) -> Iterator[None]:
+    """The modules of ``model`` whose instance ``forward`` is the function ``replacement`` (set
+    per instance, as activation checkpointing and the fast forwards do) run their class's own
+    forward until the context closes, then get ``replacement`` back."""
+    replaced = [
+        m
+        for m in model.modules()
+        if getattr(m.__dict__.get("forward"), "__func__", None) is replacement
+    ]
+    for m in replaced:
+        del m.forward
+    try:
+        yield
+    finally:
+        for m in replaced:
+            m.forward = replacement.__get__(m)
+
+
 def is_trainable(p: torch.Tensor) -> bool:
     """Whether ``p`` is a trained parameter: it requires a gradient, or would but for a pass that
     skips it (``gradients_skipped``)."""

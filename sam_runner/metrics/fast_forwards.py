@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..module_state import own_forwards
+
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from contextlib import AbstractContextManager
 
 
@@ -100,20 +101,8 @@ def matmul_conv1d(model: nn.Module) -> AbstractContextManager[None]:
     return _forwards_replaced(convs, _matmul_conv1d_forward)
 
 
-@contextlib.contextmanager
-def own_conv1d(model: nn.Module) -> Iterator[None]:
+def own_conv1d(model: nn.Module):
     """The Conv1d layers that ``matmul_conv1d`` replaced run their own forward again until the
     context closes (the same function; under ``vmap`` the matrix form falls back to a loop over
     the samples: the default model's per-sample gradients take ~4× longer)."""
-    replaced = [
-        m
-        for m in model.modules()
-        if getattr(m.__dict__.get("forward"), "__func__", None) is _matmul_conv1d_forward
-    ]
-    for m in replaced:
-        del m.forward
-    try:
-        yield
-    finally:
-        for m in replaced:
-            m.forward = _matmul_conv1d_forward.__get__(m)
+    return own_forwards(model, _matmul_conv1d_forward)
