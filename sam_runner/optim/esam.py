@@ -154,7 +154,8 @@ class ESAM(SAM):
             return None
         super().compute_perturbation(params, grads, eps)  # ρ g/‖g‖
         sizes = [e.numel() for e in eps]
-        mask = (self._draw(sum(sizes), device) < self.beta).to(eps[0].dtype) / self.beta
+        # in place on the draws (no bool or cast copies): the same bits as (u < β).float() / β
+        mask = self._draw(sum(sizes), device).lt_(self.beta).to(eps[0].dtype).div_(self.beta)
         torch._foreach_mul_(eps, [m.view_as(e) for m, e in zip(mask.split(sizes), eps)])
         return None
 

@@ -88,6 +88,10 @@ def test_the_paper_mask_keeps_each_coordinate_with_probability_beta():
     n = int(live.sum())
     hits = int((kept & live).sum())
     assert n > 500 and abs(hits - beta * n) <= 3.2905 * math.sqrt(n * beta * (1 - beta))
+    # the draws: u ~ U[0, 1) per coordinate from a generator seeded by perturb_seed, kept
+    # where u < β (resumes and reruns depend on this stream staying the same)
+    u = torch.rand(g.numel(), generator=torch.Generator().manual_seed(0), dtype=torch.float32)
+    assert torch.equal(kept & live, (u < beta) & live)
 
 
 def test_the_faithful_mask_keeps_whole_tensors_normalised_over_the_kept_ones():
