@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
     from matplotlib.figure import Figure
 
+    from .aside import DrawnAside
+
 FIGURES = ".sam-report-figures.json"  # {file name: {"key": ..., "sha256": ...}} in its folder
 CODE = ("plots", "results")  # the packages whose code decides what a figure shows
 _KEPT: ContextVar[KeptFigures | None] = ContextVar("kept_figures", default=None)
@@ -115,14 +117,17 @@ class KeptFigures:
         self.before = kept if isinstance(kept, dict) else {}
         self.now: dict[str, dict] = {}
         self.environment = environment_key()
+        self.aside: DrawnAside | None = None  # where figures are drawn while the report goes on
 
     def save(self, stem: str, fmt: str, draw: Callable[..., Figure], args: tuple) -> Path:
-        """``folder/stem.fmt``: kept where its key and bytes are unchanged, else drawn."""
+        """``folder/stem.fmt``: kept where its key and bytes are unchanged, else drawn (by a
+        child of ``aside``'s where there is one: the file is there once ``finish`` returns)."""
         path = self.folder / f"{stem}.{fmt}"
         try:
             data = canonical(args)
         except Uncacheable:
-            return save_figure(draw(*args), self.folder, stem, fmt)
+            self._draw(stem, fmt, draw, args, None)
+            return path
         head = f"{self.environment} {draw.__module__}.{draw.__qualname__} {fmt} "
         key = hashlib.sha256(head.encode() + data).hexdigest()
         entry = self.before.get(path.name)
@@ -130,9 +135,23 @@ class KeptFigures:
             if entry.get("sha256") == _sha256(path):
                 self.now[path.name] = entry
                 return path
-        path = save_figure(draw(*args), self.folder, stem, fmt)
-        self.now[path.name] = {"key": key, "sha256": _sha256(path)}
+        self._draw(stem, fmt, draw, args, key)
         return path
+
+    def _draw(self, stem: str, fmt: str, draw: Callable[..., Figure], args: tuple, key) -> None:
+        """The figure drawn, here or by ``aside``'s server; recorded under ``key`` (None: a
+        figure drawn every time, not recorded)."""
+        name = f"{stem}.{fmt}"
+
+        def done(sha256: str | None) -> None:
+            if key is not None:
+                self.now[name] = {"key": key, "sha256": sha256}
+
+        call = (self.folder, stem, fmt, draw, args)
+        if self.aside is None:
+            done(drawn_file(*call))
+        else:
+            self.aside.submit(drawn_file, call, done)
 
     def write(self) -> None:
         """Record the figures drawn or kept by this report (others are not the folder's now)."""
@@ -140,16 +159,36 @@ class KeptFigures:
         atomic_write_bytes(self.folder / FIGURES, text)
 
 
+def drawn_file(folder: Path, stem: str, fmt: str, draw: Callable[..., Figure], args: tuple) -> str:
+    """``folder/stem.fmt`` drawn by ``draw(*args)`` and written; the sha256 of its bytes (the
+    record ``KeptFigures`` keeps). Module-level: a drawing server is sent it by name."""
+    return _sha256(save_figure(draw(*args), folder, stem, fmt))
+
+
 @contextlib.contextmanager
-def figures_kept_in(folder: Path | str) -> Iterator[KeptFigures]:
+def figures_kept_in(folder: Path | str, aside: DrawnAside | None = None) -> Iterator[KeptFigures]:
     """Within: ``save_plot`` into ``folder`` reuses the figures drawn there before while their
-    keys are unchanged; the record is written on leaving (not after an error)."""
+    keys are unchanged; the record is written on leaving (not after an error).
+
+    Args:
+        folder: the report's folder.
+        aside: a drawing server (``plots.aside``) that draws the figures while the caller
+            goes on: every figure is written when the context closes (after an error, those
+            already sent are finished and the rest dropped).
+    """
     kept = KeptFigures(Path(folder))
+    kept.aside = aside
     token = _KEPT.set(kept)
     try:
         yield kept
+    except BaseException:
+        if kept.aside is not None:
+            kept.aside.abandon()
+        raise
     finally:
         _KEPT.reset(token)
+    if kept.aside is not None:
+        kept.aside.finish()
     kept.write()
 
 

@@ -9,7 +9,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..runfiles import finite
-from .style import FONT, figure, log_scale, variant_color
+from .style import FONT, figure, fits_canvas, log_scale, variant_color
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,6 +23,7 @@ PANEL = (2.8, 2.0)  # inches: one panel's axes
 # two-line title above, its tick labels and x label below; between columns only the gap (the
 # y axis is shared) and half of tick labels either side, between rows a title and an x label
 MARGIN = {"left": 0.85, "right": 0.15, "top": 0.8, "bottom": 0.55, "wgap": 0.5, "hgap": 0.95}
+LEGEND_GAP = 0.15  # inches between the grid's right margin and the legend
 
 
 def plot_measures(table: Any, label: Callable[[str], str]) -> Figure:
@@ -33,19 +34,12 @@ def plot_measures(table: Any, label: Callable[[str], str]) -> Figure:
     ncols = min(NCOLS, len(rows))
     nrows = math.ceil(len(rows) / ncols)
     # a grid fixed in inches rather than constrained layout, whose search over 15 panels of a
-    # thousand points each cost a second a report
+    # thousand points each cost a second a report; the canvas holds it all (style.fits_canvas:
+    # saved without the tight crop's extra pass over every text)
     m = MARGIN
-    width = m["left"] + ncols * PANEL[0] + (ncols - 1) * m["wgap"] + m["right"]
+    grid = m["left"] + ncols * PANEL[0] + (ncols - 1) * m["wgap"] + m["right"]
     height = m["top"] + nrows * PANEL[1] + (nrows - 1) * m["hgap"] + m["bottom"]
-    fig, axes = figure(nrows, ncols, size=(width, height), layout=None, sharey=True)
-    fig.subplots_adjust(
-        left=m["left"] / width,
-        right=1 - m["right"] / width,
-        top=1 - m["top"] / height,
-        bottom=m["bottom"] / height,
-        wspace=m["wgap"] / PANEL[0],
-        hspace=m["hgap"] / PANEL[1],
-    )
+    fig, axes = figure(nrows, ncols, size=(grid, height), layout=None, sharey=True)
     variants = sorted({p.variant for p in table.points}, key=lambda v: (v != "base", v))
     for ax, row in zip(axes.flat, rows):
         _panel(ax, table.points, row, label)
@@ -57,20 +51,34 @@ def plot_measures(table: Any, label: Callable[[str], str]) -> Figure:
         Line2D([], [], marker="o", linestyle="", color=variant_color(v), markeredgecolor="black")
         for v in variants
     ]
-    # beside the grid past the last tick label (the saved figure is cropped to its content)
-    right = 1 + (0.3 - m["right"]) / width
-    fig.legend(
-        handles, variants, loc="center left", bbox_to_anchor=(right, 0.5), fontsize=FONT,
-        frameon=False,
+    # beside the grid, past the last tick label; the canvas widened by the legend's own width,
+    # and by the title's where it is wider than the grid (a grid of one or two panels)
+    legend = fig.legend(
+        handles, variants, loc="center left", bbox_to_anchor=(grid + LEGEND_GAP, height / 2),
+        bbox_transform=fig.dpi_scale_trans, fontsize=FONT, frameon=False,
     )  # fmt: skip
-    fig.suptitle(
+    title = fig.suptitle(
         f"Generalization gap against each measure ({len(table.points)} completed jobs); "
         "τ: Kendall tau-b, Ψ: granulated",
         fontsize=FONT + 1,
         y=1 - 0.12 / height,
         va="top",
     )
-    return fig
+    half_title = title.get_window_extent().width / fig.dpi / 2 + m["right"]
+    centre = max(grid / 2, half_title)  # the grid's centre, unless the title would cross 0
+    width = grid + LEGEND_GAP + legend.get_window_extent().width / fig.dpi + m["right"]
+    width = max(width, centre + half_title)
+    fig.set_size_inches(width, height)
+    title.set_x(centre / width)
+    fig.subplots_adjust(
+        left=m["left"] / width,
+        right=(grid - m["right"]) / width,
+        top=1 - m["top"] / height,
+        bottom=m["bottom"] / height,
+        wspace=m["wgap"] / PANEL[0],
+        hspace=m["hgap"] / PANEL[1],
+    )
+    return fits_canvas(fig)
 
 
 def _panel(ax, points, row, label) -> None:

@@ -35,7 +35,6 @@ import argparse
 import csv
 import io
 import json
-import os
 import re
 import sys
 from contextlib import nullcontext
@@ -53,6 +52,8 @@ from .sweep import BOUND_STATS, STATUSES, Report, build_report
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from ..plots.aside import DrawnAside
 
 __all__ = ["build_report", "write_report", "render_markdown", "render_csv", "main"]
 
@@ -136,20 +137,31 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
     return [save_plot(out_dir, name, fmt, draw, *args) for name, draw, args in figures]
 
 
-def write_report(report: Report, out_dir: Path | str | None = None) -> list[Path]:
+def write_report(
+    report: Report, out_dir: Path | str | None = None, aside: DrawnAside | None = None
+) -> list[Path]:
     """report.md, report.csv, the figures and every section's files into ``out_dir`` (default:
-    the sweep folder); their paths."""
+    the sweep folder); their paths.
+
+    Args:
+        report: what ``build_report`` read.
+        out_dir: where the files go.
+        aside: a drawing server (``plots.aside``) for the figures, started before the report
+            was read; None draws them here.
+    """
     from ..plots.cache import figures_kept_in
 
     out_dir = Path(out_dir or report.sweep_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        with figures_kept_in(out_dir) as kept:  # a figure drawn before from the same data is kept
-            child = _draw_plots_aside(report, out_dir, kept)
+        # a figure drawn before from the same data is kept; the others are drawn aside while
+        # the tables are made (the sweep's figures first: their data is at hand)
+        with figures_kept_in(out_dir, aside):
+            plots = write_plots(report, out_dir)
             files = [p for e in ordered() if e.files is not None for p in e.files(report, out_dir)]
-            plots = _plots_drawn_aside(child, report, out_dir, kept)
-        atomic_write_bytes(out_dir / "report.csv", render_csv(report).encode())
-        atomic_write_bytes(out_dir / "report.md", render_markdown(report, plots).encode())
+            csv_text, markdown = render_csv(report), render_markdown(report, plots)
+        atomic_write_bytes(out_dir / "report.csv", csv_text.encode())
+        atomic_write_bytes(out_dir / "report.md", markdown.encode())
         written = [out_dir / "report.md", out_dir / "report.csv", *plots, *files]
         _drop_stale(out_dir, written)
     except OSError as e:
@@ -157,48 +169,6 @@ def write_report(report: Report, out_dir: Path | str | None = None) -> list[Path
             f"cannot write the report into {out_dir} ({e.strerror or e}); choose another with --out"
         ) from None
     return written
-
-
-def _draw_plots_aside(report: Report, out_dir: Path, kept) -> tuple[int, int] | None:
-    """(pid, pipe) of a forked process drawing ``write_plots``' figures while this one writes
-    the sections' files: on two cores a large report's first run ends about as many seconds
-    sooner; None where there is no fork. The child sends the paths and their cache entries
-    (``plots.cache``) as JSON and leaves by ``os._exit`` (no cleanup of the parent's)."""
-    if not hasattr(os, "fork"):
-        return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(write)
-        return pid, read
-    code = 1
-    try:
-        os.close(read)
-        paths = write_plots(report, out_dir)
-        entries = {p.name: kept.now[p.name] for p in paths if p.name in kept.now}
-        sent = {"paths": [str(p) for p in paths], "kept": entries}
-        with os.fdopen(write, "wb") as f:
-            f.write(json.dumps(sent).encode())
-        code = 0
-    finally:
-        os._exit(code)
-
-
-def _plots_drawn_aside(child, report: Report, out_dir: Path, kept) -> list[Path]:
-    """The figures the child of ``_draw_plots_aside`` drew, its cache entries kept; drawn here
-    where there was no child or it failed (an error is then raised here, as without a fork)."""
-    if child is None:
-        return write_plots(report, out_dir)
-    pid, read = child
-    with os.fdopen(read, "rb") as f:
-        data = f.read()
-    if os.waitpid(pid, 0)[1] != 0:
-        return write_plots(report, out_dir)
-    sent = json.loads(data)
-    kept.now.update(sent["kept"])
-    return [Path(p) for p in sent["paths"]]
 
 
 def _drop_stale(out_dir: Path, written: list[Path]) -> None:
@@ -400,17 +370,22 @@ def report_main(argv: list[str]) -> int:
         print(f"sam-report: error: {e}", file=sys.stderr)
         return 2
     args = parser().parse_args(argv)
+    from ..plots.aside import DrawnAside
+
+    aside = DrawnAside()  # started now: it imports matplotlib while the jobs are read
     try:
         check_names(*args.folders, args.out, args.db)
         out = args.out or (args.folders[0] if len(args.folders) == 1 else None)
         with parsed_yaml_kept_in(out / CACHE) if out is not None else nullcontext():
             report = build(args)
             report.plot_format = fmt
-            paths = write_report(report, args.out)
+            paths = write_report(report, args.out, aside)
     except UserError as e:
         interrupts.raise_pending()  # a signal a library turned into an error
         print(f"sam-report: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        aside.abandon()  # nothing left to do after write_report, else its work dropped
     print(f"{counts_line(report)}; report: {paths[0]}")
     for j in report.jobs:
         if j.status == "missing":

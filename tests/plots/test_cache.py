@@ -60,19 +60,20 @@ def test_figures_are_kept_redrawn_when_touched_or_their_job_changes_as_a_fresh_r
         assert (out / name).read_bytes() == (fresh / name).read_bytes(), name
 
 
-def test_the_figures_drawn_in_the_forked_process_are_those_drawn_here(sweep, tmp_path):
-    """sam-report draws the sweep's figures in a child process while it writes the sections:
-    the same files, with their cache entries, as ``write_plots`` in this process writes."""
-    from sam_runner.results.report import write_plots
+def test_the_figures_drawn_by_the_server_are_those_drawn_here(sweep, tmp_path):
+    """sam-report draws its figures in a server's workers (plots/aside.py) while it writes the
+    sections: the same files, with the same cache entries, as a report drawn in this process."""
+    from sam_runner.results.report import write_report
     from sam_runner.results.sweep import build_report
 
     out, here = tmp_path / "out", tmp_path / "here"
     _report(sweep, out)
-    here.mkdir()
-    drawn = write_plots(build_report(sweep), here)
-    assert {p.name for p in drawn} <= set(json.loads((out / FIGURES).read_text()))
-    for p in drawn:
-        assert (out / p.name).read_bytes() == p.read_bytes(), p.name
+    write_report(build_report(sweep), here)  # no server: every figure drawn here
+    drawn = sorted(p.name for p in here.glob("*.png"))
+    assert len(drawn) >= 4 and drawn == sorted(p.name for p in out.glob("*.png"))
+    for name in drawn:
+        assert (out / name).read_bytes() == (here / name).read_bytes(), name
+    assert json.loads((out / FIGURES).read_text()) == json.loads((here / FIGURES).read_text())
 
 
 @pytest.mark.slow

@@ -181,3 +181,20 @@ def train_sweep_job(folder: Path, overrides: list[str], base: list[str] = ()) ->
     OmegaConf.save(cfg, hydra / "config.yaml")
     OmegaConf.save(OmegaConf.create(list(overrides)), hydra / "overrides.yaml")
     train(cfg, Path(folder), list(overrides))
+
+
+def living_children() -> set[int]:
+    """The pids of this process's children that have not ended (from /proc; zombies left out)."""
+    mine = str(os.getpid())
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if parent == mine and state != "Z":
+            found.add(int(entry.name))
+    return found

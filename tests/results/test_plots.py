@@ -422,8 +422,8 @@ def test_a_catalogue_of_variants_each_at_its_own_rho_is_drawn_on_its_rho_and_in_
 @pytest.mark.parametrize("n_measures", [2, 5, 15])
 def test_the_measures_grid_keeps_titles_labels_and_legend_apart(n_measures):
     """measures.png's panels on a fixed grid (no layout engine): no panel's title, tick labels
-    or axis labels run into another panel's, the legend lies beside the grid, and the saved
-    image is cropped to it all."""
+    or axis labels run into another panel's, the legend lies beside the grid, and the canvas
+    holds it all (saved without the tight crop) with no wide blank margin."""
     from matplotlib.text import Text
 
     from sam_runner.plots.ranking import plot_measures
@@ -451,3 +451,8 @@ def test_the_measures_grid_keeps_titles_labels_and_legend_apart(n_measures):
     (title,) = [t for t in fig.findobj(Text) if t.get_text() == fig.get_suptitle()]
     assert title.get_window_extent(renderer).y0 > max(b.y1 for b in boxes)
     assert fig.get_layout_engine() is None
+    drawn, canvas = fig.get_tightbbox(renderer), fig.bbox_inches  # inches
+    assert canvas.x0 <= drawn.x0 and drawn.x1 <= canvas.x1
+    assert canvas.y0 <= drawn.y0 and drawn.y1 <= canvas.y1
+    assert canvas.width - drawn.width < 0.5 and canvas.height - drawn.height < 0.5
+    assert fig.sam_runner_fits_canvas  # so save_figure does not crop it

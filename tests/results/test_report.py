@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 import yaml
-from results_helpers import SWEEP_ARGS, copy_sweep, shared_sweep
+from results_helpers import SWEEP_ARGS, copy_sweep, living_children, shared_sweep
 
 from sam_runner.results.report import build_report, main
 from sam_runner.results.sweep import group_overrides, near_end, tlc_bound
@@ -255,9 +255,11 @@ def test_a_folder_that_is_not_a_sweep_is_a_one_line_error(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("sam-report: error: sweep folder") and "\n" not in err
+    before = living_children()
     assert main([str(tmp_path)]) == 2
     assert "no jobs in" in capsys.readouterr().err
     assert not os.listdir(tmp_path)
+    assert living_children() == before  # the drawing server it started is gone
 
 
 @pytest.fixture(scope="module")
