@@ -174,7 +174,16 @@ def test_every_study_has_a_mini():
         assert study in PRESETS and f"{study}_mini" in PRESETS, study
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+# every preset's config is composed by test_every_job_of_the_sweep_builds; through the CLI's
+# --cfg path in CI: one of each kind (a sweep, a mini, stages, an hf model, a circuit), the
+# others under -m slow (a second each: CI's 30 minutes)
+CLI_PRESETS = ("example", "baselines_mini", "distill_sam", "lm_midtraining_hf_mini", "pc_sharpness")
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [p if p in CLI_PRESETS else pytest.param(p, marks=pytest.mark.slow) for p in PRESETS],
+)
 def test_cfg_job_prints_the_preset(preset, capsys):
     code, out, _ = run_cli(["-m", f"experiment={preset}", "--cfg", "job"], capsys)
     assert code == 0 and "optimizer:" in out
