@@ -184,6 +184,19 @@ def check_blocks(cfg, model) -> None:
         )
 
 
+def check_shardable(model) -> None:
+    """FSDP2 shards every parameter along its dim 0: a model with a scalar (0-dim) parameter is
+    refused, naming it (FSDP2's own error is an assertion about shard dims)."""
+    scalars = [name for name, p in model.named_parameters() if p.ndim == 0]
+    if scalars:
+        require(
+            False,
+            f"trainer.strategy=fsdp cannot shard the scalar parameter {scalars[0]!r} "
+            f"({len(scalars)} scalar parameter(s) in all; FSDP2 shards each along its dim 0): "
+            "use trainer.strategy=ddp, or make it a 1-element tensor",
+        )
+
+
 def wrap(model, cfg, dist):
     """The model as the run trains it: activation checkpointing on its blocks when asked, then
     FSDP2 (``fsdp`` over several processes: the same module, its parameters now sharded
@@ -194,6 +207,7 @@ def wrap(model, cfg, dist):
         for block in blocks:
             checkpoint_activations(block)
     if strategy_of(cfg) == "fsdp" and dist.parallel:
+        check_shardable(model)
         if cfg.get("metrics", {}).get("hessian", {}).get("enabled", False):
             # the curvature measurement's unsharded model: its structure alone (meta), filled
             # with the gathered weights while it measures

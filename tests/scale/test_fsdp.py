@@ -330,11 +330,25 @@ def test_blocks_of_each_model_family():
         with torch.device("meta"):
             model = build_model(compose(f"model={arch}").model, shape, 10)
         assert len(blocks_of(model)) == n, arch
+        strategy.check_shardable(model)  # no scalar parameter: every family shards
     timm = pytest.importorskip("timm")
     from timm.models.vision_transformer import VisionTransformer
 
     assert len(blocks_of(VisionTransformer(img_size=32, patch_size=4, embed_dim=48, depth=3))) == 3
     assert len(blocks_of(timm.create_model("resnet18", num_classes=10))) == 4
+
+
+def test_a_scalar_parameter_is_refused_sharded_in_one_line_naming_it():
+    """FSDP2 shards along dim 0; a 0-dim parameter is named in a one-line error (FSDP2's own is an
+    AssertionError about shard dims)."""
+    model = MLP(40, 10, hidden=(8,))
+    model.temperature = torch.nn.Parameter(torch.tensor(1.0))
+    with pytest.raises(UserError, match="trainer.strategy=fsdp") as e:
+        strategy.check_shardable(model)
+    assert "'temperature'" in str(e.value) and "trainer.strategy=ddp" in str(e.value)
+    assert "\n" not in str(e.value)
+    model.temperature = torch.nn.Parameter(torch.ones(1))  # a 1-element tensor shards
+    strategy.check_shardable(model)
 
 
 def test_blocks_of_a_hugging_face_model_are_its_no_split_modules():
