@@ -270,9 +270,9 @@ class HessianOperator(Objective):
 
     def on(self, batches) -> HessianOperator:
         """The operator of the same model on other ``batches`` (every process's samples, split
-        among the processes as these are), with this one's HVP method."""
-        return HessianOperator(self.model, self.loss_fn, batches, self.method,
-                               self.graph_cache_mb, self.batching, self.dist)  # fmt: skip
+        among the processes as these are), with this one's HVP method and precision."""
+        return HessianOperator(self.model, self.loss_fn, batches, self.method, self.graph_cache_mb,
+                               self.batching, self.dist, self.precision)  # fmt: skip
 
     def batch_loss(self, i, params=None):
         """The batch's weighted mean loss; under ``precision=bf16`` its forward in autocast

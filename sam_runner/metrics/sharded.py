@@ -98,10 +98,10 @@ class ShardedHessianOperator(HessianOperator):
         self._first_row = [dist.rank * s[0] for s in self.shapes]
 
     def on(self, batches) -> ShardedHessianOperator:
-        """The same model's operator on other ``batches`` (every process's samples), in fp32
-        as ``HessianOperator.on``'s."""
+        """The same model's operator on other ``batches`` (every process's samples), in this
+        one's precision."""
         model = (self.sharded, self.model, self.loss_fn, batches, self.dist)
-        return ShardedHessianOperator(*model, self.graph_cache_mb)
+        return ShardedHessianOperator(*model, self.graph_cache_mb, self.precision)
 
     def rademacher_chunks(self, count: int, generator: torch.Generator) -> torch.Tensor:
         """[count, numel]: this process's chunks of ``count`` Rademacher vectors over the whole

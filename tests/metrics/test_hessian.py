@@ -412,3 +412,28 @@ def test_graph_cache_budget_is_capped_by_free_memory():
     assert free is not None and free > 0
     assert graph_cache_budget(1, "cpu") == 2**20
     assert graph_cache_budget(10**9, "cpu") <= 0.5 * free * 1.1  # free memory moves a little
+
+
+def test_the_operator_on_fewer_samples_keeps_the_precision():
+    """``on`` (the trace and density on fewer samples than λ_max's) keeps bf16: its H v is a bf16
+    operator's on those samples, not fp32's. (bf16 autocast runs on any CPU, emulated where the
+    CPU has no bf16 arithmetic: the run's check refuses that case for speed, not for results.)"""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 3))
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g))]
+    fewer = [(batches[0][0][:32], batches[0][1][:32])]
+    v = torch.randn(sum(p.numel() for p in model.parameters()), generator=g)
+    with HessianOperator(
+        model, F.cross_entropy, batches, "double_backward", precision="bf16"
+    ) as op:
+        small = op.on(fewer)
+        assert small.precision == "bf16"
+        hv = small(v)
+    hvs = {}
+    for precision in ("fp32", "bf16"):
+        with HessianOperator(
+            model, F.cross_entropy, fewer, "double_backward", precision=precision
+        ) as fresh:
+            hvs[precision] = fresh(v)
+    assert torch.equal(hv, hvs["bf16"]) and not torch.equal(hv, hvs["fp32"])
