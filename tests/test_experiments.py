@@ -22,7 +22,7 @@ from sam_runner.optim.build import build_optimizer
 from sam_runner.paths import config_dir
 from sam_runner.registry import MODELS
 from sam_runner.schedulers import build_scheduler
-from sam_runner.sweep.plan import expand
+from sam_runner.sweep.plan import ValueVariants, expand
 from sam_runner.sweep.stages import plan, resolve
 from sam_runner.training.fast_path import FastPath
 from sam_runner.training.fast_path import resolve as resolve_fast_path
@@ -211,9 +211,9 @@ def test_every_job_of_the_sweep_builds(preset):
     # axes that cannot break construction are collapsed to keep this fast
     inert = ("seed=", "dataset.batch_size=", "base_optimizer.lr=", "dataset.label_noise=")
     distinct = {tuple(o for o in job if not o.startswith(inert)) for job in jobs}
-    composed = set()
+    composed, compose_job = set(), ValueVariants()  # as sam-run -m checks a sweep's jobs
     for job in sorted(distinct):
-        cfg = compose(*job)
+        cfg = compose_job(list(job))
         # stage:NAME, as sam-run's checks do
         awaiting = resolve(cfg, list(job), Path("sweep"), read=False)
         composed.add((cfg.model.arch, cfg.dataset.name, cfg.optimizer.name))
